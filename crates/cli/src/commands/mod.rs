@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub mod convert;
+pub mod inspect;
+pub mod verify;

@@ -1,0 +1,51 @@
+//! `turbospark`: convert, inspect and verify model installs.
+
+mod commands;
+mod progress;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Local inference runtime for large Mixture-of-Experts and dense language
+/// models, with routed experts streamed from storage.
+#[derive(Parser)]
+#[command(name = "turbospark", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Convert a Hugging Face checkpoint directory or a GGUF file into an
+    /// install directory.
+    ///
+    /// Tensors are streamed one at a time (memory stays near the largest
+    /// tensor), quantized blocks are kept as they are, and the install appears
+    /// at DST only when it is complete: a failed or interrupted conversion
+    /// leaves nothing behind.
+    Convert(commands::convert::Args),
+    /// Show what a model is: family, dimensions, layer pattern, tensors,
+    /// resident bytes and expert layout. PATH is an install, a GGUF file or
+    /// an HF checkpoint directory.
+    Inspect(commands::inspect::Args),
+    /// Re-hash every file of an install against its manifest. Exits 0 when
+    /// all match, 1 when a file is missing or differs (it is named).
+    Verify(commands::verify::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Convert(a) => commands::convert::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::Verify(a) => commands::verify::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}

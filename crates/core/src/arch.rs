@@ -1,0 +1,439 @@
+//! `ArchSpec`: what a decoder-only transformer computes, as data.
+//!
+//! Every supported family is one value of this type; the generic decoder reads
+//! it and contains no per-family flow. The axes follow the checklist in
+//! FAMILIES.md; the normative reference for each family is its
+//! `modeling_<type>.py` in HF transformers 5.24.0.
+//!
+//! Per layer `l` with residual stream `h` (all norms RMS):
+//!
+//! ```text
+//! a   = attn_norm(h)
+//! q,k,v = a·Wq (+bq), a·Wk (+bk), a·Wv (+bv)       heads: q [n_heads, d], k/v [n_kv, d]
+//! q,k = q_norm(q), k_norm(k) (per head, optional);  v = v_norm(v) (optional)
+//! q,k = rope(q,k, pos)   (layer's rope; none on NoPE layers; only `rotary_dim` dims)
+//! o   = softmax(q·kᵀ·scale [softcap] [+sink], window) · v ;  o *= sigmoid(a·Wg) (output gate)
+//! h  += post_attn_norm(o·Wo (+bo))                 (post norm only for sandwich families)
+//! f   = ffn_norm(h)
+//! h  += post_ffn_norm(FFN(f))                       FFN = dense | MoE (+ shared / dense branch)
+//! logits = softcap(multiplier · final_norm(h)·W_out)
+//! ```
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A model family turbospark knows how to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Llama,
+    Qwen2,
+    Gemma3,
+    MuseGlimmer,
+    Mixtral,
+    Qwen3Moe,
+    GptOss,
+    Gemma4,
+    Glm4Moe,
+}
+
+impl Family {
+    pub const ALL: [Family; 9] = [
+        Family::Llama,
+        Family::Qwen2,
+        Family::Gemma3,
+        Family::MuseGlimmer,
+        Family::Mixtral,
+        Family::Qwen3Moe,
+        Family::GptOss,
+        Family::Gemma4,
+        Family::Glm4Moe,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Gemma3 => "gemma3",
+            Family::MuseGlimmer => "muse_glimmer",
+            Family::Mixtral => "mixtral",
+            Family::Qwen3Moe => "qwen3moe",
+            Family::GptOss => "gpt-oss",
+            Family::Gemma4 => "gemma4",
+            Family::Glm4Moe => "glm4_moe",
+        }
+    }
+}
+
+impl fmt::Display for Family {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How an RMS norm applies its weight: `x / rms(x) * s` where `s` is
+/// `w` (plain), `1 + w` (centered, Gemma's zero-initialised weights) or 1
+/// (no-scale: the norm has no weight tensor).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NormScale {
+    Plain,
+    Centered,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NormSpec {
+    pub scale: NormScale,
+    pub eps: f32,
+}
+
+impl NormSpec {
+    pub const fn plain(eps: f32) -> Self {
+        NormSpec {
+            scale: NormScale::Plain,
+            eps,
+        }
+    }
+    pub const fn centered(eps: f32) -> Self {
+        NormSpec {
+            scale: NormScale::Centered,
+            eps,
+        }
+    }
+    pub const fn no_scale(eps: f32) -> Self {
+        NormSpec {
+            scale: NormScale::None,
+            eps,
+        }
+    }
+    /// Whether the checkpoint carries a weight vector for this norm.
+    pub const fn has_weight(&self) -> bool {
+        !matches!(self.scale, NormScale::None)
+    }
+}
+
+/// Which dimension pairs a rotary embedding rotates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RopeKind {
+    /// Pairs `(i, i + rotary_dim/2)`: HF `rotate_half`, llama.cpp NEOX.
+    Neox,
+    /// Adjacent pairs `(2i, 2i+1)`: llama.cpp NORMAL, used by GGUF llama
+    /// checkpoints whose q/k rows the converter permuted.
+    Interleaved,
+}
+
+/// Frequency scaling on top of `theta^(-2i/d)`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RopeScaling {
+    None,
+    /// Position interpolation: frequencies divided by `factor`.
+    Linear {
+        factor: f32,
+    },
+    /// YaRN (Peng et al. 2023) as in HF `_compute_yarn_parameters`:
+    /// interpolation/extrapolation blend between `beta_slow` and `beta_fast`
+    /// rotations, cos/sin multiplied by `attention_factor`.
+    Yarn {
+        factor: f32,
+        original_max_position: usize,
+        beta_fast: f32,
+        beta_slow: f32,
+        attention_factor: f32,
+        /// HF `truncate` (default true): round the correction range to integers.
+        truncate: bool,
+    },
+    /// Gemma 4 "proportional": pairs span the whole head but only the first
+    /// `rotated_pairs` rotate (the rest have frequency 0); frequencies are
+    /// divided by `factor`.
+    Proportional {
+        factor: f32,
+        rotated_pairs: usize,
+    },
+    /// Llama 3.1 frequency-dependent scaling.
+    Llama3 {
+        factor: f32,
+        low_freq_factor: f32,
+        high_freq_factor: f32,
+        original_max_position: usize,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RopeSpec {
+    pub kind: RopeKind,
+    pub theta: f32,
+    /// Number of leading head dimensions that rotate (head_dim unless the
+    /// family uses partial rotary).
+    pub rotary_dim: usize,
+    pub scaling: RopeScaling,
+}
+
+/// Gated feed-forward activation `act(gate) * up`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Activation {
+    /// `silu(g) * u`.
+    Swiglu,
+    /// gpt-oss: `g = min(g, limit)`, `u = clamp(u, -limit, limit)`,
+    /// `(u + 1) * g * sigmoid(alpha * g)`.
+    ClampedSwiglu { alpha: f32, limit: f32 },
+    /// `gelu_tanh(g) * u`.
+    GeluTanh,
+}
+
+/// How router logits become (expert, weight) pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RouterKind {
+    /// softmax over all experts → top-k → optional renormalisation
+    /// (Mixtral, Qwen3-MoE).
+    SoftmaxTopK { renormalize: bool },
+    /// top-k on raw logits (router has a bias) → softmax over the k (gpt-oss).
+    TopKSoftmax,
+    /// DeepSeek-V3 / GLM-4.5: `s = sigmoid(logits)`; groups ranked by the sum
+    /// of their top-2 `s + bias`, best `topk_group` kept; top-k on `s + bias`
+    /// inside them; weights are the chosen `s`, optionally renormalised, times
+    /// `scaling`.
+    SigmoidGrouped {
+        n_group: usize,
+        topk_group: usize,
+        renormalize: bool,
+        scaling: f32,
+    },
+    /// Gemma 4: router input is `rms_noscale(x) * scale * hidden^-0.5`
+    /// (the learned `router.scale` vector), linear → softmax → top-k →
+    /// renormalise → times `per_expert_scale[e]`.
+    Gemma4,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct MoeSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Intermediate size of one routed expert.
+    pub expert_intermediate: usize,
+    pub router: RouterKind,
+    /// The router linear has a bias (gpt-oss).
+    pub router_bias: bool,
+    /// Routed experts carry gate/up/down biases (gpt-oss).
+    pub expert_biases: bool,
+    /// Intermediate size of the always-on shared expert, if any.
+    pub shared_intermediate: Option<usize>,
+    /// A dense MLP runs beside the experts and is summed with them (Gemma 4).
+    pub parallel_dense: bool,
+}
+
+/// Feed-forward block of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FfnKind {
+    Dense,
+    Moe,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LayerSpec {
+    /// Head dimension of this layer's q/k/v (families such as Gemma 4 use a
+    /// wider head on full-attention layers).
+    pub head_dim: usize,
+    pub num_kv_heads: usize,
+    /// Sliding-window size in tokens (`None` = full causal attention). A
+    /// query at position `p` sees keys at positions `> p - window`.
+    pub window: Option<usize>,
+    /// Rotary embedding of this layer (`None` = NoPE).
+    pub rope: Option<RopeSpec>,
+    pub ffn: FfnKind,
+}
+
+/// Attention options shared by all layers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AttentionSpec {
+    pub q_bias: bool,
+    pub k_bias: bool,
+    pub v_bias: bool,
+    pub o_bias: bool,
+    /// A learned per-head logit joins the softmax denominator (gpt-oss).
+    pub sinks: bool,
+    /// `o *= sigmoid(x · W_gate)` before the output projection (Muse Glimmer).
+    pub output_gate: bool,
+    /// Multiplier on `q·k` (usually `head_dim^-0.5`).
+    pub scale: f32,
+    /// `c · tanh(s / c)` on attention scores.
+    pub softcap: Option<f32>,
+}
+
+/// Embedding lookup post-processing.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingSpec {
+    /// Multiplier applied to the looked-up row (Gemma: `sqrt(hidden)`).
+    pub scale: f32,
+    /// A norm applied to the looked-up row (Muse Glimmer).
+    pub norm: Option<NormSpec>,
+}
+
+/// The norms of one layer and the final norm.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct NormsSpec {
+    pub attn_input: NormSpec,
+    /// Sandwich norm on the attention output before the residual add.
+    pub attn_post: Option<NormSpec>,
+    pub ffn_input: NormSpec,
+    /// Sandwich norm on the FFN output before the residual add.
+    pub ffn_post: Option<NormSpec>,
+    /// Per-head norms on q and k, applied before rope.
+    pub q: Option<NormSpec>,
+    pub k: Option<NormSpec>,
+    pub v: Option<NormSpec>,
+    pub output: NormSpec,
+}
+
+/// Output head.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HeadSpec {
+    /// The head reuses the token embedding matrix.
+    pub tied: bool,
+    pub multiplier: f32,
+    /// `c · tanh(z / c)` on the final logits.
+    pub softcap: Option<f32>,
+}
+
+/// Everything the generic decoder needs to know about a model, as data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArchSpec {
+    pub family: Family,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    /// Default kv-head count and head dimension; each [`LayerSpec`] carries
+    /// its own (equal to these unless the family varies them per layer).
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Intermediate size of the dense FFN (dense layers, and Gemma 4's
+    /// parallel dense branch).
+    pub intermediate_size: usize,
+    pub max_position: usize,
+    pub embedding: EmbeddingSpec,
+    pub norms: NormsSpec,
+    pub attention: AttentionSpec,
+    pub activation: Activation,
+    pub moe: Option<MoeSpec>,
+    pub head: HeadSpec,
+    pub layers: Vec<LayerSpec>,
+}
+
+impl ArchSpec {
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Layers whose FFN is a routed MoE block.
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.layers
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.ffn == FfnKind::Moe)
+            .map(|(i, _)| i)
+    }
+
+    /// Compact description of the attention pattern, e.g. `5×sliding(512), full`
+    /// repeated, for `inspect`.
+    pub fn layer_pattern(&self) -> String {
+        let describe = |l: &LayerSpec| {
+            let attn = match l.window {
+                Some(w) => format!("swa{w}"),
+                None => "full".to_string(),
+            };
+            let rope = match &l.rope {
+                Some(r) => format!("rope{}", r.theta),
+                None => "nope".to_string(),
+            };
+            let ffn = match l.ffn {
+                FfnKind::Dense => "dense",
+                FfnKind::Moe => "moe",
+            };
+            format!("{attn}/{rope}/{ffn}")
+        };
+        let mut runs: Vec<(String, usize)> = Vec::new();
+        for l in &self.layers {
+            let d = describe(l);
+            match runs.last_mut() {
+                Some((last, n)) if *last == d => *n += 1,
+                _ => runs.push((d, 1)),
+            }
+        }
+        runs.iter()
+            .map(|(d, n)| {
+                if *n > 1 {
+                    format!("{n}×{d}")
+                } else {
+                    d.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// Checks internal consistency; returns a description of the first problem.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("num_heads", self.num_heads),
+            ("num_kv_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("layers", self.layers.len()),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(format!("{name} must be positive"));
+            }
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.head_dim == 0 || l.num_kv_heads == 0 || self.num_heads % l.num_kv_heads != 0 {
+                return Err(format!(
+                    "layer {i}: num_heads {} must be a positive multiple of num_kv_heads {} (head_dim {})",
+                    self.num_heads, l.num_kv_heads, l.head_dim
+                ));
+            }
+            if let Some(r) = &l.rope {
+                if r.rotary_dim == 0 || r.rotary_dim > l.head_dim || r.rotary_dim % 2 != 0 {
+                    return Err(format!(
+                        "layer {i}: rotary_dim {} must be even and in 2..={}",
+                        r.rotary_dim, l.head_dim
+                    ));
+                }
+            }
+            if l.window == Some(0) {
+                return Err(format!("layer {i}: sliding window of 0 tokens"));
+            }
+            if l.ffn == FfnKind::Moe && self.moe.is_none() {
+                return Err(format!("layer {i} is MoE but the spec has no MoE block"));
+            }
+        }
+        if let Some(m) = &self.moe {
+            if m.top_k == 0 || m.top_k > m.num_experts {
+                return Err(format!(
+                    "top_k {} must be in 1..={} (num_experts)",
+                    m.top_k, m.num_experts
+                ));
+            }
+            if let RouterKind::SigmoidGrouped {
+                n_group,
+                topk_group,
+                ..
+            } = m.router
+            {
+                if n_group == 0 || m.num_experts % n_group != 0 || topk_group > n_group {
+                    return Err(format!(
+                        "grouped router: {} experts in {n_group} groups keeping {topk_group}",
+                        m.num_experts
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,214 @@
+//! HF checkpoint tensor names → canonical install names.
+//!
+//! Names are matched after stripping the model prefix (`model.` or
+//! `model.language_model.` for multimodal wrappers). What the sandwich-norm
+//! families call `post_attention_layernorm` is a post-attention norm; for the
+//! pre-norm families it is the FFN input norm.
+
+use turbospark_core::arch::Family;
+
+/// Where a source tensor goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    /// A resident tensor, copied as is.
+    Resident(String),
+    /// One expert's part (`gate`, `up`, `down`).
+    ExpertOne {
+        layer: usize,
+        expert: usize,
+        part: &'static str,
+    },
+    /// All experts of a part, stacked on the first dimension.
+    ExpertStack { layer: usize, part: &'static str },
+    /// Fused `[E, 2I, H]` gate/up (first half gate, second half up).
+    ExpertGateUpHalves { layer: usize },
+    /// gpt-oss MXFP4 gate_up (`blocks`; the `scales` tensor is its partner):
+    /// rows interleave gate (even) and up (odd).
+    Mxfp4GateUp { layer: usize },
+    /// gpt-oss MXFP4 down projection (`blocks`).
+    Mxfp4Down { layer: usize },
+    /// The `scales` partner of an MXFP4 `blocks` tensor (consumed with it).
+    Mxfp4Scales,
+    /// gpt-oss gate_up bias `[E, 2I]`, interleaved.
+    GateUpBiasInterleaved { layer: usize },
+    /// gpt-oss down bias `[E, H]`.
+    DownBiasStack { layer: usize },
+    /// Not part of inference (rotary caches, multi-token-prediction layers,
+    /// vision towers).
+    Ignored,
+}
+
+const PREFIXES: [&str; 3] = ["model.language_model.", "language_model.model.", "model."];
+
+fn strip_prefix(name: &str) -> Option<&str> {
+    PREFIXES.iter().find_map(|p| name.strip_prefix(p))
+}
+
+fn is_sandwich(f: Family) -> bool {
+    matches!(f, Family::Gemma3 | Family::MuseGlimmer | Family::Gemma4)
+}
+
+/// Maps one HF tensor name. `None`: the name has no meaning for the family
+/// (the converter reports it). `num_layers` lets extra layers (GLM's MTP
+/// layers) be recognised as ignorable.
+pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Target> {
+    if name == "lm_head.weight" {
+        return Some(Target::Resident("output.weight".into()));
+    }
+    if name.starts_with("model.vision_tower.")
+        || name.starts_with("model.multi_modal_projector.")
+        || name.starts_with("vision_tower.")
+        || name.ends_with("rotary_emb.inv_freq")
+    {
+        return Some(Target::Ignored);
+    }
+    let rest = strip_prefix(name)?;
+    match rest {
+        "embed_tokens.weight" => return Some(Target::Resident("token_embd.weight".into())),
+        "norm.weight" => return Some(Target::Resident("output_norm.weight".into())),
+        _ => {}
+    }
+    let rest = rest.strip_prefix("layers.")?;
+    let (layer, rest) = rest.split_once('.')?;
+    let layer: usize = layer.parse().ok()?;
+    if layer >= num_layers {
+        // GLM-4.5 checkpoints carry multi-token-prediction layers past the
+        // decoder stack; inference does not use them.
+        return (family == Family::Glm4Moe).then_some(Target::Ignored);
+    }
+    let res = |s: &str| Some(Target::Resident(format!("blk.{layer}.{s}")));
+    let sandwich = is_sandwich(family);
+    match rest {
+        "input_layernorm.weight" => return res("attn_norm.weight"),
+        "post_attention_layernorm.weight" if sandwich => return res("post_attention_norm.weight"),
+        "post_attention_layernorm.weight" => return res("ffn_norm.weight"),
+        "pre_feedforward_layernorm.weight" if sandwich => return res("ffn_norm.weight"),
+        "post_feedforward_layernorm.weight" if sandwich => return res("post_ffw_norm.weight"),
+        "self_attn.sinks" => return res("attn_sinks.weight"),
+        "self_attn.gate_proj.weight" if family == Family::MuseGlimmer => {
+            return res("attn_gate.weight")
+        }
+        _ => {}
+    }
+    if let Some(r) = rest.strip_prefix("self_attn.") {
+        let (proj, kind) = r.rsplit_once('.')?;
+        let target = match proj {
+            "q_proj" => "attn_q",
+            "k_proj" => "attn_k",
+            "v_proj" => "attn_v",
+            "o_proj" => "attn_output",
+            "q_norm" if kind == "weight" => "attn_q_norm",
+            "k_norm" if kind == "weight" => "attn_k_norm",
+            _ => return None,
+        };
+        return res(&format!("{target}.{kind}"));
+    }
+    // Dense MLP / shared expert.
+    for (prefix, suffix) in [("mlp.shared_experts.", "_shexp"), ("mlp.", "")] {
+        if let Some(r) = rest.strip_prefix(prefix) {
+            match r {
+                "gate_proj.weight" => return res(&format!("ffn_gate{suffix}.weight")),
+                "up_proj.weight" => return res(&format!("ffn_up{suffix}.weight")),
+                "down_proj.weight" => return res(&format!("ffn_down{suffix}.weight")),
+                _ => {}
+            }
+        }
+    }
+    // Routers.
+    match rest {
+        "block_sparse_moe.gate.weight" | "mlp.gate.weight" | "mlp.router.weight" => {
+            return res("ffn_gate_inp.weight")
+        }
+        "mlp.router.bias" => return res("ffn_gate_inp.bias"),
+        "mlp.gate.e_score_correction_bias" => return res("exp_probs_b.bias"),
+        _ => {}
+    }
+    // Routed experts.
+    if family == Family::GptOss {
+        return match rest {
+            "mlp.experts.gate_up_proj_blocks" => Some(Target::Mxfp4GateUp { layer }),
+            "mlp.experts.down_proj_blocks" => Some(Target::Mxfp4Down { layer }),
+            "mlp.experts.gate_up_proj_scales" | "mlp.experts.down_proj_scales" => {
+                Some(Target::Mxfp4Scales)
+            }
+            "mlp.experts.gate_up_proj_bias" => Some(Target::GateUpBiasInterleaved { layer }),
+            "mlp.experts.down_proj_bias" => Some(Target::DownBiasStack { layer }),
+            _ => None,
+        };
+    }
+    for prefix in ["mlp.experts.", "block_sparse_moe.experts.", "experts."] {
+        let Some(r) = rest.strip_prefix(prefix) else {
+            continue;
+        };
+        match r {
+            "gate_up_proj" => return Some(Target::ExpertGateUpHalves { layer }),
+            "down_proj" => {
+                return Some(Target::ExpertStack {
+                    layer,
+                    part: "down",
+                })
+            }
+            _ => {}
+        }
+        let (e, w) = r.split_once('.')?;
+        let expert: usize = e.parse().ok()?;
+        let part = match w {
+            "w1.weight" | "gate_proj.weight" => "gate",
+            "w3.weight" | "up_proj.weight" => "up",
+            "w2.weight" | "down_proj.weight" => "down",
+            _ => return None,
+        };
+        return Some(Target::ExpertOne {
+            layer,
+            expert,
+            part,
+        });
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn post_attention_norm_depends_on_family() {
+        let n = "model.layers.3.post_attention_layernorm.weight";
+        assert_eq!(
+            map_hf_name(Family::Llama, n, 4),
+            Some(Target::Resident("blk.3.ffn_norm.weight".into()))
+        );
+        assert_eq!(
+            map_hf_name(Family::Gemma3, n, 4),
+            Some(Target::Resident("blk.3.post_attention_norm.weight".into()))
+        );
+    }
+
+    #[test]
+    fn experts_and_unknown_names() {
+        assert_eq!(
+            map_hf_name(
+                Family::Mixtral,
+                "model.layers.1.block_sparse_moe.experts.5.w3.weight",
+                2
+            ),
+            Some(Target::ExpertOne {
+                layer: 1,
+                expert: 5,
+                part: "up"
+            })
+        );
+        assert_eq!(
+            map_hf_name(Family::Llama, "model.layers.0.self_attn.rope.weight", 2),
+            None
+        );
+        assert_eq!(
+            map_hf_name(Family::Llama, "model.layers.9.input_layernorm.weight", 2),
+            None
+        );
+        assert_eq!(
+            map_hf_name(Family::Glm4Moe, "model.layers.9.input_layernorm.weight", 2),
+            Some(Target::Ignored)
+        );
+    }
+}

@@ -1,0 +1,134 @@
+//! The identity table: one row per family, naming it in every source format.
+//!
+//! HF checkpoints identify themselves by `config.json`'s `model_type`; GGUF
+//! files by `general.architecture`. llama.cpp writes Mixtral as `llama` with
+//! a non-zero `llama.expert_count`, so that row is resolved with the expert
+//! count (see [`family_for_gguf`]).
+
+use turbospark_core::arch::Family;
+
+/// One family and its names.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub family: Family,
+    /// HF `model_type` values (text model first).
+    pub hf_model_types: &'static [&'static str],
+    /// GGUF `general.architecture` values.
+    pub gguf_architectures: &'static [&'static str],
+}
+
+pub const IDENTITIES: [Identity; 9] = [
+    Identity {
+        family: Family::Llama,
+        hf_model_types: &["llama", "mistral"],
+        gguf_architectures: &["llama"],
+    },
+    Identity {
+        family: Family::Qwen2,
+        hf_model_types: &["qwen2"],
+        gguf_architectures: &["qwen2"],
+    },
+    Identity {
+        family: Family::Gemma3,
+        hf_model_types: &["gemma3_text", "gemma3"],
+        gguf_architectures: &["gemma3"],
+    },
+    Identity {
+        family: Family::MuseGlimmer,
+        hf_model_types: &["muse_glimmer_text", "muse_glimmer"],
+        gguf_architectures: &["muse_glimmer"],
+    },
+    Identity {
+        family: Family::Mixtral,
+        hf_model_types: &["mixtral"],
+        gguf_architectures: &[],
+    },
+    Identity {
+        family: Family::Qwen3Moe,
+        hf_model_types: &["qwen3_moe"],
+        gguf_architectures: &["qwen3moe"],
+    },
+    Identity {
+        family: Family::GptOss,
+        hf_model_types: &["gpt_oss"],
+        gguf_architectures: &["gpt-oss"],
+    },
+    Identity {
+        family: Family::Gemma4,
+        hf_model_types: &["gemma4_text", "gemma4"],
+        gguf_architectures: &["gemma4"],
+    },
+    Identity {
+        family: Family::Glm4Moe,
+        hf_model_types: &["glm4_moe"],
+        gguf_architectures: &["glm4moe"],
+    },
+];
+
+/// The family of an HF `model_type`.
+pub fn family_for_hf(model_type: &str) -> Option<Family> {
+    IDENTITIES
+        .iter()
+        .find(|i| i.hf_model_types.contains(&model_type))
+        .map(|i| i.family)
+}
+
+/// The family of a GGUF `general.architecture`; `expert_count` is the
+/// `<arch>.expert_count` value (0 when absent).
+pub fn family_for_gguf(architecture: &str, expert_count: u64) -> Option<Family> {
+    if architecture == "llama" && expert_count > 0 {
+        return Some(Family::Mixtral);
+    }
+    IDENTITIES
+        .iter()
+        .find(|i| i.gguf_architectures.contains(&architecture))
+        .map(|i| i.family)
+}
+
+/// Comma-separated list of accepted HF model types, for error messages.
+pub fn supported_hf_model_types() -> String {
+    IDENTITIES
+        .iter()
+        .flat_map(|i| i.hf_model_types.iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Comma-separated list of accepted GGUF architectures, for error messages.
+pub fn supported_gguf_architectures() -> String {
+    let mut names: Vec<&str> = IDENTITIES
+        .iter()
+        .flat_map(|i| i.gguf_architectures.iter().copied())
+        .collect();
+    names.push("llama (with experts: mixtral)");
+    names.dedup();
+    names.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_family_has_an_hf_row_and_rows_do_not_overlap() {
+        for f in Family::ALL {
+            assert!(IDENTITIES.iter().any(|i| i.family == f), "{f} missing");
+        }
+        let mut seen = std::collections::HashSet::new();
+        for i in IDENTITIES {
+            for t in i.hf_model_types {
+                assert!(seen.insert(*t), "{t} listed twice");
+            }
+        }
+    }
+
+    #[test]
+    fn mixtral_is_llama_with_experts_in_gguf() {
+        assert_eq!(family_for_gguf("llama", 0), Some(Family::Llama));
+        assert_eq!(family_for_gguf("llama", 8), Some(Family::Mixtral));
+        assert_eq!(family_for_gguf("gpt-oss", 32), Some(Family::GptOss));
+        assert_eq!(family_for_gguf("mamba", 0), None);
+        assert_eq!(family_for_hf("qwen3_moe"), Some(Family::Qwen3Moe));
+        assert_eq!(family_for_hf("bert"), None);
+    }
+}

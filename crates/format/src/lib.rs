@@ -1,0 +1,16 @@
+//! On-disk formats: readers for safetensors and GGUF, the identity table that
+//! maps source architectures onto families, [`ArchSpec`] builders, tensor
+//! roles, the install format, and the converter.
+//!
+//! [`ArchSpec`]: turbospark_core::ArchSpec
+
+pub mod convert;
+pub mod error;
+pub mod gguf;
+pub mod identity;
+pub mod install;
+pub mod roles;
+pub mod safetensors;
+pub mod spec;
+
+pub use error::FormatError;

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The project's test command (README, .ci/run): formatting, lints, then every
+# test in an optimised test profile, after fetching the real models that the
+# real-model tests use (cached under ${TURBOSPARK_CACHE:-~/.cache/turbospark}).
+# Prints how long each stage took.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+stage() {
+    local name=$1
+    shift
+    local t0=$SECONDS
+    echo "==> $name"
+    "$@"
+    echo "<== $name: $((SECONDS - t0))s"
+}
+
+stage "cargo fmt --check" cargo fmt --all -- --check
+stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+if [ "${TURBOSPARK_SKIP_FETCH:-0}" != 1 ]; then
+    stage "fetch real models" scripts/fetch-models.sh smollm2 gemma3 qwen25 >/dev/null
+fi
+stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt
+echo "all stages passed in ${SECONDS}s"

@@ -19,6 +19,7 @@ stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
 if [ "${TURBOSPARK_SKIP_FETCH:-0}" != 1 ]; then
     stage "fetch real models" scripts/fetch-models.sh smollm2 gemma3 qwen25 >/dev/null
+    export TURBOSPARK_REQUIRE_MODELS=1
 fi
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt
 echo "all stages passed in ${SECONDS}s"

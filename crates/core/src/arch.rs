@@ -203,9 +203,10 @@ pub enum RouterKind {
         renormalize: bool,
         scaling: f32,
     },
-    /// Gemma 4: router input is `rms_noscale(x) * scale * hidden^-0.5`
-    /// (the learned `router.scale` vector), linear → softmax → top-k →
-    /// renormalise → times `per_expert_scale[e]`.
+    /// Gemma 4: router input is `rms_noscale(h) * scale * hidden^-0.5` where
+    /// `h` is the residual stream entering the FFN block and `scale` the
+    /// learned `ffn_gate_inp.scale` vector; linear → softmax → top-k →
+    /// renormalise → times `ffn_gate_inp.expert_scale[e]`.
     Gemma4,
 }
 
@@ -246,6 +247,10 @@ pub struct LayerSpec {
     /// Rotary embedding of this layer (`None` = NoPE).
     pub rope: Option<RopeSpec>,
     pub ffn: FfnKind,
+    /// The layer has no v projection: values are the raw k projection
+    /// (before k norm and rope), then the v norm (Gemma 4 full layers with
+    /// `attention_k_eq_v`).
+    pub value_from_key: bool,
 }
 
 /// Attention options shared by all layers.
@@ -288,6 +293,13 @@ pub struct NormsSpec {
     pub k: Option<NormSpec>,
     pub v: Option<NormSpec>,
     pub output: NormSpec,
+    /// Gemma 4's parallel dense + MoE block: a norm on the dense branch's
+    /// output, a norm on the experts' input (taken from the residual
+    /// stream), and a norm on the experts' output; their sum then goes
+    /// through `ffn_post`.
+    pub dense_branch_post: Option<NormSpec>,
+    pub moe_input: Option<NormSpec>,
+    pub moe_post: Option<NormSpec>,
 }
 
 /// Output head.
@@ -321,6 +333,9 @@ pub struct ArchSpec {
     pub activation: Activation,
     pub moe: Option<MoeSpec>,
     pub head: HeadSpec,
+    /// Each layer's output is multiplied by a learned scalar
+    /// (`blk.{L}.layer_output_scale.weight`, Gemma 4).
+    pub layer_scalar: bool,
     pub layers: Vec<LayerSpec>,
 }
 

@@ -120,13 +120,10 @@ pub enum GgufError {
     #[error("tensor '{name}' appears more than once")]
     DuplicateTensor { name: String },
     #[error(
-        "tensor '{name}' has ggml type {ggml_type} ({type_name}), whose block size is unknown"
+        "tensor '{name}' has ggml type {ggml_type}{}, whose block layout is unknown",
+        known_name_suffix(*ggml_type)
     )]
-    UnknownGgmlType {
-        name: String,
-        ggml_type: u32,
-        type_name: String,
-    },
+    UnknownGgmlType { name: String, ggml_type: u32 },
     #[error("tensor '{name}' has dimensions {dims:?} whose byte size overflows 64 bits")]
     SizeOverflow { name: String, dims: Vec<u64> },
     #[error(
@@ -675,6 +672,17 @@ pub fn ggml_type_name(ggml_type: u32) -> String {
     }
 }
 
+/// " (name)" for a ggml type id that has a name but no layout here.
+fn known_name_suffix(ggml_type: u32) -> String {
+    let name = ggml_type_name(ggml_type);
+    // The core table calls ids it cannot name "ggml type N".
+    if name.starts_with("ggml type") {
+        String::new()
+    } else {
+        format!(" ({name})")
+    }
+}
+
 /// One entry of the tensor table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GgufTensorInfo {
@@ -940,7 +948,12 @@ fn read_array(r: &mut Reader<'_>, key: &str, depth: usize) -> Result<GgufArray, 
     let elem_id = r.u32(|| format!("array element type of metadata key '{key}'"))?;
     let elem = value_type(elem_id, key)?;
     let count = r.u64(|| format!("array length of metadata key '{key}'"))?;
-    let what = || format!("array of {count} {elem} values of metadata key '{key}'");
+    let what = || {
+        let min = elem.min_encoded_bytes();
+        format!(
+            "array of {count} {elem} values (at least {min} bytes each) of metadata key '{key}'"
+        )
+    };
     let n = r.check_count(count, elem.min_encoded_bytes(), what)?;
 
     // Fixed-size elements: one bounds check, then decode the whole run.
@@ -1013,7 +1026,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
     let kv_count = r.u64(|| "metadata entry count".to_string())?;
 
     let n_kv = r.check_count(kv_count, MIN_KV_BYTES, || {
-        format!("{kv_count} metadata entries")
+        format!("{kv_count} metadata entries (at least {MIN_KV_BYTES} bytes each)")
     })?;
     let mut metadata = BTreeMap::new();
     for i in 0..n_kv {
@@ -1028,7 +1041,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<GgufHeader, GgufError> {
     }
 
     let n_tensors = r.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, || {
-        format!("{tensor_count} tensor infos")
+        format!("{tensor_count} tensor infos (at least {MIN_TENSOR_INFO_BYTES} bytes each)")
     })?;
     let mut raw = Vec::with_capacity(n_tensors.min(PREALLOC_LIMIT));
     for i in 0..n_tensors {
@@ -1107,7 +1120,6 @@ fn validate_tensor(
 ) -> Result<GgufTensorInfo, GgufError> {
     let Some(layout) = ggml_block_layout(t.ggml_type) else {
         return Err(GgufError::UnknownGgmlType {
-            type_name: ggml_type_name(t.ggml_type),
             name: t.name,
             ggml_type: t.ggml_type,
         });

@@ -7,7 +7,7 @@
 //! they are the parts `gate`, `up`, `down` (+ `.bias`) of a layer's
 //! expert file, each with a per-expert shape.
 
-use turbospark_core::arch::{ArchSpec, FfnKind, NormSpec};
+use turbospark_core::arch::{ArchSpec, FfnKind, NormSpec, RouterKind};
 
 /// A resident tensor the install must contain.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,12 +70,14 @@ pub fn expected_resident(spec: &ArchSpec) -> Vec<ExpectedTensor> {
         );
         t(&mut out, b("attn_q.weight"), vec![q, h]);
         t(&mut out, b("attn_k.weight"), vec![kv, h]);
-        t(&mut out, b("attn_v.weight"), vec![kv, h]);
+        if !layer.value_from_key {
+            t(&mut out, b("attn_v.weight"), vec![kv, h]);
+        }
         t(&mut out, b("attn_output.weight"), vec![h, q]);
         for (on, name, len) in [
             (a.q_bias, "attn_q.bias", q),
             (a.k_bias, "attn_k.bias", kv),
-            (a.v_bias, "attn_v.bias", kv),
+            (a.v_bias && !layer.value_from_key, "attn_v.bias", kv),
             (a.o_bias, "attn_output.bias", h),
         ] {
             if on {
@@ -125,11 +127,12 @@ pub fn expected_resident(spec: &ArchSpec) -> Vec<ExpectedTensor> {
                 if m.router_bias {
                     t(&mut out, b("ffn_gate_inp.bias"), vec![e]);
                 }
-                if matches!(
-                    m.router,
-                    turbospark_core::arch::RouterKind::SigmoidGrouped { .. }
-                ) {
+                if matches!(m.router, RouterKind::SigmoidGrouped { .. }) {
                     t(&mut out, b("exp_probs_b.bias"), vec![e]);
+                }
+                if m.router == RouterKind::Gemma4 {
+                    t(&mut out, b("ffn_gate_inp.scale"), vec![h]);
+                    t(&mut out, b("ffn_gate_inp.expert_scale"), vec![e]);
                 }
                 if let Some(si) = m.shared_intermediate {
                     dense(&mut out, "_shexp", si as u64);
@@ -139,6 +142,28 @@ pub fn expected_resident(spec: &ArchSpec) -> Vec<ExpectedTensor> {
                 }
             }
             _ => dense(&mut out, "", spec.intermediate_size as u64),
+        }
+        let n = &spec.norms;
+        norm_tensor(
+            &mut out,
+            b("post_ffw_norm_1.weight"),
+            n.dense_branch_post,
+            spec.hidden_size,
+        );
+        norm_tensor(
+            &mut out,
+            b("pre_ffw_norm_2.weight"),
+            n.moe_input,
+            spec.hidden_size,
+        );
+        norm_tensor(
+            &mut out,
+            b("post_ffw_norm_2.weight"),
+            n.moe_post,
+            spec.hidden_size,
+        );
+        if spec.layer_scalar {
+            t(&mut out, b("layer_output_scale.weight"), vec![1]);
         }
     }
     norm_tensor(

@@ -616,7 +616,7 @@ impl SafetensorsCheckpoint {
             let relative = Path::new(name);
             let plain = relative
                 .components()
-                .all(|c| matches!(c, Component::Normal(_)));
+                .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
             if !plain || name.is_empty() {
                 return Err(SafetensorsError::BadShardPath {
                     index: index.to_path_buf(),

@@ -359,3 +359,85 @@ fn existing_destination_needs_force() {
     assert!(Install::open(&dst).is_ok());
     assert_eq!(entries(tmp.path()), vec!["install", "m.gguf"]);
 }
+
+/// gpt-oss experts: the MXFP4 blocks we write decode (with the reference
+/// ggml-layout dequantizer) to exactly the values HF's own formula gives
+/// for the checkpoint's `*_blocks`/`*_scales`, with gate = even rows and
+/// up = odd rows of the fused tensor.
+#[test]
+fn gpt_oss_mxfp4_experts_decode_to_the_checkpoint_values() {
+    use turbospark_core::quant::dequantize_row;
+    use turbospark_format::safetensors::SafetensorsCheckpoint;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny/gpt_oss");
+    if !src.is_dir() {
+        eprintln!("skipped: {} is absent", src.display());
+        return;
+    }
+    let tmp = TempDir::new("conv-gptoss");
+    let dst = tmp.path().join("install");
+    run_convert(&src, &dst, false).unwrap();
+    let install = Install::open(&dst).unwrap();
+    let ckpt = SafetensorsCheckpoint::open_dir(&src).unwrap();
+    // HF (integrations/mxfp4.py): byte j of a 16-byte group holds column
+    // 2j in its low nibble and 2j+1 in its high nibble; value = FP4[code] *
+    // 2^(scale - 127).
+    const FP4: [f32; 16] = [
+        0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+    ];
+    let hf_row = |blocks: &[u8], scales: &[u8]| -> Vec<f32> {
+        let mut out = Vec::new();
+        for (g, &s) in scales.iter().enumerate() {
+            let scale = 2f32.powi(s as i32 - 127);
+            for b in &blocks[g * 16..g * 16 + 16] {
+                out.push(FP4[(b & 15) as usize] * scale);
+                out.push(FP4[(b >> 4) as usize] * scale);
+            }
+        }
+        out
+    };
+    for (hf, parts) in [
+        ("gate_up_proj", ["gate", "up"]),
+        ("down_proj", ["down", "down"]),
+    ] {
+        let blocks_t = ckpt
+            .tensor(&format!("model.layers.1.mlp.experts.{hf}_blocks"))
+            .unwrap();
+        let scales_t = ckpt
+            .tensor(&format!("model.layers.1.mlp.experts.{hf}_scales"))
+            .unwrap();
+        let (blocks, scales) = (ckpt.tensor_bytes(blocks_t), ckpt.tensor_bytes(scales_t));
+        let (e_count, rows, groups) = (
+            blocks_t.shape[0] as usize,
+            blocks_t.shape[1] as usize,
+            blocks_t.shape[2] as usize,
+        );
+        let layer = install.manifest.expert_layer(1).unwrap();
+        let file = std::fs::read(dst.join(&layer.file)).unwrap();
+        for e in 0..e_count {
+            for r in 0..rows {
+                let base = (e * rows + r) * groups;
+                let want = hf_row(
+                    &blocks[base * 16..(base + groups) * 16],
+                    &scales[base..base + groups],
+                );
+                let (part_name, row) = if parts[0] == parts[1] {
+                    (parts[0], r)
+                } else {
+                    (parts[r % 2], r / 2)
+                };
+                let part = layer.part(part_name).unwrap();
+                let row_bytes = groups * 17;
+                let at = e * layer.stride as usize + part.offset as usize + row * row_bytes;
+                let mut got = vec![0f32; groups * 32];
+                dequantize_row(
+                    turbospark_core::QuantFormat::Mxfp4,
+                    &file[at..at + row_bytes],
+                    &mut got,
+                )
+                .unwrap();
+                // Compared as values: HF's code 8 is -0.0, ggml's is +0.0.
+                assert_eq!(got, want, "{hf} expert {e} row {r}");
+            }
+        }
+    }
+}

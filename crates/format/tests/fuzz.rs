@@ -35,12 +35,11 @@ fn interesting_u64() -> impl Strategy<Value = u64> {
 fn mutation() -> impl Strategy<Value = Mutation> {
     let at = any::<usize>();
     prop_oneof![
-        (at.clone(), 0u8..8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
-        (at.clone(), any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte { at, byte }),
-        (at.clone(), interesting_u64()).prop_map(|(at, value)| Mutation::SetU64 { at, value }),
-        at.clone().prop_map(|at| Mutation::Truncate { at }),
-        (at.clone(), vec(any::<u8>(), 1..16))
-            .prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
+        (at, 0u8..8).prop_map(|(at, bit)| Mutation::FlipBit { at, bit }),
+        (at, any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte { at, byte }),
+        (at, interesting_u64()).prop_map(|(at, value)| Mutation::SetU64 { at, value }),
+        at.prop_map(|at| Mutation::Truncate { at }),
+        (at, vec(any::<u8>(), 1..16)).prop_map(|(at, bytes)| Mutation::Insert { at, bytes }),
         (at, 1usize..16).prop_map(|(at, len)| Mutation::Delete { at, len }),
     ]
 }

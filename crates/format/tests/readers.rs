@@ -507,7 +507,7 @@ fn gguf_open_errors_name_the_file() {
     assert!(err.to_string().contains("missing.gguf"), "{err}");
 }
 
-/// The file and description written by `scripts/make_gguf_reader_fixture.py`
+/// The file and description written by `scripts/make_reader_fixtures.py`
 /// with gguf-py's writer and reader.
 #[test]
 fn gguf_matches_gguf_py_fixture() {
@@ -967,4 +967,49 @@ fn safetensors_directory_without_index_opens_all_shards_in_name_order() {
         matches!(&err, SafetensorsError::DuplicateAcrossShards { name, first, second } if name == "x" && first.ends_with("a.safetensors") && second.ends_with("c.safetensors")),
         "{err}"
     );
+}
+
+/// The file written by the reference `safetensors` package and described with
+/// its `safe_open` by `scripts/make_reader_fixtures.py`.
+#[test]
+fn safetensors_matches_reference_fixture() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let path = dir.join("safetensors_writer_tiny.safetensors");
+    let ckpt = SafetensorsCheckpoint::open_file(&path).expect("fixture opens");
+    let text =
+        std::fs::read_to_string(dir.join("safetensors_writer_tiny.json")).expect("description");
+    let desc: serde_json::Value = serde_json::from_str(&text).expect("json");
+
+    let metadata = ckpt.shard_metadata(0).expect("one shard");
+    let want_meta = desc["metadata"].as_object().expect("metadata");
+    assert_eq!(metadata.len(), want_meta.len());
+    for (k, v) in want_meta {
+        assert_eq!(metadata.get(k).map(String::as_str), v.as_str(), "{k}");
+    }
+
+    let tensors = desc["tensors"].as_array().expect("tensors");
+    assert_eq!(ckpt.len(), tensors.len());
+    for (got, want) in ckpt.tensors().zip(tensors) {
+        assert_eq!(Some(got.name.as_str()), want["name"].as_str());
+        assert_eq!(
+            Some(got.dtype.name()),
+            want["dtype"].as_str(),
+            "{}",
+            got.name
+        );
+        let shape: Vec<u64> = want["shape"]
+            .as_array()
+            .expect("shape")
+            .iter()
+            .filter_map(|d| d.as_u64())
+            .collect();
+        assert_eq!(got.shape, shape, "{}", got.name);
+        assert_eq!(
+            Some(hex(ckpt.tensor_bytes(got)).as_str()),
+            want["data_hex"].as_str(),
+            "{}",
+            got.name
+        );
+        assert!(got.range.end <= desc["file_len"].as_u64().expect("file_len"));
+    }
 }

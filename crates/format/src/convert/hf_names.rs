@@ -85,6 +85,13 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
         "pre_feedforward_layernorm.weight" if sandwich => return res("ffn_norm.weight"),
         "post_feedforward_layernorm.weight" if sandwich => return res("post_ffw_norm.weight"),
         "self_attn.sinks" => return res("attn_sinks.weight"),
+        "layer_scalar" => return res("layer_output_scale.weight"),
+        "post_feedforward_layernorm_1.weight" => return res("post_ffw_norm_1.weight"),
+        "pre_feedforward_layernorm_2.weight" => return res("pre_ffw_norm_2.weight"),
+        "post_feedforward_layernorm_2.weight" => return res("post_ffw_norm_2.weight"),
+        "router.proj.weight" => return res("ffn_gate_inp.weight"),
+        "router.scale" => return res("ffn_gate_inp.scale"),
+        "router.per_expert_scale" => return res("ffn_gate_inp.expert_scale"),
         "self_attn.gate_proj.weight" if family == Family::MuseGlimmer => {
             return res("attn_gate.weight")
         }

@@ -166,6 +166,9 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
             k: has("blk.0.attn_k_norm.weight").then_some(plain),
             v: None,
             output: plain,
+            dense_branch_post: None,
+            moe_input: None,
+            moe_post: None,
         },
         attention: AttentionSpec {
             q_bias: has("blk.0.attn_q.bias"),
@@ -184,6 +187,7 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
             multiplier: 1.0,
             softcap: None,
         },
+        layer_scalar: false,
         layers: (0..n_layers)
             .map(|_| LayerSpec {
                 head_dim,
@@ -191,6 +195,7 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
                 window: None,
                 rope: Some(rope),
                 ffn: FfnKind::Dense,
+                value_from_key: false,
             })
             .collect(),
     };

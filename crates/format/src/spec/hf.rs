@@ -216,6 +216,7 @@ fn build_layers(
                 window: if is_sliding { window } else { None },
                 rope: ropes(i, is_sliding)?,
                 ffn: ffn[i],
+                value_from_key: false,
             })
         })
         .collect()
@@ -255,7 +256,11 @@ fn llama_like(c: &Cfg) -> Result<ArchSpec, SpecError> {
             parallel_dense: false,
         }),
         Family::Qwen3Moe => Some(MoeSpec {
-            num_experts: c.usize_or("num_experts", 128)?,
+            // transformers 5.x writes `num_local_experts`; released configs `num_experts`.
+            num_experts: match c.opt_usize("num_experts")? {
+                Some(n) => n,
+                None => c.usize_or("num_local_experts", 128)?,
+            },
             top_k: c.usize_or("num_experts_per_tok", 8)?,
             expert_intermediate: c.usize_or("moe_intermediate_size", 768)?,
             router: RouterKind::SoftmaxTopK {
@@ -367,6 +372,9 @@ fn llama_like(c: &Cfg) -> Result<ArchSpec, SpecError> {
             k: qk_norm,
             v: None,
             output: norm,
+            dense_branch_post: None,
+            moe_input: None,
+            moe_post: None,
         },
         attention: AttentionSpec {
             q_bias: qkv_bias,
@@ -385,6 +393,7 @@ fn llama_like(c: &Cfg) -> Result<ArchSpec, SpecError> {
             multiplier: 1.0,
             softcap: None,
         },
+        layer_scalar: false,
         layers,
     })
 }
@@ -446,6 +455,9 @@ fn gemma3(c: &Cfg) -> Result<ArchSpec, SpecError> {
             k: Some(norm),
             v: None,
             output: norm,
+            dense_branch_post: None,
+            moe_input: None,
+            moe_post: None,
         },
         attention: AttentionSpec {
             q_bias: bias,
@@ -464,6 +476,7 @@ fn gemma3(c: &Cfg) -> Result<ArchSpec, SpecError> {
             multiplier: 1.0,
             softcap: c.opt_f64("final_logit_softcapping")?.map(|v| v as f32),
         },
+        layer_scalar: false,
         layers,
     })
 }
@@ -535,6 +548,9 @@ fn muse_glimmer(c: &Cfg, top: &Value) -> Result<ArchSpec, SpecError> {
             k: Some(NormSpec::no_scale(eps)),
             v: None,
             output: NormSpec::plain(eps),
+            dense_branch_post: None,
+            moe_input: None,
+            moe_post: None,
         },
         attention: AttentionSpec {
             q_bias: bias,
@@ -553,6 +569,7 @@ fn muse_glimmer(c: &Cfg, top: &Value) -> Result<ArchSpec, SpecError> {
             multiplier: c.f64_or("output_multiplier", 0.196_116_135_138_184_04)? as f32,
             softcap: Some(c.f64_or("final_logit_softcapping", 20.0)? as f32),
         },
+        layer_scalar: false,
         layers,
     })
 }
@@ -604,6 +621,9 @@ fn gpt_oss(c: &Cfg) -> Result<ArchSpec, SpecError> {
             k: None,
             v: None,
             output: norm,
+            dense_branch_post: None,
+            moe_input: None,
+            moe_post: None,
         },
         attention: AttentionSpec {
             q_bias: bias,
@@ -634,15 +654,171 @@ fn gpt_oss(c: &Cfg) -> Result<ArchSpec, SpecError> {
             multiplier: 1.0,
             softcap: None,
         },
+        layer_scalar: false,
         layers,
     })
 }
 
-/// Gemma 4 text. Not yet described as data: refuse clearly rather than guess.
+/// Gemma 4 text (HF `modeling_gemma4.py`): plain norms everywhere, q/k
+/// norms with weights and a weightless v norm, attention scale 1, embedding
+/// × sqrt(hidden), 5 sliding : 1 full layers where full layers have their
+/// own head geometry (`per_layer_config`, or `global_head_dim` /
+/// `num_global_key_value_heads`), K = V on full layers with
+/// `attention_k_eq_v`, proportional rope on full layers, a dense GELU-tanh
+/// MLP beside the routed experts, a learned per-layer output scalar, and a
+/// final softcap. Per-layer inputs and KV sharing are refused.
 fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
-    let _ = c;
-    Err(SpecError::Unsupported {
-        what: "gemma4 config".into(),
-        detail: "the Gemma 4 decoder layer is not described yet".into(),
+    let d = dims(c, 131072)?;
+    let d = Dims {
+        head_dim: c.usize_or("head_dim", 256)?,
+        ..d
+    };
+    if c.usize_or("hidden_size_per_layer_input", 0)? > 0 {
+        return Err(SpecError::Unsupported {
+            what: "gemma4 per-layer inputs".into(),
+            detail: "hidden_size_per_layer_input > 0 (the dense Gemma 4 variants)".into(),
+        });
+    }
+    if c.usize_or("num_kv_shared_layers", 0)? > 0 {
+        return Err(SpecError::Unsupported {
+            what: "gemma4 KV sharing".into(),
+            detail: "num_kv_shared_layers > 0".into(),
+        });
+    }
+    if c.present("use_bidirectional_attention").is_some() {
+        return Err(c.bad("use_bidirectional_attention", "null (causal text model)"));
+    }
+    if c.bool_or("use_double_wide_mlp", false)? {
+        return Err(c.bad("use_double_wide_mlp", "false"));
+    }
+    let eps = c.f64_or("rms_norm_eps", 1e-6)? as f32;
+    let norm = NormSpec::plain(eps);
+    let n = d.layers;
+    let sliding = match c.layer_types(n)? {
+        Some(t) => t,
+        None => (0..n).map(|i| (i + 1) % 6 != 0 && i + 1 != n).collect(),
+    };
+    let k_eq_v = c.bool_or("attention_k_eq_v", false)?;
+    // Full-layer geometry: `per_layer_config` as save_pretrained writes it,
+    // else the released config's `global_head_dim` / `num_global_key_value_heads`.
+    let overrides = c.present("per_layer_config");
+    let global_head_dim = c.usize_or("global_head_dim", 512)?;
+    let global_kv = c.opt_usize("num_global_key_value_heads")?;
+    let geometry = |i: usize| -> Result<(usize, usize), SpecError> {
+        if let Some(o) = overrides.and_then(|o| o.get(i.to_string())) {
+            let get = |k: &str, dflt: usize| {
+                o.get(k)
+                    .map(|v| {
+                        v.as_u64()
+                            .map(|x| x as usize)
+                            .ok_or_else(|| c.bad("per_layer_config", "integers"))
+                    })
+                    .unwrap_or(Ok(dflt))
+            };
+            return Ok((
+                get("head_dim", d.head_dim)?,
+                get("num_key_value_heads", d.kv_heads)?,
+            ));
+        }
+        if overrides.is_some() || sliding[i] {
+            return Ok((d.head_dim, d.kv_heads));
+        }
+        let kv = if k_eq_v {
+            global_kv.unwrap_or(d.kv_heads)
+        } else {
+            d.kv_heads
+        };
+        Ok((global_head_dim, kv))
+    };
+    let window = Some(c.usize_or("sliding_window", 512)?);
+    let enable_moe = c.bool_or("enable_moe_block", false)?;
+    let mut layers = Vec::with_capacity(n);
+    for (i, &is_sliding) in sliding.iter().enumerate() {
+        let (head_dim, num_kv_heads) = geometry(i)?;
+        let layer_type = if is_sliding {
+            "sliding_attention"
+        } else {
+            "full_attention"
+        };
+        let default_theta = if is_sliding { 10000.0 } else { 1e6 };
+        layers.push(LayerSpec {
+            head_dim,
+            num_kv_heads,
+            window: if is_sliding { window } else { None },
+            rope: Some(rope_spec(
+                c.v,
+                layer_type,
+                head_dim,
+                default_theta,
+                d.max_position,
+            )?),
+            ffn: if enable_moe {
+                FfnKind::Moe
+            } else {
+                FfnKind::Dense
+            },
+            value_from_key: k_eq_v && !is_sliding,
+        });
+    }
+    let moe = if enable_moe {
+        Some(MoeSpec {
+            num_experts: c.usize("num_experts")?,
+            top_k: c.usize("top_k_experts")?,
+            expert_intermediate: c.usize("moe_intermediate_size")?,
+            router: RouterKind::Gemma4,
+            router_bias: false,
+            expert_biases: false,
+            shared_intermediate: None,
+            parallel_dense: true,
+        })
+    } else {
+        None
+    };
+    let bias = c.bool_or("attention_bias", false)?;
+    Ok(ArchSpec {
+        family: c.family,
+        vocab_size: d.vocab,
+        hidden_size: d.hidden,
+        num_heads: d.heads,
+        num_kv_heads: d.kv_heads,
+        head_dim: d.head_dim,
+        intermediate_size: d.intermediate,
+        max_position: d.max_position,
+        embedding: EmbeddingSpec {
+            scale: (d.hidden as f32).sqrt(),
+            norm: None,
+        },
+        norms: NormsSpec {
+            attn_input: norm,
+            attn_post: Some(norm),
+            ffn_input: norm,
+            ffn_post: Some(norm),
+            q: Some(norm),
+            k: Some(norm),
+            v: Some(NormSpec::no_scale(eps)),
+            output: norm,
+            dense_branch_post: enable_moe.then_some(norm),
+            moe_input: enable_moe.then_some(norm),
+            moe_post: enable_moe.then_some(norm),
+        },
+        attention: AttentionSpec {
+            q_bias: bias,
+            k_bias: bias,
+            v_bias: bias,
+            o_bias: bias,
+            sinks: false,
+            output_gate: false,
+            scale: 1.0,
+            softcap: None,
+        },
+        activation: activation_for(c, "hidden_activation", "gelu_pytorch_tanh")?,
+        moe,
+        head: HeadSpec {
+            tied: c.bool_or("tie_word_embeddings", true)?,
+            multiplier: 1.0,
+            softcap: c.opt_f64("final_logit_softcapping")?.map(|v| v as f32),
+        },
+        layer_scalar: true,
+        layers,
     })
 }

@@ -1,14 +1,17 @@
-"""Cross-check fixture for turbospark's GGUF reader.
+"""Cross-check fixtures for turbospark's GGUF and safetensors readers.
 
 Writes a tiny GGUF with gguf-py's GGUFWriter (the writer behind llama.cpp's
-converters) and describes it with gguf-py's own GGUFReader, so the Rust reader
-is compared against an independent implementation, not against itself.
+converters) and describes it with gguf-py's own GGUFReader; writes a tiny
+safetensors file with the reference `safetensors` package and describes it
+with its `safe_open`. The Rust readers are thereby compared against
+independent implementations, not against themselves.
 
-    python3 -m venv /tmp/rvenv && /tmp/rvenv/bin/pip install gguf numpy
-    /tmp/rvenv/bin/python scripts/make_gguf_reader_fixture.py
+    python3 -m venv /tmp/rvenv && /tmp/rvenv/bin/pip install gguf numpy safetensors
+    /tmp/rvenv/bin/python scripts/make_reader_fixtures.py
 
-Outputs crates/format/tests/data/gguf_writer_tiny.{gguf,json}; the test
-`gguf_matches_gguf_py_fixture` reads both.
+Outputs crates/format/tests/data/{gguf,safetensors}_writer_tiny.* ; the tests
+`gguf_matches_gguf_py_fixture` and `safetensors_matches_reference_fixture`
+in crates/format/tests/readers.rs read them.
 """
 
 import json
@@ -16,10 +19,14 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
 
 OUT = Path(__file__).resolve().parent.parent / "crates" / "format" / "tests" / "data"
 GGUF_PATH = OUT / "gguf_writer_tiny.gguf"
 JSON_PATH = OUT / "gguf_writer_tiny.json"
+ST_PATH = OUT / "safetensors_writer_tiny.safetensors"
+ST_JSON_PATH = OUT / "safetensors_writer_tiny.json"
 
 
 def write() -> None:
@@ -89,8 +96,42 @@ def describe() -> dict:
     }
 
 
+def write_safetensors() -> None:
+    rng = np.random.default_rng(1)
+    tensors = {
+        "model.layers.0.mlp.experts.gate_up_proj_blocks": rng.integers(0, 256, (2, 3, 4), dtype=np.uint8),
+        "model.norm.weight": rng.standard_normal(3).astype(np.float32),
+        "model.embed_tokens.weight": rng.standard_normal((4, 2)).astype(np.float16),
+        "position_ids": np.arange(5, dtype=np.int64),
+        "mask": np.array([True, False, True]),
+        "scalar": np.array(2.5, dtype=np.float64),
+        "empty": np.zeros((0, 3), dtype=np.int32),
+    }
+    save_file(tensors, str(ST_PATH), metadata={"format": "np", "note": "turbospark fixture"})
+
+
+def describe_safetensors() -> dict:
+    tensors = []
+    with safe_open(str(ST_PATH), framework="np") as f:
+        metadata = dict(sorted((f.metadata() or {}).items()))
+        for name in sorted(f.keys()):
+            t = f.get_tensor(name)
+            tensors.append(
+                {
+                    "name": name,
+                    "dtype": f.get_slice(name).get_dtype(),
+                    "shape": list(t.shape),
+                    "data_hex": np.ascontiguousarray(t).tobytes().hex(),
+                }
+            )
+    return {"file_len": ST_PATH.stat().st_size, "metadata": metadata, "tensors": tensors}
+
+
 if __name__ == "__main__":
     OUT.mkdir(parents=True, exist_ok=True)
     write()
     JSON_PATH.write_text(json.dumps(describe(), indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {GGUF_PATH} ({GGUF_PATH.stat().st_size} bytes) and {JSON_PATH}")
+    write_safetensors()
+    ST_JSON_PATH.write_text(json.dumps(describe_safetensors(), indent=1) + "\n")
+    print(f"wrote {ST_PATH} ({ST_PATH.stat().st_size} bytes) and {ST_JSON_PATH}")

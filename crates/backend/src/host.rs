@@ -1,0 +1,84 @@
+//! Host-side weight bytes handed to [`crate::Backend`] uploads.
+//!
+//! Bytes are shared, not copied: a [`SharedBytes`] keeps its owner (a memory
+//! map of an install file, or a plain vector) alive through an `Arc`, so a
+//! host backend can compute straight from the mapping.
+
+use crate::BackendError;
+use std::ops::Range;
+use std::sync::Arc;
+use turbospark_core::QuantFormat;
+
+/// An owner of bytes: a memory map, a `Vec<u8>`, ...
+pub type ByteOwner = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// A byte range of a shared owner.
+#[derive(Clone)]
+pub struct SharedBytes {
+    owner: ByteOwner,
+    start: usize,
+    len: usize,
+}
+
+impl SharedBytes {
+    /// The bytes `range` of `owner`.
+    pub fn new(owner: ByteOwner, range: Range<usize>) -> Result<Self, BackendError> {
+        let total = (*owner).as_ref().len();
+        if range.start > range.end || range.end > total {
+            return Err(BackendError::OutOfBounds {
+                start: range.start,
+                end: range.end,
+                len: total,
+            });
+        }
+        Ok(SharedBytes {
+            owner,
+            start: range.start,
+            len: range.end - range.start,
+        })
+    }
+
+    /// Owns `bytes` outright.
+    pub fn from_vec(bytes: Vec<u8>) -> Self {
+        let len = bytes.len();
+        SharedBytes {
+            owner: Arc::new(bytes),
+            start: 0,
+            len,
+        }
+    }
+
+    /// Little-endian f32 values as bytes (tests and synthetic models).
+    pub fn from_f32(values: &[f32]) -> Self {
+        Self::from_vec(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        &(*self.owner).as_ref()[self.start..self.start + self.len]
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes at {})", self.len, self.start)
+    }
+}
+
+/// A tensor on the host, ready to upload: its checkpoint name (for error
+/// messages), element format, row-major shape (`[out, in]` for a matrix,
+/// `[len]` for a vector) and bytes.
+#[derive(Debug, Clone)]
+pub struct HostTensor {
+    pub name: String,
+    pub format: QuantFormat,
+    pub shape: Vec<usize>,
+    pub bytes: SharedBytes,
+}

@@ -1,0 +1,42 @@
+//! Writing disjoint parts of one output slice from several pool threads.
+
+use std::marker::PhantomData;
+
+/// A mutable f32 slice that pool threads write in disjoint ranges.
+pub(crate) struct DisjointMut<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: the wrapper only hands out ranges through `range`, whose contract
+// makes concurrent ranges disjoint, so sharing it is like sharing `&mut`
+// sub-slices obtained by `split_at_mut`.
+unsafe impl Sync for DisjointMut<'_> {}
+unsafe impl Send for DisjointMut<'_> {}
+
+impl<'a> DisjointMut<'a> {
+    pub(crate) fn new(s: &'a mut [f32]) -> Self {
+        DisjointMut {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// The sub-slice `start .. start + len`.
+    ///
+    /// # Safety
+    /// No two live results of `range` (on any thread) may overlap.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &mut [f32] {
+        assert!(
+            start.checked_add(len).is_some_and(|end| end <= self.len),
+            "disjoint range {start}+{len} outside {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above) and, by the caller's contract,
+        // not aliased by any other live reference.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+}

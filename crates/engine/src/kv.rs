@@ -1,0 +1,114 @@
+//! The KV cache of a session: per layer, keys and values as
+//! `[capacity, n_kv_heads · head_dim]` f32 rows, position `p` in row
+//! `p % capacity`.
+//!
+//! Full-attention layers hold the whole context. A sliding layer with window
+//! `w` only ever needs the last `w` keys, but a batch of `b` queries written
+//! together needs the `w − 1` keys before the batch plus the batch itself, so
+//! its ring holds `min(w + b − 1, context)` rows (`b` the session's largest
+//! batch). Writing a batch then never overwrites a key a query of this or a
+//! later batch still reads.
+
+use crate::EngineError;
+use turbospark_backend::Backend;
+use turbospark_core::arch::ArchSpec;
+
+/// One layer's cache.
+pub struct KvLayer<B: Backend> {
+    /// `[capacity, row]`
+    pub k: B::Buf,
+    /// `[capacity, row]`
+    pub v: B::Buf,
+    pub capacity: usize,
+    /// `n_kv_heads · head_dim`
+    pub row: usize,
+}
+
+pub struct KvCache<B: Backend> {
+    pub(crate) layers: Vec<KvLayer<B>>,
+    position: usize,
+    context: usize,
+}
+
+/// Rows a layer with `window` keeps for a session of `context` positions
+/// whose batches hold at most `max_batch` tokens.
+pub fn layer_capacity(window: Option<usize>, context: usize, max_batch: usize) -> usize {
+    match window {
+        Some(w) => (w + max_batch - 1).min(context),
+        None => context,
+    }
+}
+
+impl<B: Backend> KvCache<B> {
+    pub fn new(
+        be: &B,
+        spec: &ArchSpec,
+        context: usize,
+        max_batch: usize,
+    ) -> Result<Self, EngineError> {
+        let layers = spec
+            .layers
+            .iter()
+            .map(|l| {
+                let capacity = layer_capacity(l.window, context, max_batch);
+                let row = l.num_kv_heads * l.head_dim;
+                Ok(KvLayer {
+                    k: be.alloc(capacity * row)?,
+                    v: be.alloc(capacity * row)?,
+                    capacity,
+                    row,
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(KvCache {
+            layers,
+            position: 0,
+            context,
+        })
+    }
+
+    /// The next position the cache expects.
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Positions the session can hold.
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Rows held for `layer`.
+    pub fn capacity(&self, layer: usize) -> Option<usize> {
+        self.layers.get(layer).map(|l| l.capacity)
+    }
+
+    /// Checks that `tokens` tokens at `position` continue the cache and fit.
+    pub fn check_append(&self, position: usize, tokens: usize) -> Result<(), EngineError> {
+        if position != self.position {
+            return Err(EngineError::NonSequentialPosition {
+                expected: self.position,
+                got: position,
+            });
+        }
+        if position
+            .checked_add(tokens)
+            .is_none_or(|end| end > self.context)
+        {
+            return Err(EngineError::ContextOverflow {
+                position,
+                tokens,
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn advance(&mut self, tokens: usize) {
+        self.position += tokens;
+    }
+
+    /// Forgets every position (the buffers are reused as they are).
+    pub fn reset(&mut self) {
+        self.position = 0;
+    }
+}

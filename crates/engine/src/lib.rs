@@ -1,0 +1,1 @@
+//! Generic decoder (in progress).

@@ -1,0 +1,111 @@
+//! Where a model's weights come from: an install directory (memory-mapped,
+//! no copy) or any other [`WeightSource`] (tests build random ones).
+
+use crate::EngineError;
+use memmap2::Mmap;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use turbospark_backend::host::ByteOwner;
+use turbospark_backend::{HostTensor, SharedBytes};
+use turbospark_format::install::{ExpertLayer, Install};
+
+/// Named tensors by their canonical install names.
+pub trait WeightSource {
+    /// A resident tensor (`blk.3.attn_q.weight`).
+    fn resident(&self, name: &str) -> Result<HostTensor, EngineError>;
+    /// Part `part` (`gate`, `up`, `down`, `gate.bias`, …) of routed expert
+    /// `expert` of MoE layer `layer`.
+    fn expert_part(
+        &self,
+        layer: usize,
+        expert: usize,
+        part: &str,
+    ) -> Result<HostTensor, EngineError>;
+}
+
+fn map_file(path: &Path) -> Result<ByteOwner, EngineError> {
+    let io = |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    if file.metadata().map_err(io)?.len() == 0 {
+        return Ok(Arc::new(Vec::<u8>::new()));
+    }
+    // SAFETY: the file is opened read-only and an install is immutable while
+    // open (convert writes a new directory and renames it into place; verify
+    // only reads), so the mapping does not change underneath us.
+    let map = unsafe { Mmap::map(&file) }.map_err(io)?;
+    Ok(Arc::new(map))
+}
+
+/// The weights of an opened [`Install`], read from memory maps of
+/// `resident.bin` and every `experts/NNN.bin`.
+pub struct InstallSource<'a> {
+    install: &'a Install,
+    resident: ByteOwner,
+    experts: HashMap<usize, (&'a ExpertLayer, ByteOwner)>,
+}
+
+impl<'a> InstallSource<'a> {
+    pub fn new(install: &'a Install) -> Result<Self, EngineError> {
+        let resident = map_file(&install.dir.join(&install.manifest.resident_file))?;
+        let mut experts = HashMap::new();
+        for layer in &install.manifest.experts {
+            experts.insert(layer.layer, (layer, map_file(&install.expert_path(layer))?));
+        }
+        Ok(InstallSource {
+            install,
+            resident,
+            experts,
+        })
+    }
+}
+
+fn range(offset: u64, length: u64) -> std::ops::Range<usize> {
+    offset as usize..(offset + length) as usize
+}
+
+impl WeightSource for InstallSource<'_> {
+    fn resident(&self, name: &str) -> Result<HostTensor, EngineError> {
+        let (entry, _) = self
+            .install
+            .tensor(name)
+            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })?;
+        Ok(HostTensor {
+            name: name.to_string(),
+            format: entry.dtype,
+            shape: entry.shape.iter().map(|&d| d as usize).collect(),
+            bytes: SharedBytes::new(
+                Arc::clone(&self.resident),
+                range(entry.offset, entry.length),
+            )?,
+        })
+    }
+
+    fn expert_part(
+        &self,
+        layer: usize,
+        expert: usize,
+        part: &str,
+    ) -> Result<HostTensor, EngineError> {
+        let name = || format!("blk.{layer}.experts.{expert}.{part}");
+        let (el, bytes) = self
+            .experts
+            .get(&layer)
+            .ok_or_else(|| EngineError::MissingTensor { name: name() })?;
+        let p = el
+            .part(part)
+            .filter(|_| expert < el.num_experts)
+            .ok_or_else(|| EngineError::MissingTensor { name: name() })?;
+        let start = expert as u64 * el.stride + p.offset;
+        Ok(HostTensor {
+            name: name(),
+            format: p.dtype,
+            shape: p.shape.iter().map(|&d| d as usize).collect(),
+            bytes: SharedBytes::new(Arc::clone(bytes), range(start, p.length))?,
+        })
+    }
+}

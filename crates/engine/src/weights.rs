@@ -1,0 +1,295 @@
+//! A model's weights on a backend, one field per checkpoint tensor
+//! (canonical install names: `blk.{L}.attn_q.weight` is
+//! [`LayerWeights::attn_q`]). Which optional tensors exist follows the
+//! [`ArchSpec`], exactly as `turbospark_format::roles::expected_resident`
+//! lists them; shapes are checked against the spec here too, so a weight
+//! source other than a validated install cannot slip a wrong shape in.
+
+use crate::source::WeightSource;
+use crate::EngineError;
+use turbospark_backend::{Backend, ExpertWeights, HostTensor};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
+
+/// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
+pub struct DenseWeights<B: Backend> {
+    /// `[intermediate, hidden]`
+    pub gate: B::Matrix,
+    /// `[intermediate, hidden]`
+    pub up: B::Matrix,
+    /// `[hidden, intermediate]`
+    pub down: B::Matrix,
+    pub intermediate: usize,
+}
+
+/// A routed MoE block.
+pub struct MoeWeights<B: Backend> {
+    /// `ffn_gate_inp.weight` `[experts, hidden]`
+    pub router: B::Matrix,
+    /// `ffn_gate_inp.bias` `[experts]` (gpt-oss)
+    pub router_bias: Option<B::Vector>,
+    /// `exp_probs_b.bias` `[experts]`: selection-only correction bias
+    /// (GLM / DeepSeek), read by the host-side router.
+    pub exp_probs_b: Option<Vec<f32>>,
+    /// Every routed expert, indexed by expert id.
+    pub experts: Vec<ExpertWeights<B::Matrix, B::Vector>>,
+    /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
+    pub shared: Option<DenseWeights<B>>,
+    /// The dense MLP that runs beside the experts (Gemma 4).
+    pub parallel_dense: Option<DenseWeights<B>>,
+}
+
+pub enum FfnWeights<B: Backend> {
+    Dense(DenseWeights<B>),
+    Moe(MoeWeights<B>),
+}
+
+/// One decoder layer.
+pub struct LayerWeights<B: Backend> {
+    pub attn_norm: Option<B::Vector>,
+    /// `[n_heads · head_dim, hidden]`
+    pub attn_q: B::Matrix,
+    /// `[n_kv_heads · head_dim, hidden]`
+    pub attn_k: B::Matrix,
+    pub attn_v: B::Matrix,
+    /// `[hidden, n_heads · head_dim]`
+    pub attn_output: B::Matrix,
+    pub attn_q_bias: Option<B::Vector>,
+    pub attn_k_bias: Option<B::Vector>,
+    pub attn_v_bias: Option<B::Vector>,
+    pub attn_output_bias: Option<B::Vector>,
+    /// Per-head norms `[head_dim]`.
+    pub attn_q_norm: Option<B::Vector>,
+    pub attn_k_norm: Option<B::Vector>,
+    pub attn_v_norm: Option<B::Vector>,
+    /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer).
+    pub attn_gate: Option<B::Matrix>,
+    /// One sink logit per query head (gpt-oss).
+    pub attn_sinks: Option<B::Vector>,
+    pub post_attention_norm: Option<B::Vector>,
+    pub ffn_norm: Option<B::Vector>,
+    pub post_ffw_norm: Option<B::Vector>,
+    pub ffn: FfnWeights<B>,
+}
+
+/// All weights of a model.
+pub struct Weights<B: Backend> {
+    /// `[vocab, hidden]`
+    pub token_embd: B::Matrix,
+    pub output_norm: Option<B::Vector>,
+    /// `[vocab, hidden]`; `None` when the head is tied to `token_embd`.
+    pub output: Option<B::Matrix>,
+    pub layers: Vec<LayerWeights<B>>,
+}
+
+struct Loader<'a, B: Backend> {
+    src: &'a dyn WeightSource,
+    be: &'a B,
+}
+
+fn check_shape(t: &HostTensor, expected: &[usize]) -> Result<(), EngineError> {
+    if t.shape != expected {
+        return Err(EngineError::TensorShape {
+            name: t.name.clone(),
+            expected: expected.to_vec(),
+            found: t.shape.clone(),
+        });
+    }
+    Ok(())
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, EngineError> {
+        let t = self.src.resident(name)?;
+        check_shape(&t, &[rows, cols])?;
+        Ok(self.be.upload_matrix(&t)?)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<B::Vector, EngineError> {
+        let t = self.src.resident(name)?;
+        check_shape(&t, &[len])?;
+        Ok(self.be.upload_vector(&t)?)
+    }
+
+    fn opt_vector(
+        &self,
+        present: bool,
+        name: &str,
+        len: usize,
+    ) -> Result<Option<B::Vector>, EngineError> {
+        present.then(|| self.vector(name, len)).transpose()
+    }
+
+    /// The weight of a norm, if the norm exists and has one.
+    fn norm(
+        &self,
+        norm: Option<NormSpec>,
+        name: &str,
+        len: usize,
+    ) -> Result<Option<B::Vector>, EngineError> {
+        self.opt_vector(norm.is_some_and(|n| n.has_weight()), name, len)
+    }
+
+    fn dense(
+        &self,
+        l: usize,
+        suffix: &str,
+        hidden: usize,
+        inter: usize,
+    ) -> Result<DenseWeights<B>, EngineError> {
+        Ok(DenseWeights {
+            gate: self.matrix(&format!("blk.{l}.ffn_gate{suffix}.weight"), inter, hidden)?,
+            up: self.matrix(&format!("blk.{l}.ffn_up{suffix}.weight"), inter, hidden)?,
+            down: self.matrix(&format!("blk.{l}.ffn_down{suffix}.weight"), hidden, inter)?,
+            intermediate: inter,
+        })
+    }
+
+    fn expert_matrix(
+        &self,
+        l: usize,
+        e: usize,
+        part: &str,
+        shape: [usize; 2],
+    ) -> Result<B::Matrix, EngineError> {
+        let t = self.src.expert_part(l, e, part)?;
+        check_shape(&t, &shape)?;
+        Ok(self.be.upload_matrix(&t)?)
+    }
+
+    fn expert_bias(
+        &self,
+        present: bool,
+        l: usize,
+        e: usize,
+        part: &str,
+        len: usize,
+    ) -> Result<Option<B::Vector>, EngineError> {
+        if !present {
+            return Ok(None);
+        }
+        let t = self.src.expert_part(l, e, part)?;
+        check_shape(&t, &[len])?;
+        Ok(Some(self.be.upload_vector(&t)?))
+    }
+
+    fn moe(&self, spec: &ArchSpec, l: usize) -> Result<MoeWeights<B>, EngineError> {
+        let h = spec.hidden_size;
+        let Some(m) = &spec.moe else {
+            return Err(EngineError::NotImplemented {
+                feature: "a MoE layer without a MoE spec",
+            });
+        };
+        let (ne, inter) = (m.num_experts, m.expert_intermediate);
+        let b = |s: &str| format!("blk.{l}.{s}");
+        let exp_probs_b = if matches!(
+            m.router,
+            turbospark_core::arch::RouterKind::SigmoidGrouped { .. }
+        ) {
+            let t = self.src.resident(&b("exp_probs_b.bias"))?;
+            check_shape(&t, &[ne])?;
+            let mut v = vec![0f32; ne];
+            turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
+                |source| turbospark_backend::BackendError::Quant {
+                    name: t.name.clone(),
+                    source,
+                },
+            )?;
+            Some(v)
+        } else {
+            None
+        };
+        let experts = (0..ne)
+            .map(|e| {
+                Ok(ExpertWeights {
+                    gate: self.expert_matrix(l, e, "gate", [inter, h])?,
+                    up: self.expert_matrix(l, e, "up", [inter, h])?,
+                    down: self.expert_matrix(l, e, "down", [h, inter])?,
+                    gate_bias: self.expert_bias(m.expert_biases, l, e, "gate.bias", inter)?,
+                    up_bias: self.expert_bias(m.expert_biases, l, e, "up.bias", inter)?,
+                    down_bias: self.expert_bias(m.expert_biases, l, e, "down.bias", h)?,
+                })
+            })
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        Ok(MoeWeights {
+            router: self.matrix(&b("ffn_gate_inp.weight"), ne, h)?,
+            router_bias: self.opt_vector(m.router_bias, &b("ffn_gate_inp.bias"), ne)?,
+            exp_probs_b,
+            experts,
+            shared: m
+                .shared_intermediate
+                .map(|si| self.dense(l, "_shexp", h, si))
+                .transpose()?,
+            parallel_dense: m
+                .parallel_dense
+                .then(|| self.dense(l, "", h, spec.intermediate_size))
+                .transpose()?,
+        })
+    }
+
+    fn layer(
+        &self,
+        spec: &ArchSpec,
+        l: usize,
+        ls: &LayerSpec,
+    ) -> Result<LayerWeights<B>, EngineError> {
+        let h = spec.hidden_size;
+        let (hd, q, kv) = (
+            ls.head_dim,
+            spec.num_heads * ls.head_dim,
+            ls.num_kv_heads * ls.head_dim,
+        );
+        let a = &spec.attention;
+        let n = &spec.norms;
+        let b = |s: &str| format!("blk.{l}.{s}");
+        Ok(LayerWeights {
+            attn_norm: self.norm(Some(n.attn_input), &b("attn_norm.weight"), h)?,
+            attn_q: self.matrix(&b("attn_q.weight"), q, h)?,
+            attn_k: self.matrix(&b("attn_k.weight"), kv, h)?,
+            attn_v: self.matrix(&b("attn_v.weight"), kv, h)?,
+            attn_output: self.matrix(&b("attn_output.weight"), h, q)?,
+            attn_q_bias: self.opt_vector(a.q_bias, &b("attn_q.bias"), q)?,
+            attn_k_bias: self.opt_vector(a.k_bias, &b("attn_k.bias"), kv)?,
+            attn_v_bias: self.opt_vector(a.v_bias, &b("attn_v.bias"), kv)?,
+            attn_output_bias: self.opt_vector(a.o_bias, &b("attn_output.bias"), h)?,
+            attn_q_norm: self.norm(n.q, &b("attn_q_norm.weight"), hd)?,
+            attn_k_norm: self.norm(n.k, &b("attn_k_norm.weight"), hd)?,
+            attn_v_norm: self.norm(n.v, &b("attn_v_norm.weight"), hd)?,
+            attn_gate: a
+                .output_gate
+                .then(|| self.matrix(&b("attn_gate.weight"), q, h))
+                .transpose()?,
+            attn_sinks: self.opt_vector(a.sinks, &b("attn_sinks.weight"), spec.num_heads)?,
+            post_attention_norm: self.norm(n.attn_post, &b("post_attention_norm.weight"), h)?,
+            ffn_norm: self.norm(Some(n.ffn_input), &b("ffn_norm.weight"), h)?,
+            post_ffw_norm: self.norm(n.ffn_post, &b("post_ffw_norm.weight"), h)?,
+            ffn: match ls.ffn {
+                FfnKind::Dense => {
+                    FfnWeights::Dense(self.dense(l, "", h, spec.intermediate_size)?)
+                }
+                FfnKind::Moe => FfnWeights::Moe(self.moe(spec, l)?),
+            },
+        })
+    }
+}
+
+impl<B: Backend> Weights<B> {
+    /// Uploads every weight `spec` needs from `src`.
+    pub fn load(spec: &ArchSpec, src: &dyn WeightSource, be: &B) -> Result<Self, EngineError> {
+        let ld = Loader { src, be };
+        let (v, h) = (spec.vocab_size, spec.hidden_size);
+        let layers = spec
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, ls)| ld.layer(spec, l, ls))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Weights {
+            token_embd: ld.matrix("token_embd.weight", v, h)?,
+            output_norm: ld.norm(Some(spec.norms.output), "output_norm.weight", h)?,
+            output: (!spec.head.tied)
+                .then(|| ld.matrix("output.weight", v, h))
+                .transpose()?,
+            layers,
+        })
+    }
+}

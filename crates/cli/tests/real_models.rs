@@ -136,5 +136,5 @@ fn gemma3_270m_matches_llama_cpp() {
 
 #[test]
 fn qwen25_coder_05b_matches_llama_cpp() {
-    check_model("qwen2.5-coder-0.5b-instruct-q8_0");
+    check_model("qwen2.5-coder-0.5b-instruct-q4_k_m");
 }

@@ -22,6 +22,7 @@ use crate::roles::{expected_expert_parts, expected_resident, role_of};
 use hf_names::Target;
 use source::{Source, SrcTensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write;
 use std::path::Path;
 use turbospark_core::QuantFormat;
 
@@ -43,6 +44,9 @@ pub struct ConvertOptions {
     /// Replace an existing destination.
     pub force: bool,
 }
+
+/// Bytes copied between page releases when streaming a resident tensor.
+const COPY_CHUNK: usize = 8 << 20;
 
 /// One planned unit of work: a source tensor and where it goes.
 struct Step {
@@ -170,9 +174,23 @@ pub fn convert(
         let step = resident_steps[&want.name];
         let t = source.tensor(&step.src)?;
         let fmt = t.format()?;
-        writer.add_resident(&want.name, fmt, want.shape.clone(), t.bytes)?;
+        // Copied in chunks whose source pages are dropped once written, so
+        // even a vocabulary-sized embedding never sits in memory whole.
+        let path = dst.to_path_buf();
+        writer.add_resident_with(
+            &want.name,
+            fmt,
+            want.shape.clone(),
+            t.bytes.len() as u64,
+            |w| {
+                for chunk in t.bytes.chunks(COPY_CHUNK) {
+                    w.write_all(chunk).map_err(|e| FormatError::io(&path, e))?;
+                    source::release_pages(chunk);
+                }
+                Ok(())
+            },
+        )?;
         note_quant(role_of(&want.name), fmt);
-        source.release(&step.src);
         done += 1;
         bytes_done += t.bytes.len() as u64;
         resident_bytes += t.bytes.len() as u64;

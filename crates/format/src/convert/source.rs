@@ -231,7 +231,7 @@ impl Source {
 
 /// Advises the kernel that the whole pages inside `bytes` (part of a
 /// read-only file mapping) are no longer needed.
-fn release_pages(bytes: &[u8]) {
+pub(crate) fn release_pages(bytes: &[u8]) {
     const PAGE: usize = 4096;
     let start = bytes.as_ptr() as usize;
     let first = start.div_ceil(PAGE) * PAGE;

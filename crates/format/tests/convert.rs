@@ -441,3 +441,15 @@ fn gpt_oss_mxfp4_experts_decode_to_the_checkpoint_values() {
         }
     }
 }
+
+#[test]
+fn leftovers_of_a_killed_convert_are_removed_by_the_next_one() {
+    let tmp = TempDir::new("conv-stale");
+    let src = tmp.write("m.gguf", &llama_gguf().build());
+    // A killed conversion's directory: no process has this pid.
+    let stale = tmp.path().join(".install.partial-4000000000");
+    std::fs::create_dir(&stale).unwrap();
+    std::fs::write(stale.join("resident.bin"), b"half").unwrap();
+    run_convert(&src, &tmp.path().join("install"), false).unwrap();
+    assert_eq!(entries(tmp.path()), vec!["install", "m.gguf"]);
+}

@@ -69,11 +69,12 @@ impl InstallWriter {
             _ => PathBuf::from("."),
         };
         fs::create_dir_all(&parent).at(&parent)?;
+        remove_stale_partials(&parent, &name);
         let tmp_dir = parent.join(format!(".{name}.partial-{}", std::process::id()));
         if tmp_dir.exists() {
             fs::remove_dir_all(&tmp_dir).at(&tmp_dir)?;
         }
-        fs::create_dir_all(tmp_dir.join(EXPERTS_DIR)).at(&tmp_dir)?;
+        fs::create_dir_all(&tmp_dir).at(&tmp_dir)?;
         let rpath = tmp_dir.join(RESIDENT_FILE);
         let resident = BufWriter::with_capacity(1 << 20, File::create(&rpath).at(&rpath)?);
         Ok(InstallWriter {
@@ -140,6 +141,8 @@ impl InstallWriter {
 
     /// Creates the expert file of one layer with its final size.
     pub fn add_expert_layer(&mut self, layout: ExpertLayer) -> Result<(), FormatError> {
+        let dir = self.tmp_dir.join(EXPERTS_DIR);
+        fs::create_dir_all(&dir).at(&dir)?;
         let path = self.tmp_dir.join(&layout.file);
         let f = File::create(&path).at(&path)?;
         f.set_len(layout.file_len()).at(&path)?;
@@ -266,6 +269,9 @@ impl InstallWriter {
             // Move the old install aside first so a failure in between
             // never leaves the destination empty-handed.
             let old = self.tmp_dir.with_extension("old");
+            if old.exists() {
+                remove_path(&old)?;
+            }
             fs::rename(&self.final_dir, &old).at(&self.final_dir)?;
             fs::rename(&self.tmp_dir, &self.final_dir).at(&self.final_dir)?;
             remove_path(&old)?;
@@ -274,6 +280,27 @@ impl InstallWriter {
         }
         self.finished = true;
         Ok(manifest)
+    }
+}
+
+/// Removes `.<name>.partial-<pid>` directories left by conversions that were
+/// killed (a signal skips `Drop`), when that process no longer runs.
+fn remove_stale_partials(parent: &Path, name: &str) {
+    let prefix = format!(".{name}.partial-");
+    let Ok(entries) = fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let alive = pid
+            .parse::<u32>()
+            .is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = fs::remove_dir_all(entry.path());
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-//! `turbospark`: convert, inspect and verify model installs.
+//! `turbospark`: convert, inspect and verify model installs; compute logits.
 
 mod commands;
+mod npy;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -32,6 +33,10 @@ enum Command {
     /// Re-hash every file of an install against its manifest. Exits 0 when
     /// all match, 1 when a file is missing or differs (it is named).
     Verify(commands::verify::Args),
+    /// Write the raw logits of a token sequence as a float32 NumPy array
+    /// `[n_tokens, vocab]`, computed in one prefill (or token by token with
+    /// --decode).
+    Logits(commands::logits::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +45,7 @@ fn main() -> ExitCode {
         Command::Convert(a) => commands::convert::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Verify(a) => commands::verify::run(a),
+        Command::Logits(a) => commands::logits::run(a),
     };
     match result {
         Ok(code) => code,

@@ -11,6 +11,7 @@
 //! sized at upload time and by [`Backend::reserve`]; no op allocates.
 
 mod attention;
+mod dequant;
 mod disjoint;
 mod elementwise;
 mod matmul;
@@ -22,6 +23,7 @@ mod types;
 pub use types::{CpuBuf, CpuMatrix, CpuVector};
 
 use attention::{first_key, AttentionInputs};
+use dequant::dequantize;
 use disjoint::DisjointMut;
 use matmul::{matmul_rows, TILE};
 use pool::{split, Pool};
@@ -30,7 +32,7 @@ use turbospark_backend::{
     AttentionParams, Backend, BackendError, HostTensor, Limits, MoeInput, MoeScratch, RopeTable,
 };
 use turbospark_core::arch::{Activation, NormSpec};
-use turbospark_core::quant::{dequantize_row, row_bytes};
+use turbospark_core::quant::row_bytes;
 
 /// Below this many multiply-adds an op runs on the calling thread alone:
 /// waking the pool costs more than the work.
@@ -235,7 +237,7 @@ impl Backend for CpuBackend {
             });
         };
         let mut data = vec![0f32; len];
-        dequantize_row(t.format, t.bytes.as_slice(), &mut data).map_err(|source| {
+        dequantize(t.format, t.bytes.as_slice(), &mut data).map_err(|source| {
             BackendError::Quant {
                 name: t.name.clone(),
                 source,
@@ -313,7 +315,7 @@ impl Backend for CpuBackend {
                     format!("token {tok} outside the {}-row table", table.rows),
                 ));
             }
-            dequantize_row(
+            dequantize(
                 table.format,
                 table.row(tok),
                 &mut out.data[t * d..(t + 1) * d],

@@ -1,18 +1,18 @@
 //! Quantized matrix × activations: `out[t, o] = Σ_i W[o, i] · x[t, i]`.
 //!
 //! Each thread owns a contiguous range of weight rows. It dequantizes
-//! [`TILE`] rows at a time into its scratch with the reference
-//! `turbospark_core::quant::dequantize_row` (bit-exact with ggml), then dots
+//! [`TILE`] rows at a time into its scratch (`crate::dequant`, bit-identical
+//! to the reference `turbospark_core::quant::dequantize_row` and to ggml), then dots
 //! every token's activations against them. The dot keeps eight f32 partial
 //! sums (vectorisable) combined in a fixed order, and each output element is
 //! computed the same way whatever the batch size, thread count or row split,
 //! so one token through `matmul` gives the same bits as that token inside a
 //! batch: decode and prefill agree exactly.
 
+use crate::dequant::dequantize;
 use crate::disjoint::DisjointMut;
 use crate::types::CpuMatrix;
 use turbospark_backend::BackendError;
-use turbospark_core::quant::dequantize_row;
 
 /// Weight rows dequantized together (their f32 copy stays in L1/L2 while
 /// every token of the batch is dotted against it).
@@ -64,7 +64,7 @@ pub(crate) unsafe fn matmul_rows(
     while r < rows.end {
         let m = TILE.min(rows.end - r);
         for i in 0..m {
-            dequantize_row(w.format, w.row(r + i), &mut tile[i * cols..(i + 1) * cols]).map_err(
+            dequantize(w.format, w.row(r + i), &mut tile[i * cols..(i + 1) * cols]).map_err(
                 |source| BackendError::Quant {
                     name: w.name.clone(),
                     source,

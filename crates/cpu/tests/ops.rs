@@ -19,6 +19,8 @@ fn buf(be: &CpuBackend, v: &[f32]) -> CpuBuf {
     b
 }
 
+const SCALE: f32 = 0.3;
+
 struct Case {
     n_heads: usize,
     n_kv: usize,
@@ -36,9 +38,9 @@ fn reference(
     vs: &[Vec<f32>],
     pos: usize,
     h: usize,
-    scale: f32,
     sink: Option<f32>,
 ) -> Vec<f64> {
+    let scale = SCALE;
     let kvh = h / (c.n_heads / c.n_kv);
     let lo = c.window.map_or(0, |w| (pos + 1).saturating_sub(w));
     let mut s: Vec<f64> = (lo..=pos)
@@ -123,7 +125,7 @@ fn attention_matches_reference_through_a_ring_buffer() {
                 .unwrap();
             let mut kc = be.alloc(capacity * row).unwrap();
             let mut vc = be.alloc(capacity * row).unwrap();
-            let scale = 0.3;
+            let scale = SCALE;
             let mut first = 0;
             while first < total {
                 let n = chunk.min(total - first);
@@ -154,7 +156,7 @@ fn attention_matches_reference_through_a_ring_buffer() {
                     for h in 0..c.n_heads {
                         let q = &qs[first + t][h * c.hd..(h + 1) * c.hd];
                         let sink = c.sinks.then_some(sinks[h]);
-                        let want = reference(c, q, &ks, &vs, first + t, h, scale, sink);
+                        let want = reference(c, q, &ks, &vs, first + t, h, sink);
                         let at = (t * c.n_heads + h) * c.hd;
                         for (g, w) in got[at..at + c.hd].iter().zip(&want) {
                             assert!(
@@ -225,7 +227,7 @@ fn moe_matches_reference_and_is_batch_independent() {
     let (hidden, inter, n_experts, k, n) = (64, 32, 6, 2, 5);
     let be = CpuBackend::new(2).unwrap();
     let mut rng = Rng(9);
-    let mut deq = |t: &turbospark_backend::HostTensor| {
+    let deq = |t: &turbospark_backend::HostTensor| {
         let (r, c) = (t.shape[0], t.shape[1]);
         let rb = t.bytes.len() / r;
         let mut out = vec![0f32; r * c];

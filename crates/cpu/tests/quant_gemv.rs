@@ -56,8 +56,7 @@ fn gemv_and_gemm_match_the_f64_reference_for_every_format() {
                 batch[tok * ROWS..(tok + 1) * ROWS],
                 "{fmt}: token {tok} alone differs from the batch"
             );
-            for r in 0..ROWS {
-                let row = &t.bytes.as_slice()[r * rb..(r + 1) * rb];
+            for (r, row) in t.bytes.as_slice().chunks_exact(rb).enumerate() {
                 dequantize_row(fmt, row, &mut deq).unwrap();
                 let exact: f64 = deq.iter().zip(xt).map(|(&w, &v)| w as f64 * v as f64).sum();
                 let magnitude: f64 = deq
@@ -67,7 +66,7 @@ fn gemv_and_gemm_match_the_f64_reference_for_every_format() {
                     .sum();
                 let bound = (COLS as f64 / 8.0 + 4.0) * f64::from(f32::EPSILON) / 2.0 * magnitude
                     + f64::from(f32::MIN_POSITIVE);
-                let got = one[r] as f64;
+                let got = f64::from(one[r]);
                 let err = (got - exact).abs();
                 assert!(
                     err <= bound,

@@ -45,9 +45,12 @@ fn best(values: &[f32], taken: &[usize], eligible: impl Fn(usize) -> bool) -> Op
         if !eligible(i) || taken.contains(&i) {
             continue;
         }
-        match best {
-            Some(b) if !(v > values[b]) => {}
-            _ => best = Some(i),
+        let better = match best {
+            None => true,
+            Some(b) => v > values[b],
+        };
+        if better {
+            best = Some(i);
         }
     }
     best
@@ -97,6 +100,10 @@ impl Router {
 
     pub fn top_k(&self) -> usize {
         self.top_k
+    }
+
+    pub fn num_experts(&self) -> usize {
+        self.num_experts
     }
 
     /// Routes one token: `logits` are its `num_experts` router logits (bias
@@ -168,11 +175,9 @@ impl Router {
                         top2[0]
                     };
                 }
-                top_k(
-                    &self.groups,
-                    &mut self.chosen_groups[..topk_group],
-                    |_| true,
-                )?;
+                top_k(&self.groups, &mut self.chosen_groups[..topk_group], |_| {
+                    true
+                })?;
                 let groups = &self.chosen_groups[..topk_group];
                 top_k(&self.values, &mut self.chosen, |i| {
                     groups.contains(&(i / per_group))
@@ -223,13 +228,15 @@ mod tests {
     #[test]
     fn softmax_top_k_renormalises() {
         let z = [0.0f32, 2.0, 1.0, -1.0];
-        let mut r = Router::new(&spec(RouterKind::SoftmaxTopK { renormalize: true }, 4, 2)).unwrap();
+        let mut r =
+            Router::new(&spec(RouterKind::SoftmaxTopK { renormalize: true }, 4, 2)).unwrap();
         let got = run(&mut r, &z, None);
         let (a, b) = (2f32.exp(), 1f32.exp());
         assert_eq!(got[0].0, 1);
         assert_eq!(got[1].0, 2);
         assert!((got[0].1 - a / (a + b)).abs() < 1e-6);
-        let mut r = Router::new(&spec(RouterKind::SoftmaxTopK { renormalize: false }, 4, 2)).unwrap();
+        let mut r =
+            Router::new(&spec(RouterKind::SoftmaxTopK { renormalize: false }, 4, 2)).unwrap();
         let total: f32 = z.iter().map(|v| v.exp()).sum();
         assert!((run(&mut r, &z, None)[1].1 - b / total).abs() < 1e-6);
     }

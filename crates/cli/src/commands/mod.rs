@@ -2,4 +2,5 @@
 
 pub mod convert;
 pub mod inspect;
+pub mod logits;
 pub mod verify;

@@ -22,7 +22,6 @@ use crate::roles::{expected_expert_parts, expected_resident, role_of};
 use hf_names::Target;
 use source::{Source, SrcTensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Write;
 use std::path::Path;
 use turbospark_core::QuantFormat;
 

@@ -1,0 +1,203 @@
+//! A session: one sequence's KV cache and every scratch buffer the decoder
+//! needs, allocated once. [`Session::forward`] runs tokens at the cache's
+//! next position (a prompt at once: prefill; one token: decode) and returns
+//! raw logits; nothing on that path allocates.
+
+use crate::decoder::Buffers;
+use crate::kv::{layer_capacity, KvCache};
+use crate::model::Model;
+use crate::router::Router;
+use crate::EngineError;
+use turbospark_backend::{Backend, Limits, Route};
+
+/// Sizes of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Positions the KV cache holds.
+    pub context: usize,
+    /// Most tokens one batched pass processes; longer inputs run in chunks
+    /// of this size. Scratch (including `max_batch × vocab` logits) scales
+    /// with it.
+    pub max_batch: usize,
+}
+
+impl SessionOptions {
+    /// A session of `context` positions with the default batch of 64.
+    pub fn new(context: usize) -> Self {
+        SessionOptions {
+            context,
+            max_batch: 64,
+        }
+    }
+}
+
+/// Which logits a forward call returns.
+pub enum Logits<'a> {
+    /// None (the tokens only fill the cache).
+    None,
+    /// The last token's `[vocab]` logits.
+    Last(&'a mut [f32]),
+    /// Every token's logits, `[n_tokens, vocab]` row-major.
+    All(&'a mut [f32]),
+}
+
+/// The host side of routing: the router and its per-batch buffers.
+pub(crate) struct RouterState {
+    pub router: Router,
+    /// `[max_batch, num_experts]`
+    pub logits: Vec<f32>,
+    /// `[max_batch, top_k]`
+    pub routes: Vec<Route>,
+}
+
+pub struct Session<'m, B: Backend> {
+    pub(crate) model: &'m Model<B>,
+    pub(crate) kv: KvCache<B>,
+    pub(crate) bufs: Buffers<B>,
+    pub(crate) routing: Option<RouterState>,
+    /// The last token's logits for [`Session::decode`].
+    last_logits: Vec<f32>,
+    max_batch: usize,
+}
+
+impl<'m, B: Backend> Session<'m, B> {
+    pub(crate) fn new(model: &'m Model<B>, opts: SessionOptions) -> Result<Self, EngineError> {
+        if opts.context == 0 || opts.max_batch == 0 {
+            return Err(EngineError::BadOptions {
+                detail: format!(
+                    "context ({}) and max_batch ({}) must be positive",
+                    opts.context, opts.max_batch
+                ),
+            });
+        }
+        let spec = &model.spec;
+        let max_batch = opts.max_batch.min(opts.context);
+        let be = &model.backend;
+        let kv = KvCache::new(be, spec, opts.context, max_batch)?;
+        let max_keys = spec
+            .layers
+            .iter()
+            .map(|l| layer_capacity(l.window, opts.context, max_batch))
+            .max()
+            .unwrap_or(0);
+        let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        be.reserve(&Limits {
+            max_tokens: max_batch,
+            max_keys,
+            max_head_dim,
+        })?;
+        let routing = spec
+            .moe
+            .as_ref()
+            .map(|m| {
+                Ok::<_, EngineError>(RouterState {
+                    router: Router::new(m)?,
+                    logits: vec![0.0; max_batch * m.num_experts],
+                    routes: vec![Route::default(); max_batch * m.top_k],
+                })
+            })
+            .transpose()?;
+        Ok(Session {
+            model,
+            kv,
+            bufs: Buffers::new(be, spec, max_batch)?,
+            routing,
+            last_logits: vec![0.0; spec.vocab_size],
+            max_batch,
+        })
+    }
+
+    /// The next position the cache expects.
+    pub fn position(&self) -> usize {
+        self.kv.position()
+    }
+
+    pub fn context(&self) -> usize {
+        self.kv.context()
+    }
+
+    pub fn kv(&self) -> &KvCache<B> {
+        &self.kv
+    }
+
+    /// Forgets the sequence (keeps the buffers).
+    pub fn reset(&mut self) {
+        self.kv.reset();
+    }
+
+    /// Runs `tokens` at positions `position ..`, which must be the cache's
+    /// next position, and writes the logits asked for. Inputs are checked
+    /// before any work: on error the session is unchanged.
+    pub fn forward(
+        &mut self,
+        position: usize,
+        tokens: &[u32],
+        logits: Logits<'_>,
+    ) -> Result<(), EngineError> {
+        let vocab = self.model.spec.vocab_size;
+        if tokens.is_empty() {
+            return Err(EngineError::EmptyInput);
+        }
+        if let Some((index, &token)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(EngineError::TokenOutOfVocab {
+                token,
+                index,
+                vocab,
+            });
+        }
+        self.kv.check_append(position, tokens.len())?;
+        let rows = match &logits {
+            Logits::None => 0,
+            Logits::Last(_) => 1,
+            Logits::All(_) => tokens.len(),
+        };
+        let have = match &logits {
+            Logits::None => 0,
+            Logits::Last(o) | Logits::All(o) => o.len(),
+        };
+        if have != rows * vocab {
+            return Err(EngineError::LogitsBuffer {
+                need: rows * vocab,
+                have,
+                rows,
+                vocab,
+            });
+        }
+        let n_chunks = tokens.len().div_ceil(self.max_batch);
+        let mut logits = logits;
+        for (c, chunk) in tokens.chunks(self.max_batch).enumerate() {
+            let pos = position + c * self.max_batch;
+            let head = match &mut logits {
+                Logits::None => None,
+                Logits::Last(out) => {
+                    (c + 1 == n_chunks).then_some((chunk.len() - 1, 1, &mut **out))
+                }
+                Logits::All(out) => {
+                    let at = c * self.max_batch * vocab;
+                    Some((0, chunk.len(), &mut out[at..at + chunk.len() * vocab]))
+                }
+            };
+            self.run_chunk(pos, chunk, head)?;
+            self.kv.advance(chunk.len());
+        }
+        Ok(())
+    }
+
+    /// Prefill: every token's logits, `[tokens.len(), vocab]`, into `out`.
+    pub fn prefill(&mut self, tokens: &[u32], out: &mut [f32]) -> Result<(), EngineError> {
+        self.forward(self.position(), tokens, Logits::All(out))
+    }
+
+    /// Decode one token at `position` (the cache's next position); returns
+    /// its logits.
+    pub fn decode(&mut self, token: u32, position: usize) -> Result<&[f32], EngineError> {
+        let mut out = std::mem::take(&mut self.last_logits);
+        let result = self.forward(position, &[token], Logits::Last(&mut out));
+        self.last_logits = out;
+        result.map(|()| self.last_logits.as_slice())
+    }
+}

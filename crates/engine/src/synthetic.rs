@@ -1,0 +1,155 @@
+//! Random weights for any [`ArchSpec`]: every tensor
+//! `turbospark_format::roles` lists for the spec, seeded and reproducible.
+//! Lets tests and benchmarks build a model of any family and size without
+//! files. Matrices are uniform in `±1/√in` (the embedding in `±1`), norm
+//! weights near 1, biases small.
+
+use crate::source::WeightSource;
+use crate::EngineError;
+use std::collections::HashMap;
+use turbospark_backend::{HostTensor, SharedBytes};
+use turbospark_core::quant::{quantize_row_mxfp4, quantize_row_q8_0};
+use turbospark_core::{ArchSpec, QuantFormat};
+use turbospark_format::roles::{expected_expert_parts, expected_resident};
+
+/// SplitMix64.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+}
+
+/// Encodes `values` as rows of `cols` in `format` (f32 when the format
+/// cannot hold that row length).
+fn encode(
+    values: &[f32],
+    cols: usize,
+    format: QuantFormat,
+) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+    let f32_bytes = || values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let fits = cols % format.block_elems() == 0;
+    let quant = |source| {
+        EngineError::Backend(turbospark_backend::BackendError::Quant {
+            name: "synthetic".into(),
+            source,
+        })
+    };
+    match format {
+        _ if !fits => Ok((QuantFormat::F32, f32_bytes())),
+        QuantFormat::F32 => Ok((format, f32_bytes())),
+        QuantFormat::Bf16 => Ok((
+            format,
+            values
+                .iter()
+                .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+                .collect(),
+        )),
+        QuantFormat::Q8_0 | QuantFormat::Mxfp4 => {
+            let rb = turbospark_core::quant::row_bytes(format, cols).map_err(quant)?;
+            let mut out = vec![0u8; values.len() / cols * rb];
+            for (row, dst) in values.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
+                if format == QuantFormat::Q8_0 {
+                    quantize_row_q8_0(row, dst).map_err(quant)?;
+                } else {
+                    quantize_row_mxfp4(row, dst).map_err(quant)?;
+                }
+            }
+            Ok((format, out))
+        }
+        other => Err(EngineError::BadOptions {
+            detail: format!("synthetic weights cannot be written as {other}"),
+        }),
+    }
+}
+
+/// A [`WeightSource`] of random tensors.
+pub struct SyntheticSource {
+    resident: HashMap<String, HostTensor>,
+    /// `(layer, part)` → one tensor per expert.
+    experts: HashMap<(usize, &'static str), Vec<HostTensor>>,
+}
+
+impl SyntheticSource {
+    /// Random weights for `spec`; matrices stored as `matrix_format` (f32,
+    /// bf16, q8_0 or mxfp4), vectors as f32.
+    pub fn new(
+        spec: &ArchSpec,
+        seed: u64,
+        matrix_format: QuantFormat,
+    ) -> Result<Self, EngineError> {
+        let mut rng = Rng(seed);
+        let mut tensor = |name: String, shape: Vec<usize>| -> Result<HostTensor, EngineError> {
+            let n: usize = shape.iter().product();
+            let (scale, offset) = match shape.as_slice() {
+                [_, _] if name == "token_embd.weight" => (1.0, 0.0),
+                [_, cols] => (1.0 / (*cols as f32).sqrt(), 0.0),
+                _ if name.contains("norm") => (0.2, 1.0),
+                _ if name.contains("sinks") => (1.0, 0.0),
+                _ => (0.2, 0.0),
+            };
+            let values: Vec<f32> = (0..n).map(|_| rng.uniform() * scale + offset).collect();
+            let (format, bytes) = match shape.as_slice() {
+                [_, cols] => encode(&values, *cols, matrix_format)?,
+                _ => encode(&values, 1, QuantFormat::F32)?,
+            };
+            Ok(HostTensor {
+                name,
+                format,
+                shape,
+                bytes: SharedBytes::from_vec(bytes),
+            })
+        };
+        let mut resident = HashMap::new();
+        for t in expected_resident(spec) {
+            let shape = t.shape.iter().map(|&d| d as usize).collect();
+            resident.insert(t.name.clone(), tensor(t.name, shape)?);
+        }
+        let mut experts = HashMap::new();
+        let n_experts = spec.moe.as_ref().map_or(0, |m| m.num_experts);
+        for p in expected_expert_parts(spec) {
+            let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
+            let per_expert = (0..n_experts)
+                .map(|e| {
+                    tensor(
+                        format!("blk.{}.experts.{e}.{}", p.layer, p.part),
+                        shape.clone(),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            experts.insert((p.layer, p.part), per_expert);
+        }
+        Ok(SyntheticSource { resident, experts })
+    }
+}
+
+impl WeightSource for SyntheticSource {
+    fn resident(&self, name: &str) -> Result<HostTensor, EngineError> {
+        self.resident
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::MissingTensor { name: name.into() })
+    }
+
+    fn expert_part(
+        &self,
+        layer: usize,
+        expert: usize,
+        part: &str,
+    ) -> Result<HostTensor, EngineError> {
+        self.experts
+            .iter()
+            .find(|((l, p), _)| *l == layer && *p == part)
+            .and_then(|(_, v)| v.get(expert))
+            .cloned()
+            .ok_or_else(|| EngineError::MissingTensor {
+                name: format!("blk.{layer}.experts.{expert}.{part}"),
+            })
+    }
+}

@@ -1,0 +1,51 @@
+//! Specs of every family, from the tiny fixtures' config.json (so they are
+//! the real ArchSpec rows the converter builds), optionally resized.
+
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::Path;
+use turbospark_core::ArchSpec;
+use turbospark_cpu::CpuBackend;
+use turbospark_engine::synthetic::SyntheticSource;
+use turbospark_engine::Model;
+
+pub const FAMILIES: &[&str] = &[
+    "llama",
+    "qwen2",
+    "gemma3",
+    "muse_glimmer",
+    "mixtral",
+    "qwen3moe",
+    "gpt_oss",
+    "glm4_moe",
+];
+
+/// The fixture's config.json with `overrides` applied at the top level.
+pub fn config(family: &str, overrides: &[(&str, Value)]) -> Option<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny")
+        .join(family)
+        .join("config.json");
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+    for (k, v) in overrides {
+        cfg[*k] = v.clone();
+    }
+    Some(cfg)
+}
+
+pub fn spec(family: &str, overrides: &[(&str, Value)]) -> Option<ArchSpec> {
+    let cfg = config(family, overrides)?;
+    Some(turbospark_format::spec::hf::spec_from_hf_config(&cfg).unwrap())
+}
+
+/// A model of random weights for `spec` on a CPU backend of `threads`.
+pub fn model(spec: &ArchSpec, threads: usize) -> Model<CpuBackend> {
+    let src = SyntheticSource::new(spec, 0xC0FFEE, turbospark_core::QuantFormat::F32).unwrap();
+    Model::from_source(spec.clone(), &src, CpuBackend::new(threads).unwrap()).unwrap()
+}
+
+/// Deterministic token ids below `vocab`.
+pub fn tokens(n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
+}

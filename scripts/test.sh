@@ -17,8 +17,10 @@ stage() {
 
 stage "cargo fmt --check" cargo fmt --all -- --check
 stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warnings
+# The paths fetch-models.sh prints are not needed here; its progress goes to stderr.
+fetch_models() { scripts/fetch-models.sh "$@" >/dev/null; }
 if [ "${TURBOSPARK_SKIP_FETCH:-0}" != 1 ]; then
-    stage "fetch real models" scripts/fetch-models.sh smollm2 gemma3 qwen25 >/dev/null
+    stage "fetch real models" fetch_models smollm2 gemma3 qwen25
     export TURBOSPARK_REQUIRE_MODELS=1
 fi
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt

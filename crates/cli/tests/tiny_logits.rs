@@ -17,11 +17,8 @@ use std::process::Command;
 
 const TOLERANCE: f64 = 1e-4;
 
-/// Families whose decoder is not implemented yet: their fixture may exist,
-/// and `logits` must then refuse them with a "not implemented" error.
-const PENDING: &[&str] = &["gemma4"];
 /// Families whose fixtures must be present.
-const REQUIRED: &[&str] = &["llama", "qwen2", "gemma3", "muse_glimmer"];
+const REQUIRED: &[&str] = &["llama", "qwen2", "gemma3", "muse_glimmer", "gemma4"];
 const FAMILIES: &[&str] = &[
     "llama",
     "qwen2",
@@ -171,13 +168,6 @@ fn tiny_fixtures_match_hf_logits() {
             "--out",
             prefill_path.to_str().unwrap(),
         ]);
-        if PENDING.contains(&family) {
-            if let Err(e) = &prefill {
-                assert!(e.contains("not implemented"), "{family}: {e}");
-                println!("skipped {family}: {}", e.trim());
-                continue;
-            }
-        }
         prefill.unwrap_or_else(|e| panic!("{family}: logits failed: {e}"));
         run(&[
             "logits",

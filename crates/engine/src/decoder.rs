@@ -2,29 +2,35 @@
 //! driven by the [`ArchSpec`] alone (the math is in `turbospark_core::arch`;
 //! the normative references are the HF `modeling_<type>.py` files of
 //! transformers 5.24.0: llama, qwen2, gemma3, muse_glimmer, mixtral,
-//! qwen3_moe, gpt_oss, glm4_moe).
+//! qwen3_moe, gpt_oss, glm4_moe, gemma4).
 //!
 //! ```text
 //! h = embed(tokens) · embedding.scale ; h = embedding.norm(h)
-//! per layer:
+//! per layer (head_dim and n_kv_heads are the layer's own):
 //!   a = attn_norm(h)
-//!   q, k, v = a·Wq (+b), a·Wk (+b), a·Wv (+b)
+//!   q, k = a·Wq (+b), a·Wk (+b) ; v = a·Wv (+b), or k itself (value_from_key)
 //!   q, k, v = per-head q/k/v norms ; q, k = rope(q, k)
 //!   cache k, v ; o = attention(q, cache)          (window, sinks, softcap, GQA)
 //!   o ⊙= sigmoid(a·Wgate)                          (output gate)
 //!   h += attn_post_norm(o·Wo (+b))
 //!   a = ffn_norm(h)
-//!   f = dense(a) | Σ_r w_r expert_r(a) [+ shared(a)] [+ dense(a)]
+//!   dense layer: f = dense(a)
+//!   MoE layer:   z = router(a), or (Gemma 4) router(rms(h) · router.scale · hidden^-½)
+//!                x = a, or moe_input_norm(h) when the spec has one
+//!                f = moe_post_norm(Σ_r w_r expert_r(x))
+//!                    [+ shared(a)] [+ dense_branch_post_norm(dense(a))]
 //!   h += ffn_post_norm(f)
+//!   h ·= layer_output_scale                        (scales the residual too)
 //! logits = softcap(multiplier · (output_norm(h) · W_out))   (W_out = token_embd if tied)
 //! ```
 
+use crate::router::RouterTables;
 use crate::session::{RouterState, Session};
-use crate::weights::{DenseWeights, FfnWeights, LayerWeights};
+use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
 use crate::EngineError;
 use crate::Model;
 use turbospark_backend::{AttentionParams, Backend, MoeInput, MoeScratch};
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
 pub(crate) struct Buffers<B: Backend> {
@@ -50,6 +56,9 @@ pub(crate) struct Buffers<B: Backend> {
     branch: B::Buf,
     /// Router logits `[T, num_experts]`.
     router: Option<B::Buf>,
+    /// Router or expert input taken from the residual stream under its own
+    /// norm (Gemma 4) `[T, hidden]`.
+    moe_in: Option<B::Buf>,
     moe: Option<MoeScratch<B::Buf>>,
     /// `[T, vocab]`
     logits: B::Buf,
@@ -109,6 +118,7 @@ impl<B: Backend> Buffers<B> {
                 .as_ref()
                 .map(|m| be.alloc(t * m.num_experts))
                 .transpose()?,
+            moe_in: spec.moe.as_ref().map(|_| be.alloc(t * h)).transpose()?,
             moe,
             logits: be.alloc(t * spec.vocab_size)?,
         })
@@ -172,6 +182,9 @@ impl<B: Backend> Session<'_, B> {
         for (l, lw) in m.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, pos, n)?;
             self.ffn_block(lw, n)?;
+            if let Some(s) = lw.layer_output_scale {
+                be.scale(&mut self.bufs.h, n * hidden, s)?;
+            }
         }
         if let Some((first, rows, out)) = head {
             self.head(first, rows, out)?;
@@ -204,8 +217,14 @@ impl<B: Backend> Session<'_, B> {
         add_bias(be, &mut b.q, lw.attn_q_bias.as_ref(), n)?;
         be.matmul(&lw.attn_k, &b.a, n, &mut b.k)?;
         add_bias(be, &mut b.k, lw.attn_k_bias.as_ref(), n)?;
-        be.matmul(&lw.attn_v, &b.a, n, &mut b.v)?;
-        add_bias(be, &mut b.v, lw.attn_v_bias.as_ref(), n)?;
+        match &lw.attn_v {
+            Some(wv) => {
+                be.matmul(wv, &b.a, n, &mut b.v)?;
+                add_bias(be, &mut b.v, lw.attn_v_bias.as_ref(), n)?;
+            }
+            // Values are the key projection as it is before the k norm and rope.
+            None => be.copy(&b.k, 0, &mut b.v, 0, n * nkv * hd)?,
+        }
         if let Some(ns) = norms.q {
             be.rms_norm(&mut b.q, n * nh, hd, ns, lw.attn_q_norm.as_ref())?;
         }
@@ -272,46 +291,104 @@ impl<B: Backend> Session<'_, B> {
             FfnWeights::Dense(d) => {
                 dense_mlp(m, d, &b.a, n, &mut b.mlp_gate, &mut b.mlp_up, &mut b.o)?
             }
-            FfnWeights::Moe(mw) => {
-                let (Some(router_buf), Some(scratch), Some(rs)) =
-                    (b.router.as_mut(), b.moe.as_mut(), self.routing.as_mut())
-                else {
-                    return Err(EngineError::NotImplemented {
-                        feature: "a MoE layer in a spec without a MoE block",
-                    });
-                };
-                be.matmul(&mw.router, &b.a, n, router_buf)?;
-                add_bias(be, router_buf, mw.router_bias.as_ref(), n)?;
-                let routes = route(be, rs, router_buf, mw.exp_probs_b.as_deref(), n)?;
-                be.moe(
-                    MoeInput {
-                        x: &b.a,
-                        n_tokens: n,
-                        routes,
-                        experts: &mw.experts,
-                        activation: spec.activation,
-                    },
-                    scratch,
-                    &mut b.o,
-                )?;
-                for extra in [&mw.shared, &mw.parallel_dense].into_iter().flatten() {
-                    dense_mlp(
-                        m,
-                        extra,
-                        &b.a,
-                        n,
-                        &mut b.mlp_gate,
-                        &mut b.mlp_up,
-                        &mut b.branch,
-                    )?;
-                    be.add(&mut b.o, &b.branch, n * hidden)?;
-                }
-            }
+            FfnWeights::Moe(mw) => self.moe_block(lw, mw, n)?,
         }
+        let b = &mut self.bufs;
         if let Some(ns) = spec.norms.ffn_post {
             be.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm.as_ref())?;
         }
         be.add(&mut b.h, &b.o, n * hidden)?;
+        Ok(())
+    }
+
+    /// The MoE part of a MoE layer's FFN: routed experts plus any shared or
+    /// parallel dense branch, into `bufs.o`. `bufs.a` holds the FFN-normed
+    /// input and `bufs.h` the residual stream entering the block.
+    fn moe_block(
+        &mut self,
+        lw: &LayerWeights<B>,
+        mw: &MoeWeights<B>,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, be) = (&m.spec, &m.backend);
+        let hidden = spec.hidden_size;
+        let norms = &spec.norms;
+        let b = &mut self.bufs;
+        let (Some(router_buf), Some(scratch), Some(moe_in), Some(rs)) = (
+            b.router.as_mut(),
+            b.moe.as_mut(),
+            b.moe_in.as_mut(),
+            self.routing.as_mut(),
+        ) else {
+            return Err(EngineError::NotImplemented {
+                feature: "a MoE layer in a spec without a MoE block",
+            });
+        };
+
+        // Router. A router with its own input scale (Gemma 4) reads
+        // `rms(h) · scale · hidden^-½` of the residual stream, with the
+        // FFN norms' eps (HF: both are `rms_norm_eps`).
+        match &mw.router_scale {
+            Some(scale) => {
+                be.copy(&b.h, 0, moe_in, 0, n * hidden)?;
+                let ns = NormSpec::plain(norms.ffn_input.eps);
+                be.rms_norm(moe_in, n, hidden, ns, Some(scale))?;
+                be.scale(moe_in, n * hidden, (hidden as f64).powf(-0.5) as f32)?;
+                be.matmul(&mw.router, moe_in, n, router_buf)?;
+            }
+            None => be.matmul(&mw.router, &b.a, n, router_buf)?,
+        }
+        add_bias(be, router_buf, mw.router_bias.as_ref(), n)?;
+        let tables = RouterTables {
+            correction: mw.exp_probs_b.as_deref(),
+            expert_scale: mw.expert_scale.as_deref(),
+        };
+        let routes = route(be, rs, router_buf, tables, n)?;
+
+        // Routed experts, on the FFN-normed input or on their own norm of
+        // the residual stream.
+        let x = match norms.moe_input {
+            Some(ns) => {
+                be.copy(&b.h, 0, moe_in, 0, n * hidden)?;
+                be.rms_norm(moe_in, n, hidden, ns, lw.pre_ffw_norm_2.as_ref())?;
+                &*moe_in
+            }
+            None => &b.a,
+        };
+        be.moe(
+            MoeInput {
+                x,
+                n_tokens: n,
+                routes,
+                experts: &mw.experts,
+                activation: spec.activation,
+            },
+            scratch,
+            &mut b.o,
+        )?;
+        if let Some(ns) = norms.moe_post {
+            be.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
+        }
+
+        // Always-on branches on the FFN-normed input.
+        let branches = [
+            (&mw.shared, None),
+            (
+                &mw.parallel_dense,
+                norms
+                    .dense_branch_post
+                    .map(|ns| (ns, lw.post_ffw_norm_1.as_ref())),
+            ),
+        ];
+        for (w, post) in branches {
+            let Some(w) = w else { continue };
+            dense_mlp(m, w, &b.a, n, &mut b.mlp_gate, &mut b.mlp_up, &mut b.branch)?;
+            if let Some((ns, weight)) = post {
+                be.rms_norm(&mut b.branch, n, hidden, ns, weight)?;
+            }
+            be.add(&mut b.o, &b.branch, n * hidden)?;
+        }
         Ok(())
     }
 
@@ -348,7 +425,7 @@ fn route<'r, B: Backend>(
     be: &B,
     rs: &'r mut RouterState,
     router_logits: &B::Buf,
-    correction: Option<&[f32]>,
+    tables: RouterTables<'_>,
     n: usize,
 ) -> Result<&'r [turbospark_backend::Route], EngineError> {
     let e = rs.router.num_experts();
@@ -358,7 +435,7 @@ fn route<'r, B: Backend>(
     for t in 0..n {
         rs.router.route(
             &logits[t * e..(t + 1) * e],
-            correction,
+            tables,
             &mut rs.routes[t * k..(t + 1) * k],
         )?;
     }

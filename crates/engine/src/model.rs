@@ -40,22 +40,6 @@ impl<B: Backend> Model<B> {
                 });
             }
         }
-        let unsupported = [
-            (spec.layer_scalar, "per-layer output scalars"),
-            (
-                spec.layers.iter().any(|l| l.value_from_key),
-                "values taken from the key projection",
-            ),
-            (
-                spec.norms.dense_branch_post.is_some()
-                    || spec.norms.moe_input.is_some()
-                    || spec.norms.moe_post.is_some(),
-                "the norms of a parallel dense + MoE block",
-            ),
-        ];
-        if let Some((_, feature)) = unsupported.into_iter().find(|(on, _)| *on) {
-            return Err(EngineError::NotImplemented { feature });
-        }
         if let Some(m) = &spec.moe {
             // Fails now, not in the middle of a forward pass.
             Router::new(m)?;

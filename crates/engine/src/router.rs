@@ -12,13 +12,28 @@
 //!   scores the sum of its two largest `c`; the best `topk_group` groups stay
 //!   eligible; the `k` largest `c` among them are chosen; weights are their
 //!   `s`, divided by `Σ s + 1e-20` when renormalising, times `scaling`.
-//! - [`RouterKind::Gemma4`]: not implemented yet (a typed error).
+//! - [`RouterKind::Gemma4`] (HF `Gemma4TextRouter`; the logits come from
+//!   the scaled, normed residual stream, see the decoder): `p = softmax(z)`;
+//!   the `k` largest `p`, renormalised to sum 1, each times its expert's
+//!   `per_expert_scale` (`ffn_gate_inp.expert_scale`).
 //!
 //! Ties go to the lower expert index.
 
 use crate::EngineError;
 use turbospark_backend::Route;
 use turbospark_core::arch::{MoeSpec, RouterKind};
+
+/// Per-layer tensors a router reads besides the logits, each
+/// `[num_experts]`; absent ones are the identity (bias 0, scale 1).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouterTables<'a> {
+    /// Selection-only bias added to the scores (`exp_probs_b.bias`,
+    /// grouped router).
+    pub correction: Option<&'a [f32]>,
+    /// Multiplier on each chosen expert's weight
+    /// (`ffn_gate_inp.expert_scale`, Gemma 4).
+    pub expert_scale: Option<&'a [f32]>,
+}
 
 /// Host-side router of one model, with its scratch.
 pub struct Router {
@@ -78,11 +93,6 @@ fn sigmoid(x: f32) -> f32 {
 impl Router {
     pub fn new(moe: &MoeSpec) -> Result<Router, EngineError> {
         let n_group = match moe.router {
-            RouterKind::Gemma4 => {
-                return Err(EngineError::NotImplemented {
-                    feature: "the Gemma 4 router",
-                })
-            }
             RouterKind::SigmoidGrouped { n_group, .. } => n_group,
             _ => 0,
         };
@@ -106,13 +116,25 @@ impl Router {
         self.num_experts
     }
 
+    /// `values = softmax(logits)`, then the `top_k` largest into `chosen`.
+    fn softmax_top_k(&mut self, logits: &[f32]) -> Result<(), EngineError> {
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for (p, &z) in self.values.iter_mut().zip(logits) {
+            *p = (z - max).exp();
+            sum += *p;
+        }
+        self.values.iter_mut().for_each(|p| *p /= sum);
+        top_k(&self.values, &mut self.chosen, |_| true)
+    }
+
     /// Routes one token: `logits` are its `num_experts` router logits (bias
-    /// included), `correction` the grouped router's selection bias; writes
-    /// `top_k` routes into `out`, best rank first.
+    /// included), `tables` the layer's selection bias and expert scales;
+    /// writes `top_k` routes into `out`, best rank first.
     pub fn route(
         &mut self,
         logits: &[f32],
-        correction: Option<&[f32]>,
+        tables: RouterTables<'_>,
         out: &mut [Route],
     ) -> Result<(), EngineError> {
         let (e, k) = (self.num_experts, self.top_k);
@@ -120,20 +142,24 @@ impl Router {
         let out = &mut out[..k];
         match self.kind {
             RouterKind::SoftmaxTopK { renormalize } => {
-                let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-                let mut sum = 0f32;
-                for (p, &z) in self.values.iter_mut().zip(logits) {
-                    *p = (z - max).exp();
-                    sum += *p;
-                }
-                self.values.iter_mut().for_each(|p| *p /= sum);
-                top_k(&self.values, &mut self.chosen, |_| true)?;
+                self.softmax_top_k(logits)?;
                 let total: f32 = self.chosen.iter().map(|&i| self.values[i]).sum();
                 for (o, &i) in out.iter_mut().zip(&self.chosen) {
                     let w = self.values[i];
                     *o = Route {
                         slot: i as u32,
                         weight: if renormalize { w / total } else { w },
+                    };
+                }
+            }
+            RouterKind::Gemma4 => {
+                self.softmax_top_k(logits)?;
+                let total: f32 = self.chosen.iter().map(|&i| self.values[i]).sum();
+                for (o, &i) in out.iter_mut().zip(&self.chosen) {
+                    let scale = tables.expert_scale.map_or(1.0, |s| s[i]);
+                    *o = Route {
+                        slot: i as u32,
+                        weight: self.values[i] / total * scale,
                     };
                 }
             }
@@ -157,7 +183,7 @@ impl Router {
                 let per_group = e / n_group;
                 for i in 0..e {
                     self.scores[i] = sigmoid(logits[i]);
-                    self.values[i] = self.scores[i] + correction.map_or(0.0, |c| c[i]);
+                    self.values[i] = self.scores[i] + tables.correction.map_or(0.0, |c| c[i]);
                 }
                 for g in 0..n_group {
                     let members = &self.values[g * per_group..(g + 1) * per_group];
@@ -192,11 +218,6 @@ impl Router {
                     };
                 }
             }
-            RouterKind::Gemma4 => {
-                return Err(EngineError::NotImplemented {
-                    feature: "the Gemma 4 router",
-                })
-            }
         }
         Ok(())
     }
@@ -220,8 +241,16 @@ mod tests {
     }
 
     fn run(r: &mut Router, z: &[f32], c: Option<&[f32]>) -> Vec<(u32, f32)> {
+        let tables = RouterTables {
+            correction: c,
+            expert_scale: None,
+        };
+        run_with(r, z, tables)
+    }
+
+    fn run_with(r: &mut Router, z: &[f32], tables: RouterTables<'_>) -> Vec<(u32, f32)> {
         let mut out = vec![Route::default(); r.top_k()];
-        r.route(z, c, &mut out).unwrap();
+        r.route(z, tables, &mut out).unwrap();
         out.iter().map(|r| (r.slot, r.weight)).collect()
     }
 
@@ -272,10 +301,23 @@ mod tests {
     }
 
     #[test]
-    fn gemma4_router_is_a_typed_error() {
-        assert!(matches!(
-            Router::new(&spec(RouterKind::Gemma4, 4, 2)),
-            Err(EngineError::NotImplemented { .. })
-        ));
+    fn gemma4_router_renormalises_then_scales_per_expert() {
+        let z = [0.0f32, 2.0, 1.0, -1.0];
+        let mut r = Router::new(&spec(RouterKind::Gemma4, 4, 2)).unwrap();
+        let scale = [1.0f32, 0.5, 3.0, 1.0];
+        let got = run_with(
+            &mut r,
+            &z,
+            RouterTables {
+                correction: None,
+                expert_scale: Some(&scale),
+            },
+        );
+        // The scale applies after selection and renormalisation: it neither
+        // changes the choice nor the normaliser.
+        let (a, b) = (2f32.exp(), 1f32.exp());
+        assert_eq!((got[0].0, got[1].0), (1, 2));
+        assert!((got[0].1 - 0.5 * a / (a + b)).abs() < 1e-6);
+        assert!((got[1].1 - 3.0 * b / (a + b)).abs() < 1e-6);
     }
 }

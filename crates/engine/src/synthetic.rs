@@ -2,7 +2,8 @@
 //! `turbospark_format::roles` lists for the spec, seeded and reproducible.
 //! Lets tests and benchmarks build a model of any family and size without
 //! files. Matrices are uniform in `±1/√in` (the embedding in `±1`), norm
-//! weights near 1, biases small.
+//! weights and scales (router, per-expert, per-layer output) near 1, biases
+//! small.
 
 use crate::source::WeightSource;
 use crate::EngineError;
@@ -90,7 +91,7 @@ impl SyntheticSource {
             let (scale, offset) = match shape.as_slice() {
                 [_, _] if name == "token_embd.weight" => (1.0, 0.0),
                 [_, cols] => (1.0 / (*cols as f32).sqrt(), 0.0),
-                _ if name.contains("norm") => (0.2, 1.0),
+                _ if name.contains("norm") || name.contains("scale") => (0.2, 1.0),
                 _ if name.contains("sinks") => (1.0, 0.0),
                 _ => (0.2, 0.0),
             };

@@ -8,7 +8,7 @@
 use crate::source::WeightSource;
 use crate::EngineError;
 use turbospark_backend::{Backend, ExpertWeights, HostTensor};
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec, RouterKind};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
 pub struct DenseWeights<B: Backend> {
@@ -27,9 +27,15 @@ pub struct MoeWeights<B: Backend> {
     pub router: B::Matrix,
     /// `ffn_gate_inp.bias` `[experts]` (gpt-oss)
     pub router_bias: Option<B::Vector>,
+    /// `ffn_gate_inp.scale` `[hidden]`: weight of the router's input norm
+    /// (Gemma 4).
+    pub router_scale: Option<B::Vector>,
     /// `exp_probs_b.bias` `[experts]`: selection-only correction bias
     /// (GLM / DeepSeek), read by the host-side router.
     pub exp_probs_b: Option<Vec<f32>>,
+    /// `ffn_gate_inp.expert_scale` `[experts]`: multiplier on each chosen
+    /// expert's weight (Gemma 4), read by the host-side router.
+    pub expert_scale: Option<Vec<f32>>,
     /// Every routed expert, indexed by expert id.
     pub experts: Vec<ExpertWeights<B::Matrix, B::Vector>>,
     /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
@@ -50,7 +56,9 @@ pub struct LayerWeights<B: Backend> {
     pub attn_q: B::Matrix,
     /// `[n_kv_heads · head_dim, hidden]`
     pub attn_k: B::Matrix,
-    pub attn_v: B::Matrix,
+    /// `None` on layers whose values are the key projection
+    /// ([`LayerSpec::value_from_key`]).
+    pub attn_v: Option<B::Matrix>,
     /// `[hidden, n_heads · head_dim]`
     pub attn_output: B::Matrix,
     pub attn_q_bias: Option<B::Vector>,
@@ -68,6 +76,14 @@ pub struct LayerWeights<B: Backend> {
     pub post_attention_norm: Option<B::Vector>,
     pub ffn_norm: Option<B::Vector>,
     pub post_ffw_norm: Option<B::Vector>,
+    /// Norms of a parallel dense + MoE block (Gemma 4): on the dense
+    /// branch's output, on the experts' input, on the experts' output.
+    pub post_ffw_norm_1: Option<B::Vector>,
+    pub pre_ffw_norm_2: Option<B::Vector>,
+    pub post_ffw_norm_2: Option<B::Vector>,
+    /// `layer_output_scale.weight` `[1]`: multiplier on the residual stream
+    /// after the layer (Gemma 4).
+    pub layer_output_scale: Option<f32>,
     pub ffn: FfnWeights<B>,
 }
 
@@ -108,6 +124,30 @@ impl<B: Backend> Loader<'_, B> {
         let t = self.src.resident(name)?;
         check_shape(&t, &[len])?;
         Ok(self.be.upload_vector(&t)?)
+    }
+
+    /// A 1-D tensor read to the host as f32 (values the host-side code,
+    /// not the backend, uses).
+    fn host_vector(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.src.resident(name)?;
+        check_shape(&t, &[len])?;
+        let mut v = vec![0f32; len];
+        turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
+            |source| turbospark_backend::BackendError::Quant {
+                name: t.name.clone(),
+                source,
+            },
+        )?;
+        Ok(v)
+    }
+
+    fn opt_host_vector(
+        &self,
+        present: bool,
+        name: &str,
+        len: usize,
+    ) -> Result<Option<Vec<f32>>, EngineError> {
+        present.then(|| self.host_vector(name, len)).transpose()
     }
 
     fn opt_vector(
@@ -181,23 +221,8 @@ impl<B: Backend> Loader<'_, B> {
         };
         let (ne, inter) = (m.num_experts, m.expert_intermediate);
         let b = |s: &str| format!("blk.{l}.{s}");
-        let exp_probs_b = if matches!(
-            m.router,
-            turbospark_core::arch::RouterKind::SigmoidGrouped { .. }
-        ) {
-            let t = self.src.resident(&b("exp_probs_b.bias"))?;
-            check_shape(&t, &[ne])?;
-            let mut v = vec![0f32; ne];
-            turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
-                |source| turbospark_backend::BackendError::Quant {
-                    name: t.name.clone(),
-                    source,
-                },
-            )?;
-            Some(v)
-        } else {
-            None
-        };
+        let grouped = matches!(m.router, RouterKind::SigmoidGrouped { .. });
+        let gemma4 = m.router == RouterKind::Gemma4;
         let experts = (0..ne)
             .map(|e| {
                 Ok(ExpertWeights {
@@ -213,7 +238,9 @@ impl<B: Backend> Loader<'_, B> {
         Ok(MoeWeights {
             router: self.matrix(&b("ffn_gate_inp.weight"), ne, h)?,
             router_bias: self.opt_vector(m.router_bias, &b("ffn_gate_inp.bias"), ne)?,
-            exp_probs_b,
+            router_scale: self.opt_vector(gemma4, &b("ffn_gate_inp.scale"), h)?,
+            exp_probs_b: self.opt_host_vector(grouped, &b("exp_probs_b.bias"), ne)?,
+            expert_scale: self.opt_host_vector(gemma4, &b("ffn_gate_inp.expert_scale"), ne)?,
             experts,
             shared: m
                 .shared_intermediate
@@ -245,11 +272,13 @@ impl<B: Backend> Loader<'_, B> {
             attn_norm: self.norm(Some(n.attn_input), &b("attn_norm.weight"), h)?,
             attn_q: self.matrix(&b("attn_q.weight"), q, h)?,
             attn_k: self.matrix(&b("attn_k.weight"), kv, h)?,
-            attn_v: self.matrix(&b("attn_v.weight"), kv, h)?,
+            attn_v: (!ls.value_from_key)
+                .then(|| self.matrix(&b("attn_v.weight"), kv, h))
+                .transpose()?,
             attn_output: self.matrix(&b("attn_output.weight"), h, q)?,
             attn_q_bias: self.opt_vector(a.q_bias, &b("attn_q.bias"), q)?,
             attn_k_bias: self.opt_vector(a.k_bias, &b("attn_k.bias"), kv)?,
-            attn_v_bias: self.opt_vector(a.v_bias, &b("attn_v.bias"), kv)?,
+            attn_v_bias: self.opt_vector(a.v_bias && !ls.value_from_key, &b("attn_v.bias"), kv)?,
             attn_output_bias: self.opt_vector(a.o_bias, &b("attn_output.bias"), h)?,
             attn_q_norm: self.norm(n.q, &b("attn_q_norm.weight"), hd)?,
             attn_k_norm: self.norm(n.k, &b("attn_k_norm.weight"), hd)?,
@@ -262,6 +291,14 @@ impl<B: Backend> Loader<'_, B> {
             post_attention_norm: self.norm(n.attn_post, &b("post_attention_norm.weight"), h)?,
             ffn_norm: self.norm(Some(n.ffn_input), &b("ffn_norm.weight"), h)?,
             post_ffw_norm: self.norm(n.ffn_post, &b("post_ffw_norm.weight"), h)?,
+            post_ffw_norm_1: self.norm(n.dense_branch_post, &b("post_ffw_norm_1.weight"), h)?,
+            pre_ffw_norm_2: self.norm(n.moe_input, &b("pre_ffw_norm_2.weight"), h)?,
+            post_ffw_norm_2: self.norm(n.moe_post, &b("post_ffw_norm_2.weight"), h)?,
+            layer_output_scale: spec
+                .layer_scalar
+                .then(|| self.host_vector(&b("layer_output_scale.weight"), 1))
+                .transpose()?
+                .map(|v| v[0]),
             ffn: match ls.ffn {
                 FfnKind::Dense => {
                     FfnWeights::Dense(self.dense(l, "", h, spec.intermediate_size)?)

@@ -56,7 +56,7 @@ fn decode_does_not_allocate() {
         ("vocab_size", json!(1024)),
         ("intermediate_size", json!(256)),
     ];
-    for family in ["gpt_oss", "muse_glimmer", "glm4_moe", "gemma3"] {
+    for family in ["gpt_oss", "muse_glimmer", "glm4_moe", "gemma3", "gemma4"] {
         let Some(spec) = spec(family, &resize) else {
             println!("skipped {family}: fixture absent");
             continue;

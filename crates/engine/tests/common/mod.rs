@@ -19,6 +19,7 @@ pub const FAMILIES: &[&str] = &[
     "qwen3moe",
     "gpt_oss",
     "glm4_moe",
+    "gemma4",
 ];
 
 /// The fixture's config.json with `overrides` applied at the top level.

@@ -666,17 +666,22 @@ fn gpt_oss(c: &Cfg) -> Result<ArchSpec, SpecError> {
 /// `num_global_key_value_heads`), K = V on full layers with
 /// `attention_k_eq_v`, proportional rope on full layers, a dense GELU-tanh
 /// MLP beside the routed experts, a learned per-layer output scalar, and a
-/// final softcap. Per-layer inputs and KV sharing are refused.
+/// final softcap. Per-layer inputs (on by default: HF's
+/// `hidden_size_per_layer_input` is 256 unless set) and KV sharing are
+/// refused; `use_bidirectional_attention: "vision"` only changes the mask
+/// around image tokens, so text runs causally under it.
 fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
     let d = dims(c, 131072)?;
     let d = Dims {
+        kv_heads: c.usize_or("num_key_value_heads", 4)?,
         head_dim: c.usize_or("head_dim", 256)?,
+        intermediate: c.usize_or("intermediate_size", 9216)?,
         ..d
     };
-    if c.usize_or("hidden_size_per_layer_input", 0)? > 0 {
+    if c.usize_or("hidden_size_per_layer_input", 256)? > 0 {
         return Err(SpecError::Unsupported {
             what: "gemma4 per-layer inputs".into(),
-            detail: "hidden_size_per_layer_input > 0 (the dense Gemma 4 variants)".into(),
+            detail: "hidden_size_per_layer_input > 0, or absent (HF default 256): the dense Gemma 4 variants".into(),
         });
     }
     if c.usize_or("num_kv_shared_layers", 0)? > 0 {
@@ -685,8 +690,15 @@ fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
             detail: "num_kv_shared_layers > 0".into(),
         });
     }
-    if c.present("use_bidirectional_attention").is_some() {
-        return Err(c.bad("use_bidirectional_attention", "null (causal text model)"));
+    match c.present("use_bidirectional_attention") {
+        None => {}
+        Some(v) if v.as_str() == Some("vision") => {}
+        Some(_) => {
+            return Err(c.bad(
+                "use_bidirectional_attention",
+                "null or \"vision\" (causal text model)",
+            ))
+        }
     }
     if c.bool_or("use_double_wide_mlp", false)? {
         return Err(c.bad("use_double_wide_mlp", "false"));
@@ -694,9 +706,29 @@ fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
     let eps = c.f64_or("rms_norm_eps", 1e-6)? as f32;
     let norm = NormSpec::plain(eps);
     let n = d.layers;
-    let sliding = match c.layer_types(n)? {
+    let mut sliding = match c.layer_types(n)? {
         Some(t) => t,
-        None => (0..n).map(|i| (i + 1) % 6 != 0 && i + 1 != n).collect(),
+        None => (0..n).map(|i| (i + 1) % 6 != 0).collect(),
+    };
+    // HF forces the last layer to full attention, whatever `layer_types` says.
+    if let Some(last) = sliding.last_mut() {
+        *last = false;
+    }
+    // HF's rope when `rope_parameters` is absent.
+    let default_rope = serde_json::json!({
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0
+            }
+        }
+    });
+    let rope_cfg = if c.present("rope_parameters").is_some() {
+        c.v
+    } else {
+        &default_rope
     };
     let k_eq_v = c.bool_or("attention_k_eq_v", false)?;
     // Full-layer geometry: `per_layer_config` as save_pretrained writes it,
@@ -746,7 +778,7 @@ fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
             num_kv_heads,
             window: if is_sliding { window } else { None },
             rope: Some(rope_spec(
-                c.v,
+                rope_cfg,
                 layer_type,
                 head_dim,
                 default_theta,
@@ -821,4 +853,110 @@ fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
         layer_scalar: true,
         layers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A small Gemma 4 MoE text config as `save_pretrained` writes it.
+    fn gemma4_config() -> Value {
+        json!({
+            "model_type": "gemma4_text",
+            "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 6,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 64, "hidden_size_per_layer_input": 0,
+            "attention_k_eq_v": true, "enable_moe_block": true,
+            "num_experts": 8, "top_k_experts": 2, "moe_intermediate_size": 16,
+            "sliding_window": 7, "final_logit_softcapping": 30.0,
+            "per_layer_config": {"5": {"head_dim": 32, "num_key_value_heads": 1}},
+            "rope_parameters": {
+                "full_attention": {
+                    "partial_rotary_factor": 0.25, "rope_theta": 1000000.0,
+                    "rope_type": "proportional"
+                },
+                "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+            }
+        })
+    }
+
+    fn with(mut cfg: Value, key: &str, v: Value) -> Value {
+        cfg[key] = v;
+        cfg
+    }
+
+    #[test]
+    fn gemma4_full_layers_have_their_own_geometry_and_proportional_rope() {
+        let s = spec_from_hf_config(&gemma4_config()).unwrap();
+        let (sl, full) = (&s.layers[0], &s.layers[5]);
+        assert_eq!((sl.head_dim, sl.num_kv_heads, sl.window), (16, 2, Some(7)));
+        assert_eq!(
+            (full.head_dim, full.num_kv_heads, full.window),
+            (32, 1, None)
+        );
+        assert!(full.value_from_key && !sl.value_from_key);
+        let rope = full.rope.unwrap();
+        assert_eq!(rope.rotary_dim, 32);
+        assert_eq!(
+            rope.scaling,
+            RopeScaling::Proportional {
+                factor: 1.0,
+                rotated_pairs: 4
+            }
+        );
+        assert_eq!(s.moe.unwrap().router, RouterKind::Gemma4);
+        assert!(s.layer_scalar && s.moe.unwrap().parallel_dense);
+    }
+
+    #[test]
+    fn gemma4_defaults_follow_the_hf_config_class() {
+        // Without `rope_parameters`: default rope on sliding layers,
+        // proportional (a quarter of the pairs, theta 1e6) on full ones.
+        let mut cfg = gemma4_config();
+        cfg.as_object_mut().unwrap().remove("rope_parameters");
+        let s = spec_from_hf_config(&cfg).unwrap();
+        let full = s.layers[5].rope.unwrap();
+        assert_eq!(full.theta, 1e6);
+        assert_eq!(
+            full.scaling,
+            RopeScaling::Proportional {
+                factor: 1.0,
+                rotated_pairs: 4
+            }
+        );
+        let sliding = s.layers[0].rope.unwrap();
+        assert_eq!((sliding.theta, sliding.scaling), (1e4, RopeScaling::None));
+
+        // The last layer is always full attention.
+        let types = Value::from(vec!["sliding_attention"; 6]);
+        let s = spec_from_hf_config(&with(gemma4_config(), "layer_types", types)).unwrap();
+        assert_eq!(s.layers[5].window, None);
+        assert_eq!(s.layers[4].window, Some(7));
+
+        // Per-layer inputs are on unless the config turns them off.
+        let mut cfg = gemma4_config();
+        cfg.as_object_mut()
+            .unwrap()
+            .remove("hidden_size_per_layer_input");
+        assert!(matches!(
+            spec_from_hf_config(&cfg),
+            Err(SpecError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn gemma4_vision_bidirectional_attention_is_causal_for_text() {
+        let vision = with(
+            gemma4_config(),
+            "use_bidirectional_attention",
+            json!("vision"),
+        );
+        assert!(spec_from_hf_config(&vision).is_ok());
+        let all = with(gemma4_config(), "use_bidirectional_attention", json!("all"));
+        assert!(matches!(
+            spec_from_hf_config(&all),
+            Err(SpecError::BadField { .. })
+        ));
+    }
 }

@@ -270,6 +270,16 @@ pub struct AttentionSpec {
     pub softcap: Option<f32>,
 }
 
+impl AttentionSpec {
+    /// Biases on all four projections, or on none (HF `attention_bias`).
+    pub fn set_biases(&mut self, on: bool) {
+        self.q_bias = on;
+        self.k_bias = on;
+        self.v_bias = on;
+        self.o_bias = on;
+    }
+}
+
 /// Embedding lookup post-processing.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingSpec {

@@ -170,6 +170,62 @@ struct Dims {
     max_position: usize,
 }
 
+impl Dims {
+    /// The fields every family fills the same way, with the defaults of a
+    /// pre-norm decoder: `norm` on attention input, FFN input and output,
+    /// no q/k/v norms, no biases, `head_dim^-0.5` attention scale, SwiGLU,
+    /// dense FFN, untied head without multiplier or softcap. Each builder
+    /// then overrides what its family does differently.
+    fn base_spec(&self, family: Family, norm: NormSpec, layers: Vec<LayerSpec>) -> ArchSpec {
+        ArchSpec {
+            family,
+            vocab_size: self.vocab,
+            hidden_size: self.hidden,
+            num_heads: self.heads,
+            num_kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            intermediate_size: self.intermediate,
+            max_position: self.max_position,
+            embedding: EmbeddingSpec {
+                scale: 1.0,
+                norm: None,
+            },
+            norms: NormsSpec {
+                attn_input: norm,
+                attn_post: None,
+                ffn_input: norm,
+                ffn_post: None,
+                q: None,
+                k: None,
+                v: None,
+                output: norm,
+                dense_branch_post: None,
+                moe_input: None,
+                moe_post: None,
+            },
+            attention: AttentionSpec {
+                q_bias: false,
+                k_bias: false,
+                v_bias: false,
+                o_bias: false,
+                sinks: false,
+                output_gate: false,
+                scale: (self.head_dim as f32).powf(-0.5),
+                softcap: None,
+            },
+            activation: Activation::Swiglu,
+            moe: None,
+            head: HeadSpec {
+                tied: false,
+                multiplier: 1.0,
+                softcap: None,
+            },
+            layer_scalar: false,
+            layers,
+        }
+    }
+}
+
 fn dims(c: &Cfg, default_max_position: usize) -> Result<Dims, SpecError> {
     let hidden = c.usize("hidden_size")?;
     let heads = c.usize("num_attention_heads")?;
@@ -350,52 +406,17 @@ fn llama_like(c: &Cfg) -> Result<ArchSpec, SpecError> {
     )?;
     let layers = build_layers(&d, &sliding, window, &|_, _| Ok(Some(rope)), &ffn)?;
     let norm = NormSpec::plain(eps);
-    Ok(ArchSpec {
-        family: f,
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        num_heads: d.heads,
-        num_kv_heads: d.kv_heads,
-        head_dim: d.head_dim,
-        intermediate_size: d.intermediate,
-        max_position: d.max_position,
-        embedding: EmbeddingSpec {
-            scale: 1.0,
-            norm: None,
-        },
-        norms: NormsSpec {
-            attn_input: norm,
-            attn_post: None,
-            ffn_input: norm,
-            ffn_post: None,
-            q: qk_norm,
-            k: qk_norm,
-            v: None,
-            output: norm,
-            dense_branch_post: None,
-            moe_input: None,
-            moe_post: None,
-        },
-        attention: AttentionSpec {
-            q_bias: qkv_bias,
-            k_bias: qkv_bias,
-            v_bias: qkv_bias,
-            o_bias,
-            sinks: false,
-            output_gate: false,
-            scale: (d.head_dim as f32).powf(-0.5),
-            softcap: None,
-        },
-        activation: activation_for(c, "hidden_act", "silu")?,
-        moe,
-        head: HeadSpec {
-            tied: c.bool_or("tie_word_embeddings", tied_default)?,
-            multiplier: 1.0,
-            softcap: None,
-        },
-        layer_scalar: false,
-        layers,
-    })
+    let mut spec = d.base_spec(f, norm, layers);
+    spec.norms.q = qk_norm;
+    spec.norms.k = qk_norm;
+    spec.attention.q_bias = qkv_bias;
+    spec.attention.k_bias = qkv_bias;
+    spec.attention.v_bias = qkv_bias;
+    spec.attention.o_bias = o_bias;
+    spec.activation = activation_for(c, "hidden_act", "silu")?;
+    spec.moe = moe;
+    spec.head.tied = c.bool_or("tie_word_embeddings", tied_default)?;
+    Ok(spec)
 }
 
 /// Gemma 3 text: centered norms everywhere, sandwich norms, q/k norms,
@@ -433,52 +454,19 @@ fn gemma3(c: &Cfg) -> Result<ArchSpec, SpecError> {
         &no_moe_layers(&d),
     )?;
     let bias = c.bool_or("attention_bias", false)?;
-    Ok(ArchSpec {
-        family: c.family,
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        num_heads: d.heads,
-        num_kv_heads: d.kv_heads,
-        head_dim: d.head_dim,
-        intermediate_size: d.intermediate,
-        max_position: d.max_position,
-        embedding: EmbeddingSpec {
-            scale: (d.hidden as f32).sqrt(),
-            norm: None,
-        },
-        norms: NormsSpec {
-            attn_input: norm,
-            attn_post: Some(norm),
-            ffn_input: norm,
-            ffn_post: Some(norm),
-            q: Some(norm),
-            k: Some(norm),
-            v: None,
-            output: norm,
-            dense_branch_post: None,
-            moe_input: None,
-            moe_post: None,
-        },
-        attention: AttentionSpec {
-            q_bias: bias,
-            k_bias: bias,
-            v_bias: bias,
-            o_bias: bias,
-            sinks: false,
-            output_gate: false,
-            scale: (c.f64_or("query_pre_attn_scalar", 256.0)? as f32).powf(-0.5),
-            softcap: c.opt_f64("attn_logit_softcapping")?.map(|v| v as f32),
-        },
-        activation: activation_for(c, "hidden_activation", "gelu_pytorch_tanh")?,
-        moe: None,
-        head: HeadSpec {
-            tied: c.bool_or("tie_word_embeddings", true)?,
-            multiplier: 1.0,
-            softcap: c.opt_f64("final_logit_softcapping")?.map(|v| v as f32),
-        },
-        layer_scalar: false,
-        layers,
-    })
+    let mut spec = d.base_spec(c.family, norm, layers);
+    spec.embedding.scale = (d.hidden as f32).sqrt();
+    spec.norms.attn_post = Some(norm);
+    spec.norms.ffn_post = Some(norm);
+    spec.norms.q = Some(norm);
+    spec.norms.k = Some(norm);
+    spec.attention.set_biases(bias);
+    spec.attention.scale = (c.f64_or("query_pre_attn_scalar", 256.0)? as f32).powf(-0.5);
+    spec.attention.softcap = c.opt_f64("attn_logit_softcapping")?.map(|v| v as f32);
+    spec.activation = activation_for(c, "hidden_activation", "gelu_pytorch_tanh")?;
+    spec.head.tied = c.bool_or("tie_word_embeddings", true)?;
+    spec.head.softcap = c.opt_f64("final_logit_softcapping")?.map(|v| v as f32);
+    Ok(spec)
 }
 
 /// Muse Glimmer text (HF `modeling_muse_glimmer.py`): normed embedding,
@@ -526,52 +514,21 @@ fn muse_glimmer(c: &Cfg, top: &Value) -> Result<ArchSpec, SpecError> {
         .get("tie_word_embeddings")
         .and_then(Value::as_bool)
         .unwrap_or(c.bool_or("tie_word_embeddings", false)?);
-    Ok(ArchSpec {
-        family: c.family,
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        num_heads: d.heads,
-        num_kv_heads: d.kv_heads,
-        head_dim: d.head_dim,
-        intermediate_size: d.intermediate,
-        max_position: d.max_position,
-        embedding: EmbeddingSpec {
-            scale: 1.0,
-            norm: Some(NormSpec::no_scale(eps)),
-        },
-        norms: NormsSpec {
-            attn_input: centered,
-            attn_post: Some(post),
-            ffn_input: centered,
-            ffn_post: Some(post),
-            q: Some(NormSpec::no_scale(eps)),
-            k: Some(NormSpec::no_scale(eps)),
-            v: None,
-            output: NormSpec::plain(eps),
-            dense_branch_post: None,
-            moe_input: None,
-            moe_post: None,
-        },
-        attention: AttentionSpec {
-            q_bias: bias,
-            k_bias: bias,
-            v_bias: bias,
-            o_bias: bias,
-            sinks: false,
-            output_gate: true,
-            scale: qk_scale * (d.head_dim as f32).powf(-0.5),
-            softcap: None,
-        },
-        activation: activation_for(c, "hidden_activation", "silu")?,
-        moe: None,
-        head: HeadSpec {
-            tied,
-            multiplier: c.f64_or("output_multiplier", 0.196_116_135_138_184_04)? as f32,
-            softcap: Some(c.f64_or("final_logit_softcapping", 20.0)? as f32),
-        },
-        layer_scalar: false,
-        layers,
-    })
+    let mut spec = d.base_spec(c.family, centered, layers);
+    spec.embedding.norm = Some(NormSpec::no_scale(eps));
+    spec.norms.attn_post = Some(post);
+    spec.norms.ffn_post = Some(post);
+    spec.norms.q = Some(NormSpec::no_scale(eps));
+    spec.norms.k = Some(NormSpec::no_scale(eps));
+    spec.norms.output = NormSpec::plain(eps);
+    spec.attention.set_biases(bias);
+    spec.attention.output_gate = true;
+    spec.attention.scale = qk_scale * (d.head_dim as f32).powf(-0.5);
+    spec.activation = activation_for(c, "hidden_activation", "silu")?;
+    spec.head.tied = tied;
+    spec.head.multiplier = c.f64_or("output_multiplier", 0.196_116_135_138_184_04)? as f32;
+    spec.head.softcap = Some(c.f64_or("final_logit_softcapping", 20.0)? as f32);
+    Ok(spec)
 }
 
 /// gpt-oss: biased attention with sinks, YaRN rope, alternating sliding
@@ -599,64 +556,26 @@ fn gpt_oss(c: &Cfg) -> Result<ArchSpec, SpecError> {
     )?;
     let bias = c.bool_or("attention_bias", true)?;
     let norm = NormSpec::plain(eps);
-    Ok(ArchSpec {
-        family: c.family,
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        num_heads: d.heads,
-        num_kv_heads: d.kv_heads,
-        head_dim: d.head_dim,
-        intermediate_size: 0,
-        max_position: d.max_position,
-        embedding: EmbeddingSpec {
-            scale: 1.0,
-            norm: None,
-        },
-        norms: NormsSpec {
-            attn_input: norm,
-            attn_post: None,
-            ffn_input: norm,
-            ffn_post: None,
-            q: None,
-            k: None,
-            v: None,
-            output: norm,
-            dense_branch_post: None,
-            moe_input: None,
-            moe_post: None,
-        },
-        attention: AttentionSpec {
-            q_bias: bias,
-            k_bias: bias,
-            v_bias: bias,
-            o_bias: bias,
-            sinks: true,
-            output_gate: false,
-            scale: (d.head_dim as f32).powf(-0.5),
-            softcap: None,
-        },
-        activation: Activation::ClampedSwiglu {
-            alpha: c.f64_or("swiglu_alpha", 1.702)? as f32,
-            limit: c.f64_or("swiglu_limit", 7.0)? as f32,
-        },
-        moe: Some(MoeSpec {
-            num_experts: c.usize_or("num_local_experts", 128)?,
-            top_k: c.usize_or("num_experts_per_tok", 4)?,
-            expert_intermediate: c.usize_or("intermediate_size", 2880)?,
-            router: RouterKind::TopKSoftmax,
-            router_bias: true,
-            expert_biases: true,
-            shared_intermediate: None,
-            parallel_dense: false,
-        }),
-        head: HeadSpec {
-            tied: c.bool_or("tie_word_embeddings", false)?,
-            multiplier: 1.0,
-            softcap: None,
-        },
-        layer_scalar: false,
-        layers,
-    })
+    let mut spec = d.base_spec(c.family, norm, layers);
+    spec.intermediate_size = 0;
+    spec.attention.set_biases(bias);
+    spec.attention.sinks = true;
+    spec.activation = Activation::ClampedSwiglu {
+        alpha: c.f64_or("swiglu_alpha", 1.702)? as f32,
+        limit: c.f64_or("swiglu_limit", 7.0)? as f32,
+    };
+    spec.moe = Some(MoeSpec {
+        num_experts: c.usize_or("num_local_experts", 128)?,
+        top_k: c.usize_or("num_experts_per_tok", 4)?,
+        expert_intermediate: c.usize_or("intermediate_size", 2880)?,
+        router: RouterKind::TopKSoftmax,
+        router_bias: true,
+        expert_biases: true,
+        shared_intermediate: None,
+        parallel_dense: false,
+    });
+    spec.head.tied = c.bool_or("tie_word_embeddings", false)?;
+    Ok(spec)
 }
 
 /// Gemma 4 text (HF `modeling_gemma4.py`): plain norms everywhere, q/k
@@ -807,52 +726,24 @@ fn gemma4(c: &Cfg) -> Result<ArchSpec, SpecError> {
         None
     };
     let bias = c.bool_or("attention_bias", false)?;
-    Ok(ArchSpec {
-        family: c.family,
-        vocab_size: d.vocab,
-        hidden_size: d.hidden,
-        num_heads: d.heads,
-        num_kv_heads: d.kv_heads,
-        head_dim: d.head_dim,
-        intermediate_size: d.intermediate,
-        max_position: d.max_position,
-        embedding: EmbeddingSpec {
-            scale: (d.hidden as f32).sqrt(),
-            norm: None,
-        },
-        norms: NormsSpec {
-            attn_input: norm,
-            attn_post: Some(norm),
-            ffn_input: norm,
-            ffn_post: Some(norm),
-            q: Some(norm),
-            k: Some(norm),
-            v: Some(NormSpec::no_scale(eps)),
-            output: norm,
-            dense_branch_post: enable_moe.then_some(norm),
-            moe_input: enable_moe.then_some(norm),
-            moe_post: enable_moe.then_some(norm),
-        },
-        attention: AttentionSpec {
-            q_bias: bias,
-            k_bias: bias,
-            v_bias: bias,
-            o_bias: bias,
-            sinks: false,
-            output_gate: false,
-            scale: 1.0,
-            softcap: None,
-        },
-        activation: activation_for(c, "hidden_activation", "gelu_pytorch_tanh")?,
-        moe,
-        head: HeadSpec {
-            tied: c.bool_or("tie_word_embeddings", true)?,
-            multiplier: 1.0,
-            softcap: c.opt_f64("final_logit_softcapping")?.map(|v| v as f32),
-        },
-        layer_scalar: true,
-        layers,
-    })
+    let mut spec = d.base_spec(c.family, norm, layers);
+    spec.embedding.scale = (d.hidden as f32).sqrt();
+    spec.norms.attn_post = Some(norm);
+    spec.norms.ffn_post = Some(norm);
+    spec.norms.q = Some(norm);
+    spec.norms.k = Some(norm);
+    spec.norms.v = Some(NormSpec::no_scale(eps));
+    spec.norms.dense_branch_post = enable_moe.then_some(norm);
+    spec.norms.moe_input = enable_moe.then_some(norm);
+    spec.norms.moe_post = enable_moe.then_some(norm);
+    spec.attention.set_biases(bias);
+    spec.attention.scale = 1.0;
+    spec.activation = activation_for(c, "hidden_activation", "gelu_pytorch_tanh")?;
+    spec.moe = moe;
+    spec.head.tied = c.bool_or("tie_word_embeddings", true)?;
+    spec.head.softcap = c.opt_f64("final_logit_softcapping")?.map(|v| v as f32);
+    spec.layer_scalar = true;
+    Ok(spec)
 }
 
 #[cfg(test)]

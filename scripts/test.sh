@@ -20,7 +20,7 @@ stage "cargo clippy" cargo clippy --workspace --all-targets --locked -- -D warni
 # The paths fetch-models.sh prints are not needed here; its progress goes to stderr.
 fetch_models() { scripts/fetch-models.sh "$@" >/dev/null; }
 if [ "${TURBOSPARK_SKIP_FETCH:-0}" != 1 ]; then
-    stage "fetch real models" fetch_models smollm2 gemma3 qwen25
+    stage "fetch real models and the llama.cpp sdist" fetch_models smollm2 gemma3 qwen25 llamacpp
     export TURBOSPARK_REQUIRE_MODELS=1
 fi
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt

@@ -112,6 +112,20 @@ pub trait Backend: Send + Sync {
     fn matrix_shape(&self, m: &Self::Matrix) -> [usize; 2];
     /// Length of an uploaded vector.
     fn vector_len(&self, v: &Self::Vector) -> usize;
+    /// Replaces an uploaded matrix's contents with `t`, which has the same
+    /// format and shape (streamed expert slots reuse one matrix per slot).
+    /// Backends override it to refresh in place without allocating; the
+    /// default uploads anew.
+    fn reload_matrix(&self, dst: &mut Self::Matrix, t: &HostTensor) -> Result<(), BackendError> {
+        *dst = self.upload_matrix(t)?;
+        Ok(())
+    }
+    /// Replaces an uploaded vector's contents with `t` (same length), as
+    /// [`Backend::reload_matrix`] does for matrices.
+    fn reload_vector(&self, dst: &mut Self::Vector, t: &HostTensor) -> Result<(), BackendError> {
+        *dst = self.upload_vector(t)?;
+        Ok(())
+    }
 
     /// A zeroed buffer of `len` f32.
     fn alloc(&self, len: usize) -> Result<Self::Buf, BackendError>;

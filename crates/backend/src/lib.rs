@@ -17,14 +17,17 @@
 //! The crate also holds the host-side data every backend consumes the same
 //! way: [`rope::RopeTable`] (rotary frequencies from a
 //! [`RopeSpec`](turbospark_core::arch::RopeSpec)) and [`host::SharedBytes`]
-//! (weight bytes that may live in a memory map).
+//! (weight bytes that may live in a memory map), and [`Numerics`], the
+//! choice between exact arithmetic and a reproduction of llama.cpp's.
 
 pub mod backend;
 pub mod error;
 pub mod host;
+pub mod numerics;
 pub mod rope;
 
 pub use backend::{AttentionParams, Backend, ExpertWeights, Limits, MoeInput, MoeScratch, Route};
 pub use error::BackendError;
 pub use host::{HostTensor, SharedBytes};
+pub use numerics::{Numerics, UnknownNumerics};
 pub use rope::RopeTable;

@@ -30,6 +30,9 @@ pub struct RopeTable {
     pub inv_freq: Vec<f32>,
     /// Multiplier on cos and sin (YaRN mscale; 1 otherwise).
     pub attention_factor: f32,
+    /// The spec the table was made from, for backends that reproduce
+    /// another implementation's way of forming the angles.
+    pub spec: RopeSpec,
 }
 
 impl RopeTable {
@@ -110,6 +113,7 @@ impl RopeTable {
             rotary_dim: d,
             inv_freq: inv_freq.into_iter().map(|f| f as f32).collect(),
             attention_factor: attention_factor as f32,
+            spec: *spec,
         }
     }
 

@@ -1,7 +1,11 @@
-//! `turbospark`: convert, inspect and verify model installs; compute logits.
+//! `turbospark`: convert, inspect and verify model installs; compute logits;
+//! write synthetic installs and benchmark expert streaming.
 
 mod commands;
+mod experts;
+mod generate;
 mod npy;
+mod output;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -35,8 +39,22 @@ enum Command {
     Verify(commands::verify::Args),
     /// Write the raw logits of a token sequence as a float32 NumPy array
     /// `[n_tokens, vocab]`, computed in one prefill (or token by token with
-    /// --decode).
+    /// --decode), with exact arithmetic or llama.cpp's (--numerics).
     Logits(commands::logits::Args),
+    /// Write a random gpt-oss-shaped install (MXFP4 experts) of any size,
+    /// for benchmarking expert streaming without a checkpoint.
+    Synth(commands::synth::Args),
+    /// Prefill and decode speed with streamed experts at several slot
+    /// counts in one run, with hit rate, read bandwidth and peak memory
+    /// against the slot cache's bound.
+    Bench(commands::bench::Args),
+    /// Answer one prompt: the chat template is applied (unless --raw), the
+    /// answer streams to stdout, and a summary (prompt tokens, prefill and
+    /// decode speed, peak memory) goes to stderr.
+    Run(commands::run::Args),
+    /// Chat on stdin: the conversation is kept (the KV cache is reused
+    /// across turns); /reset forgets it, /exit leaves, Ctrl-C stops an answer.
+    Chat(commands::chat::Args),
 }
 
 fn main() -> ExitCode {
@@ -46,6 +64,10 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::Verify(a) => commands::verify::run(a),
         Command::Logits(a) => commands::logits::run(a),
+        Command::Synth(a) => commands::synth::run(a),
+        Command::Bench(a) => commands::bench::run(a),
+        Command::Run(a) => commands::run::run(a),
+        Command::Chat(a) => commands::chat::run(a),
     };
     match result {
         Ok(code) => code,

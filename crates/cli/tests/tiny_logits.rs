@@ -9,8 +9,10 @@
 //! - `max|ours − hf| / max|hf| ≤ 1e-4`, and
 //! - the same argmax;
 //!
-//! and decode must agree with prefill to the same tolerance. The reference
-//! is HF's output, independent of this code.
+//! and decode must agree with prefill to the same tolerance. MoE families
+//! are run once more with streamed experts in top_k slots, which must match
+//! HF the same way and the default logits bit for bit. The reference is
+//! HF's output, independent of this code.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -193,6 +195,38 @@ fn tiny_fixtures_match_hf_logits() {
         println!(
             "{family:>13}: max rel error vs HF {vs_hf:.2e} (decode {decode_vs_hf:.2e}), decode vs prefill {decode_vs_prefill:.2e}"
         );
+
+        // Streamed experts in the fewest slots: against HF too, and bit for
+        // bit the default (resident) logits.
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(install.join("manifest.json")).unwrap()).unwrap();
+        if let Some(top_k) = manifest["arch"]["moe"]["top_k"].as_u64() {
+            let streamed_path = work.join(format!("{family}.streamed.npy"));
+            run(&[
+                "logits",
+                "--model",
+                install_s,
+                "--tokens",
+                &tokens,
+                "--out",
+                streamed_path.to_str().unwrap(),
+                "--experts",
+                "streamed",
+                "--expert-slots",
+                &top_k.to_string(),
+            ])
+            .unwrap_or_else(|e| panic!("{family}: logits --experts streamed failed: {e}"));
+            let (_, streamed) = read_npy(&streamed_path);
+            let vs_hf = compare(family, "streamed vs HF", &streamed, &hf, vocab);
+            assert!(
+                streamed
+                    .iter()
+                    .zip(&ours)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{family}: streamed logits differ from resident"
+            );
+            println!("{family:>13}: streamed ({top_k} slots) identical, vs HF {vs_hf:.2e}");
+        }
         checked.push(family);
     }
     let _ = std::fs::remove_dir_all(&work);

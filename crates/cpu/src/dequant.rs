@@ -16,7 +16,7 @@ fn f16(b: &[u8], at: usize) -> f32 {
 }
 
 /// ggml's `GGML_E8M0_TO_FP32_HALF`: `2^(e − 128)`, subnormal for `e < 2`.
-fn e8m0_half(e: u8) -> f32 {
+pub(crate) fn e8m0_half(e: u8) -> f32 {
     if e < 2 {
         f32::from_bits(0x0020_0000 << e)
     } else {
@@ -25,10 +25,10 @@ fn e8m0_half(e: u8) -> f32 {
 }
 
 /// MXFP4 E2M1 values doubled, by 4-bit code.
-const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+pub(crate) const KVALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// K-quant sub-block scale and min (ggml `get_scale_min_k4`).
-fn scale_min_k4(scales: &[u8], j: usize) -> (u8, u8) {
+pub(crate) fn scale_min_k4(scales: &[u8], j: usize) -> (u8, u8) {
     if j < 4 {
         (scales[j] & 63, scales[j + 4] & 63)
     } else {

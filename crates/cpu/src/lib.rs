@@ -9,23 +9,32 @@
 //! output element is computed the same way whatever the split, so results do
 //! not depend on the thread count or the batch size. Per-thread scratch is
 //! sized at upload time and by [`Backend::reserve`]; no op allocates.
+//!
+//! A backend built with [`Numerics::LlamaCpp`] ([`CpuBackend::with_numerics`])
+//! instead reproduces the arithmetic of llama.cpp's CPU backend: quantized
+//! activations and integer dot products, an f16 KV cache, f16 attention
+//! operands, ggml's element-wise kernels (see [`ggml`]).
 
 mod attention;
 mod dequant;
 mod disjoint;
 mod elementwise;
+pub mod ggml;
 mod matmul;
 mod moe;
 mod pool;
 mod rope;
 mod types;
 
+pub use turbospark_backend::Numerics;
 pub use types::{CpuBuf, CpuMatrix, CpuVector};
 
 use attention::{first_key, AttentionInputs};
 use dequant::dequantize;
 use disjoint::DisjointMut;
-use matmul::{matmul_rows, TILE};
+use ggml::float_dot::{FloatDot, FloatType};
+use ggml::{vec_dot_type, ActScratch, VecDotType};
+use matmul::{matmul_rows, matmul_rows_quantized, CodeTile, QuantizedRows, TILE};
 use pool::{split, Pool};
 use std::sync::{Mutex, MutexGuard};
 use turbospark_backend::{
@@ -43,6 +52,10 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 struct ThreadScratch {
     /// `TILE` dequantized weight rows.
     tile: Vec<f32>,
+    /// `TILE` weight rows unpacked to 8-bit codes (llama.cpp numerics).
+    codes: CodeTile,
+    /// One query head rounded to f16 (llama.cpp numerics).
+    q16: Vec<f32>,
     /// Attention scores of one query.
     scores: Vec<f32>,
     /// cos/sin of one token's rope pairs.
@@ -55,6 +68,9 @@ struct ThreadScratch {
 pub struct CpuBackend {
     pool: Pool,
     scratch: Vec<Mutex<ThreadScratch>>,
+    numerics: Numerics,
+    /// Quantized activations of the current matmul (llama.cpp numerics).
+    act: Mutex<ActScratch>,
 }
 
 fn check_len(
@@ -85,7 +101,32 @@ impl CpuBackend {
         let scratch = (0..pool.threads())
             .map(|_| Mutex::new(ThreadScratch::default()))
             .collect();
-        Ok(CpuBackend { pool, scratch })
+        Ok(CpuBackend {
+            pool,
+            scratch,
+            numerics: Numerics::Exact,
+            act: Mutex::new(ActScratch::default()),
+        })
+    }
+
+    /// The same backend computing with `numerics`. Choose before uploading
+    /// weights: uploads size the scratch the mode needs.
+    pub fn with_numerics(mut self, numerics: Numerics) -> CpuBackend {
+        self.numerics = numerics;
+        self
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    fn llama_cpp(&self) -> bool {
+        self.numerics == Numerics::LlamaCpp
+    }
+
+    fn act(&self) -> MutexGuard<'_, ActScratch> {
+        // Poisoning only means an earlier job panicked; the buffers stay usable.
+        self.act.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One thread per available core.
@@ -123,7 +164,8 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// `out[t, o] = Σ_i W[o, i] · x[t, i]` on slices.
+    /// `out[t, o] = Σ_i W[o, i] · x[t, i]` on slices, in this backend's
+    /// numerics.
     pub(crate) fn matmul_slices(
         &self,
         w: &CpuMatrix,
@@ -133,6 +175,96 @@ impl CpuBackend {
     ) -> Result<(), BackendError> {
         check_len("matmul", "x", x.len(), n * w.cols)?;
         check_len("matmul", "out", out.len(), n * w.rows)?;
+        if !self.llama_cpp() {
+            return self.matmul_dequantized(w, x, n, out, matmul::dot);
+        }
+        let len = n * w.cols;
+        let scratch_err = |have| BackendError::ScratchTooSmall {
+            op: "matmul",
+            need: len,
+            have,
+        };
+        let mut act = self.act();
+        let act = &mut *act;
+        let kind = vec_dot_type(w.format);
+        let rows = match kind {
+            VecDotType::F32 => {
+                let dot = FloatDot::for_matmul(FloatType::F32, w.rows, w.cols, n);
+                return self.matmul_dequantized(w, x, n, out, move |a, b| dot.dot(a, b));
+            }
+            VecDotType::F16 | VecDotType::Bf16 => {
+                let (ty, round): (_, fn(f32) -> f32) = if kind == VecDotType::F16 {
+                    (FloatType::F16, ggml::quantize::round_f16)
+                } else {
+                    (FloatType::Bf16, ggml::quantize::round_bf16)
+                };
+                let have = act.float.len();
+                let xr = act.float.get_mut(..len).ok_or(scratch_err(have))?;
+                for (r, &v) in xr.iter_mut().zip(&x[..len]) {
+                    *r = round(v);
+                }
+                let dot = FloatDot::for_matmul(ty, w.rows, w.cols, n);
+                return self.matmul_dequantized(w, xr, n, out, move |a, b| dot.dot(a, b));
+            }
+            VecDotType::Q8_0 | VecDotType::Q8_1 => {
+                let have = act.q8.len() * ggml::quantize::QK8;
+                let q = act
+                    .q8
+                    .get_mut(..len / ggml::quantize::QK8)
+                    .ok_or(scratch_err(have))?;
+                if kind == VecDotType::Q8_0 {
+                    ggml::quantize::quantize_row_q8_0(&x[..len], q);
+                } else {
+                    ggml::quantize::quantize_row_q8_1(&x[..len], q);
+                }
+                QuantizedRows::Q8(q)
+            }
+            VecDotType::Q8K => {
+                let have = act.q8k.len() * ggml::quantize::QK_K;
+                let q = act
+                    .q8k
+                    .get_mut(..len / ggml::quantize::QK_K)
+                    .ok_or(scratch_err(have))?;
+                // Rows the repacked gemm takes are quantized by its own
+                // 4-row quantizer.
+                let gemm_rows = if ggml::dot::repacked(w.format, w.rows) {
+                    n - n % 4
+                } else {
+                    0
+                };
+                let split_at = gemm_rows * w.cols;
+                let (gemm, rest) = q.split_at_mut(split_at / ggml::quantize::QK_K);
+                ggml::quantize::quantize_row_q8_k_gemm(&x[..split_at], gemm);
+                ggml::quantize::quantize_row_q8_k(&x[split_at..len], rest);
+                QuantizedRows::Q8K(q)
+            }
+        };
+        let out = DisjointMut::new(&mut out[..n * w.rows]);
+        self.parallel(n * w.rows * w.cols, &|i, parts| {
+            let range = split(w.rows, parts, i);
+            if range.is_empty() {
+                return;
+            }
+            let mut guard = self.scratch(i);
+            let s = &mut *guard;
+            // SAFETY: `split` gives every part a disjoint row range.
+            if let Err(e) = unsafe { matmul_rows_quantized(w, rows, n, &out, range, &mut s.codes) }
+            {
+                s.error = Some(e);
+            }
+        })
+    }
+
+    /// `out[t, o] = dot(W[o], x[t])` on exactly dequantized weight rows
+    /// (lengths already checked).
+    fn matmul_dequantized<D: Fn(&[f32], &[f32]) -> f32 + Sync>(
+        &self,
+        w: &CpuMatrix,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        dot: D,
+    ) -> Result<(), BackendError> {
         let out = DisjointMut::new(&mut out[..n * w.rows]);
         self.parallel(n * w.rows * w.cols, &|i, parts| {
             let rows = split(w.rows, parts, i);
@@ -142,7 +274,7 @@ impl CpuBackend {
             let mut guard = self.scratch(i);
             let s = &mut *guard;
             // SAFETY: `split` gives every part a disjoint row range.
-            if let Err(e) = unsafe { matmul_rows(w, x, n, &out, rows, &mut s.tile) } {
+            if let Err(e) = unsafe { matmul_rows(w, x, n, &out, rows, &mut s.tile, &dot) } {
                 s.error = Some(e);
             }
         })
@@ -157,7 +289,11 @@ impl CpuBackend {
     ) -> Result<(), BackendError> {
         check_len("glu", "gate", gate.len(), len)?;
         check_len("glu", "up", up.len(), len)?;
-        elementwise::glu(&mut gate[..len], &up[..len], act);
+        if self.llama_cpp() {
+            ggml::ops::glu(&mut gate[..len], &up[..len], act);
+        } else {
+            elementwise::glu(&mut gate[..len], &up[..len], act);
+        }
         Ok(())
     }
 
@@ -212,11 +348,18 @@ impl Backend for CpuBackend {
                 got_bytes: t.bytes.len(),
             }));
         }
+        let integer = self.llama_cpp() && t.format.block_elems() > 1;
         for i in 0..self.scratch.len() {
             let mut s = self.scratch(i);
             if s.tile.len() < TILE * cols {
                 s.tile.resize(TILE * cols, 0.0);
             }
+            if integer {
+                s.codes.fit(t.format, cols);
+            }
+        }
+        if self.llama_cpp() {
+            self.act().fit_matrix(t.format, cols);
         }
         Ok(CpuMatrix {
             name: t.name.clone(),
@@ -254,6 +397,33 @@ impl Backend for CpuBackend {
         v.data.len()
     }
 
+    fn reload_matrix(&self, dst: &mut CpuMatrix, t: &HostTensor) -> Result<(), BackendError> {
+        // Same format and shape: the scratch the first upload sized still
+        // fits, so only the bytes change (an `Arc` clone, no allocation).
+        let same = t.format == dst.format
+            && t.shape == [dst.rows, dst.cols]
+            && t.bytes.len() == dst.rows * dst.row_bytes;
+        if same {
+            dst.bytes = t.bytes.clone();
+        } else {
+            *dst = self.upload_matrix(t)?;
+        }
+        Ok(())
+    }
+
+    fn reload_vector(&self, dst: &mut CpuVector, t: &HostTensor) -> Result<(), BackendError> {
+        if t.shape != [dst.data.len()] {
+            *dst = self.upload_vector(t)?;
+            return Ok(());
+        }
+        dequantize(t.format, t.bytes.as_slice(), &mut dst.data).map_err(|source| {
+            BackendError::Quant {
+                name: t.name.clone(),
+                source,
+            }
+        })
+    }
+
     fn alloc(&self, len: usize) -> Result<CpuBuf, BackendError> {
         Ok(CpuBuf {
             data: vec![0.0; len],
@@ -269,6 +439,12 @@ impl Backend for CpuBackend {
             if s.trig.len() < limits.max_head_dim {
                 s.trig.resize(limits.max_head_dim, 0.0);
             }
+            if self.llama_cpp() && s.q16.len() < limits.max_head_dim {
+                s.q16.resize(limits.max_head_dim, 0.0);
+            }
+        }
+        if self.llama_cpp() {
+            self.act().fit_tokens(limits.max_tokens);
         }
         Ok(())
     }
@@ -371,7 +547,11 @@ impl Backend for CpuBackend {
                 ))
             }
         };
-        elementwise::rms_norm(&mut x.data[..rows * dim], dim, spec, weight);
+        if self.llama_cpp() {
+            ggml::ops::rms_norm(&mut x.data[..rows * dim], dim, spec, weight);
+        } else {
+            elementwise::rms_norm(&mut x.data[..rows * dim], dim, spec, weight);
+        }
         Ok(())
     }
 
@@ -404,7 +584,12 @@ impl Backend for CpuBackend {
                 have: s.trig.len(),
             });
         }
-        rope::rope(
+        let rope = if self.llama_cpp() && ggml::ops::rope_supported(table) {
+            ggml::ops::rope
+        } else {
+            rope::rope
+        };
+        rope(
             &mut x.data[..len],
             n_heads,
             head_dim,
@@ -434,8 +619,16 @@ impl Backend for CpuBackend {
         check_len("kv_write", "src", src.data.len(), n_tokens * row_len)?;
         for t in 0..n_tokens {
             let slot = (first_pos + t) % capacity;
-            cache.data[slot * row_len..(slot + 1) * row_len]
-                .copy_from_slice(&src.data[t * row_len..(t + 1) * row_len]);
+            let dst = &mut cache.data[slot * row_len..(slot + 1) * row_len];
+            let src = &src.data[t * row_len..(t + 1) * row_len];
+            if self.llama_cpp() {
+                // llama.cpp's cache is f16: store the values it would hold.
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = ggml::quantize::round_f16(v);
+                }
+            } else {
+                dst.copy_from_slice(src);
+            }
         }
         Ok(())
     }
@@ -490,6 +683,17 @@ impl Backend for CpuBackend {
                 have,
             });
         }
+        let llama_cpp = self.llama_cpp();
+        if llama_cpp {
+            let have = self.scratch(0).q16.len();
+            if have < p.head_dim {
+                return Err(BackendError::ScratchTooSmall {
+                    op: "attention",
+                    need: p.head_dim,
+                    have,
+                });
+            }
+        }
         let inputs = AttentionInputs {
             q: &q.data,
             k_cache: &k_cache.data,
@@ -505,12 +709,18 @@ impl Backend for CpuBackend {
             if range.is_empty() {
                 return;
             }
-            let mut s = self.scratch(i);
+            let mut guard = self.scratch(i);
+            let s = &mut *guard;
             for item in range {
                 // SAFETY: items are split disjointly among parts and each
                 // item owns its own `head_dim` output slice.
                 let o = unsafe { out.range(item * hd, hd) };
-                inputs.attend(item / p.n_heads, item % p.n_heads, &mut s.scores, o);
+                let (t, h) = (item / p.n_heads, item % p.n_heads);
+                if llama_cpp {
+                    inputs.attend_ggml(t, h, &mut s.scores, &mut s.q16, o);
+                } else {
+                    inputs.attend(t, h, &mut s.scores, o);
+                }
             }
         })
     }
@@ -549,7 +759,11 @@ impl Backend for CpuBackend {
 
     fn softcap(&self, x: &mut CpuBuf, len: usize, cap: f32) -> Result<(), BackendError> {
         check_len("softcap", "x", x.data.len(), len)?;
-        elementwise::softcap(&mut x.data[..len], cap);
+        if self.llama_cpp() {
+            ggml::ops::softcap(&mut x.data[..len], cap);
+        } else {
+            elementwise::softcap(&mut x.data[..len], cap);
+        }
         Ok(())
     }
 

@@ -24,12 +24,13 @@
 //! logits = softcap(multiplier · (output_norm(h) · W_out))   (W_out = token_embd if tied)
 //! ```
 
+use crate::experts::routed::RoutedInput;
 use crate::router::RouterTables;
 use crate::session::{RouterState, Session};
 use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
 use crate::EngineError;
 use crate::Model;
-use turbospark_backend::{AttentionParams, Backend, MoeInput, MoeScratch};
+use turbospark_backend::{AttentionParams, Backend, MoeScratch};
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
@@ -181,7 +182,7 @@ impl<B: Backend> Session<'_, B> {
         }
         for (l, lw) in m.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, pos, n)?;
-            self.ffn_block(lw, n)?;
+            self.ffn_block(l, lw, n)?;
             if let Some(s) = lw.layer_output_scale {
                 be.scale(&mut self.bufs.h, n * hidden, s)?;
             }
@@ -273,7 +274,7 @@ impl<B: Backend> Session<'_, B> {
         Ok(())
     }
 
-    fn ffn_block(&mut self, lw: &LayerWeights<B>, n: usize) -> Result<(), EngineError> {
+    fn ffn_block(&mut self, l: usize, lw: &LayerWeights<B>, n: usize) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, be) = (&m.spec, &m.backend);
         let hidden = spec.hidden_size;
@@ -291,7 +292,7 @@ impl<B: Backend> Session<'_, B> {
             FfnWeights::Dense(d) => {
                 dense_mlp(m, d, &b.a, n, &mut b.mlp_gate, &mut b.mlp_up, &mut b.o)?
             }
-            FfnWeights::Moe(mw) => self.moe_block(lw, mw, n)?,
+            FfnWeights::Moe(mw) => self.moe_block(l, lw, mw, n)?,
         }
         let b = &mut self.bufs;
         if let Some(ns) = spec.norms.ffn_post {
@@ -306,6 +307,7 @@ impl<B: Backend> Session<'_, B> {
     /// input and `bufs.h` the residual stream entering the block.
     fn moe_block(
         &mut self,
+        l: usize,
         lw: &LayerWeights<B>,
         mw: &MoeWeights<B>,
         n: usize,
@@ -347,7 +349,7 @@ impl<B: Backend> Session<'_, B> {
         let routes = route(be, rs, router_buf, tables, n)?;
 
         // Routed experts, on the FFN-normed input or on their own norm of
-        // the residual stream.
+        // the residual stream, wherever the store keeps them.
         let x = match norms.moe_input {
             Some(ns) => {
                 be.copy(&b.h, 0, moe_in, 0, n * hidden)?;
@@ -356,12 +358,14 @@ impl<B: Backend> Session<'_, B> {
             }
             None => &b.a,
         };
-        be.moe(
-            MoeInput {
+        self.experts.run(
+            be,
+            RoutedInput {
+                layer: l,
                 x,
                 n_tokens: n,
                 routes,
-                experts: &mw.experts,
+                held: &mw.experts,
                 activation: spec.activation,
             },
             scratch,

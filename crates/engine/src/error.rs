@@ -62,4 +62,7 @@ pub enum EngineError {
     Backend(#[from] BackendError),
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// Opening or reading routed experts.
+    #[error(transparent)]
+    Experts(#[from] crate::experts::ExpertError),
 }

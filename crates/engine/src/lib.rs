@@ -9,7 +9,10 @@
 //!   return raw logits (after the family's multiplier and soft-cap, never
 //!   probabilities).
 //! - [`router`]: the MoE routers of `RouterKind` as host-side math.
+//! - [`experts`]: where routed experts live (resident, mapped, or streamed
+//!   into a per-session slot cache) and their statistics.
 //! - [`synthetic`]: random weights for any spec (tests, benchmarks).
+//! - [`synthetic_install`]: a random install of any spec on disk.
 //!
 //! Decoding `N` tokens one at a time gives the same logits as a prefill of
 //! the same `N` tokens: every op computes a row the same way whatever the
@@ -17,15 +20,21 @@
 
 mod decoder;
 pub mod error;
+pub mod experts;
 pub mod kv;
 pub mod model;
 pub mod router;
 pub mod session;
 pub mod source;
 pub mod synthetic;
+pub mod synthetic_install;
 pub mod weights;
 
 pub use error::EngineError;
+pub use experts::{
+    CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
+    RouterHistogram, SlotCount,
+};
 pub use kv::KvCache;
 pub use model::Model;
 pub use session::{Logits, Session, SessionOptions};

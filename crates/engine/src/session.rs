@@ -4,6 +4,8 @@
 //! raw logits; nothing on that path allocates.
 
 use crate::decoder::Buffers;
+use crate::experts::routed::SessionExperts;
+use crate::experts::{ExpertStats, RouterHistogram};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::router::Router;
@@ -55,6 +57,8 @@ pub struct Session<'m, B: Backend> {
     pub(crate) kv: KvCache<B>,
     pub(crate) bufs: Buffers<B>,
     pub(crate) routing: Option<RouterState>,
+    /// Routed-expert slots (streamed), statistics and router histogram.
+    pub(crate) experts: SessionExperts<B>,
     /// The last token's logits for [`Session::decode`].
     last_logits: Vec<f32>,
     max_batch: usize,
@@ -102,6 +106,7 @@ impl<'m, B: Backend> Session<'m, B> {
             kv,
             bufs: Buffers::new(be, spec, max_batch)?,
             routing,
+            experts: SessionExperts::new(model, max_batch)?,
             last_logits: vec![0.0; spec.vocab_size],
             max_batch,
         })
@@ -120,9 +125,29 @@ impl<'m, B: Backend> Session<'m, B> {
         &self.kv
     }
 
-    /// Forgets the sequence (keeps the buffers).
+    /// Forgets the sequence (keeps the buffers, the expert slots' contents
+    /// and the statistics).
     pub fn reset(&mut self) {
         self.kv.reset();
+    }
+
+    /// Expert cache traffic per MoE layer since the session began (or
+    /// since the caller last reset it).
+    pub fn expert_stats(&self) -> &ExpertStats {
+        &self.experts.stats
+    }
+
+    pub fn expert_stats_mut(&mut self) -> &mut ExpertStats {
+        &mut self.experts.stats
+    }
+
+    /// How often the router chose each expert of each MoE layer.
+    pub fn router_histogram(&self) -> &RouterHistogram {
+        &self.experts.histogram
+    }
+
+    pub fn router_histogram_mut(&mut self) -> &mut RouterHistogram {
+        &mut self.experts.histogram
     }
 
     /// Runs `tokens` at positions `position ..`, which must be the cache's

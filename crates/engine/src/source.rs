@@ -41,8 +41,20 @@ fn map_file(path: &Path) -> Result<ByteOwner, EngineError> {
     Ok(Arc::new(map))
 }
 
-/// The weights of an opened [`Install`], read from memory maps of
-/// `resident.bin` and every `experts/NNN.bin`.
+/// How an [`InstallSource`] holds the expert files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertBacking {
+    /// Memory-mapped.
+    Mapped,
+    /// Read into memory.
+    Read,
+    /// Not opened (the experts are streamed by the session).
+    Absent,
+}
+
+/// The weights of an opened [`Install`], read from a memory map of
+/// `resident.bin` and from the `experts/NNN.bin` files as
+/// [`ExpertBacking`] says.
 pub struct InstallSource<'a> {
     install: &'a Install,
     resident: ByteOwner,
@@ -50,11 +62,30 @@ pub struct InstallSource<'a> {
 }
 
 impl<'a> InstallSource<'a> {
+    /// Every file memory-mapped.
     pub fn new(install: &'a Install) -> Result<Self, EngineError> {
+        Self::with_experts(install, ExpertBacking::Mapped)
+    }
+
+    /// `resident.bin` memory-mapped, the expert files held as `backing`
+    /// says. A file shorter than its manifest entry is an error.
+    pub fn with_experts(install: &'a Install, backing: ExpertBacking) -> Result<Self, EngineError> {
         let resident = map_file(&install.dir.join(&install.manifest.resident_file))?;
         let mut experts = HashMap::new();
         for layer in &install.manifest.experts {
-            experts.insert(layer.layer, (layer, map_file(&install.expert_path(layer))?));
+            let path = install.expert_path(layer);
+            let bytes: ByteOwner = match backing {
+                ExpertBacking::Mapped => map_file(&path)?,
+                ExpertBacking::Read => {
+                    Arc::new(std::fs::read(&path).map_err(|source| EngineError::Io {
+                        path: path.clone(),
+                        source,
+                    })?)
+                }
+                ExpertBacking::Absent => continue,
+            };
+            crate::experts::check_length(&path, (*bytes).as_ref().len() as u64, layer)?;
+            experts.insert(layer.layer, (layer, bytes));
         }
         Ok(InstallSource {
             install,

@@ -70,6 +70,57 @@ fn encode(
     }
 }
 
+/// A seeded stream of random tensors, drawn as the module docs describe
+/// (the values [`SyntheticSource`] uses).
+pub struct RandomTensors {
+    rng: Rng,
+    matrix_format: QuantFormat,
+}
+
+impl RandomTensors {
+    /// Matrices stored as `matrix_format` (f32, bf16, q8_0 or mxfp4).
+    pub fn new(seed: u64, matrix_format: QuantFormat) -> Self {
+        RandomTensors {
+            rng: Rng(seed),
+            matrix_format,
+        }
+    }
+
+    /// The next tensor `name` of `shape`: a matrix in the stream's format
+    /// (f32 when a row is not whole blocks of it), anything else f32.
+    pub fn tensor(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+        self.tensor_as(name, shape, self.matrix_format)
+    }
+
+    /// As [`RandomTensors::tensor`], a matrix stored as `matrix_format`.
+    pub fn tensor_as(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        matrix_format: QuantFormat,
+    ) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+        let n: usize = shape.iter().product();
+        let (scale, offset) = match shape {
+            [_, _] if name == "token_embd.weight" => (1.0, 0.0),
+            [_, cols] => (1.0 / (*cols as f32).sqrt(), 0.0),
+            _ if name.contains("norm") || name.contains("scale") => (0.2, 1.0),
+            _ if name.contains("sinks") => (1.0, 0.0),
+            _ => (0.2, 0.0),
+        };
+        let values: Vec<f32> = (0..n)
+            .map(|_| self.rng.uniform() * scale + offset)
+            .collect();
+        match shape {
+            [_, cols] => encode(&values, *cols, matrix_format),
+            _ => encode(&values, 1, QuantFormat::F32),
+        }
+    }
+}
+
 /// A [`WeightSource`] of random tensors.
 pub struct SyntheticSource {
     resident: HashMap<String, HostTensor>,
@@ -85,21 +136,9 @@ impl SyntheticSource {
         seed: u64,
         matrix_format: QuantFormat,
     ) -> Result<Self, EngineError> {
-        let mut rng = Rng(seed);
+        let mut random = RandomTensors::new(seed, matrix_format);
         let mut tensor = |name: String, shape: Vec<usize>| -> Result<HostTensor, EngineError> {
-            let n: usize = shape.iter().product();
-            let (scale, offset) = match shape.as_slice() {
-                [_, _] if name == "token_embd.weight" => (1.0, 0.0),
-                [_, cols] => (1.0 / (*cols as f32).sqrt(), 0.0),
-                _ if name.contains("norm") || name.contains("scale") => (0.2, 1.0),
-                _ if name.contains("sinks") => (1.0, 0.0),
-                _ => (0.2, 0.0),
-            };
-            let values: Vec<f32> = (0..n).map(|_| rng.uniform() * scale + offset).collect();
-            let (format, bytes) = match shape.as_slice() {
-                [_, cols] => encode(&values, *cols, matrix_format)?,
-                _ => encode(&values, 1, QuantFormat::F32)?,
-            };
+            let (format, bytes) = random.tensor(&name, &shape)?;
             Ok(HostTensor {
                 name,
                 format,

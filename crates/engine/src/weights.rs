@@ -36,7 +36,8 @@ pub struct MoeWeights<B: Backend> {
     /// `ffn_gate_inp.expert_scale` `[experts]`: multiplier on each chosen
     /// expert's weight (Gemma 4), read by the host-side router.
     pub expert_scale: Option<Vec<f32>>,
-    /// Every routed expert, indexed by expert id.
+    /// Every routed expert, indexed by expert id; empty when the experts
+    /// are streamed into per-session slots instead (see `crate::experts`).
     pub experts: Vec<ExpertWeights<B::Matrix, B::Vector>>,
     /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
     pub shared: Option<DenseWeights<B>>,
@@ -100,6 +101,8 @@ pub struct Weights<B: Backend> {
 struct Loader<'a, B: Backend> {
     src: &'a dyn WeightSource,
     be: &'a B,
+    /// Load routed experts (not when they are streamed).
+    experts: bool,
 }
 
 fn check_shape(t: &HostTensor, expected: &[usize]) -> Result<(), EngineError> {
@@ -223,7 +226,7 @@ impl<B: Backend> Loader<'_, B> {
         let b = |s: &str| format!("blk.{l}.{s}");
         let grouped = matches!(m.router, RouterKind::SigmoidGrouped { .. });
         let gemma4 = m.router == RouterKind::Gemma4;
-        let experts = (0..ne)
+        let experts = (0..if self.experts { ne } else { 0 })
             .map(|e| {
                 Ok(ExpertWeights {
                     gate: self.expert_matrix(l, e, "gate", [inter, h])?,
@@ -312,7 +315,18 @@ impl<B: Backend> Loader<'_, B> {
 impl<B: Backend> Weights<B> {
     /// Uploads every weight `spec` needs from `src`.
     pub fn load(spec: &ArchSpec, src: &dyn WeightSource, be: &B) -> Result<Self, EngineError> {
-        let ld = Loader { src, be };
+        Self::load_with(spec, src, be, true)
+    }
+
+    /// Uploads every weight `spec` needs from `src`, the routed experts only
+    /// when `experts` is set.
+    pub fn load_with(
+        spec: &ArchSpec,
+        src: &dyn WeightSource,
+        be: &B,
+        experts: bool,
+    ) -> Result<Self, EngineError> {
+        let ld = Loader { src, be, experts };
         let (v, h) = (spec.vocab_size, spec.hidden_size);
         let layers = spec
             .layers

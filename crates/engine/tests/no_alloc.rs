@@ -1,15 +1,18 @@
 //! Decode allocates nothing once a session exists: a counting global
 //! allocator (this test binary's own) sees zero allocations, on any thread,
 //! while several tokens are decoded after a warm-up. The models are sized so
-//! that the CPU backend's thread pool does the heavy ops.
+//! that the CPU backend's thread pool does the heavy ops. The MoE fixtures
+//! then run as installs with streamed experts in as few slots as possible,
+//! so decode steps miss and read experts on the I/O pool.
 
 mod common;
 
-use common::{model, spec, tokens};
+use common::{model, spec, tokens, TempInstall, MOE_FAMILIES};
 use serde_json::json;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use turbospark_engine::SessionOptions;
+use turbospark_cpu::CpuBackend;
+use turbospark_engine::{ExpertOptions, Model, SessionOptions};
 
 struct Counting;
 
@@ -84,5 +87,45 @@ fn decode_does_not_allocate() {
             "{family}: {during} allocations while decoding 10 tokens"
         );
         println!("{family}: 0 allocations over 10 decoded tokens");
+    }
+
+    // One test function: the counter is global and tests run in parallel.
+    for &family in MOE_FAMILIES {
+        let Some(tmp) = TempInstall::convert(family, "noalloc") else {
+            println!("skipped streamed {family}: fixture absent");
+            continue;
+        };
+        let install = tmp.open();
+        let k = install.manifest.arch.moe.as_ref().unwrap().top_k;
+        let opts = ExpertOptions {
+            io_threads: 2,
+            ..ExpertOptions::streamed(k)
+        };
+        let m = Model::open(&install, CpuBackend::new(2).unwrap(), &opts).unwrap();
+        let toks = tokens(12, m.vocab_size());
+        let mut s = m
+            .session(SessionOptions {
+                context: toks.len(),
+                max_batch: 4,
+            })
+            .unwrap();
+        let mut checksum = 0f32;
+        for (pos, &t) in toks[..2].iter().enumerate() {
+            checksum += s.decode(t, pos).unwrap()[0];
+        }
+        let reads_before = s.expert_stats().total().reads;
+        let before = ALLOCATIONS.load(Ordering::SeqCst);
+        for (pos, &t) in toks.iter().enumerate().skip(2) {
+            checksum += s.decode(t, pos).unwrap()[0];
+        }
+        let during = ALLOCATIONS.load(Ordering::SeqCst) - before;
+        let reads = s.expert_stats().total().reads - reads_before;
+        assert!(checksum.is_finite());
+        assert!(reads > 0, "{family}: the streamed decode read no experts");
+        assert_eq!(
+            during, 0,
+            "{family} streamed ({k} slots): {during} allocations while decoding 10 tokens"
+        );
+        println!("{family} streamed: 0 allocations over 10 decoded tokens, {reads} expert reads");
     }
 }

@@ -1,13 +1,19 @@
-//! `turbospark logits --model DIR --tokens 1,2,3 --out FILE.npy [--decode]`:
-//! raw logits `[n_tokens, vocab]` of a token sequence as float32 NumPy, for
-//! comparison against reference implementations.
+//! `turbospark logits --model DIR --tokens 1,2,3 --out FILE.npy [--decode]
+//! [--numerics exact|llama-cpp] [expert options]`: raw logits `[n_tokens,
+//! vocab]` of a token sequence as float32 NumPy, for comparison against
+//! reference implementations. The expert options (`--experts`,
+//! `--expert-slots`, `--expert-cache`, `--memory-budget`, `--direct-io`,
+//! `--stats`, `--router-hist`) are [`ExpertArgs`]; the output file appears
+//! only when every logit was computed.
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::{CpuBackend, Numerics};
 use turbospark_engine::{Model, SessionOptions};
 use turbospark_format::install::Install;
+
+use crate::experts::ExpertArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,6 +32,30 @@ pub struct Args {
     /// Compute threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Arithmetic: `exact` (dequantized weights, f32; matches HF
+    /// transformers) or `llama-cpp` (ggml's CPU arithmetic: 8-bit quantized
+    /// activations, integer block dots, f16 KV cache and attention operands;
+    /// matches llama.cpp's tokens).
+    #[arg(long, value_enum, default_value = "exact")]
+    pub numerics: NumericsArg,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+}
+
+/// `--numerics` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum NumericsArg {
+    Exact,
+    LlamaCpp,
+}
+
+impl From<NumericsArg> for Numerics {
+    fn from(a: NumericsArg) -> Numerics {
+        match a {
+            NumericsArg::Exact => Numerics::Exact,
+            NumericsArg::LlamaCpp => Numerics::LlamaCpp,
+        }
+    }
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -33,9 +63,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let backend = match a.threads {
         Some(t) => CpuBackend::new(t)?,
         None => CpuBackend::with_available_threads()?,
-    };
-    let model =
-        Model::load(&install, backend).with_context(|| format!("loading {}", a.model.display()))?;
+    }
+    .with_numerics(a.numerics.into());
+    let model = Model::open(&install, backend, &a.experts.options()?)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    if model.spec().moe.is_some() {
+        eprintln!("{}", model.expert_store().plan());
+    }
     let n = a.tokens.len();
     let vocab = model.vocab_size();
     let mut session = model.session(SessionOptions::new(n))?;
@@ -52,11 +86,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         session.prefill(&a.tokens, &mut logits)?;
     }
-    let file =
-        std::fs::File::create(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
-    let mut w = std::io::BufWriter::new(file);
-    crate::npy::write_f32(&mut w, &[n, vocab], &logits)
-        .and_then(|()| std::io::Write::flush(&mut w))
+    a.experts
+        .report(session.expert_stats(), session.router_histogram())?;
+    crate::output::write_atomically(&a.out, |w| crate::npy::write_f32(w, &[n, vocab], &logits))
         .with_context(|| format!("writing {}", a.out.display()))?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,10 @@
 //! One module per subcommand.
 
+pub mod bench;
+pub mod chat;
 pub mod convert;
 pub mod inspect;
 pub mod logits;
+pub mod run;
+pub mod synth;
 pub mod verify;

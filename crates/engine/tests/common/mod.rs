@@ -50,3 +50,47 @@ pub fn model(spec: &ArchSpec, threads: usize) -> Model<CpuBackend> {
 pub fn tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()
 }
+
+/// The MoE families with tiny fixtures.
+pub const MOE_FAMILIES: &[&str] = &["mixtral", "qwen3moe", "gpt_oss", "gemma4", "glm4_moe"];
+
+/// A fresh install of the `family` fixture, converted into a temporary
+/// directory named after `tag` (removed when the value drops); `None` when
+/// the fixture is absent.
+pub struct TempInstall {
+    pub dir: std::path::PathBuf,
+}
+
+impl TempInstall {
+    pub fn convert(family: &str, tag: &str) -> Option<TempInstall> {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/fixtures/tiny")
+            .join(family);
+        if !src.join("model.safetensors").is_file() {
+            return None;
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "turbospark-engine-{tag}-{family}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        turbospark_format::convert::convert(
+            &src,
+            &dir,
+            turbospark_format::convert::ConvertOptions { force: true },
+            &mut |_| {},
+        )
+        .unwrap();
+        Some(TempInstall { dir })
+    }
+
+    pub fn open(&self) -> turbospark_format::install::Install {
+        turbospark_format::install::Install::open(&self.dir).unwrap()
+    }
+}
+
+impl Drop for TempInstall {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,252 @@
+//! `turbospark bench --model DIR`: prefill and decode speed with streamed
+//! experts at several slot counts in one run (by default top_k, 2·top_k,
+//! 4·top_k and every expert), with the decode phase's cache hit rate and
+//! read bandwidth, and each configuration's peak resident memory (VmHWM,
+//! reset between configurations) against the bound the slot cache promises:
+//! resident weights + slots × stride × MoE layers + 300 MiB of scratch.
+//!
+//! Tokens are synthetic (a fixed pseudo-random prompt, then greedy
+//! decoding), so any install works, including `turbospark synth` ones.
+//! Without `--direct-io`, reads after the first configuration may come
+//! from the page cache.
+
+use crate::experts::CacheArgs;
+use crate::progress::human_bytes;
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use turbospark_cpu::CpuBackend;
+use turbospark_engine::{
+    ExpertMode, ExpertOptions, Logits, Model, Residency, SessionOptions, SlotCount,
+};
+use turbospark_format::install::Install;
+
+/// Scratch, KV cache, thread stacks and allocator slack allowed on top of
+/// the weights and slots.
+const OVERHEAD: u64 = 300 << 20;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The install directory.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Prompt tokens, run as one prefill.
+    #[arg(long, default_value_t = 16)]
+    pub prompt: usize,
+    /// Tokens decoded after the prompt.
+    #[arg(long, default_value_t = 16)]
+    pub generate: usize,
+    /// Slot counts to run, streamed: numbers, multiples of top_k (`k`,
+    /// `2k`, ...) or `all`.
+    #[arg(long, value_delimiter = ',', default_value = "k,2k,4k,all")]
+    pub slots: Vec<String>,
+    /// Also run with every expert memory-mapped, first, as a baseline.
+    #[arg(long)]
+    pub mapped: bool,
+    /// Compute threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+}
+
+/// `k`, `2k`, `all`, or a number, for a model of `top_k` of `num_experts`.
+fn parse_slots(s: &str, top_k: usize, num_experts: usize) -> Result<usize> {
+    let s = s.trim();
+    if s == "all" {
+        return Ok(num_experts);
+    }
+    if let Some(m) = s.strip_suffix('k') {
+        let m: usize = if m.is_empty() { 1 } else { m.parse()? };
+        return Ok((m * top_k).min(num_experts));
+    }
+    s.parse()
+        .with_context(|| format!("--slots: `{s}` is not a number, `Nk` or `all`"))
+}
+
+fn peak_rss_reset() -> bool {
+    // "5" resets the peak resident set size to the current one (Linux ≥ 4.0).
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// VmHWM of this process, in bytes.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+struct Row {
+    label: String,
+    slots: Option<usize>,
+    prefill_tps: f64,
+    decode_tps: f64,
+    hit_rate: f64,
+    bytes_read: u64,
+    read_bw: f64,
+    peak: Option<u64>,
+    bound: Option<u64>,
+}
+
+fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
+    let backend = match a.threads {
+        Some(t) => CpuBackend::new(t)?,
+        None => CpuBackend::with_available_threads()?,
+    };
+    let model = Model::open(install, backend, opts)?;
+    let plan = model.expert_store().plan().clone();
+    let vocab = model.vocab_size();
+    let prompt: Vec<u32> = (0..a.prompt)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect();
+    let mut session = model.session(SessionOptions {
+        context: a.prompt + a.generate,
+        max_batch: a.prompt.clamp(1, 64),
+    })?;
+    let reset = peak_rss_reset();
+    let mut last = vec![0f32; vocab];
+    let t = Instant::now();
+    session.forward(0, &prompt, Logits::Last(&mut last))?;
+    let prefill = t.elapsed().as_secs_f64();
+    session.expert_stats_mut().reset();
+    let mut next = argmax(&last);
+    let t = Instant::now();
+    for pos in a.prompt..a.prompt + a.generate {
+        next = argmax(session.decode(next, pos)?);
+    }
+    let decode = t.elapsed().as_secs_f64();
+    let stats = session.expert_stats().total();
+    let streamed = plan.residency == Residency::Streamed;
+    let m = &install.manifest;
+    Ok(Row {
+        label: plan.residency.to_string(),
+        slots: streamed.then_some(plan.slots),
+        prefill_tps: a.prompt as f64 / prefill,
+        decode_tps: a.generate as f64 / decode,
+        hit_rate: stats.hit_rate(),
+        bytes_read: stats.bytes_read,
+        read_bw: stats.bandwidth(),
+        peak: reset.then(peak_rss).flatten(),
+        bound: streamed.then(|| {
+            m.resident_bytes
+                + m.experts
+                    .iter()
+                    .map(|e| plan.slots as u64 * e.stride)
+                    .sum::<u64>()
+                + OVERHEAD
+        }),
+    })
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let install = Install::open(&a.model)?;
+    let m = &install.manifest;
+    let Some(moe) = m.arch.moe.as_ref() else {
+        bail!("{} has no routed experts to stream", a.model.display());
+    };
+    if a.prompt == 0 {
+        bail!("--prompt must be at least 1");
+    }
+    let (k, ne) = (moe.top_k, moe.num_experts);
+    let mut counts = Vec::new();
+    for s in &a.slots {
+        let n = parse_slots(s, k, ne)?;
+        if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    let stride = m.experts.first().map_or(0, |e| e.stride);
+    println!(
+        "bench {}: {} MoE layers × {} experts (top-{k}), stride {}, resident {}; prompt {}, generate {}; {} cache, {} reader threads{}",
+        a.model.display(),
+        m.experts.len(),
+        ne,
+        human_bytes(stride),
+        human_bytes(m.resident_bytes),
+        a.prompt,
+        a.generate,
+        a.cache.policy(),
+        a.cache.io_threads,
+        if a.cache.direct_io { ", direct I/O" } else { "" },
+    );
+    println!(
+        "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>10} {:>10} {:>5}",
+        "experts",
+        "slots",
+        "prefill tok/s",
+        "decode tok/s",
+        "hit%",
+        "MiB read",
+        "read MiB/s",
+        "peak RSS",
+        "bound",
+        "ok"
+    );
+    let base = ExpertOptions {
+        policy: a.cache.policy(),
+        direct_io: a.cache.direct_io,
+        io_threads: a.cache.io_threads,
+        ..ExpertOptions::default()
+    };
+    let mut configs = Vec::new();
+    if a.mapped {
+        configs.push(ExpertOptions {
+            mode: ExpertMode::Mapped,
+            ..base
+        });
+    }
+    for &n in &counts {
+        configs.push(ExpertOptions {
+            mode: ExpertMode::Streamed,
+            slots: SlotCount::Fixed(n),
+            ..base
+        });
+    }
+    let mut all_ok = true;
+    for opts in &configs {
+        let r = run_one(&a, &install, opts)?;
+        let ok = match (r.peak, r.bound) {
+            (Some(p), Some(b)) => {
+                all_ok &= p <= b;
+                if p <= b {
+                    "yes"
+                } else {
+                    "NO"
+                }
+            }
+            _ => "-",
+        };
+        let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        println!(
+            "{:>9} {:>6} {:>13.2} {:>12.2} {:>7.2} {:>10.1} {:>11.1} {:>10} {:>10} {:>5}",
+            r.label,
+            r.slots.map_or("-".into(), |s| s.to_string()),
+            r.prefill_tps,
+            r.decode_tps,
+            100.0 * r.hit_rate,
+            mib(r.bytes_read),
+            mib(r.read_bw as u64),
+            r.peak.map_or("-".into(), human_bytes),
+            r.bound.map_or("-".into(), human_bytes),
+            ok
+        );
+    }
+    Ok(if all_ok {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("peak resident memory exceeded the slot cache's bound");
+        ExitCode::from(1)
+    })
+}

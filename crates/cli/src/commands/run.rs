@@ -1,0 +1,96 @@
+//! `turbospark run --model DIR --prompt TEXT`: one answer, streamed to
+//! stdout as it is generated, with a one-line summary on stderr (prompt
+//! tokens, prefill and decode speed, why it stopped, peak RSS).
+//!
+//! The prompt goes through the install's chat template as a user message
+//! (after `--system`, if given) unless `--raw`; `--chat-template FILE`
+//! replaces the install's template.
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use turbospark_text::{Message, Sampler};
+
+use crate::generate::{check_prompt_fits, context_size, load_model, GenArgs, Generator, Text};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// The prompt text.
+    #[arg(
+        long,
+        conflicts_with = "prompt_file",
+        required_unless_present = "prompt_file"
+    )]
+    pub prompt: Option<String>,
+    /// Read the prompt from a file (UTF-8).
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// Feed the prompt as it is, without the chat template.
+    #[arg(long)]
+    pub raw: bool,
+    #[command(flatten)]
+    pub gen: GenArgs,
+}
+
+/// Reads a prompt file, naming the file and the byte offset of invalid UTF-8.
+pub fn read_prompt_file(path: &std::path::Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    match String::from_utf8(bytes) {
+        Ok(s) => Ok(s),
+        Err(e) => bail!(
+            "prompt file {} is not valid UTF-8: invalid byte sequence at byte offset {}",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        ),
+    }
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let g = &a.gen;
+    let prompt = match (&a.prompt, &a.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => read_prompt_file(f)?,
+        (None, None) => bail!("give --prompt TEXT or --prompt-file FILE"),
+    };
+    let text = Text::load(&g.model, g.chat_template.as_deref())?;
+    let tokens = if a.raw {
+        if g.system.is_some() {
+            bail!("--system needs the chat template; it cannot be used with --raw");
+        }
+        text.raw_tokens(&prompt)?
+    } else {
+        let template = text.require_template(&g.model)?;
+        let mut messages = Vec::new();
+        if let Some(s) = &g.system {
+            messages.push(Message::new("system", s.clone()));
+        }
+        messages.push(Message::new("user", prompt));
+        text.chat_tokens(template, &messages)?
+    };
+
+    let model = load_model(g)?;
+    let context = context_size(g, &model)?;
+    check_prompt_fits(tokens.len(), context)?;
+    let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
+    let mut generator = Generator::new(&model, context)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let gen = generator.generate(
+        &tokens,
+        &text.tokenizer,
+        &mut sampler,
+        &g.stops,
+        g.max_tokens,
+        None,
+        &mut out,
+    )?;
+    use std::io::Write;
+    writeln!(out).ok();
+    drop(out);
+    g.experts.report(
+        generator.session.expert_stats(),
+        generator.session.router_histogram(),
+    )?;
+    eprintln!("{}", gen.stats.summary());
+    Ok(ExitCode::SUCCESS)
+}

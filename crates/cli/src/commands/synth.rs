@@ -1,0 +1,145 @@
+//! `turbospark synth DST`: a random gpt-oss-shaped install (MXFP4 routed
+//! experts, Q8_0 resident matrices), for benchmarking the expert store on a
+//! model whose experts exceed memory. The defaults are gpt-oss-20b's
+//! dimensions (24 layers of 32 experts, top-4, hidden 2880: about 9.5 GiB
+//! of experts) with a smaller vocabulary.
+
+use crate::progress::{human_bytes, Progress};
+use anyhow::{Context, Result};
+use serde_json::json;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+use turbospark_core::QuantFormat;
+use turbospark_engine::synthetic_install::{write_synthetic_install, SynthEvent, SynthOptions};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The install directory to create.
+    pub dst: PathBuf,
+    #[arg(long, default_value_t = 24)]
+    pub layers: usize,
+    /// Routed experts per layer.
+    #[arg(long, default_value_t = 32)]
+    pub experts: usize,
+    #[arg(long, default_value_t = 4)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 2880)]
+    pub hidden: usize,
+    /// Intermediate size of one expert.
+    #[arg(long, default_value_t = 2880)]
+    pub expert_intermediate: usize,
+    #[arg(long, default_value_t = 64)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 8)]
+    pub kv_heads: usize,
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    #[arg(long, default_value_t = 32000)]
+    pub vocab: usize,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Generator threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Replace DST if it exists.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// The HF `config.json` of a gpt-oss model of these dimensions.
+fn config(a: &Args) -> serde_json::Value {
+    let layer_types: Vec<&str> = (0..a.layers)
+        .map(|l| {
+            if l % 2 == 0 {
+                "sliding_attention"
+            } else {
+                "full_attention"
+            }
+        })
+        .collect();
+    json!({
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "attention_bias": true,
+        "head_dim": a.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": a.hidden,
+        "intermediate_size": a.expert_intermediate,
+        "layer_types": layer_types,
+        "max_position_embeddings": 131072,
+        "num_attention_heads": a.heads,
+        "num_experts_per_tok": a.top_k,
+        "num_hidden_layers": a.layers,
+        "num_key_value_heads": a.kv_heads,
+        "num_local_experts": a.experts,
+        "quantization_config": {"quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-5,
+        "rope_parameters": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": 32.0,
+            "original_max_position_embeddings": 4096,
+            "rope_theta": 150000.0,
+            "rope_type": "yarn",
+            "truncate": false
+        },
+        "sliding_window": 128,
+        "swiglu_alpha": 1.702,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": false,
+        "vocab_size": a.vocab
+    })
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let spec = turbospark_format::spec::hf::spec_from_hf_config(&config(&a))
+        .context("the requested dimensions do not make a valid gpt-oss model")?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = SynthOptions {
+        seed: a.seed,
+        resident_format: QuantFormat::Q8_0,
+        expert_format: QuantFormat::Mxfp4,
+        threads,
+        force: a.force,
+    };
+    let start = Instant::now();
+    let mut resident_bar: Option<Progress> = None;
+    let mut expert_bar: Option<Progress> = None;
+    let mut hash_bar: Option<Progress> = None;
+    let manifest = write_synthetic_install(&spec, &a.dst, &opts, &mut |ev| match ev {
+        SynthEvent::Resident { done, total } => resident_bar
+            .get_or_insert_with(|| Progress::new("resident", total, 0, a.quiet))
+            .update(done, 0),
+        SynthEvent::Experts { bytes, total } => expert_bar
+            .get_or_insert_with(|| Progress::new("experts ", 0, total, a.quiet))
+            .update(0, bytes),
+        SynthEvent::Hashing { bytes, total } => hash_bar
+            .get_or_insert_with(|| Progress::new("sha256  ", 0, total, a.quiet))
+            .update(0, bytes),
+    })
+    .with_context(|| format!("writing {}", a.dst.display()))?;
+    for bar in [&mut resident_bar, &mut expert_bar, &mut hash_bar]
+        .into_iter()
+        .flatten()
+    {
+        bar.finish();
+    }
+    if !a.quiet {
+        eprintln!(
+            "wrote {} (synthetic gpt_oss: {} resident, {} in {} expert files, stride {}) in {:.1}s",
+            a.dst.display(),
+            human_bytes(manifest.resident_bytes),
+            human_bytes(manifest.expert_bytes()),
+            manifest.experts.len(),
+            human_bytes(manifest.experts.first().map_or(0, |e| e.stride)),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,169 @@
+//! Expert-store options shared by every command that runs a model
+//! (`logits` today; `run`, `bench` and `serve` flatten the same struct), and
+//! what they print or write afterwards (`--stats`, `--router-hist`).
+
+use crate::output::write_atomically;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::path::PathBuf;
+use turbospark_engine::experts::Bytes;
+use turbospark_engine::{
+    CachePolicy, ExpertMode, ExpertOptions, ExpertStats, RouterHistogram, SlotCount,
+};
+
+/// `--experts` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ModeArg {
+    /// Resident when the model fits --memory-budget, streamed otherwise.
+    Auto,
+    /// Every expert read into memory at open.
+    Resident,
+    /// Every expert file memory-mapped.
+    Mapped,
+    /// Experts read on demand into a fixed cache of slots per layer.
+    Streamed,
+}
+
+/// `--expert-cache` values.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum PolicyArg {
+    /// Least frequently used, ties to the least recently used.
+    Lfu,
+    /// Least recently used.
+    Lru,
+}
+
+fn parse_slots(s: &str) -> Result<SlotCount, String> {
+    if s == "auto" {
+        return Ok(SlotCount::Auto);
+    }
+    s.parse::<usize>()
+        .map(SlotCount::Fixed)
+        .map_err(|_| format!("expected a number of slots or `auto`, got `{s}`"))
+}
+
+/// How a streamed expert cache behaves (shared by every command that
+/// streams experts, `bench` included).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// Which cached expert a miss replaces.
+    #[arg(long, value_enum, default_value = "lfu")]
+    pub expert_cache: PolicyArg,
+    /// Read experts with O_DIRECT, bypassing the page cache.
+    #[arg(long)]
+    pub direct_io: bool,
+    /// Expert reader threads besides the decoding thread.
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+}
+
+impl CacheArgs {
+    pub fn policy(&self) -> CachePolicy {
+        match self.expert_cache {
+            PolicyArg::Lfu => CachePolicy::Lfu,
+            PolicyArg::Lru => CachePolicy::Lru,
+        }
+    }
+}
+
+/// Where routed experts live and how they are cached.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ExpertArgs {
+    /// Where routed experts live.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub experts: ModeArg,
+    /// Expert slots per MoE layer when streamed: a number (at least the
+    /// model's top_k), or `auto` for as many as --memory-budget leaves room
+    /// for. A number with `--experts auto` means streamed.
+    #[arg(long, value_parser = parse_slots, default_value = "auto")]
+    pub expert_slots: SlotCount,
+    /// GiB the weights may take (resident tensors plus expert slots); the
+    /// default is the memory available now.
+    #[arg(long, value_name = "GIB")]
+    pub memory_budget: Option<f64>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
+    /// Print per-layer expert cache statistics (requests, hits, bytes and
+    /// time read, bandwidth) to stderr at the end.
+    #[arg(long)]
+    pub stats: bool,
+    /// Write the router's per-layer, per-expert selection counts as JSON.
+    #[arg(long, value_name = "FILE.json")]
+    pub router_hist: Option<PathBuf>,
+}
+
+impl ExpertArgs {
+    pub fn options(&self) -> Result<ExpertOptions> {
+        let memory_budget = match self.memory_budget {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                bail!("--memory-budget must be a positive number of GiB, got {g}")
+            }
+            Some(g) => Some((g * (1u64 << 30) as f64) as u64),
+            None => None,
+        };
+        Ok(ExpertOptions {
+            mode: match self.experts {
+                ModeArg::Auto => ExpertMode::Auto,
+                ModeArg::Resident => ExpertMode::Resident,
+                ModeArg::Mapped => ExpertMode::Mapped,
+                ModeArg::Streamed => ExpertMode::Streamed,
+            },
+            slots: self.expert_slots,
+            policy: self.cache.policy(),
+            memory_budget,
+            direct_io: self.cache.direct_io,
+            io_threads: self.cache.io_threads,
+        })
+    }
+
+    /// Prints the statistics and writes the histogram, as asked.
+    pub fn report(&self, stats: &ExpertStats, hist: &RouterHistogram) -> Result<()> {
+        if self.stats {
+            eprint!("{stats}");
+            eprintln!("{}", summary(stats));
+        }
+        if let Some(path) = &self.router_hist {
+            let json = histogram_json(hist);
+            write_atomically(path, |w| {
+                serde_json::to_writer_pretty(&mut *w, &json)?;
+                std::io::Write::write_all(w, b"\n")
+            })
+            .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// One line: requests, hit rate, bytes and time read, bandwidth.
+pub fn summary(stats: &ExpertStats) -> String {
+    let t = stats.total();
+    format!(
+        "experts: {} requests, hit rate {:.2}%, {} read in {:.1} ms ({}/s)",
+        t.requests,
+        100.0 * t.hit_rate(),
+        Bytes(t.bytes_read),
+        t.read_nanos as f64 * 1e-6,
+        Bytes(t.bandwidth() as u64)
+    )
+}
+
+/// `{num_experts, top_k, total, layers: [{layer, total, counts}]}`.
+pub fn histogram_json(h: &RouterHistogram) -> serde_json::Value {
+    let layers: Vec<_> = h
+        .layers()
+        .iter()
+        .map(|(l, counts)| {
+            json!({
+                "layer": l,
+                "total": counts.iter().sum::<u64>(),
+                "counts": counts,
+            })
+        })
+        .collect();
+    json!({
+        "num_experts": h.num_experts(),
+        "top_k": h.top_k(),
+        "total": h.total(),
+        "layers": layers,
+    })
+}

@@ -1,0 +1,425 @@
+//! Text generation shared by `turbospark run` and `turbospark chat`: loading
+//! an install with its tokenizer and chat template, the sampling options,
+//! the prefill + decode loop that streams text as it is decoded, and the
+//! one-line speed/memory summary.
+//!
+//! The loop: the prompt's tokens go through one prefill (only the last
+//! position's logits are computed), then each sampled token is decoded at the
+//! next position until an end-of-generation id (the tokenizer's EOG ids,
+//! which include the manifest's `eos_token_ids`), a stop string (held back
+//! and never printed, see [`StreamDecoder`]), `--max-tokens`, a full context
+//! or an interrupt. The KV cache keeps every token fed to it; a later prompt
+//! that extends those tokens (the next chat turn) only prefills what is new.
+
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+use turbospark_cpu::CpuBackend;
+use turbospark_engine::{Logits, Model, Session, SessionOptions};
+use turbospark_format::install::Install;
+use turbospark_text::{
+    ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
+};
+
+use crate::commands::logits::NumericsArg;
+use crate::experts::ExpertArgs;
+
+/// Default cap on the context when `--context` is not given: the model's
+/// `max_position` can be far larger than a KV cache one wants by default.
+pub const DEFAULT_CONTEXT_CAP: usize = 4096;
+
+/// Model, sampling and output options common to `run` and `chat`.
+#[derive(clap::Args, Debug)]
+pub struct GenArgs {
+    /// The install directory (made by `turbospark convert`).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A system message put before the conversation.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens generated per answer.
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 is greedy decoding (the argmax, deterministic).
+    /// The default, 0.7, with top-k 40, top-p 0.95 and min-p 0.05, follows
+    /// common local-inference practice (llama.cpp's defaults, slightly cooler).
+    #[arg(long, default_value_t = 0.7)]
+    pub temperature: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of most likely tokens with mass ≥ P (1: off).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than M × the most likely one (0: off).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Repetition penalty over the last 64 tokens (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Random seed (default: from the clock).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop when this text is generated (not printed); repeatable.
+    #[arg(long = "stop")]
+    pub stops: Vec<String>,
+    /// A Jinja chat template file to use instead of the install's.
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// KV cache positions (prompt + answer). Default: the model's maximum
+    /// position, capped at 4096.
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Compute threads (default: one per core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Arithmetic: `exact` (dequantized weights, f32) or `llama-cpp` (8-bit
+    /// quantized activations and integer block dots, as ggml's CPU backend).
+    #[arg(long, value_enum, default_value = "exact")]
+    pub numerics: NumericsArg,
+    #[command(flatten)]
+    pub experts: ExpertArgs,
+}
+
+impl GenArgs {
+    pub fn sampler_config(&self) -> SamplerConfig {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            seed,
+            ..SamplerConfig::default()
+        }
+    }
+}
+
+/// The text side of an install: tokenizer and (optional) chat template.
+pub struct Text {
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+}
+
+impl Text {
+    /// Loads the tokenizer of `dir` and the chat template: `template_file`
+    /// when given, else the install's, else none.
+    pub fn load(dir: &Path, template_file: Option<&Path>) -> Result<Text> {
+        let tokenizer = Tokenizer::from_install_dir(dir)
+            .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
+        let template = match template_file {
+            Some(f) => {
+                let src = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading chat template {}", f.display()))?;
+                Some(
+                    ChatTemplate::new(src)
+                        .with_context(|| format!("compiling chat template {}", f.display()))?,
+                )
+            }
+            None => ChatTemplate::from_install_dir(dir)
+                .with_context(|| format!("loading the chat template of {}", dir.display()))?,
+        };
+        Ok(Text {
+            tokenizer,
+            template,
+        })
+    }
+
+    /// The template, or an error that says what to do without one.
+    pub fn require_template(&self, dir: &Path) -> Result<&ChatTemplate> {
+        match &self.template {
+            Some(t) => Ok(t),
+            None => bail!(
+                "install {} has no chat template; pass --chat-template FILE, or --raw to \
+                 feed the prompt text as it is",
+                dir.display()
+            ),
+        }
+    }
+
+    /// Renders `messages` with the generation prompt and tokenizes the
+    /// result. BOS is added only when the vocabulary asks for it and the
+    /// template did not already write it.
+    pub fn chat_tokens(&self, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>> {
+        let tok = &self.tokenizer;
+        let bos_text = tok.bos().and_then(|b| tok.token_text(b));
+        let opts = ChatOptions {
+            add_generation_prompt: true,
+            bos_token: bos_text.clone(),
+            eos_token: tok.eos().and_then(|e| tok.token_text(e)),
+            ..ChatOptions::default()
+        };
+        let text = template
+            .render(messages, &opts)
+            .context("rendering the chat template")?;
+        let has_bos = bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
+        Ok(tok.encode(&text, !has_bos)?)
+    }
+
+    /// Tokenizes raw prompt text (BOS as the vocabulary asks).
+    pub fn raw_tokens(&self, text: &str) -> Result<Vec<u32>> {
+        Ok(self.tokenizer.encode(text, true)?)
+    }
+}
+
+/// Opens the install and builds the model on the CPU backend.
+pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
+    let install = Install::open(&a.model)?;
+    let backend = match a.threads {
+        Some(t) => CpuBackend::new(t)?,
+        None => CpuBackend::with_available_threads()?,
+    }
+    .with_numerics(a.numerics.into());
+    let model = Model::open(&install, backend, &a.experts.options()?)
+        .with_context(|| format!("loading {}", a.model.display()))?;
+    if model.spec().moe.is_some() {
+        eprintln!("{}", model.expert_store().plan());
+    }
+    Ok(model)
+}
+
+/// The context a session gets: `--context`, else `max_position` capped.
+pub fn context_size(a: &GenArgs, model: &Model<CpuBackend>) -> Result<usize> {
+    let max = model.spec().max_position;
+    match a.context {
+        Some(0) => bail!("--context must be at least 1"),
+        Some(c) => Ok(c),
+        None if max == 0 => Ok(DEFAULT_CONTEXT_CAP),
+        None => Ok(max.min(DEFAULT_CONTEXT_CAP)),
+    }
+}
+
+/// Checks that a prompt leaves room for at least one generated token.
+pub fn check_prompt_fits(prompt_tokens: usize, context: usize) -> Result<()> {
+    if prompt_tokens == 0 {
+        bail!("the prompt is empty (no tokens)");
+    }
+    if prompt_tokens >= context {
+        bail!(
+            "the prompt is {prompt_tokens} tokens but the context holds {context} positions \
+             (prompt + answer); shorten the prompt or raise --context"
+        );
+    }
+    Ok(())
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Eos,
+    StopString,
+    MaxTokens,
+    ContextFull,
+    Interrupted,
+}
+
+impl StopReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopReason::Eos => "eos",
+            StopReason::StopString => "stop string",
+            StopReason::MaxTokens => "max tokens",
+            StopReason::ContextFull => "context full",
+            StopReason::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// Counters of one generation.
+#[derive(Debug, Clone, Copy)]
+pub struct GenStats {
+    /// Tokens of the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in the KV cache already (not prefilled again).
+    pub reused_tokens: usize,
+    pub prefill_secs: f64,
+    /// Tokens sampled (including the final EOS, if any).
+    pub generated: usize,
+    /// Decode passes run (generated tokens fed back).
+    pub decoded: usize,
+    pub decode_secs: f64,
+    pub stop: StopReason,
+}
+
+impl GenStats {
+    /// The one-line summary printed to stderr.
+    pub fn summary(&self) -> String {
+        let rate = |n: usize, s: f64| {
+            if n == 0 || s <= 0.0 {
+                "-".to_string()
+            } else {
+                format!("{:.1}", n as f64 / s)
+            }
+        };
+        let prefilled = self.prompt_tokens - self.reused_tokens;
+        let reused = if self.reused_tokens > 0 {
+            format!(" ({} cached)", self.reused_tokens)
+        } else {
+            String::new()
+        };
+        let rss = peak_rss_bytes()
+            .map(|b| format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0)))
+            .unwrap_or_else(|| "?".into());
+        format!(
+            "prompt {} tokens{reused}, prefill {} tok/s; generated {} tokens, decode {} tok/s; \
+             stop: {}; peak RSS {rss}",
+            self.prompt_tokens,
+            rate(prefilled, self.prefill_secs),
+            self.generated,
+            rate(self.decoded, self.decode_secs),
+            self.stop.as_str(),
+        )
+    }
+}
+
+/// Peak resident set size (`VmHWM` of `/proc/self/status`), where the
+/// system has it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+/// A session with the list of tokens its KV cache holds.
+pub struct Generator<'m> {
+    pub session: Session<'m, CpuBackend>,
+    /// Tokens in the KV cache, in order.
+    pub cached: Vec<u32>,
+    logits: Vec<f32>,
+}
+
+/// What one generation produced.
+pub struct Generation {
+    /// The text printed (stop strings left out).
+    pub text: String,
+    pub stats: GenStats,
+}
+
+impl<'m> Generator<'m> {
+    pub fn new(model: &'m Model<CpuBackend>, context: usize) -> Result<Self> {
+        let session = model.session(SessionOptions::new(context))?;
+        Ok(Generator {
+            session,
+            cached: Vec::with_capacity(context),
+            logits: vec![0.0; model.vocab_size()],
+        })
+    }
+
+    /// Forgets the conversation.
+    pub fn reset(&mut self) {
+        self.session.reset();
+        self.cached.clear();
+    }
+
+    /// Generates an answer to `prompt` (all tokens of the sequence so far),
+    /// writing text to `out` as it becomes final. Tokens already in the KV
+    /// cache as a prefix of `prompt` are not prefilled again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        tok: &Tokenizer,
+        sampler: &mut Sampler,
+        stops: &[String],
+        max_tokens: usize,
+        interrupt: Option<&AtomicBool>,
+        out: &mut dyn Write,
+    ) -> Result<Generation> {
+        check_prompt_fits(prompt.len(), self.session.context())?;
+        let reuse = self.cached.len() < prompt.len() && prompt.starts_with(&self.cached);
+        if !reuse {
+            self.reset();
+        }
+        let reused = self.cached.len();
+        let fresh = &prompt[reused..];
+        for &t in prompt {
+            sampler.accept(t);
+        }
+
+        let t0 = Instant::now();
+        self.session
+            .forward(reused, fresh, Logits::Last(&mut self.logits))
+            .context("prefill")?;
+        self.cached.extend_from_slice(fresh);
+        let prefill_secs = t0.elapsed().as_secs_f64();
+
+        let mut detok = StreamDecoder::new(tok).with_stop_strings(stops.iter().cloned());
+        let mut text = String::new();
+        let mut piece = String::new();
+        let mut generated = 0usize;
+        let mut decoded = 0usize;
+        let t1 = Instant::now();
+        let stop = loop {
+            if interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
+                break StopReason::Interrupted;
+            }
+            if generated >= max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let token = sampler.sample(&mut self.logits)?;
+            sampler.accept(token);
+            generated += 1;
+            if tok.is_eog(token) {
+                break StopReason::Eos;
+            }
+            piece.clear();
+            detok.push_to(token, &mut piece)?;
+            emit(out, &piece, &mut text)?;
+            if detok.is_stopped() {
+                break StopReason::StopString;
+            }
+            if generated >= max_tokens {
+                break StopReason::MaxTokens;
+            }
+            let pos = self.cached.len();
+            if pos >= self.session.context() {
+                break StopReason::ContextFull;
+            }
+            let logits = self.session.decode(token, pos).context("decode")?;
+            self.logits.copy_from_slice(logits);
+            self.cached.push(token);
+            decoded += 1;
+        };
+        let decode_secs = t1.elapsed().as_secs_f64();
+        let rest = detok.finish();
+        emit(out, &rest, &mut text)?;
+        out.flush().ok();
+        Ok(Generation {
+            text,
+            stats: GenStats {
+                prompt_tokens: prompt.len(),
+                reused_tokens: reused,
+                prefill_secs,
+                generated,
+                decoded,
+                decode_secs,
+                stop,
+            },
+        })
+    }
+}
+
+fn emit(out: &mut dyn Write, piece: &str, text: &mut String) -> Result<()> {
+    if piece.is_empty() {
+        return Ok(());
+    }
+    text.push_str(piece);
+    out.write_all(piece.as_bytes())
+        .and_then(|()| out.flush())
+        .context("writing the answer")
+}

@@ -1,0 +1,195 @@
+//! End to end: `turbospark run` on SmolLM2-135M-Instruct (Q4_1 GGUF,
+//! converted into a temporary install) answers a factual question greedily,
+//! and bad input gets a clear error. The model tests skip, saying why, when
+//! the GGUF is not cached (`scripts/fetch-models.sh smollm2` fetches it),
+//! unless `TURBOSPARK_REQUIRE_MODELS` is set.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+const BIN: &str = env!("CARGO_BIN_EXE_turbospark");
+const QUESTION: &str = "What is the capital of France?";
+
+fn cached_gguf() -> Option<PathBuf> {
+    let cache = match std::env::var_os("TURBOSPARK_CACHE") {
+        Some(c) => PathBuf::from(c),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/turbospark"),
+    };
+    let p = cache.join("models/smollm2-135m-instruct-q4_1.gguf");
+    p.is_file().then_some(p)
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("run-e2e-{name}"));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The converted install, made once per test process; `None` (after saying
+/// why) when the model is not cached.
+fn install() -> Option<&'static Path> {
+    static INSTALL: OnceLock<Option<PathBuf>> = OnceLock::new();
+    INSTALL
+        .get_or_init(|| {
+            let Some(gguf) = cached_gguf() else {
+                if std::env::var_os("TURBOSPARK_REQUIRE_MODELS").is_some() {
+                    panic!(
+                        "TURBOSPARK_REQUIRE_MODELS is set but smollm2-135m-instruct-q4_1.gguf \
+                         is not cached; run scripts/fetch-models.sh smollm2"
+                    );
+                }
+                eprintln!(
+                    "skipped: smollm2-135m-instruct-q4_1.gguf is not cached \
+                     (scripts/fetch-models.sh smollm2 fetches it)"
+                );
+                return None;
+            };
+            let dst = scratch_dir("install").join("smollm2");
+            let out = Command::new(BIN)
+                .arg("convert")
+                .arg(&gguf)
+                .arg(&dst)
+                .arg("--force")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "convert failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            Some(dst)
+        })
+        .as_deref()
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN).arg("run").args(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn greedy_answer_names_paris() {
+    let Some(dir) = install() else { return };
+    let out = run(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+    ]);
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    assert!(answer.contains("Paris"), "answer: {answer:?}");
+    let err = stderr(&out);
+    assert!(
+        err.contains("prompt ") && err.contains("tok/s") && err.contains("peak RSS"),
+        "summary: {err}"
+    );
+}
+
+#[test]
+fn stop_string_is_not_printed() {
+    let Some(dir) = install() else { return };
+    let out = run(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+        "--stop",
+        "Paris",
+    ]);
+    assert!(out.status.success(), "run failed: {}", stderr(&out));
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(!answer.contains("Paris"), "answer: {answer:?}");
+    assert!(
+        stderr(&out).contains("stop: stop string"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn install_without_tokenizer_is_a_clear_error() {
+    let Some(dir) = install() else { return };
+    let bare = scratch_dir("notok");
+    std::fs::copy(dir.join("manifest.json"), bare.join("manifest.json")).unwrap();
+    let out = run(&["--model", bare.to_str().unwrap(), "--prompt", QUESTION]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("has no tokenizer"),
+        "{}",
+        stderr(&out)
+    );
+    let _ = std::fs::remove_dir_all(&bare);
+}
+
+#[test]
+fn prompt_longer_than_context_is_a_clear_error() {
+    let Some(dir) = install() else { return };
+    let prompt = "hello ".repeat(100);
+    let out = run(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        &prompt,
+        "--context",
+        "64",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("but the context holds 64 positions") && err.contains("--context"),
+        "{err}"
+    );
+}
+
+#[test]
+fn invalid_utf8_prompt_file_names_file_and_offset() {
+    // Checked before the model is opened: needs no model.
+    let d = scratch_dir("utf8");
+    let file = d.join("prompt.txt");
+    std::fs::write(&file, b"abc\xff\xfedef").unwrap();
+    let out = run(&[
+        "--model",
+        d.to_str().unwrap(),
+        "--prompt-file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("prompt.txt") && err.contains("not valid UTF-8") && err.contains("offset 3"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn missing_chat_template_suggests_raw() {
+    let Some(dir) = install() else { return };
+    let d = scratch_dir("notmpl");
+    for f in ["manifest.json", "vocab.gguf.json"] {
+        std::fs::copy(dir.join(f), d.join(f)).unwrap();
+    }
+    // The manifest names the template; a missing file means no template.
+    let out = run(&["--model", d.to_str().unwrap(), "--prompt", QUESTION]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert!(
+        err.contains("no chat template") && err.contains("--raw"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

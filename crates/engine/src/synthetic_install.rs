@@ -1,0 +1,198 @@
+//! A synthetic install on disk: every tensor an [`ArchSpec`] needs, random
+//! ([`RandomTensors`]), written through the install writer exactly as
+//! `turbospark convert` lays out a real model, so a model of any size (an
+//! expert cache larger than memory, say) can be opened, streamed and
+//! benchmarked without a checkpoint.
+//!
+//! Resident matrices are stored as `resident_format`, routed-expert
+//! matrices as `expert_format` (f32 where a row is not whole blocks),
+//! vectors as f32. Expert parts sit in the order gate, up, down, then the
+//! biases, each at a 64-byte aligned offset of the record, and the stride is
+//! the record rounded up to a page (`docs/FORMAT.md`). Each expert draws
+//! from its own seed, so experts are generated in parallel and the bytes do
+//! not depend on the thread count.
+
+use crate::synthetic::RandomTensors;
+use crate::EngineError;
+use std::collections::BTreeMap;
+use std::path::Path;
+use turbospark_core::{ArchSpec, QuantFormat};
+use turbospark_format::install::{
+    align_up, ExpertLayer, ExpertPart, GenerationDefaults, InstallWriter, Manifest, ManifestParts,
+    RoleQuant, SourceInfo, EXPERTS_DIR, EXPERT_ALIGN, RESIDENT_ALIGN,
+};
+use turbospark_format::roles::{expected_expert_parts, expected_resident, role_of};
+
+/// How to write a synthetic install.
+#[derive(Debug, Clone, Copy)]
+pub struct SynthOptions {
+    pub seed: u64,
+    pub resident_format: QuantFormat,
+    pub expert_format: QuantFormat,
+    /// Threads generating experts.
+    pub threads: usize,
+    /// Replace an existing destination.
+    pub force: bool,
+}
+
+/// Progress of [`write_synthetic_install`].
+#[derive(Debug, Clone, Copy)]
+pub enum SynthEvent {
+    /// Resident tensors written so far, of `total`.
+    Resident { done: usize, total: usize },
+    /// Expert bytes written so far, of `total`.
+    Experts { bytes: u64, total: u64 },
+    /// Bytes hashed for the manifest so far, of about `total`.
+    Hashing { bytes: u64, total: u64 },
+}
+
+/// The seed of one expert's stream.
+fn expert_seed(seed: u64, layer: usize, expert: usize) -> u64 {
+    seed ^ ((layer as u64 + 1) << 40) ^ ((expert as u64 + 1) << 20) ^ 0x5EED
+}
+
+/// The expert file layouts `spec` implies with experts in `expert_format`.
+fn layouts(spec: &ArchSpec, expert_format: QuantFormat) -> BTreeMap<usize, ExpertLayer> {
+    let num_experts = spec.moe.as_ref().map_or(0, |m| m.num_experts);
+    let mut out: BTreeMap<usize, ExpertLayer> = BTreeMap::new();
+    for p in expected_expert_parts(spec) {
+        let layout = out.entry(p.layer).or_insert_with(|| ExpertLayer {
+            layer: p.layer,
+            file: format!("{EXPERTS_DIR}/{:03}.bin", p.layer),
+            num_experts,
+            stride: 0,
+            parts: Vec::new(),
+        });
+        let dtype = match p.shape.as_slice() {
+            [_, cols] if cols % expert_format.block_elems() as u64 == 0 => expert_format,
+            _ => QuantFormat::F32,
+        };
+        let elems: u64 = p.shape.iter().product();
+        let length = dtype.bytes_for(elems).unwrap_or(elems * 4);
+        let offset = align_up(layout.record_len(), RESIDENT_ALIGN);
+        layout.parts.push(ExpertPart {
+            name: p.part.to_string(),
+            dtype,
+            shape: p.shape.clone(),
+            offset,
+            length,
+        });
+    }
+    for l in out.values_mut() {
+        l.stride = align_up(l.record_len(), EXPERT_ALIGN);
+    }
+    out
+}
+
+/// One expert's parts, generated.
+fn expert_parts(
+    layout: &ExpertLayer,
+    seed: u64,
+    expert: usize,
+    expert_format: QuantFormat,
+) -> Result<Vec<Vec<u8>>, EngineError> {
+    let mut random = RandomTensors::new(expert_seed(seed, layout.layer, expert), expert_format);
+    layout
+        .parts
+        .iter()
+        .map(|p| {
+            let shape: Vec<usize> = p.shape.iter().map(|&d| d as usize).collect();
+            let name = format!("blk.{}.experts.{expert}.{}", layout.layer, p.name);
+            random.tensor_as(&name, &shape, p.dtype).map(|(_, b)| b)
+        })
+        .collect()
+}
+
+/// Writes a random install of `spec` at `dst`.
+pub fn write_synthetic_install(
+    spec: &ArchSpec,
+    dst: &Path,
+    opts: &SynthOptions,
+    progress: &mut dyn FnMut(SynthEvent),
+) -> Result<Manifest, EngineError> {
+    let mut writer = InstallWriter::create(dst, opts.force)?;
+    let mut quant = RoleQuant::new();
+    let mut note = |role: String, f: QuantFormat| {
+        let formats: &mut Vec<QuantFormat> = quant.entry(role).or_default();
+        if !formats.contains(&f) {
+            formats.push(f);
+        }
+    };
+
+    let resident = expected_resident(spec);
+    let mut random = RandomTensors::new(opts.seed, opts.resident_format);
+    let mut resident_bytes = 0u64;
+    for (i, t) in resident.iter().enumerate() {
+        let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        let (format, bytes) = random.tensor(&t.name, &shape)?;
+        resident_bytes += bytes.len() as u64;
+        writer.add_resident(&t.name, format, t.shape.clone(), &bytes)?;
+        note(role_of(&t.name), format);
+        progress(SynthEvent::Resident {
+            done: i + 1,
+            total: resident.len(),
+        });
+    }
+
+    let layouts = layouts(spec, opts.expert_format);
+    let total: u64 = layouts.values().map(|l| l.file_len()).sum();
+    let mut written = 0u64;
+    for layout in layouts.values() {
+        for p in &layout.parts {
+            note(format!("experts.{}", p.name), p.dtype);
+        }
+        writer.add_expert_layer(layout.clone())?;
+        let threads = opts.threads.max(1);
+        let mut first = 0;
+        while first < layout.num_experts {
+            let batch: Vec<usize> = (first..layout.num_experts.min(first + threads)).collect();
+            let generated: Vec<Result<Vec<Vec<u8>>, EngineError>> = std::thread::scope(|s| {
+                let handles: Vec<_> = batch
+                    .iter()
+                    .map(|&e| {
+                        s.spawn(move || expert_parts(layout, opts.seed, e, opts.expert_format))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(EngineError::BadOptions {
+                                detail: "an expert generator thread panicked".into(),
+                            })
+                        })
+                    })
+                    .collect()
+            });
+            for (&e, parts) in batch.iter().zip(generated) {
+                for (p, bytes) in layout.parts.iter().zip(parts?) {
+                    writer.write_expert_part(layout.layer, e, &p.name, &bytes)?;
+                }
+                written += layout.stride;
+                progress(SynthEvent::Experts {
+                    bytes: written,
+                    total,
+                });
+            }
+            first += batch.len();
+        }
+    }
+
+    let parts = ManifestParts {
+        arch: spec.clone(),
+        source: SourceInfo {
+            kind: "synthetic".into(),
+            name: format!("seed {}", opts.seed),
+        },
+        tokenizer: None,
+        chat_template: None,
+        generation: GenerationDefaults::default(),
+    };
+    let hash_total = resident_bytes + total;
+    Ok(writer.finish(parts, quant, &mut |bytes| {
+        progress(SynthEvent::Hashing {
+            bytes,
+            total: hash_total,
+        })
+    })?)
+}

@@ -50,13 +50,21 @@ impl Pool {
             done: Condvar::new(),
         });
         let mut workers = Vec::new();
+        // Each thread's runtime start-up allocates; waiting until all have
+        // started keeps that out of the first ops of a decode.
+        let started = Arc::new(std::sync::Barrier::new(threads.max(1)));
         for idx in 1..threads.max(1) {
             let s = Arc::clone(&shared);
+            let started = Arc::clone(&started);
             let handle = std::thread::Builder::new()
                 .name(format!("turbospark-cpu-{idx}"))
-                .spawn(move || worker(&s, idx))?;
+                .spawn(move || {
+                    started.wait();
+                    worker(&s, idx)
+                })?;
             workers.push(handle);
         }
+        started.wait();
         Ok(Pool {
             shared,
             workers,

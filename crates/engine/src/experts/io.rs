@@ -141,11 +141,16 @@ impl IoPool {
             threads: Vec::with_capacity(threads),
             capacity: max_jobs,
         };
+        // Each thread's runtime start-up allocates; waiting until all have
+        // started keeps that out of the first reads of a decode.
+        let started = Arc::new(std::sync::Barrier::new(threads + 1));
         for i in 0..threads {
             let shared = Arc::clone(&pool.shared);
+            let started = Arc::clone(&started);
             let handle = std::thread::Builder::new()
                 .name(format!("turbospark-io-{i}"))
                 .spawn(move || {
+                    started.wait();
                     let mut st = shared.lock();
                     loop {
                         if st.shutdown {
@@ -160,6 +165,7 @@ impl IoPool {
                 })?;
             pool.threads.push(handle);
         }
+        started.wait();
         Ok(pool)
     }
 

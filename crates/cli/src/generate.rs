@@ -307,6 +307,9 @@ pub struct Generator<'m> {
 pub struct Generation {
     /// The text printed (stop strings left out).
     pub text: String,
+    /// The sampled token ids, in order, including a final end-of-generation
+    /// token when that is why it stopped.
+    pub ids: Vec<u32>,
     pub stats: GenStats,
 }
 
@@ -362,6 +365,7 @@ impl<'m> Generator<'m> {
         let mut text = String::new();
         let mut piece = String::new();
         let mut generated = 0usize;
+        let mut ids = Vec::new();
         let mut decoded = 0usize;
         let t1 = Instant::now();
         let stop = loop {
@@ -374,6 +378,7 @@ impl<'m> Generator<'m> {
             let token = sampler.sample(&mut self.logits)?;
             sampler.accept(token);
             generated += 1;
+            ids.push(token);
             if tok.is_eog(token) {
                 break StopReason::Eos;
             }
@@ -401,6 +406,7 @@ impl<'m> Generator<'m> {
         out.flush().ok();
         Ok(Generation {
             text,
+            ids,
             stats: GenStats {
                 prompt_tokens: prompt.len(),
                 reused_tokens: reused,

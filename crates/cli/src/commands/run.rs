@@ -28,6 +28,14 @@ pub struct Args {
     /// Feed the prompt as it is, without the chat template.
     #[arg(long)]
     pub raw: bool,
+    /// Debugging: write the prompt's token ids (after the chat template) to
+    /// stderr as `prompt ids: 1,2,3`.
+    #[arg(long, hide = true)]
+    pub print_prompt_ids: bool,
+    /// Debugging: write the generated token ids (including a final
+    /// end-of-generation token) to stderr as `ids: 1,2,3`.
+    #[arg(long, hide = true)]
+    pub print_token_ids: bool,
     #[command(flatten)]
     pub gen: GenArgs,
 }
@@ -68,6 +76,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         text.chat_tokens(template, &messages)?
     };
 
+    if a.print_prompt_ids {
+        eprintln!("prompt ids: {}", join_ids(&tokens));
+    }
+
     let model = load_model(g)?;
     let context = context_size(g, &model)?;
     check_prompt_fits(tokens.len(), context)?;
@@ -91,6 +103,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         generator.session.expert_stats(),
         generator.session.router_histogram(),
     )?;
+    if a.print_token_ids {
+        eprintln!("ids: {}", join_ids(&gen.ids));
+    }
     eprintln!("{}", gen.stats.summary());
     Ok(ExitCode::SUCCESS)
+}
+
+fn join_ids(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }

@@ -18,13 +18,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use turbospark_cpu::CpuBackend;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
-use turbospark_format::install::Install;
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
 
 use crate::commands::logits::NumericsArg;
 use crate::experts::ExpertArgs;
+use crate::loading::open_model;
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -172,18 +172,12 @@ impl Text {
 
 /// Opens the install and builds the model on the CPU backend.
 pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
-    let install = Install::open(&a.model)?;
-    let backend = match a.threads {
-        Some(t) => CpuBackend::new(t)?,
-        None => CpuBackend::with_available_threads()?,
-    }
-    .with_numerics(a.numerics.into());
-    let model = Model::open(&install, backend, &a.experts.options()?)
-        .with_context(|| format!("loading {}", a.model.display()))?;
-    if model.spec().moe.is_some() {
-        eprintln!("{}", model.expert_store().plan());
-    }
-    Ok(model)
+    open_model(
+        &a.model,
+        a.threads,
+        a.numerics.into(),
+        &a.experts.options()?,
+    )
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.

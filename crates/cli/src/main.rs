@@ -4,6 +4,7 @@
 mod commands;
 mod experts;
 mod generate;
+mod loading;
 mod npy;
 mod output;
 mod progress;

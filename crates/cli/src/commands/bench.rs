@@ -11,12 +11,12 @@
 //! from the page cache.
 
 use crate::experts::CacheArgs;
+use crate::loading::cpu_backend;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
-use turbospark_cpu::CpuBackend;
 use turbospark_engine::{
     ExpertMode, ExpertOptions, Logits, Model, Residency, SessionOptions, SlotCount,
 };
@@ -101,11 +101,7 @@ struct Row {
 }
 
 fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
-    let backend = match a.threads {
-        Some(t) => CpuBackend::new(t)?,
-        None => CpuBackend::with_available_threads()?,
-    };
-    let model = Model::open(install, backend, opts)?;
+    let model = Model::open(install, cpu_backend(a.threads)?, opts)?;
     let plan = model.expert_store().plan().clone();
     let vocab = model.vocab_size();
     let prompt: Vec<u32> = (0..a.prompt)

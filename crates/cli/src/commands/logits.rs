@@ -9,11 +9,11 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use turbospark_cpu::{CpuBackend, Numerics};
-use turbospark_engine::{Model, SessionOptions};
-use turbospark_format::install::Install;
+use turbospark_cpu::Numerics;
+use turbospark_engine::SessionOptions;
 
 use crate::experts::ExpertArgs;
+use crate::loading::open_model;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -59,17 +59,12 @@ impl From<NumericsArg> for Numerics {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let install = Install::open(&a.model)?;
-    let backend = match a.threads {
-        Some(t) => CpuBackend::new(t)?,
-        None => CpuBackend::with_available_threads()?,
-    }
-    .with_numerics(a.numerics.into());
-    let model = Model::open(&install, backend, &a.experts.options()?)
-        .with_context(|| format!("loading {}", a.model.display()))?;
-    if model.spec().moe.is_some() {
-        eprintln!("{}", model.expert_store().plan());
-    }
+    let model = open_model(
+        &a.model,
+        a.threads,
+        a.numerics.into(),
+        &a.experts.options()?,
+    )?;
     let n = a.tokens.len();
     let vocab = model.vocab_size();
     let mut session = model.session(SessionOptions::new(n))?;

@@ -28,9 +28,12 @@
 //! larger. Run in the optimised profile: `cargo test --profile test-opt -p
 //! turbospark-cli --test llamacpp_parity -- --nocapture`.
 
+mod common;
+
+use common::{cache_dir, convert_to_temp};
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use turbospark_cpu::{CpuBackend, Numerics};
 use turbospark_engine::{Logits, Model, SessionOptions};
 use turbospark_format::install::Install;
@@ -38,15 +41,6 @@ use turbospark_format::install::Install;
 const MAX_MEAN_KL: f64 = 1e-2;
 /// Log-probability gap (nats) under which two tokens count as tied.
 const NEAR_TIE: f64 = 0.5;
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("TURBOSPARK_CACHE") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/turbospark")
-        }
-    }
-}
 
 fn reference_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/llamacpp")
@@ -267,22 +261,7 @@ fn check(reference: &Path) -> Vec<String> {
         println!("skipped {name}: {} is absent", gguf.display());
         return Vec::new();
     }
-    let dst = std::env::temp_dir().join(format!("turbospark-parity-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args([
-            "convert",
-            "-q",
-            gguf.to_str().unwrap(),
-            dst.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{name}: convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dst = convert_to_temp(&gguf, &format!("parity-{name}"));
     let install = Install::open(&dst).unwrap();
     let reference_ids = ids(&j["greedy_ids"]);
     let steps = j["steps"].as_array().unwrap();

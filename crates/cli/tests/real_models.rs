@@ -4,19 +4,14 @@
 //! scripts/llamacpp/make_reference.sh from the vendored llama.cpp).
 //! Skips with a message when a model is not in the cache.
 
+mod common;
+
+use common::{cache_dir, convert_to_temp};
+
 use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("TURBOSPARK_CACHE") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/turbospark")
-        }
-    }
-}
 
 fn reference_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/llamacpp")
@@ -67,15 +62,7 @@ fn check_model(stem: &str, reference_name: &str) {
         "no llama.cpp reference at {}",
         reference.display()
     );
-    let dst = std::env::temp_dir().join(format!("turbospark-real-{stem}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    let (code, _, err) = run(&[
-        "convert",
-        "-q",
-        gguf.to_str().unwrap(),
-        dst.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{stem}: convert failed: {err}");
+    let dst = convert_to_temp(&gguf, &format!("real-{stem}"));
     let (code, out, err) = run(&["verify", "-q", dst.to_str().unwrap()]);
     assert_eq!(code, 0, "{stem}: verify failed: {out}{err}");
     let (code, out, err) = run(&["inspect", "--json", dst.to_str().unwrap()]);

@@ -30,21 +30,16 @@
 //! is set. Run: `cargo test --profile test-opt -p turbospark-cli --test
 //! run_parity -- --nocapture`.
 
+mod common;
+
+use common::{cache_dir, convert_to_temp};
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Log-probability gap (nats) under which two tokens count as tied.
 const NEAR_TIE: f64 = 0.5;
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("TURBOSPARK_CACHE") {
-        Some(p) => PathBuf::from(p),
-        None => {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/turbospark")
-        }
-    }
-}
 
 fn reference_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -154,22 +149,7 @@ fn run_matches_llamacpp_on_chat_prompt() {
         j["greedy_text"].as_str().unwrap()
     );
 
-    let dst = std::env::temp_dir().join(format!("turbospark-run-parity-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args([
-            "convert",
-            "-q",
-            gguf.to_str().unwrap(),
-            dst.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "convert failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let dst = convert_to_temp(&gguf, "run-parity");
     let llama = run(&dst, "llama-cpp", user);
     let exact = run(&dst, "exact", user);
     let _ = std::fs::remove_dir_all(&dst);

@@ -5,7 +5,7 @@
 use crate::output::write_atomically;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use turbospark_engine::experts::Bytes;
 use turbospark_engine::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertStats, RouterHistogram, SlotCount,
@@ -123,15 +123,20 @@ impl ExpertArgs {
             eprintln!("{}", summary(stats));
         }
         if let Some(path) = &self.router_hist {
-            let json = histogram_json(hist);
-            write_atomically(path, |w| {
-                serde_json::to_writer_pretty(&mut *w, &json)?;
-                std::io::Write::write_all(w, b"\n")
-            })
-            .with_context(|| format!("writing {}", path.display()))?;
+            write_histogram(path, hist)?;
         }
         Ok(())
     }
+}
+
+/// Writes `hist` as [`histogram_json`] to `path` (atomically).
+pub fn write_histogram(path: &Path, hist: &RouterHistogram) -> Result<()> {
+    let json = histogram_json(hist);
+    write_atomically(path, |w| {
+        serde_json::to_writer_pretty(&mut *w, &json)?;
+        std::io::Write::write_all(w, b"\n")
+    })
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// One line: requests, hit rate, bytes and time read, bandwidth.

@@ -24,6 +24,7 @@ pub mod experts;
 pub mod kv;
 pub mod model;
 pub mod router;
+pub mod router_skew;
 pub mod session;
 pub mod source;
 pub mod synthetic;

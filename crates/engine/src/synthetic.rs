@@ -103,6 +103,13 @@ impl RandomTensors {
         shape: &[usize],
         matrix_format: QuantFormat,
     ) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+        let values = self.values(name, shape);
+        encode_tensor(&values, shape, matrix_format)
+    }
+
+    /// The next tensor `name` of `shape` as f32 values, before encoding
+    /// (the draw [`RandomTensors::tensor`] makes).
+    pub fn values(&mut self, name: &str, shape: &[usize]) -> Vec<f32> {
         let n: usize = shape.iter().product();
         let (scale, offset) = match shape {
             [_, _] if name == "token_embd.weight" => (1.0, 0.0),
@@ -111,13 +118,23 @@ impl RandomTensors {
             _ if name.contains("sinks") => (1.0, 0.0),
             _ => (0.2, 0.0),
         };
-        let values: Vec<f32> = (0..n)
+        (0..n)
             .map(|_| self.rng.uniform() * scale + offset)
-            .collect();
-        match shape {
-            [_, cols] => encode(&values, *cols, matrix_format),
-            _ => encode(&values, 1, QuantFormat::F32),
-        }
+            .collect()
+    }
+}
+
+/// `values` of `shape` encoded as [`RandomTensors::tensor_as`] stores
+/// them: a matrix as `matrix_format` (f32 when a row is not whole blocks),
+/// anything else f32.
+pub fn encode_tensor(
+    values: &[f32],
+    shape: &[usize],
+    matrix_format: QuantFormat,
+) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+    match shape {
+        [_, cols] => encode(values, *cols, matrix_format),
+        _ => encode(values, 1, QuantFormat::F32),
     }
 }
 

@@ -11,8 +11,12 @@
 //! the record rounded up to a page (`docs/FORMAT.md`). Each expert draws
 //! from its own seed, so experts are generated in parallel and the bytes do
 //! not depend on the thread count.
+//!
+//! With a router skew, each MoE layer's router bias and matrix are set so
+//! that selections follow a Zipf popularity ([`crate::router_skew`]).
 
-use crate::synthetic::RandomTensors;
+use crate::router_skew::{router_gain, skewed_bias};
+use crate::synthetic::{encode_tensor, RandomTensors};
 use crate::EngineError;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,6 +37,9 @@ pub struct SynthOptions {
     pub threads: usize,
     /// Replace an existing destination.
     pub force: bool,
+    /// Zipf exponent of the experts' popularity (`None`: the random
+    /// router's nearly uniform routing). Needs a router bias.
+    pub router_skew: Option<f64>,
 }
 
 /// Progress of [`write_synthetic_install`].
@@ -103,6 +110,25 @@ fn expert_parts(
         .collect()
 }
 
+/// Rewrites a router tensor's random `values` for Zipf exponent `s`: the
+/// matrix scaled to Gumbel-sized noise, the bias the log popularity of a
+/// per-layer ranking. Other tensors are left alone.
+fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
+    let layer = || -> usize {
+        name.split('.')
+            .nth(1)
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(0)
+    };
+    if name.ends_with("ffn_gate_inp.weight") {
+        let gain = router_gain(1.0) as f32;
+        values.iter_mut().for_each(|v| *v *= gain);
+    } else if name.ends_with("ffn_gate_inp.bias") {
+        let bias = skewed_bias(values.len(), s, seed, layer());
+        values.copy_from_slice(&bias);
+    }
+}
+
 /// Writes a random install of `spec` at `dst`.
 pub fn write_synthetic_install(
     spec: &ArchSpec,
@@ -110,7 +136,6 @@ pub fn write_synthetic_install(
     opts: &SynthOptions,
     progress: &mut dyn FnMut(SynthEvent),
 ) -> Result<Manifest, EngineError> {
-    let mut writer = InstallWriter::create(dst, opts.force)?;
     let mut quant = RoleQuant::new();
     let mut note = |role: String, f: QuantFormat| {
         let formats: &mut Vec<QuantFormat> = quant.entry(role).or_default();
@@ -120,11 +145,34 @@ pub fn write_synthetic_install(
     };
 
     let resident = expected_resident(spec);
+    if let Some(s) = opts.router_skew {
+        if !(s.is_finite() && s >= 0.0) {
+            return Err(EngineError::BadOptions {
+                detail: format!("router skew must be a Zipf exponent ≥ 0, got {s}"),
+            });
+        }
+        if !resident
+            .iter()
+            .any(|t| t.name.ends_with("ffn_gate_inp.bias"))
+        {
+            return Err(EngineError::BadOptions {
+                detail: format!(
+                    "a router skew needs a router bias, which {:?} has not",
+                    spec.family
+                ),
+            });
+        }
+    }
+    let mut writer = InstallWriter::create(dst, opts.force)?;
     let mut random = RandomTensors::new(opts.seed, opts.resident_format);
     let mut resident_bytes = 0u64;
     for (i, t) in resident.iter().enumerate() {
         let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-        let (format, bytes) = random.tensor(&t.name, &shape)?;
+        let mut values = random.values(&t.name, &shape);
+        if let Some(s) = opts.router_skew {
+            skew_router(&t.name, &mut values, s, opts.seed);
+        }
+        let (format, bytes) = encode_tensor(&values, &shape, opts.resident_format)?;
         resident_bytes += bytes.len() as u64;
         writer.add_resident(&t.name, format, t.shape.clone(), &bytes)?;
         note(role_of(&t.name), format);

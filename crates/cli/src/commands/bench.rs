@@ -9,6 +9,12 @@
 //! decoding), so any install works, including `turbospark synth` ones.
 //! Without `--direct-io`, reads after the first configuration may come
 //! from the page cache.
+//!
+//! Routing does not depend on the configuration (experts are applied in
+//! router-rank order, bits are equal), so the router histogram of the
+//! first configuration describes them all: bench prints how skewed it is
+//! (the share of selections taken by each layer's most chosen top_k, 2·top_k
+//! and 4·top_k experts) and `--router-hist` writes it.
 
 use crate::experts::CacheArgs;
 use crate::loading::cpu_backend;
@@ -18,7 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 use turbospark_engine::{
-    ExpertMode, ExpertOptions, Logits, Model, Residency, SessionOptions, SlotCount,
+    ExpertMode, ExpertOptions, Logits, Model, Residency, RouterHistogram, SessionOptions, SlotCount,
 };
 use turbospark_format::install::Install;
 
@@ -49,6 +55,10 @@ pub struct Args {
     pub threads: Option<usize>,
     #[command(flatten)]
     pub cache: CacheArgs,
+    /// Write the router's per-layer, per-expert selection counts (prefill
+    /// and decode) as JSON.
+    #[arg(long, value_name = "FILE.json")]
+    pub router_hist: Option<PathBuf>,
 }
 
 /// `k`, `2k`, `all`, or a number, for a model of `top_k` of `num_experts`.
@@ -98,6 +108,7 @@ struct Row {
     read_bw: f64,
     peak: Option<u64>,
     bound: Option<u64>,
+    histogram: RouterHistogram,
 }
 
 fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
@@ -143,6 +154,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
                     .sum::<u64>()
                 + OVERHEAD
         }),
+        histogram: session.router_histogram().clone(),
     })
 }
 
@@ -211,6 +223,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         });
     }
     let mut all_ok = true;
+    let mut histogram = None;
     for opts in &configs {
         let r = run_one(&a, &install, opts)?;
         let ok = match (r.peak, r.bound) {
@@ -238,6 +251,25 @@ pub fn run(a: Args) -> Result<ExitCode> {
             r.bound.map_or("-".into(), human_bytes),
             ok
         );
+        histogram.get_or_insert(r.histogram);
+    }
+    if let Some(h) = &histogram {
+        let share = |n: usize| 100.0 * h.hot_share(n);
+        println!(
+            "routing: each layer's most chosen {k} / {} / {} experts took {:.1} % / {:.1} % / {:.1} % of {} selections (uniform: {:.1} % / {:.1} % / {:.1} %)",
+            2 * k,
+            4 * k,
+            share(k),
+            share(2 * k),
+            share(4 * k),
+            h.total(),
+            100.0 * (k as f64 / ne as f64).min(1.0),
+            100.0 * (2.0 * k as f64 / ne as f64).min(1.0),
+            100.0 * (4.0 * k as f64 / ne as f64).min(1.0),
+        );
+        if let Some(path) = &a.router_hist {
+            crate::experts::write_histogram(path, h)?;
+        }
     }
     Ok(if all_ok {
         ExitCode::SUCCESS

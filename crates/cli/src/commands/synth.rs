@@ -39,6 +39,12 @@ pub struct Args {
     pub vocab: usize,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Zipf exponent of the experts' popularity: each layer's router is
+    /// biased so selections follow p(rank r) ∝ (r+1)^-S over a random
+    /// ranking of its experts (0 or absent: random routing, nearly
+    /// uniform).
+    #[arg(long, value_name = "S")]
+    pub router_skew: Option<f64>,
     /// Generator threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -107,6 +113,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         expert_format: QuantFormat::Mxfp4,
         threads,
         force: a.force,
+        router_skew: a.router_skew.filter(|&s| s != 0.0),
     };
     let start = Instant::now();
     let mut resident_bar: Option<Progress> = None;

@@ -175,6 +175,23 @@ impl RouterHistogram {
         self.layers.iter().flat_map(|(_, c)| c.iter()).sum()
     }
 
+    /// Share of all selections that went to the `n` most chosen experts of
+    /// each layer (`n / num_experts` for uniform routing): a measure of
+    /// routing skew: the hit rate of a cache that kept exactly those `n`
+    /// experts of each layer.
+    pub fn hot_share(&self, n: usize) -> f64 {
+        let mut hot = 0u64;
+        for (_, counts) in &self.layers {
+            let mut sorted = counts.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            hot += sorted.iter().take(n).sum::<u64>();
+        }
+        match self.total() {
+            0 => 0.0,
+            total => hot as f64 / total as f64,
+        }
+    }
+
     /// Counts one selection of each expert in `experts` at `layer`.
     pub(crate) fn record(&mut self, layer: usize, experts: impl Iterator<Item = u32>) {
         if let Some((_, counts)) = self.layers.iter_mut().find(|(l, _)| *l == layer) {
@@ -221,5 +238,9 @@ mod tests {
         h.record(3, [0, 2, 2, 9].into_iter());
         assert_eq!(h.layers()[1].1, [1, 0, 2, 0]);
         assert_eq!(h.total(), 3);
+        h.record(1, [3, 3, 3, 1].into_iter());
+        // Layer 1: [0,1,0,3], layer 3: [1,0,2,0]; the top one of each: 3 + 2.
+        assert_eq!(h.hot_share(1), 5.0 / 7.0);
+        assert_eq!(h.hot_share(4), 1.0);
     }
 }

@@ -10,6 +10,10 @@
 //! and never printed, see [`StreamDecoder`]), `--max-tokens`, a full context
 //! or an interrupt. The KV cache keeps every token fed to it; a later prompt
 //! that extends those tokens (the next chat turn) only prefills what is new.
+//!
+//! Each phase is timed on its own ([`PhaseTimes`]): the chat template and
+//! tokenizer, the prefill, the decode passes, the sampler and the
+//! detokenizer (with the writing of the text); `--timings` prints them.
 
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -56,9 +60,18 @@ pub struct GenArgs {
     /// Drop tokens less likely than M × the most likely one (0: off).
     #[arg(long, default_value_t = 0.05)]
     pub min_p: f32,
-    /// Repetition penalty over the last 64 tokens (1: off).
+    /// Repetition penalty over the last 64 tokens (1: off): a seen token's
+    /// positive logit is divided by it, a negative one multiplied.
     #[arg(long, default_value_t = 1.0)]
     pub repeat_penalty: f32,
+    /// Subtracted once from the logit of every token seen in the last 64
+    /// (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was seen in the last
+    /// 64 (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
     /// Random seed (default: from the clock).
     #[arg(long)]
     pub seed: Option<u64>,
@@ -79,6 +92,11 @@ pub struct GenArgs {
     /// quantized activations and integer block dots, as ggml's CPU backend).
     #[arg(long, value_enum, default_value = "exact")]
     pub numerics: NumericsArg,
+    /// After the summary, print the time spent in each phase (chat
+    /// template and tokenizer, prefill, decode passes, sampling,
+    /// detokenizing) to stderr.
+    #[arg(long)]
+    pub timings: bool,
     #[command(flatten)]
     pub experts: ExpertArgs,
 }
@@ -97,6 +115,8 @@ impl GenArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
             seed,
             ..SamplerConfig::default()
         }
@@ -227,6 +247,22 @@ impl StopReason {
     }
 }
 
+/// Wall time of each phase of one generation, in seconds.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PhaseTimes {
+    /// Rendering the chat template and tokenizing (set by the caller, which
+    /// does both before generating).
+    pub prompt: f64,
+    /// The prompt's forward pass.
+    pub prefill: f64,
+    /// The decode forward passes (one per token fed back).
+    pub forward: f64,
+    /// Penalties, filters and the draw, once per generated token.
+    pub sample: f64,
+    /// Streaming detokenization, stop-string matching and writing the text.
+    pub detokenize: f64,
+}
+
 /// Counters of one generation.
 #[derive(Debug, Clone, Copy)]
 pub struct GenStats {
@@ -239,8 +275,11 @@ pub struct GenStats {
     pub generated: usize,
     /// Decode passes run (generated tokens fed back).
     pub decoded: usize,
+    /// From the first sample to the end: forward passes, sampling and
+    /// detokenizing.
     pub decode_secs: f64,
     pub stop: StopReason,
+    pub phases: PhaseTimes,
 }
 
 impl GenStats {
@@ -270,6 +309,37 @@ impl GenStats {
             self.generated,
             rate(self.decoded, self.decode_secs),
             self.stop.as_str(),
+        )
+    }
+}
+
+impl GenStats {
+    /// The `--timings` line: each phase's total, and per token where it
+    /// runs once per token.
+    pub fn timings(&self) -> String {
+        let ms = |s: f64| s * 1e3;
+        let per = |s: f64, n: usize| {
+            if n == 0 {
+                "-".to_string()
+            } else {
+                format!("{:.3} ms", ms(s) / n as f64)
+            }
+        };
+        let p = &self.phases;
+        format!(
+            "timings: template+tokenize {:.2} ms; prefill {:.2} ms ({} tokens); \
+             decode passes {:.2} ms ({} × {}); sampling {:.2} ms ({} × {}); \
+             detokenize {:.2} ms",
+            ms(p.prompt),
+            ms(p.prefill),
+            self.prompt_tokens - self.reused_tokens,
+            ms(p.forward),
+            self.decoded,
+            per(p.forward, self.decoded),
+            ms(p.sample),
+            self.generated,
+            per(p.sample, self.generated),
+            ms(p.detokenize),
         )
     }
 }
@@ -361,6 +431,10 @@ impl<'m> Generator<'m> {
         let mut generated = 0usize;
         let mut ids = Vec::new();
         let mut decoded = 0usize;
+        let mut phases = PhaseTimes {
+            prefill: prefill_secs,
+            ..PhaseTimes::default()
+        };
         let t1 = Instant::now();
         let stop = loop {
             if interrupt.is_some_and(|f| f.load(Ordering::Relaxed)) {
@@ -369,16 +443,20 @@ impl<'m> Generator<'m> {
             if generated >= max_tokens {
                 break StopReason::MaxTokens;
             }
+            let ts = Instant::now();
             let token = sampler.sample(&mut self.logits)?;
             sampler.accept(token);
+            phases.sample += ts.elapsed().as_secs_f64();
             generated += 1;
             ids.push(token);
             if tok.is_eog(token) {
                 break StopReason::Eos;
             }
+            let td = Instant::now();
             piece.clear();
             detok.push_to(token, &mut piece)?;
             emit(out, &piece, &mut text)?;
+            phases.detokenize += td.elapsed().as_secs_f64();
             if detok.is_stopped() {
                 break StopReason::StopString;
             }
@@ -389,14 +467,18 @@ impl<'m> Generator<'m> {
             if pos >= self.session.context() {
                 break StopReason::ContextFull;
             }
+            let tf = Instant::now();
             let logits = self.session.decode(token, pos).context("decode")?;
             self.logits.copy_from_slice(logits);
+            phases.forward += tf.elapsed().as_secs_f64();
             self.cached.push(token);
             decoded += 1;
         };
-        let decode_secs = t1.elapsed().as_secs_f64();
+        let td = Instant::now();
         let rest = detok.finish();
         emit(out, &rest, &mut text)?;
+        phases.detokenize += td.elapsed().as_secs_f64();
+        let decode_secs = t1.elapsed().as_secs_f64();
         out.flush().ok();
         Ok(Generation {
             text,
@@ -409,6 +491,7 @@ impl<'m> Generator<'m> {
                 decoded,
                 decode_secs,
                 stop,
+                phases,
             },
         })
     }

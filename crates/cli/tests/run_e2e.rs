@@ -4,6 +4,8 @@
 //! the GGUF is not cached (`scripts/fetch-models.sh smollm2` fetches it),
 //! unless `TURBOSPARK_REQUIRE_MODELS` is set.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -12,11 +14,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_turbospark");
 const QUESTION: &str = "What is the capital of France?";
 
 fn cached_gguf() -> Option<PathBuf> {
-    let cache = match std::env::var_os("TURBOSPARK_CACHE") {
-        Some(c) => PathBuf::from(c),
-        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/turbospark"),
-    };
-    let p = cache.join("models/smollm2-135m-instruct-q4_1.gguf");
+    let p = common::cache_dir().join("models/smollm2-135m-instruct-q4_1.gguf");
     p.is_file().then_some(p)
 }
 
@@ -84,6 +82,7 @@ fn greedy_answer_names_paris() {
         "0",
         "--max-tokens",
         "32",
+        "--timings",
     ]);
     let answer = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "run failed: {}", stderr(&out));
@@ -92,6 +91,35 @@ fn greedy_answer_names_paris() {
     assert!(
         err.contains("prompt ") && err.contains("tok/s") && err.contains("peak RSS"),
         "summary: {err}"
+    );
+    // --timings: every phase, the sampler once per generated token and one
+    // decode pass per token fed back (all but the last, end-of-generation).
+    let generated: usize = err
+        .split("generated ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no token count in the summary: {err}"));
+    let timings = err
+        .lines()
+        .find(|l| l.starts_with("timings: "))
+        .unwrap_or_else(|| panic!("no timings line: {err}"));
+    for phase in [
+        "template+tokenize",
+        "prefill",
+        "decode passes",
+        "detokenize",
+    ] {
+        assert!(timings.contains(phase), "{phase} missing: {timings}");
+    }
+    assert!(
+        timings.contains("sampling ") && timings.contains(&format!("({generated} × ")),
+        "sampling not counted per token ({generated}): {timings}"
+    );
+    assert!(
+        timings.contains(&format!("({} × ", generated - 1)),
+        "decode passes not counted ({}): {timings}",
+        generated - 1
     );
 }
 

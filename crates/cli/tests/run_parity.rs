@@ -24,7 +24,13 @@
 //!   llama.cpp's arithmetic this Q4_1 model's greedy answer is not about
 //!   Paris (llama.cpp itself answers "L'Étoile, la Cité, ..."; its first
 //!   token "L" beats "The" by 0.09 nats), so for `llama-cpp` numerics the
-//!   text must instead equal llama.cpp's greedy text.
+//!   text must instead equal llama.cpp's greedy text;
+//! - (d) with `exact` numerics our generated ids equal those of HF
+//!   transformers (the reference implementation) on the same GGUF and
+//!   prompt ids, to and including its end-of-generation token:
+//!   tests/reference/hf/smollm2-chat.greedy.json, from
+//!   scripts/hf/chat_greedy.py (transformers 5.24.0, weights dequantized to
+//!   f32, eager attention), which answers "The capital of France is Paris.".
 //!
 //! Skipped when the GGUF is not in the cache, unless TURBOSPARK_REQUIRE_MODELS
 //! is set. Run: `cargo test --profile test-opt -p turbospark-cli --test
@@ -44,6 +50,10 @@ const NEAR_TIE: f64 = 0.5;
 fn reference_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/reference/llamacpp/smollm2-chat.greedy.json")
+}
+
+fn hf_reference_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/hf/smollm2-chat.greedy.json")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
@@ -199,6 +209,21 @@ fn run_matches_llamacpp_on_chat_prompt() {
         failures.push(format!(
             "[llama-cpp] text {:?} != llama.cpp's {ref_text:?}",
             llama.text
+        ));
+    }
+    // (d)
+    let hf: Value = serde_json::from_slice(&std::fs::read(hf_reference_path()).unwrap()).unwrap();
+    assert_eq!(
+        ids(&hf["prompt_ids"]),
+        ref_prompt,
+        "the two references' prompts differ"
+    );
+    let hf_ids = ids(&hf["greedy_ids"]);
+    println!("HF transformers greedy: {hf_ids:?} {:?}", hf["greedy_text"]);
+    if exact.ids != hf_ids {
+        failures.push(format!(
+            "[exact] generated ids {:?} != HF transformers' {hf_ids:?}",
+            exact.ids
         ));
     }
     if !exact.text.contains("Paris") {

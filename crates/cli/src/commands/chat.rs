@@ -106,6 +106,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             _ => {}
         }
         history.push(Message::new("user", msg));
+        let t_prompt = std::time::Instant::now();
         let tokens = match text.chat_tokens(template, &history) {
             Ok(t) => t,
             Err(e) => {
@@ -114,6 +115,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 continue;
             }
         };
+        let prompt_secs = t_prompt.elapsed().as_secs_f64();
         INTERRUPTED.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
         let stdout = std::io::stdout();
@@ -131,11 +133,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         writeln!(out).ok();
         drop(out);
         match result {
-            Ok(gen) => {
+            Ok(mut gen) => {
                 if gen.stats.stop == StopReason::Interrupted {
                     eprintln!("(answer stopped)");
                 }
+                gen.stats.phases.prompt = prompt_secs;
                 eprintln!("{}", gen.stats.summary());
+                if g.timings {
+                    eprintln!("{}", gen.stats.timings());
+                }
                 history.push(Message::new("assistant", gen.text));
             }
             Err(e) => {

@@ -61,6 +61,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (None, None) => bail!("give --prompt TEXT or --prompt-file FILE"),
     };
     let text = Text::load(&g.model, g.chat_template.as_deref())?;
+    let t_prompt = std::time::Instant::now();
     let tokens = if a.raw {
         if g.system.is_some() {
             bail!("--system needs the chat template; it cannot be used with --raw");
@@ -75,6 +76,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         messages.push(Message::new("user", prompt));
         text.chat_tokens(template, &messages)?
     };
+    let prompt_secs = t_prompt.elapsed().as_secs_f64();
 
     if a.print_prompt_ids {
         eprintln!("prompt ids: {}", join_ids(&tokens));
@@ -87,7 +89,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut generator = Generator::new(&model, context)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let gen = generator.generate(
+    let mut gen = generator.generate(
         &tokens,
         &text.tokenizer,
         &mut sampler,
@@ -106,7 +108,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if a.print_token_ids {
         eprintln!("ids: {}", join_ids(&gen.ids));
     }
+    gen.stats.phases.prompt = prompt_secs;
     eprintln!("{}", gen.stats.summary());
+    if g.timings {
+        eprintln!("{}", gen.stats.timings());
+    }
     Ok(ExitCode::SUCCESS)
 }
 

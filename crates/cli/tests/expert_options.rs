@@ -1,7 +1,7 @@
 //! `turbospark logits` with the expert options: the plan line, `--stats`,
 //! `--router-hist`, and bad input (too few slots, a short expert file),
 //! which must fail with a message naming the problem and leave no output
-//! file.
+//! file; `synth --router-skew` and `bench` on the result.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -152,4 +152,116 @@ fn bad_expert_input_fails_cleanly_without_output() {
         1,
         "only the install is in the work directory"
     );
+}
+
+/// `synth` (with a router skew) then `bench` on it: one row per slot
+/// count, the routing line, and a histogram whose every layer counts
+/// (prompt + generate) × top_k selections.
+#[test]
+fn synth_with_router_skew_then_bench() {
+    let work = Work(std::env::temp_dir().join(format!("ts-cli-bench-{}", std::process::id())));
+    let _ = std::fs::remove_dir_all(&work.0);
+    std::fs::create_dir_all(&work.0).unwrap();
+    let model = work.0.join("synth");
+    let dims = [
+        "--layers",
+        "2",
+        "--experts",
+        "8",
+        "--top-k",
+        "2",
+        "--hidden",
+        "128",
+        "--expert-intermediate",
+        "128",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--head-dim",
+        "32",
+        "--vocab",
+        "256",
+    ];
+    let mut args = vec![
+        "synth",
+        model.to_str().unwrap(),
+        "-q",
+        "--router-skew",
+        "1.0",
+    ];
+    args.extend(dims);
+    let out = turbospark(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let hist = work.0.join("hist.json");
+    let out = turbospark(&[
+        "bench",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "5",
+        "--generate",
+        "3",
+        "--router-hist",
+        hist.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Slots k, 2k, 4k, all = 2, 4, 8 (4k = all: one row).
+    let rows: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.trim_start().starts_with("streamed"))
+        .collect();
+    let slots: Vec<&str> = rows
+        .iter()
+        .map(|l| l.split_whitespace().nth(1).unwrap())
+        .collect();
+    assert_eq!(slots, ["2", "4", "8"], "{stdout}");
+    assert!(rows.iter().all(|r| r.ends_with("yes")), "{stdout}");
+    assert!(
+        stdout.contains("routing: each layer's most chosen 2 / 4 / 8"),
+        "{stdout}"
+    );
+
+    let h: serde_json::Value = serde_json::from_slice(&std::fs::read(&hist).unwrap()).unwrap();
+    assert_eq!(h["num_experts"], 8);
+    assert_eq!(h["top_k"], 2);
+    let layers = h["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    for l in layers {
+        let counts: Vec<u64> = l["counts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c.as_u64().unwrap())
+            .collect();
+        assert_eq!(counts.iter().sum::<u64>(), (5 + 3) * 2, "{l}");
+    }
+    assert_eq!(h["total"], 2 * (5 + 3) * 2);
+}
+
+#[test]
+fn synth_refuses_a_negative_router_skew() {
+    let dst = std::env::temp_dir().join(format!("ts-cli-badskew-{}", std::process::id()));
+    let out = turbospark(&[
+        "synth",
+        dst.to_str().unwrap(),
+        "-q",
+        "--router-skew=-1",
+        "--layers",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("router skew") && err.contains("-1"), "{err}");
+    assert!(!dst.exists(), "a refused synth left {}", dst.display());
 }

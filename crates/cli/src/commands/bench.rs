@@ -1,7 +1,7 @@
 //! `turbospark bench --model DIR`: prefill and decode speed with streamed
 //! experts at several slot counts in one run (by default top_k, 2·top_k,
-//! 4·top_k and every expert), with the decode phase's cache hit rate and
-//! read bandwidth, and each configuration's peak resident memory (VmHWM,
+//! 4·top_k and every expert), with the decode phase's cache hit rate, read
+//! bandwidth and share of time spent waiting for expert reads, and each configuration's peak resident memory (VmHWM,
 //! reset between configurations) against the bound the slot cache promises:
 //! resident weights + slots × stride × MoE layers + 300 MiB of scratch.
 //!
@@ -106,6 +106,8 @@ struct Row {
     hit_rate: f64,
     bytes_read: u64,
     read_bw: f64,
+    /// Share of the decode time spent waiting for expert reads.
+    io_wait: f64,
     peak: Option<u64>,
     bound: Option<u64>,
     histogram: RouterHistogram,
@@ -145,6 +147,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
         hit_rate: stats.hit_rate(),
         bytes_read: stats.bytes_read,
         read_bw: stats.bandwidth(),
+        io_wait: stats.read_nanos as f64 * 1e-9 / decode,
         peak: reset.then(peak_rss).flatten(),
         bound: streamed.then(|| {
             m.resident_bytes
@@ -190,7 +193,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if a.cache.direct_io { ", direct I/O" } else { "" },
     );
     println!(
-        "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>10} {:>10} {:>5}",
+        "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>8} {:>10} {:>10} {:>5}",
         "experts",
         "slots",
         "prefill tok/s",
@@ -198,6 +201,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "hit%",
         "MiB read",
         "read MiB/s",
+        "io wait%",
         "peak RSS",
         "bound",
         "ok"
@@ -239,7 +243,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         };
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
         println!(
-            "{:>9} {:>6} {:>13.2} {:>12.2} {:>7.2} {:>10.1} {:>11.1} {:>10} {:>10} {:>5}",
+            "{:>9} {:>6} {:>13.2} {:>12.2} {:>7.2} {:>10.1} {:>11.1} {:>8.1} {:>10} {:>10} {:>5}",
             r.label,
             r.slots.map_or("-".into(), |s| s.to_string()),
             r.prefill_tps,
@@ -247,6 +251,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             100.0 * r.hit_rate,
             mib(r.bytes_read),
             mib(r.read_bw as u64),
+            100.0 * r.io_wait,
             r.peak.map_or("-".into(), human_bytes),
             r.bound.map_or("-".into(), human_bytes),
             ok

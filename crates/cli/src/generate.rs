@@ -11,9 +11,11 @@
 //! or an interrupt. The KV cache keeps every token fed to it; a later prompt
 //! that extends those tokens (the next chat turn) only prefills what is new.
 //!
-//! Each phase is timed on its own ([`PhaseTimes`]): the chat template and
+//! Each phase is timed on its own ([`GenPhases`]): the chat template and
 //! tokenizer, the prefill, the decode passes, the sampler and the
-//! detokenizer (with the writing of the text); `--timings` prints them.
+//! detokenizer (with the writing of the text), and within the prefill and
+//! the decode passes the engine's own phases (attention, FFN, router,
+//! routed experts, head); `--timings` prints them.
 
 use anyhow::{bail, Context, Result};
 use std::io::Write;
@@ -21,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use turbospark_cpu::CpuBackend;
+use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
@@ -249,7 +252,7 @@ impl StopReason {
 
 /// Wall time of each phase of one generation, in seconds.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PhaseTimes {
+pub struct GenPhases {
     /// Rendering the chat template and tokenizing (set by the caller, which
     /// does both before generating).
     pub prompt: f64,
@@ -261,6 +264,9 @@ pub struct PhaseTimes {
     pub sample: f64,
     /// Streaming detokenization, stop-string matching and writing the text.
     pub detokenize: f64,
+    /// The engine's phases within the prefill and within the decode passes.
+    pub engine_prefill: PhaseTimes,
+    pub engine_decode: PhaseTimes,
 }
 
 /// Counters of one generation.
@@ -279,7 +285,7 @@ pub struct GenStats {
     /// detokenizing.
     pub decode_secs: f64,
     pub stop: StopReason,
-    pub phases: PhaseTimes,
+    pub phases: GenPhases,
 }
 
 impl GenStats {
@@ -314,8 +320,8 @@ impl GenStats {
 }
 
 impl GenStats {
-    /// The `--timings` line: each phase's total, and per token where it
-    /// runs once per token.
+    /// The `--timings` lines: each phase's total, and per token where it
+    /// runs once per token; then the engine's phases in prefill and decode.
     pub fn timings(&self) -> String {
         let ms = |s: f64| s * 1e3;
         let per = |s: f64, n: usize| {
@@ -340,6 +346,9 @@ impl GenStats {
             self.generated,
             per(p.sample, self.generated),
             ms(p.detokenize),
+        ) + &format!(
+            "\nengine, prefill: {}\nengine, decode passes: {}",
+            p.engine_prefill, p.engine_decode
         )
     }
 }
@@ -418,10 +427,13 @@ impl<'m> Generator<'m> {
             sampler.accept(t);
         }
 
+        self.session.phase_times_mut().reset();
         let t0 = Instant::now();
         self.session
             .forward(reused, fresh, Logits::Last(&mut self.logits))
             .context("prefill")?;
+        let engine_prefill = *self.session.phase_times();
+        self.session.phase_times_mut().reset();
         self.cached.extend_from_slice(fresh);
         let prefill_secs = t0.elapsed().as_secs_f64();
 
@@ -431,9 +443,10 @@ impl<'m> Generator<'m> {
         let mut generated = 0usize;
         let mut ids = Vec::new();
         let mut decoded = 0usize;
-        let mut phases = PhaseTimes {
+        let mut phases = GenPhases {
             prefill: prefill_secs,
-            ..PhaseTimes::default()
+            engine_prefill,
+            ..GenPhases::default()
         };
         let t1 = Instant::now();
         let stop = loop {
@@ -479,6 +492,7 @@ impl<'m> Generator<'m> {
         emit(out, &rest, &mut text)?;
         phases.detokenize += td.elapsed().as_secs_f64();
         let decode_secs = t1.elapsed().as_secs_f64();
+        phases.engine_decode = *self.session.phase_times();
         out.flush().ok();
         Ok(Generation {
             text,

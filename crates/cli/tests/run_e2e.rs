@@ -116,6 +116,18 @@ fn greedy_answer_names_paris() {
         timings.contains("sampling ") && timings.contains(&format!("({generated} × ")),
         "sampling not counted per token ({generated}): {timings}"
     );
+    for engine in ["engine, prefill: ", "engine, decode passes: "] {
+        let line = err
+            .lines()
+            .find(|l| l.starts_with(engine))
+            .unwrap_or_else(|| panic!("no `{engine}` line: {err}"));
+        // SmolLM2 is dense: no router, no routed experts.
+        assert!(
+            line.contains("attention ") && line.contains("dense FFN ") && line.contains("head "),
+            "{line}"
+        );
+        assert!(!line.contains("router"), "{line}");
+    }
     assert!(
         timings.contains(&format!("({} × ", generated - 1)),
         "decode passes not counted ({}): {timings}",

@@ -27,9 +27,11 @@
 use crate::experts::routed::RoutedInput;
 use crate::router::RouterTables;
 use crate::session::{RouterState, Session};
+use crate::timing::Phase;
 use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
 use crate::EngineError;
 use crate::Model;
+use std::time::Instant;
 use turbospark_backend::{AttentionParams, Backend, MoeScratch};
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
 
@@ -173,6 +175,7 @@ impl<B: Backend> Session<'_, B> {
         let hidden = spec.hidden_size;
         let b = &mut self.bufs;
 
+        let start = Instant::now();
         be.embed(&m.weights.token_embd, tokens, &mut b.h)?;
         if spec.embedding.scale != 1.0 {
             be.scale(&mut b.h, n * hidden, spec.embedding.scale)?;
@@ -180,15 +183,18 @@ impl<B: Backend> Session<'_, B> {
         if let Some(norm) = spec.embedding.norm {
             be.rms_norm(&mut b.h, n, hidden, norm, None)?;
         }
+        let mut t = self.times.lap(Phase::Embed, start);
         for (l, lw) in m.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, pos, n)?;
-            self.ffn_block(l, lw, n)?;
+            t = self.times.lap(Phase::Attention, t);
+            t = self.ffn_block(l, lw, n, t)?;
             if let Some(s) = lw.layer_output_scale {
                 be.scale(&mut self.bufs.h, n * hidden, s)?;
             }
         }
         if let Some((first, rows, out)) = head {
             self.head(first, rows, out)?;
+            self.times.lap(Phase::Head, t);
         }
         Ok(())
     }
@@ -274,7 +280,15 @@ impl<B: Backend> Session<'_, B> {
         Ok(())
     }
 
-    fn ffn_block(&mut self, l: usize, lw: &LayerWeights<B>, n: usize) -> Result<(), EngineError> {
+    /// The FFN block of layer `l`; times its phases from `t` and returns
+    /// the end of the last.
+    fn ffn_block(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<B>,
+        n: usize,
+        t: Instant,
+    ) -> Result<Instant, EngineError> {
         let m = self.model;
         let (spec, be) = (&m.spec, &m.backend);
         let hidden = spec.hidden_size;
@@ -288,30 +302,33 @@ impl<B: Backend> Session<'_, B> {
             spec.norms.ffn_input,
             lw.ffn_norm.as_ref(),
         )?;
-        match &lw.ffn {
+        let (t, phase) = match &lw.ffn {
             FfnWeights::Dense(d) => {
-                dense_mlp(m, d, &b.a, n, &mut b.mlp_gate, &mut b.mlp_up, &mut b.o)?
+                dense_mlp(m, d, &b.a, n, &mut b.mlp_gate, &mut b.mlp_up, &mut b.o)?;
+                (t, Phase::DenseFfn)
             }
-            FfnWeights::Moe(mw) => self.moe_block(l, lw, mw, n)?,
-        }
+            FfnWeights::Moe(mw) => (self.moe_block(l, lw, mw, n, t)?, Phase::Experts),
+        };
         let b = &mut self.bufs;
         if let Some(ns) = spec.norms.ffn_post {
             be.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm.as_ref())?;
         }
         be.add(&mut b.h, &b.o, n * hidden)?;
-        Ok(())
+        Ok(self.times.lap(phase, t))
     }
 
     /// The MoE part of a MoE layer's FFN: routed experts plus any shared or
     /// parallel dense branch, into `bufs.o`. `bufs.a` holds the FFN-normed
-    /// input and `bufs.h` the residual stream entering the block.
+    /// input and `bufs.h` the residual stream entering the block. Times
+    /// router, routed experts and dense branches from `t`; returns the end.
     fn moe_block(
         &mut self,
         l: usize,
         lw: &LayerWeights<B>,
         mw: &MoeWeights<B>,
         n: usize,
-    ) -> Result<(), EngineError> {
+        t: Instant,
+    ) -> Result<Instant, EngineError> {
         let m = self.model;
         let (spec, be) = (&m.spec, &m.backend);
         let hidden = spec.hidden_size;
@@ -347,6 +364,7 @@ impl<B: Backend> Session<'_, B> {
             expert_scale: mw.expert_scale.as_deref(),
         };
         let routes = route(be, rs, router_buf, tables, n)?;
+        let t = self.times.lap(Phase::Router, t);
 
         // Routed experts, on the FFN-normed input or on their own norm of
         // the residual stream, wherever the store keeps them.
@@ -374,6 +392,7 @@ impl<B: Backend> Session<'_, B> {
         if let Some(ns) = norms.moe_post {
             be.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
         }
+        let mut t = self.times.lap(Phase::Experts, t);
 
         // Always-on branches on the FFN-normed input.
         let branches = [
@@ -392,8 +411,9 @@ impl<B: Backend> Session<'_, B> {
                 be.rms_norm(&mut b.branch, n, hidden, ns, weight)?;
             }
             be.add(&mut b.o, &b.branch, n * hidden)?;
+            t = self.times.lap(Phase::DenseFfn, t);
         }
-        Ok(())
+        Ok(t)
     }
 
     /// Final norm, head, multiplier and soft-cap for batch rows

@@ -13,6 +13,7 @@
 //!   into a per-session slot cache) and their statistics.
 //! - [`synthetic`]: random weights for any spec (tests, benchmarks).
 //! - [`synthetic_install`]: a random install of any spec on disk.
+//! - [`timing`]: wall time per phase of the forward pass.
 //!
 //! Decoding `N` tokens one at a time gives the same logits as a prefill of
 //! the same `N` tokens: every op computes a row the same way whatever the
@@ -29,6 +30,7 @@ pub mod session;
 pub mod source;
 pub mod synthetic;
 pub mod synthetic_install;
+pub mod timing;
 pub mod weights;
 
 pub use error::EngineError;

@@ -9,6 +9,7 @@ use crate::experts::{ExpertStats, RouterHistogram};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::router::Router;
+use crate::timing::PhaseTimes;
 use crate::EngineError;
 use turbospark_backend::{Backend, Limits, Route};
 
@@ -59,6 +60,8 @@ pub struct Session<'m, B: Backend> {
     pub(crate) routing: Option<RouterState>,
     /// Routed-expert slots (streamed), statistics and router histogram.
     pub(crate) experts: SessionExperts<B>,
+    /// Wall time per phase of the forward passes so far.
+    pub(crate) times: PhaseTimes,
     /// The last token's logits for [`Session::decode`].
     last_logits: Vec<f32>,
     max_batch: usize,
@@ -107,6 +110,7 @@ impl<'m, B: Backend> Session<'m, B> {
             bufs: Buffers::new(be, spec, max_batch)?,
             routing,
             experts: SessionExperts::new(model, max_batch)?,
+            times: PhaseTimes::default(),
             last_logits: vec![0.0; spec.vocab_size],
             max_batch,
         })
@@ -139,6 +143,16 @@ impl<'m, B: Backend> Session<'m, B> {
 
     pub fn expert_stats_mut(&mut self) -> &mut ExpertStats {
         &mut self.experts.stats
+    }
+
+    /// Wall time per phase of every forward pass since the session began
+    /// (or since the caller last reset it).
+    pub fn phase_times(&self) -> &PhaseTimes {
+        &self.times
+    }
+
+    pub fn phase_times_mut(&mut self) -> &mut PhaseTimes {
+        &mut self.times
     }
 
     /// How often the router chose each expert of each MoE layer.

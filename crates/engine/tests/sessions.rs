@@ -4,7 +4,8 @@
 //!   and as a prefill split into small batches that makes every sliding
 //!   layer's KV ring wrap many times (each row of every op is computed the
 //!   same way whatever the batch, so the match is exact);
-//! - bad input is a typed error and leaves the session usable.
+//! - bad input is a typed error and leaves the session usable;
+//! - the phase timers see exactly the phases a family runs.
 
 mod common;
 
@@ -190,4 +191,42 @@ fn bad_input_is_a_typed_error_and_leaves_the_session_usable() {
         .err()
         .unwrap();
     assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+}
+
+#[test]
+fn phase_times_cover_the_phases_each_family_runs() {
+    use turbospark_engine::timing::Phase;
+    for &family in FAMILIES {
+        let Some(spec) = spec(family, &[]) else {
+            continue;
+        };
+        let m = model(&spec, 1);
+        let mut s = m.session(SessionOptions::new(16)).unwrap();
+        let mut last = vec![0f32; spec.vocab_size];
+        let started = std::time::Instant::now();
+        s.forward(0, &tokens(8, spec.vocab_size), Logits::Last(&mut last))
+            .unwrap();
+        let wall = started.elapsed();
+        let t = *s.phase_times();
+        let moe = spec.moe.is_some();
+        let dense = spec.moe_layers().count() < spec.layers.len()
+            || spec
+                .moe
+                .as_ref()
+                .is_some_and(|m| m.parallel_dense || m.shared_intermediate.is_some());
+        for (phase, runs) in [
+            (Phase::Embed, true),
+            (Phase::Attention, true),
+            (Phase::DenseFfn, dense),
+            (Phase::Router, moe),
+            (Phase::Experts, moe),
+            (Phase::Head, true),
+        ] {
+            assert_eq!(!t.get(phase).is_zero(), runs, "{family}: {phase:?} in {t}");
+        }
+        // The phases are disjoint laps within the call.
+        assert!(t.total() <= wall, "{family}: {t} over {wall:?}");
+        s.phase_times_mut().reset();
+        assert!(s.phase_times().total().is_zero());
+    }
 }

@@ -1,7 +1,9 @@
 //! `turbospark bench --model DIR`: prefill and decode speed with streamed
 //! experts at several slot counts in one run (by default top_k, 2·top_k,
 //! 4·top_k and every expert), with the decode phase's cache hit rate, read
-//! bandwidth and share of time spent waiting for expert reads, and each configuration's peak resident memory (VmHWM,
+//! bandwidth and share of time spent waiting for expert reads, the engine's
+//! phases over the decode steps (attention, router, routed experts — reads
+//! included — and head), and each configuration's peak resident memory (VmHWM,
 //! reset between configurations) against the bound the slot cache promises:
 //! resident weights + slots × stride × MoE layers + 300 MiB of scratch.
 //!
@@ -23,6 +25,7 @@ use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{
     ExpertMode, ExpertOptions, Logits, Model, Residency, RouterHistogram, SessionOptions, SlotCount,
 };
@@ -111,6 +114,8 @@ struct Row {
     peak: Option<u64>,
     bound: Option<u64>,
     histogram: RouterHistogram,
+    /// The engine's phases over the decode steps.
+    decode_phases: PhaseTimes,
 }
 
 fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
@@ -130,6 +135,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
     session.forward(0, &prompt, Logits::Last(&mut last))?;
     let prefill = t.elapsed().as_secs_f64();
     session.expert_stats_mut().reset();
+    session.phase_times_mut().reset();
     let mut next = argmax(&last);
     let t = Instant::now();
     for pos in a.prompt..a.prompt + a.generate {
@@ -158,6 +164,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
                 + OVERHEAD
         }),
         histogram: session.router_histogram().clone(),
+        decode_phases: *session.phase_times(),
     })
 }
 
@@ -256,6 +263,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             r.bound.map_or("-".into(), human_bytes),
             ok
         );
+        println!("{:>16} {}", "decode phases:", r.decode_phases);
         histogram.get_or_insert(r.histogram);
     }
     if let Some(h) = &histogram {

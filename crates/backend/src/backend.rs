@@ -243,5 +243,42 @@ pub trait Backend: Send + Sync {
         input: MoeInput<'_, Self::Buf, Self::Matrix, Self::Vector>,
         scratch: &mut MoeScratch<Self::Buf>,
         out: &mut Self::Buf,
+    ) -> Result<(), BackendError> {
+        let (n, routes) = (input.n_tokens, input.routes);
+        let Some(first) = routes.first() else {
+            return Ok(());
+        };
+        let hidden = input
+            .experts
+            .get(first.slot as usize)
+            .map(|e| self.matrix_shape(&e.gate)[1])
+            .ok_or(BackendError::BadRoute {
+                slot: first.slot as usize,
+                available: input.experts.len(),
+            })?;
+        self.moe_experts(input, scratch, None)?;
+        self.moe_combine(n, hidden, routes, scratch, out)
+    }
+    /// The first half of [`Backend::moe`]: `scratch.y[i] = E_slot(x[t])` for
+    /// each route `i = t·k + r`, restricted to the routes whose slot has
+    /// `only[slot] == true` when `only` is given (other rows of `y` are left
+    /// as they are). Lets a caller compute the experts it has while others
+    /// are still being fetched; each row is computed the same way whatever
+    /// the split.
+    fn moe_experts(
+        &self,
+        input: MoeInput<'_, Self::Buf, Self::Matrix, Self::Vector>,
+        scratch: &mut MoeScratch<Self::Buf>,
+        only: Option<&[bool]>,
+    ) -> Result<(), BackendError>;
+    /// The second half of [`Backend::moe`]: `out[t] = Σ_r routes[t·k +
+    /// r].weight · scratch.y[t·k + r]`, in rank order, rows of `hidden`.
+    fn moe_combine(
+        &self,
+        n_tokens: usize,
+        hidden: usize,
+        routes: &[Route],
+        scratch: &MoeScratch<Self::Buf>,
+        out: &mut Self::Buf,
     ) -> Result<(), BackendError>;
 }

@@ -39,6 +39,7 @@ use pool::{split, Pool};
 use std::sync::{Mutex, MutexGuard};
 use turbospark_backend::{
     AttentionParams, Backend, BackendError, HostTensor, Limits, MoeInput, MoeScratch, RopeTable,
+    Route,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 use turbospark_core::quant::row_bytes;
@@ -767,12 +768,23 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn moe(
+    fn moe_experts(
         &self,
         input: MoeInput<'_, CpuBuf, CpuMatrix, CpuVector>,
         scratch: &mut MoeScratch<CpuBuf>,
+        only: Option<&[bool]>,
+    ) -> Result<(), BackendError> {
+        moe::moe_experts(self, input, scratch, only)
+    }
+
+    fn moe_combine(
+        &self,
+        n_tokens: usize,
+        hidden: usize,
+        routes: &[Route],
+        scratch: &MoeScratch<CpuBuf>,
         out: &mut CpuBuf,
     ) -> Result<(), BackendError> {
-        moe::moe(self, input, scratch, out)
+        moe::moe_combine(n_tokens, hidden, routes, scratch, out)
     }
 }

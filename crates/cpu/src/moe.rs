@@ -15,7 +15,7 @@
 
 use crate::types::{CpuBuf, CpuMatrix, CpuVector};
 use crate::{check_len, shape_err, CpuBackend};
-use turbospark_backend::{BackendError, ExpertWeights, MoeInput, MoeScratch};
+use turbospark_backend::{BackendError, ExpertWeights, MoeInput, MoeScratch, Route};
 
 fn expert_dims(e: &ExpertWeights<CpuMatrix, CpuVector>) -> Result<(usize, usize), BackendError> {
     let (hidden, inter) = (e.gate.cols, e.gate.rows);
@@ -38,21 +38,20 @@ fn expert_dims(e: &ExpertWeights<CpuMatrix, CpuVector>) -> Result<(usize, usize)
     Ok((hidden, inter))
 }
 
-pub(crate) fn moe(
-    be: &CpuBackend,
-    input: MoeInput<'_, CpuBuf, CpuMatrix, CpuVector>,
-    scratch: &mut MoeScratch<CpuBuf>,
-    out: &mut CpuBuf,
-) -> Result<(), BackendError> {
+/// `k` and `hidden` of a batch, after checking routes, `x` and `y`.
+fn batch_dims(
+    input: &MoeInput<'_, CpuBuf, CpuMatrix, CpuVector>,
+    y: &CpuBuf,
+) -> Result<Option<(usize, usize)>, BackendError> {
     let MoeInput {
         x,
         n_tokens: n,
         routes,
         experts,
-        activation,
-    } = input;
+        ..
+    } = *input;
     if n == 0 {
-        return Ok(());
+        return Ok(None);
     }
     if routes.len() % n != 0 || routes.is_empty() {
         return Err(shape_err(
@@ -68,12 +67,35 @@ pub(crate) fn moe(
         });
     }
     let Some(first) = routes.first().map(|r| &experts[r.slot as usize]) else {
-        return Ok(());
+        return Ok(None);
     };
     let (hidden, _) = expert_dims(first)?;
     check_len("moe", "x", x.data.len(), n * hidden)?;
-    check_len("moe", "out", out.data.len(), n * hidden)?;
-    check_len("moe", "scratch.y", scratch.y.data.len(), n * k * hidden)?;
+    check_len("moe", "scratch.y", y.data.len(), n * k * hidden)?;
+    Ok(Some((k, hidden)))
+}
+
+/// `y[i] = E_slot(x[t])` for every route `i = t·k + r` (whose slot `only`
+/// marks, when given): each used expert once, over its gathered rows.
+pub(crate) fn moe_experts(
+    be: &CpuBackend,
+    input: MoeInput<'_, CpuBuf, CpuMatrix, CpuVector>,
+    scratch: &mut MoeScratch<CpuBuf>,
+    only: Option<&[bool]>,
+) -> Result<(), BackendError> {
+    let Some((k, hidden)) = batch_dims(&input, &scratch.y)? else {
+        return Ok(());
+    };
+    let MoeInput {
+        x,
+        routes,
+        experts,
+        activation,
+        ..
+    } = input;
+    if let Some(only) = only {
+        check_len("moe", "only", only.len(), experts.len())?;
+    }
     let MoeScratch {
         x: sx,
         gate: sg,
@@ -81,6 +103,9 @@ pub(crate) fn moe(
         y,
     } = scratch;
     for (slot, e) in experts.iter().enumerate() {
+        if only.is_some_and(|o| !o[slot]) {
+            continue;
+        }
         let m = routes.iter().filter(|r| r.slot as usize == slot).count();
         if m == 0 {
             continue;
@@ -123,13 +148,38 @@ pub(crate) fn moe(
                 .copy_from_slice(&sx.data[j * hidden..(j + 1) * hidden]);
         }
     }
+    Ok(())
+}
+
+/// `out[t] = Σ_r w[t, r] · y[t·k + r]`, in rank order, for rows of
+/// `hidden`.
+pub(crate) fn moe_combine(
+    n: usize,
+    hidden: usize,
+    routes: &[Route],
+    scratch: &MoeScratch<CpuBuf>,
+    out: &mut CpuBuf,
+) -> Result<(), BackendError> {
+    if n == 0 {
+        return Ok(());
+    }
+    if routes.len() % n != 0 || routes.is_empty() {
+        return Err(shape_err(
+            "moe",
+            format!("{} routes for {n} tokens", routes.len()),
+        ));
+    }
+    let k = routes.len() / n;
+    let y = &scratch.y.data;
+    check_len("moe", "out", out.data.len(), n * hidden)?;
+    check_len("moe", "scratch.y", y.len(), n * k * hidden)?;
     let out = &mut out.data[..n * hidden];
     out.fill(0.0);
     for (t, row) in out.chunks_exact_mut(hidden).enumerate() {
         for r in 0..k {
             let i = t * k + r;
             let w = routes[i].weight;
-            for (o, &v) in row.iter_mut().zip(&y.data[i * hidden..(i + 1) * hidden]) {
+            for (o, &v) in row.iter_mut().zip(&y[i * hidden..(i + 1) * hidden]) {
                 *o += w * v;
             }
         }

@@ -153,7 +153,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
         hit_rate: stats.hit_rate(),
         bytes_read: stats.bytes_read,
         read_bw: stats.bandwidth(),
-        io_wait: stats.read_nanos as f64 * 1e-9 / decode,
+        io_wait: stats.wait_nanos as f64 * 1e-9 / decode,
         peak: reset.then(peak_rss).flatten(),
         bound: streamed.then(|| {
             m.resident_bytes

@@ -1,10 +1,14 @@
 //! The persistent I/O pool that reads a layer's missing experts in parallel.
 //!
-//! [`IoPool::run`] takes one batch of [`ReadJob`]s (the misses of one group
-//! of one layer), lets the pool threads and the calling thread claim jobs
-//! until none is left, and returns when every job has finished, with the
-//! first failure if any. Each job is one positioned read (`pread`) of one
-//! expert record into its slot; jobs of a batch write disjoint slots.
+//! [`IoPool::submit`] posts one batch of [`ReadJob`]s (the misses of one
+//! group of one layer) to the pool threads and returns at once with a
+//! [`Pending`] batch; the caller may compute meanwhile (on the experts it
+//! already has), then [`Pending::wait`] lets the calling thread claim the
+//! jobs still unclaimed and returns when every job has finished, with the
+//! first failure if any, and how long the reads took and how long the
+//! caller waited. Each job is one
+//! positioned read (`pread`) of one expert record into its slot; jobs of a
+//! batch write disjoint slots.
 //!
 //! Nothing here allocates after [`IoPool::new`]: the job list has a fixed
 //! capacity, synchronisation is a mutex and two condition variables, and a
@@ -15,6 +19,7 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 /// One positioned read of `len` bytes at `offset` of `file` into `dst`.
 pub(crate) struct ReadJob {
@@ -26,9 +31,11 @@ pub(crate) struct ReadJob {
 }
 
 // SAFETY: `dst` points into a slot buffer that outlives the batch (the
-// submitting session owns the buffer and waits in `IoPool::run` until every
-// job has finished), and the slots of one batch are disjoint, so moving a job
-// to another thread hands that thread exclusive use of its destination.
+// submitting session owns the buffer and waits in `Pending::wait`, or in
+// `Pending`'s drop, until every job has finished), the slots of one batch are
+// disjoint, and the submitter does not touch a slot being read until then,
+// so moving a job to another thread hands that thread exclusive use of its
+// destination.
 unsafe impl Send for ReadJob {}
 
 impl ReadJob {
@@ -72,6 +79,8 @@ struct State {
     unfinished: usize,
     /// The first failed job and its error.
     failure: Option<(usize, io::Error)>,
+    /// When the last job of the batch finished.
+    finished: Option<Instant>,
     shutdown: bool,
 }
 
@@ -107,6 +116,7 @@ impl Shared {
             }
             st.unfinished -= 1;
             if st.unfinished == 0 {
+                st.finished = Some(Instant::now());
                 self.done.notify_all();
             }
         }
@@ -131,6 +141,7 @@ impl IoPool {
                 next: 0,
                 unfinished: 0,
                 failure: None,
+                finished: None,
                 shutdown: false,
             }),
             wake: Condvar::new(),
@@ -169,16 +180,14 @@ impl IoPool {
         Ok(pool)
     }
 
-    /// Runs one batch; on failure returns the index (in `jobs` order) of
-    /// the first job that failed and its error. Every job has finished when
-    /// this returns, failed or not.
-    ///
+    /// Posts one batch to the pool threads and returns without waiting.
     /// At most `max_jobs` jobs (see [`IoPool::new`]); more is an
-    /// `InvalidInput` error before any read.
-    pub(crate) fn run(
+    /// `InvalidInput` error before any read. One batch at a time: the
+    /// returned [`Pending`] borrows the pool until it is waited for.
+    pub(crate) fn submit(
         &self,
         jobs: impl ExactSizeIterator<Item = ReadJob>,
-    ) -> Result<(), (usize, io::Error)> {
+    ) -> Result<Pending<'_>, (usize, io::Error)> {
         if jobs.len() > self.capacity {
             return Err((0, io::ErrorKind::InvalidInput.into()));
         }
@@ -186,24 +195,77 @@ impl IoPool {
         let mut st = sh.lock();
         st.jobs.clear();
         st.jobs.extend(jobs);
-        let n = st.jobs.len();
-        if n == 0 {
-            return Ok(());
-        }
         st.next = 0;
-        st.unfinished = n;
+        st.unfinished = st.jobs.len();
         st.failure = None;
-        if n > 1 && !self.threads.is_empty() {
+        st.finished = None;
+        if !st.jobs.is_empty() && !self.threads.is_empty() {
             sh.wake.notify_all();
         }
-        st = sh.work(st);
+        Ok(Pending {
+            pool: self,
+            submitted: Instant::now(),
+            waited: false,
+        })
+    }
+
+    /// Claims the batch's unclaimed jobs on this thread, then waits for the
+    /// rest; returns the first failure, and when the last job finished.
+    fn finish(&self) -> (Result<(), (usize, io::Error)>, Option<Instant>) {
+        let sh = &*self.shared;
+        let mut st = sh.work(sh.lock());
         while st.unfinished > 0 {
             st = sh.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.jobs.clear();
+        let finished = st.finished.take();
         match st.failure.take() {
-            Some(f) => Err(f),
-            None => Ok(()),
+            Some(f) => (Err(f), finished),
+            None => (Ok(()), finished),
+        }
+    }
+}
+
+/// How long one batch took.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct ReadTimes {
+    /// From submission to the last read's end.
+    pub busy: Duration,
+    /// How long the caller was blocked in [`Pending::wait`].
+    pub waited: Duration,
+}
+
+/// A submitted batch. Its reads write into their slots until it is waited
+/// for; dropping it unwaited (on an error path) waits too, so no read
+/// outlives the borrow of the pool or the caller's buffers.
+pub(crate) struct Pending<'p> {
+    pool: &'p IoPool,
+    submitted: Instant,
+    waited: bool,
+}
+
+impl Pending<'_> {
+    /// Returns when every read of the batch has finished (this thread
+    /// helps with unclaimed ones); on failure, the index (in submission
+    /// order) of the first job that failed and its error.
+    pub(crate) fn wait(mut self) -> Result<ReadTimes, (usize, io::Error)> {
+        self.waited = true;
+        let start = Instant::now();
+        let (result, finished) = self.pool.finish();
+        let end = Instant::now();
+        result.map(|()| ReadTimes {
+            busy: finished
+                .unwrap_or(end)
+                .saturating_duration_since(self.submitted),
+            waited: end - start,
+        })
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.waited {
+            let _ = self.pool.finish();
         }
     }
 }
@@ -225,6 +287,14 @@ mod tests {
     use crate::experts::aligned::AlignedBuf;
     use std::io::Write;
 
+    /// One batch, submitted and waited for.
+    fn run(
+        pool: &IoPool,
+        jobs: impl ExactSizeIterator<Item = ReadJob>,
+    ) -> Result<ReadTimes, (usize, io::Error)> {
+        pool.submit(jobs)?.wait()
+    }
+
     #[test]
     fn reads_in_parallel_and_reports_the_failing_job() {
         let path = std::env::temp_dir().join(format!("ts-io-pool-{}", std::process::id()));
@@ -243,7 +313,7 @@ mod tests {
                 dst: buf.region(j * 4096, 4096).unwrap(),
                 len: 4096,
             });
-            pool.run(jobs).unwrap();
+            run(&pool, jobs).unwrap();
             for j in 0..16 {
                 let at = ((j + round) % 16) * 4096;
                 assert_eq!(
@@ -259,7 +329,7 @@ mod tests {
             dst: buf.region(j * 4096, 4096).unwrap(),
             len: 4096,
         });
-        let (i, e) = pool.run(jobs).unwrap_err();
+        let (i, e) = run(&pool, jobs).unwrap_err();
         assert_eq!(i, 1);
         assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
         let too_many = (0..17).map(|_| ReadJob {
@@ -268,7 +338,46 @@ mod tests {
             dst: buf.region(0, 1).unwrap(),
             len: 1,
         });
-        assert!(pool.run(too_many).is_err());
+        assert!(run(&pool, too_many).is_err());
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    #[test]
+    fn submitted_reads_finish_by_wait_or_drop_with_or_without_threads() {
+        let path = std::env::temp_dir().join(format!("ts-io-submit-{}", std::process::id()));
+        let data: Vec<u8> = (0..32 * 1024).map(|i| (i * 13 % 241) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        for threads in [0, 2] {
+            let pool = IoPool::new(threads, 8).unwrap();
+            for drop_unwaited in [false, true] {
+                let buf = AlignedBuf::zeroed(8 * 4096).unwrap();
+                let jobs = (0..8).map(|j| ReadJob {
+                    file: Arc::clone(&file),
+                    offset: (7 - j) as u64 * 4096,
+                    dst: buf.region(j * 4096, 4096).unwrap(),
+                    len: 4096,
+                });
+                let pending = pool.submit(jobs).unwrap();
+                if drop_unwaited {
+                    drop(pending);
+                } else {
+                    let t = pending.wait().unwrap();
+                    assert!(t.waited <= t.busy + Duration::from_millis(50), "{t:?}");
+                }
+                for j in 0..8 {
+                    let at = (7 - j) * 4096;
+                    assert_eq!(
+                        &buf.as_ref()[j * 4096..(j + 1) * 4096],
+                        &data[at..at + 4096],
+                        "threads {threads}, dropped {drop_unwaited}, slot {j}"
+                    );
+                }
+            }
+        }
         std::fs::remove_file(&path).unwrap();
     }
 }

@@ -11,8 +11,10 @@
 //!   token always fits since slots ≥ top_k), and per group fetches the
 //!   experts (hits are pinned first, then each miss takes a victim slot,
 //!   then all misses are read in parallel), rewrites the routes from expert
-//!   ids to slot indices, and runs [`Backend::moe`] on the group's rows over
-//!   the slot weights.
+//!   ids to slot indices, and computes the group's rows over the slot
+//!   weights: the experts that hit while the misses are being read
+//!   ([`Backend::moe_experts`] on the hit slots), the misses once they
+//!   have arrived, then the rank-order sum ([`Backend::moe_combine`]).
 //!
 //! Only the expert each route addresses changes place; the weights, rank
 //! order and per-row arithmetic are those of the resident path, so the
@@ -24,7 +26,7 @@
 
 use super::aligned::AlignedBuf;
 use super::cache::SlotCache;
-use super::io::{IoPool, ReadJob};
+use super::io::{IoPool, Pending, ReadJob};
 use super::stats::{ExpertStats, LayerStats, RouterHistogram};
 use super::{slot_bytes, Bytes, ExpertError, ExpertFile, ExpertPlan, Residency};
 use crate::model::Model;
@@ -32,7 +34,6 @@ use crate::EngineError;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
 use turbospark_backend::host::ByteOwner;
 use turbospark_backend::{
     Backend, BackendError, ExpertWeights, HostTensor, MoeInput, MoeScratch, Route, SharedBytes,
@@ -170,12 +171,11 @@ impl<B: Backend> SlotLayer<B> {
         })
     }
 
-    /// Makes every expert of `needed` (distinct ids) resident in a slot
-    /// pinned for the current group.
-    fn fetch(
+    /// Pins the experts of `needed` (distinct ids) already in a slot for the
+    /// current group and gives every other one a victim slot, listed in
+    /// `misses` to be read; counts the requests and hits.
+    fn plan(
         &mut self,
-        be: &B,
-        pool: &IoPool,
         needed: &[u32],
         misses: &mut Vec<Miss>,
         stats: &mut LayerStats,
@@ -199,38 +199,74 @@ impl<B: Backend> SlotLayer<B> {
         }
         stats.requests += needed.len() as u64;
         stats.hits += hits;
-        if misses.is_empty() {
-            return Ok(());
+        Ok(())
+    }
+
+    /// The error of a failed read of `expert`.
+    fn read_error(&self, expert: u32, source: std::io::Error) -> EngineError {
+        ExpertError::Read {
+            layer: self.layer,
+            expert: expert as usize,
+            path: self.path.clone(),
+            offset: expert as u64 * self.stride,
+            len: self.read_len,
+            source,
         }
-        let started = Instant::now();
-        let result = pool.run(misses.iter().map(|m| ReadJob {
+        .into()
+    }
+
+    /// Posts the reads of `misses` (none: `None`). Until the batch is
+    /// finished ([`SlotLayer::finish_reads`]) the misses' slots are being
+    /// written: the caller computes only on other slots meanwhile, and this
+    /// layer (which owns the buffer) outlives the batch.
+    fn start_reads<'p>(
+        &self,
+        pool: &'p IoPool,
+        misses: &[Miss],
+    ) -> Result<Option<Pending<'p>>, EngineError> {
+        if misses.is_empty() {
+            return Ok(None);
+        }
+        pool.submit(misses.iter().map(|m| ReadJob {
             file: Arc::clone(&self.file),
             offset: m.expert as u64 * self.stride,
             // In bounds: `slot < slots` and the layout was checked in `new`.
             dst: self.buf.region_unchecked(m.slot as usize * self.slot_bytes),
             len: self.read_len,
-        }));
-        stats.read_nanos += started.elapsed().as_nanos() as u64;
-        if let Err((i, source)) = result {
-            for m in misses.iter() {
-                self.cache.invalidate(m.slot);
+        }))
+        .map(Some)
+        .map_err(|(i, source)| self.read_error(misses.get(i).map_or(0, |m| m.expert), source))
+    }
+
+    /// Waits for the reads of `misses`, counts them and points the backend
+    /// at the new bytes. On failure the misses' slots are emptied, so a
+    /// later request reads them again.
+    fn finish_reads(
+        &mut self,
+        be: &B,
+        pending: Option<Pending<'_>>,
+        misses: &[Miss],
+        stats: &mut LayerStats,
+    ) -> Result<(), EngineError> {
+        let Some(pending) = pending else {
+            return Ok(());
+        };
+        let times = match pending.wait() {
+            Ok(t) => t,
+            Err((i, source)) => {
+                for m in misses {
+                    self.cache.invalidate(m.slot);
+                }
+                return Err(self.read_error(misses.get(i).map_or(0, |m| m.expert), source));
             }
-            let expert = misses.get(i).map_or(0, |m| m.expert);
-            return Err(ExpertError::Read {
-                layer: self.layer,
-                expert: expert as usize,
-                path: self.path.clone(),
-                offset: expert as u64 * self.stride,
-                len: self.read_len,
-                source,
-            }
-            .into());
-        }
+        };
+        stats.read_nanos += times.busy.as_nanos() as u64;
+        stats.wait_nanos += times.waited.as_nanos() as u64;
         stats.reads += misses.len() as u64;
         stats.bytes_read += (misses.len() * self.read_len) as u64;
-        for m in misses.iter() {
+        for m in misses {
             if let Err(e) = self.reload(be, m.slot as usize) {
-                for m in misses.iter() {
+                for m in misses {
                     self.cache.invalidate(m.slot);
                 }
                 return Err(e);
@@ -321,6 +357,8 @@ struct Streamed<B: Backend> {
     layers: Vec<Option<SlotLayer<B>>>,
     pool: IoPool,
     misses: Vec<Miss>,
+    /// Which slots a partial expert computation covers `[max_slots]`.
+    ready: Vec<bool>,
     /// Routes rewritten to slot indices `[max_batch, top_k]`.
     remap: Vec<Route>,
     /// A group's input rows and output rows `[max_batch, hidden]`.
@@ -371,6 +409,7 @@ impl<B: Backend> SessionExperts<B> {
                 layers,
                 pool: IoPool::new(plan.io_threads, max_slots).map_err(ExpertError::Threads)?,
                 misses: Vec::with_capacity(max_slots),
+                ready: vec![false; max_slots],
                 remap: vec![Route::default(); max_batch * top_k],
                 group_x: be.alloc(max_batch * spec.hidden_size)?,
                 group_out: be.alloc(max_batch * spec.hidden_size)?,
@@ -444,9 +483,12 @@ impl<B: Backend> SessionExperts<B> {
         let mut t0 = 0;
         while t0 < n {
             let t1 = self.grouper.next(routes, t0, n, slots)?;
-            sl.fetch(be, &st.pool, &self.grouper.needed, &mut st.misses, stats)?;
+            sl.plan(&self.grouper.needed, &mut st.misses, stats)?;
             let group = t0 * k..t1 * k;
-            for (dst, r) in st.remap[group.clone()].iter_mut().zip(&routes[group]) {
+            for (dst, r) in st.remap[group.clone()]
+                .iter_mut()
+                .zip(&routes[group.clone()])
+            {
                 let slot = sl
                     .cache
                     .slot_of(r.slot)
@@ -457,25 +499,50 @@ impl<B: Backend> SessionExperts<B> {
                 };
             }
             let m = t1 - t0;
-            if m == n {
-                let input = MoeInput {
-                    x,
-                    n_tokens: n,
-                    routes: &st.remap[..n * k],
-                    experts: &sl.weights,
-                    activation,
-                };
-                be.moe(input, scratch, out)?;
-            } else {
+            let whole = m == n;
+            if !whole {
                 be.copy(x, t0 * h, &mut st.group_x, 0, m * h)?;
+            }
+            let gx = if whole { x } else { &st.group_x };
+            // The hits are computed while the misses are read.
+            let ready = &mut st.ready[..slots];
+            ready.fill(true);
+            for miss in &st.misses {
+                ready[miss.slot as usize] = false;
+            }
+            let pending = sl.start_reads(&st.pool, &st.misses)?;
+            let hits = if st.misses.len() < self.grouper.needed.len() {
                 let input = MoeInput {
-                    x: &st.group_x,
+                    x: gx,
                     n_tokens: m,
-                    routes: &st.remap[t0 * k..t1 * k],
+                    routes: &st.remap[group.clone()],
                     experts: &sl.weights,
                     activation,
                 };
-                be.moe(input, scratch, &mut st.group_out)?;
+                be.moe_experts(input, scratch, Some(ready))
+            } else {
+                Ok(())
+            };
+            sl.finish_reads(be, pending, &st.misses, stats)?;
+            hits?;
+            if !st.misses.is_empty() {
+                ready.fill(false);
+                for miss in &st.misses {
+                    ready[miss.slot as usize] = true;
+                }
+                let input = MoeInput {
+                    x: gx,
+                    n_tokens: m,
+                    routes: &st.remap[group.clone()],
+                    experts: &sl.weights,
+                    activation,
+                };
+                be.moe_experts(input, scratch, Some(ready))?;
+            }
+            if whole {
+                be.moe_combine(n, h, &st.remap[group], scratch, out)?;
+            } else {
+                be.moe_combine(m, h, &st.remap[group], scratch, &mut st.group_out)?;
                 be.copy(&st.group_out, 0, out, t0 * h, m * h)?;
             }
             t0 = t1;

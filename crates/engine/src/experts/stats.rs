@@ -7,7 +7,8 @@
 //! mapped experts are always in memory, so there every request hits and
 //! nothing is read: hit rates stay comparable across modes. Read time is the
 //! wall time of a layer's parallel reads, so bytes over time is the
-//! bandwidth the decoder actually saw.
+//! bandwidth the decoder actually saw; wait time is the part of it the
+//! decoding thread spent blocked (the rest overlapped computing the hits).
 
 use std::fmt;
 
@@ -19,8 +20,12 @@ pub struct LayerStats {
     /// Experts read from storage (misses).
     pub reads: u64,
     pub bytes_read: u64,
-    /// Wall time spent waiting for reads, in nanoseconds.
+    /// Wall time of the reads, from submission to the last one's end, in
+    /// nanoseconds.
     pub read_nanos: u64,
+    /// Wall time the decoding thread was blocked on reads (less than
+    /// `read_nanos` by the compute overlapped with them), in nanoseconds.
+    pub wait_nanos: u64,
 }
 
 impl LayerStats {
@@ -48,6 +53,7 @@ impl LayerStats {
         self.reads += o.reads;
         self.bytes_read += o.bytes_read;
         self.read_nanos += o.read_nanos;
+        self.wait_nanos += o.wait_nanos;
     }
 }
 
@@ -110,13 +116,13 @@ impl fmt::Display for ExpertStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "{:>6} {:>10} {:>10} {:>7} {:>9} {:>11} {:>10} {:>10}",
-            "layer", "requests", "hits", "hit%", "reads", "MiB read", "read ms", "MiB/s"
+            "{:>6} {:>10} {:>10} {:>7} {:>9} {:>11} {:>10} {:>10} {:>10}",
+            "layer", "requests", "hits", "hit%", "reads", "MiB read", "read ms", "MiB/s", "wait ms"
         )?;
         let row = |f: &mut fmt::Formatter<'_>, name: &str, s: &LayerStats| {
             writeln!(
                 f,
-                "{:>6} {:>10} {:>10} {:>7.2} {:>9} {:>11.1} {:>10.1} {:>10.1}",
+                "{:>6} {:>10} {:>10} {:>7.2} {:>9} {:>11.1} {:>10.1} {:>10.1} {:>10.1}",
                 name,
                 s.requests,
                 s.hits,
@@ -125,6 +131,7 @@ impl fmt::Display for ExpertStats {
                 mib(s.bytes_read),
                 s.read_nanos as f64 * 1e-6,
                 mib(s.bandwidth() as u64),
+                s.wait_nanos as f64 * 1e-6,
             )
         };
         for (l, s) in &self.layers {
@@ -224,11 +231,13 @@ mod tests {
             reads: 1,
             bytes_read: 1 << 20,
             read_nanos: 1_000_000,
+            wait_nanos: 250_000,
         };
         s.layer_mut(3).unwrap().requests = 4;
         s.layer_mut(3).unwrap().hits = 1;
         let t = s.total();
         assert_eq!((t.requests, t.hits), (8, 4));
+        assert_eq!((t.read_nanos, t.wait_nanos), (1_000_000, 250_000));
         assert_eq!(t.hit_rate(), 0.5);
         assert!((s.layer(1).unwrap().bandwidth() - 1048576e3).abs() < 1.0);
         assert!(s.to_string().contains("total"));

@@ -97,7 +97,8 @@ pub struct GenArgs {
     pub numerics: NumericsArg,
     /// After the summary, print the time spent in each phase (chat
     /// template and tokenizer, prefill, decode passes, sampling,
-    /// detokenizing) to stderr.
+    /// detokenizing) and the engine's phases within prefill and decode
+    /// (attention, dense FFN, router, routed experts, head) to stderr.
     #[arg(long)]
     pub timings: bool,
     #[command(flatten)]

@@ -194,7 +194,14 @@ impl<B: Backend> SlotLayer<B> {
             if self.cache.pinned(e) {
                 continue;
             }
-            let slot = self.cache.assign(e).ok_or_else(exhausted)?;
+            let Some(slot) = self.cache.assign(e) else {
+                // Not reachable when groups fit the slots; leave no slot
+                // claiming an expert it never received.
+                for m in misses.iter() {
+                    self.cache.invalidate(m.slot);
+                }
+                return Err(exhausted().into());
+            };
             misses.push(Miss { slot, expert: e });
         }
         stats.requests += needed.len() as u64;

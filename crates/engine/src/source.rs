@@ -67,10 +67,14 @@ impl<'a> InstallSource<'a> {
         Self::with_experts(install, ExpertBacking::Mapped)
     }
 
-    /// `resident.bin` memory-mapped, the expert files held as `backing`
+    /// `resident.bin` as the install maps it, the expert files held as `backing`
     /// says. A file shorter than its manifest entry is an error.
     pub fn with_experts(install: &'a Install, backing: ExpertBacking) -> Result<Self, EngineError> {
-        let resident = map_file(&install.dir.join(&install.manifest.resident_file))?;
+        // The install's own map of resident.bin, not a second one.
+        let resident: ByteOwner = match install.resident_map() {
+            Some(map) => map,
+            None => Arc::new(Vec::<u8>::new()),
+        };
         let mut experts = HashMap::new();
         for layer in &install.manifest.experts {
             let path = install.expert_path(layer);

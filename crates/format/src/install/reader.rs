@@ -9,6 +9,7 @@ use memmap2::Mmap;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// An opened, validated install.
 pub struct Install {
@@ -16,7 +17,8 @@ pub struct Install {
     pub manifest: Manifest,
     pub index: ResidentIndex,
     by_name: HashMap<String, usize>,
-    resident: Option<Mmap>,
+    /// `resident.bin`, mapped once and shared with whoever runs the model.
+    resident: Option<Arc<Mmap>>,
 }
 
 fn bad(path: &Path, detail: impl Into<String>) -> FormatError {
@@ -162,7 +164,7 @@ impl Install {
         let resident = if file_len == 0 {
             None
         } else {
-            Some(unsafe { Mmap::map(&file) }.at(&rpath)?)
+            Some(Arc::new(unsafe { Mmap::map(&file) }.at(&rpath)?))
         };
         Ok(Install {
             dir: dir.to_path_buf(),
@@ -176,8 +178,14 @@ impl Install {
     /// A resident tensor's entry and bytes.
     pub fn tensor(&self, name: &str) -> Option<(&TensorEntry, &[u8])> {
         let t = &self.index.tensors[*self.by_name.get(name)?];
-        let data = self.resident.as_deref().unwrap_or(&[]);
+        let data: &[u8] = self.resident.as_ref().map_or(&[], |m| &m[..]);
         Some((t, &data[t.offset as usize..(t.offset + t.length) as usize]))
+    }
+
+    /// The memory map of `resident.bin` (`None` for an empty file), shared:
+    /// tensors borrowed from it stay valid while any clone lives.
+    pub fn resident_map(&self) -> Option<Arc<Mmap>> {
+        self.resident.clone()
     }
 
     /// Path of a layer's expert file.

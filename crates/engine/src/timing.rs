@@ -7,8 +7,8 @@
 //! Backends whose ops complete before they return (the CPU backend) give
 //! each phase its true cost; an asynchronous backend would need to
 //! synchronise at phase boundaries for these to mean the same. Timing reads
-//! the monotonic clock twice per phase and layer (tens of nanoseconds) and
-//! allocates nothing.
+//! the monotonic clock once per phase boundary (tens of nanoseconds each)
+//! and allocates nothing.
 
 use std::fmt;
 use std::time::{Duration, Instant};

@@ -1,12 +1,14 @@
 //! Merge-ranked BPE over one pre-tokenized word, as llama.cpp's
 //! `llm_tokenizer_bpe_session` does it (`src/llama-vocab.cpp`): start from
 //! one symbol per code point, repeatedly merge the adjacent pair with the
-//! lowest merge rank (ties: leftmost), then map each final symbol to its
-//! token, falling back to one token per byte for symbols that are not tokens.
+//! lowest merge rank (ties: leftmost; [`crate::merge`]), then map each final
+//! symbol to its token, falling back to one token per byte for symbols that
+//! are not tokens.
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::cmp::Reverse;
+use std::collections::HashMap;
 
+use crate::merge::merge;
 use crate::unicode::{byte_to_char_table, char_to_byte_table};
 use crate::vocab::GgufTokenizer;
 
@@ -18,37 +20,6 @@ pub(crate) struct BpeModel {
     ranks: HashMap<(u32, u32), u32>,
     byte_chars: [char; 256],
     char_bytes: Vec<Option<u8>>,
-}
-
-#[derive(Clone, Copy)]
-struct Symbol {
-    prev: isize,
-    next: isize,
-    start: usize,
-    len: usize,
-}
-
-#[derive(PartialEq, Eq)]
-struct Bigram {
-    rank: u32,
-    left: usize,
-    right: usize,
-    size: usize,
-}
-
-impl Ord for Bigram {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // BinaryHeap pops the greatest: lowest rank, then leftmost.
-        other
-            .rank
-            .cmp(&self.rank)
-            .then_with(|| other.left.cmp(&self.left))
-    }
-}
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
 }
 
 impl BpeModel {
@@ -127,53 +98,9 @@ impl BpeModel {
                 return;
             }
         }
-        let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
-        let n_chars = word.chars().count();
-        for (i, (start, c)) in word.char_indices().enumerate() {
-            symbols.push(Symbol {
-                prev: i as isize - 1,
-                next: if i + 1 == n_chars { -1 } else { i as isize + 1 },
-                start,
-                len: c.len_utf8(),
-            });
-        }
-        let text = |s: &Symbol| &word[s.start..s.start + s.len];
-        let mut queue = BinaryHeap::new();
-        let push = |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], l: isize, r: isize| {
-            if l < 0 || r < 0 {
-                return;
-            }
-            let (ls, rs) = (&symbols[l as usize], &symbols[r as usize]);
-            if let Some(rank) = self.rank(text(ls), text(rs)) {
-                queue.push(Bigram {
-                    rank,
-                    left: l as usize,
-                    right: r as usize,
-                    size: ls.len + rs.len,
-                });
-            }
-        };
-        for i in 1..symbols.len() {
-            push(&mut queue, &symbols, i as isize - 1, i as isize);
-        }
-        while let Some(b) = queue.pop() {
-            let (l, r) = (symbols[b.left], symbols[b.right]);
-            // Stale: one side already merged elsewhere.
-            if l.len == 0 || r.len == 0 || l.len + r.len != b.size {
-                continue;
-            }
-            symbols[b.left].len += r.len;
-            symbols[b.right].len = 0;
-            symbols[b.left].next = r.next;
-            if r.next >= 0 {
-                symbols[r.next as usize].prev = b.left as isize;
-            }
-            let left = symbols[b.left];
-            push(&mut queue, &symbols, left.prev, b.left as isize);
-            push(&mut queue, &symbols, b.left as isize, left.next);
-        }
-        for s in symbols.iter().filter(|s| s.len > 0) {
-            let piece = text(s);
+        // Lowest merge rank first.
+        let pieces = merge(word, |p| self.rank(p.left, p.right).map(Reverse));
+        for piece in pieces {
             if let Some(&id) = vocab.token_to_id.get(piece) {
                 out.push(id);
                 continue;

@@ -16,6 +16,7 @@ pub mod detok;
 pub mod error;
 #[cfg(feature = "hf-tokenizers")]
 mod hf;
+mod merge;
 mod pretok;
 pub mod sampler;
 mod spm;

@@ -347,6 +347,19 @@ fn contraction(p: &Piece, pos: usize, fold: bool) -> Option<usize> {
     None
 }
 
+/// The end of the piece at `pos` once the other alternatives failed:
+/// `\s+(?!\S)|\s+` over the `n_ws` white-space code points starting there
+/// (all but the last when a non-space follows), else one code point.
+fn whitespace_end(p: &Piece, pos: usize, n_ws: usize) -> usize {
+    if n_ws > 1 && p.cpt(pos + n_ws) != OUT_OF_RANGE {
+        pos + n_ws - 1
+    } else if n_ws > 0 {
+        pos + n_ws
+    } else {
+        pos + 1
+    }
+}
+
 /// GPT-2: `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`
 fn gpt2_piece(cps: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
     let p = Piece { cps, ini, end };
@@ -393,17 +406,7 @@ fn gpt2_piece(cps: &[u32], ini: usize, end: usize, out: &mut Vec<usize>) {
         while p.flags(pos + n_ws).is_whitespace() {
             n_ws += 1;
         }
-        if n_ws > 1 && p.cpt(pos + n_ws) != OUT_OF_RANGE {
-            pos += n_ws - 1;
-            cut.add(pos);
-            continue;
-        }
-        if n_ws > 0 {
-            pos += n_ws;
-            cut.add(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_end(&p, pos, n_ws);
         cut.add(pos);
     }
 }
@@ -496,17 +499,7 @@ fn llama3_piece(
             cut.add(pos);
             continue;
         }
-        if n_ws > 1 && p.cpt(pos + n_ws) != OUT_OF_RANGE {
-            pos += n_ws - 1;
-            cut.add(pos);
-            continue;
-        }
-        if n_ws > 0 {
-            pos += n_ws;
-            cut.add(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_end(&p, pos, n_ws);
         cut.add(pos);
     }
 }

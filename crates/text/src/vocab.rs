@@ -84,28 +84,18 @@ impl GgufVocabFields {
         };
         let model = string("model")?.ok_or_else(|| vocab_err("model", "is missing"))?;
         let tokens = strings("tokens")?.ok_or_else(|| vocab_err("tokens", "is missing"))?;
-        let scores = match get("scores") {
-            None => None,
-            Some(GgufValue::Array(a)) => Some(
-                a.to_f64_vec()
-                    .ok_or_else(|| vocab_err("scores", "is not numeric"))?
-                    .into_iter()
-                    .map(|x| x as f32)
-                    .collect(),
-            ),
-            Some(_) => return Err(vocab_err("scores", "is not an array")),
+        let numbers = |k: &str| -> Result<Option<Vec<f64>>> {
+            match get(k) {
+                None => Ok(None),
+                Some(GgufValue::Array(a)) => a
+                    .to_f64_vec()
+                    .map(Some)
+                    .ok_or_else(|| vocab_err(k, "is not numeric")),
+                Some(_) => Err(vocab_err(k, "is not an array")),
+            }
         };
-        let token_type = match get("token_type") {
-            None => None,
-            Some(GgufValue::Array(a)) => Some(
-                a.to_f64_vec()
-                    .ok_or_else(|| vocab_err("token_type", "is not numeric"))?
-                    .into_iter()
-                    .map(|x| x as i32)
-                    .collect(),
-            ),
-            Some(_) => return Err(vocab_err("token_type", "is not an array")),
-        };
+        let scores = numbers("scores")?.map(|v| v.into_iter().map(|x| x as f32).collect());
+        let token_type = numbers("token_type")?.map(|v| v.into_iter().map(|x| x as i32).collect());
         Ok(GgufVocabFields {
             model,
             pre: string("pre")?,

@@ -66,6 +66,23 @@ fn first_difference(got: &str, expected: &str) -> String {
     )
 }
 
+/// One line per fixture whose rendering differs from the expected string
+/// (or fails), naming it and the first difference.
+fn mismatches(fixtures: &[Fixture]) -> Vec<String> {
+    fixtures
+        .iter()
+        .filter_map(|fx| match render(fx) {
+            Ok(got) if got == fx.expected => None,
+            Ok(got) => Some(format!(
+                "{}: {}",
+                fx.name,
+                first_difference(&got, &fx.expected)
+            )),
+            Err(e) => Some(format!("{}: {e}", fx.name)),
+        })
+        .collect()
+}
+
 #[test]
 fn required_templates_match_transformers() {
     let fixtures = load(&common::fixtures().join("templates"));
@@ -73,18 +90,7 @@ fn required_templates_match_transformers() {
     for required in ["smollm2", "qwen2.5-coder", "gpt-oss", "gemma-4", "qwen3"] {
         assert!(names.contains(&required), "fixture {required} missing");
     }
-    let mut failures = Vec::new();
-    for fx in &fixtures {
-        match render(fx) {
-            Ok(got) if got == fx.expected => {}
-            Ok(got) => failures.push(format!(
-                "{}: {}",
-                fx.name,
-                first_difference(&got, &fx.expected)
-            )),
-            Err(e) => failures.push(format!("{}: {e}", fx.name)),
-        }
-    }
+    let failures = mismatches(&fixtures);
     eprintln!(
         "{} templates, {} mismatches",
         fixtures.len(),
@@ -98,18 +104,7 @@ fn required_templates_match_transformers() {
 #[test]
 fn extra_templates_match_transformers() {
     let fixtures = load(&common::fixtures().join("templates/extra"));
-    let mut failures = Vec::new();
-    for fx in &fixtures {
-        match render(fx) {
-            Ok(got) if got == fx.expected => {}
-            Ok(got) => failures.push(format!(
-                "{}: {}",
-                fx.name,
-                first_difference(&got, &fx.expected)
-            )),
-            Err(e) => failures.push(format!("{}: {e}", fx.name)),
-        }
-    }
+    let failures = mismatches(&fixtures);
     eprintln!(
         "extra: {} templates, {} match, {} differ",
         fixtures.len(),

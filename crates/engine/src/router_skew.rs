@@ -19,6 +19,8 @@
 //! Plackett–Luce ones; `--router-hist` reports what actually happened.
 //! `s = 0` keeps the bias uniform (the noise alone decides).
 
+use crate::synthetic::Rng;
+
 /// Standard deviation of the standard Gumbel distribution, π/√6.
 pub const GUMBEL_STD: f64 = 1.282_549_830_161_864;
 
@@ -33,17 +35,10 @@ pub fn zipf(n: usize, s: f64) -> Vec<f64> {
 /// generated from `seed`: a seeded permutation of `0..n` (Fisher–Yates
 /// over SplitMix64) whose entry e is the rank of expert e (0 = most used).
 pub fn ranking(n: usize, seed: u64, layer: usize) -> Vec<usize> {
-    let mut state = seed ^ 0xA076_1D64_78BD_642F ^ ((layer as u64 + 1) << 32);
-    let mut next = || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
+    let mut rng = Rng(seed ^ 0xA076_1D64_78BD_642F ^ ((layer as u64 + 1) << 32));
     let mut perm: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
+        let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         perm.swap(i, j);
     }
     perm

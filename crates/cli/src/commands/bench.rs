@@ -19,6 +19,7 @@
 //! and 4·top_k experts) and `--router-hist` writes it.
 
 use crate::experts::CacheArgs;
+use crate::generate::peak_rss_bytes;
 use crate::loading::cpu_backend;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
@@ -30,6 +31,7 @@ use turbospark_engine::{
     ExpertMode, ExpertOptions, Logits, Model, Residency, RouterHistogram, SessionOptions, SlotCount,
 };
 use turbospark_format::install::Install;
+use turbospark_text::sampler::argmax;
 
 /// Scratch, KV cache, thread stacks and allocator slack allowed on top of
 /// the weights and slots.
@@ -81,24 +83,6 @@ fn parse_slots(s: &str, top_k: usize, num_experts: usize) -> Result<usize> {
 fn peak_rss_reset() -> bool {
     // "5" resets the peak resident set size to the current one (Linux ≥ 4.0).
     std::fs::write("/proc/self/clear_refs", "5").is_ok()
-}
-
-/// VmHWM of this process, in bytes.
-fn peak_rss() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 struct Row {
@@ -154,7 +138,7 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
         bytes_read: stats.bytes_read,
         read_bw: stats.bandwidth(),
         io_wait: stats.wait_nanos as f64 * 1e-9 / decode,
-        peak: reset.then(peak_rss).flatten(),
+        peak: reset.then(peak_rss_bytes).flatten(),
         bound: streamed.then(|| {
             m.resident_bytes
                 + m.experts

@@ -30,7 +30,7 @@
 
 mod common;
 
-use common::{cache_dir, convert_to_temp};
+use common::{cache_dir, convert_to_temp, json_ids, llamacpp_reference_dir, ref_gap, NEAR_TIE};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -39,20 +39,6 @@ use turbospark_engine::{Logits, Model, SessionOptions};
 use turbospark_format::install::Install;
 
 const MAX_MEAN_KL: f64 = 1e-2;
-/// Log-probability gap (nats) under which two tokens count as tied.
-const NEAR_TIE: f64 = 0.5;
-
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/llamacpp")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// Natural-log softmax of one row, in f64.
 fn log_softmax(row: &[f32]) -> Vec<f64> {
@@ -76,23 +62,6 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-/// llama.cpp's log-probability of `token` at a step, if in its top list.
-fn ref_logprob(step: &Value, token: u32) -> Option<f64> {
-    step["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t[0].as_u64() == Some(u64::from(token)))
-        .map(|t| t[1].as_f64().unwrap())
-}
-
-/// Gap between llama.cpp's best log-probability at `step` and `token`'s
-/// (infinite when `token` is outside its top list).
-fn ref_gap(step: &Value, token: u32) -> f64 {
-    let best = step["top"][0][1].as_f64().unwrap();
-    ref_logprob(step, token).map_or(f64::INFINITY, |lp| best - lp)
 }
 
 /// Mean KL and greedy agreement of one model in one numerics mode.
@@ -150,8 +119,8 @@ fn run_mode(name: &str, install: &Install, numerics: Numerics, j: &Value) -> Out
         .with_numerics(numerics);
     let model = Model::load(install, backend).unwrap();
     let vocab = model.vocab_size();
-    let prompt = ids(&j["prompt_ids"]);
-    let reference = ids(&j["greedy_ids"]);
+    let prompt = json_ids(&j["prompt_ids"]);
+    let reference = json_ids(&j["greedy_ids"]);
     let steps = j["steps"].as_array().unwrap();
     assert_eq!(steps.len(), reference.len());
 
@@ -263,7 +232,7 @@ fn check(reference: &Path) -> Vec<String> {
     }
     let dst = convert_to_temp(&gguf, &format!("parity-{name}"));
     let install = Install::open(&dst).unwrap();
-    let reference_ids = ids(&j["greedy_ids"]);
+    let reference_ids = json_ids(&j["greedy_ids"]);
     let steps = j["steps"].as_array().unwrap();
 
     let exact = run_mode(&name, &install, Numerics::Exact, &j);
@@ -314,7 +283,7 @@ fn check(reference: &Path) -> Vec<String> {
 
 #[test]
 fn greedy_and_logprobs_match_llama_cpp() {
-    let Ok(entries) = std::fs::read_dir(reference_dir()) else {
+    let Ok(entries) = std::fs::read_dir(llamacpp_reference_dir()) else {
         println!("skipped: no tests/reference/llamacpp directory");
         return;
     };

@@ -6,16 +6,12 @@
 
 mod common;
 
-use common::{cache_dir, convert_to_temp};
+use common::{cache_dir, convert_to_temp, llamacpp_reference_dir};
 
 use serde_json::Value;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn reference_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/llamacpp")
-}
 
 /// `print_info: key = value` lines of a llama.cpp load log.
 fn print_info(path: &Path) -> HashMap<String, String> {
@@ -55,7 +51,7 @@ fn check_model(stem: &str, reference_name: &str) {
         );
         return;
     }
-    let reference = reference_dir().join(format!("{reference_name}.print_info.txt"));
+    let reference = llamacpp_reference_dir().join(format!("{reference_name}.print_info.txt"));
     let info = print_info(&reference);
     assert!(
         !info.is_empty(),

@@ -66,6 +66,24 @@ fn run(args: &[&str]) -> Output {
     Command::new(BIN).arg("run").args(args).output().unwrap()
 }
 
+/// `run` asking QUESTION of the install at `dir`, greedily, at most 32
+/// tokens, with `extra` arguments.
+fn ask_greedily(dir: &Path, extra: &[&str]) -> Output {
+    let dir = dir.to_str().unwrap();
+    let mut args = vec![
+        "--model",
+        dir,
+        "--prompt",
+        QUESTION,
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "32",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -73,17 +91,7 @@ fn stderr(o: &Output) -> String {
 #[test]
 fn greedy_answer_names_paris() {
     let Some(dir) = install() else { return };
-    let out = run(&[
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        QUESTION,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "32",
-        "--timings",
-    ]);
+    let out = ask_greedily(dir, &["--timings"]);
     let answer = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "run failed: {}", stderr(&out));
     assert!(answer.contains("Paris"), "answer: {answer:?}");
@@ -138,18 +146,7 @@ fn greedy_answer_names_paris() {
 #[test]
 fn stop_string_is_not_printed() {
     let Some(dir) = install() else { return };
-    let out = run(&[
-        "--model",
-        dir.to_str().unwrap(),
-        "--prompt",
-        QUESTION,
-        "--temperature",
-        "0",
-        "--max-tokens",
-        "32",
-        "--stop",
-        "Paris",
-    ]);
+    let out = ask_greedily(dir, &["--stop", "Paris"]);
     assert!(out.status.success(), "run failed: {}", stderr(&out));
     let answer = String::from_utf8_lossy(&out.stdout);
     assert!(!answer.contains("Paris"), "answer: {answer:?}");

@@ -38,30 +38,18 @@
 
 mod common;
 
-use common::{cache_dir, convert_to_temp};
+use common::{cache_dir, convert_to_temp, json_ids, llamacpp_reference_dir, ref_logprob, NEAR_TIE};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Log-probability gap (nats) under which two tokens count as tied.
-const NEAR_TIE: f64 = 0.5;
-
 fn reference_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/reference/llamacpp/smollm2-chat.greedy.json")
+    llamacpp_reference_dir().join("smollm2-chat.greedy.json")
 }
 
 fn hf_reference_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/hf/smollm2-chat.greedy.json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn parse_ids(stderr: &str, prefix: &str) -> Vec<u32> {
@@ -112,17 +100,6 @@ fn run(install: &Path, numerics: &str, prompt: &str) -> RunOut {
     }
 }
 
-/// llama.cpp's log-probability of `token` at greedy step `step`, if it is
-/// among the recorded top tokens.
-fn ref_logprob(j: &Value, step: usize, token: u32) -> Option<f64> {
-    j["steps"][step]["top"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|e| e[0].as_u64() == Some(u64::from(token)))
-        .map(|e| e[1].as_f64().unwrap())
-}
-
 #[test]
 fn run_matches_llamacpp_on_chat_prompt() {
     let j: Value = serde_json::from_slice(&std::fs::read(reference_path()).unwrap()).unwrap();
@@ -139,8 +116,8 @@ fn run_matches_llamacpp_on_chat_prompt() {
         return;
     }
     let user = j["chat"]["messages"][0]["content"].as_str().unwrap();
-    let ref_prompt = ids(&j["prompt_ids"]);
-    let ref_all = ids(&j["greedy_ids"]);
+    let ref_prompt = json_ids(&j["prompt_ids"]);
+    let ref_all = json_ids(&j["greedy_ids"]);
     // Up to and including llama.cpp's first end-of-generation token.
     let steps = j["steps"].as_array().unwrap();
     let n = steps
@@ -183,7 +160,7 @@ fn run_matches_llamacpp_on_chat_prompt() {
             Some(i) => {
                 let ours = o.ids.get(i).copied();
                 let gap = ours.and_then(|t| {
-                    Some(j["steps"][i]["top"][0][1].as_f64()? - ref_logprob(&j, i, t)?)
+                    Some(j["steps"][i]["top"][0][1].as_f64()? - ref_logprob(&j["steps"][i], t)?)
                 });
                 println!(
                     "[{mode}] first divergence at {i}: llama.cpp {} vs ours {ours:?}; llama.cpp gap {gap:?} nats",
@@ -214,11 +191,11 @@ fn run_matches_llamacpp_on_chat_prompt() {
     // (d)
     let hf: Value = serde_json::from_slice(&std::fs::read(hf_reference_path()).unwrap()).unwrap();
     assert_eq!(
-        ids(&hf["prompt_ids"]),
+        json_ids(&hf["prompt_ids"]),
         ref_prompt,
         "the two references' prompts differ"
     );
-    let hf_ids = ids(&hf["greedy_ids"]);
+    let hf_ids = json_ids(&hf["greedy_ids"]);
     println!("HF transformers greedy: {hf_ids:?} {:?}", hf["greedy_text"]);
     if exact.ids != hf_ids {
         failures.push(format!(

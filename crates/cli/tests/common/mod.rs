@@ -1,8 +1,45 @@
 //! Helpers shared by the CLI integration tests that use cached real models.
 #![allow(dead_code)]
 
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// Log-probability gap (nats) under which two tokens count as tied in
+/// llama.cpp's own distribution.
+pub const NEAR_TIE: f64 = 0.5;
+
+/// tests/reference/llamacpp, the references of scripts/llamacpp/.
+pub fn llamacpp_reference_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/reference/llamacpp")
+}
+
+/// A JSON array of token ids.
+pub fn json_ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// llama.cpp's log-probability of `token` at a reference step, if in its
+/// top list.
+pub fn ref_logprob(step: &Value, token: u32) -> Option<f64> {
+    step["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t[0].as_u64() == Some(u64::from(token)))
+        .map(|t| t[1].as_f64().unwrap())
+}
+
+/// Gap between llama.cpp's best log-probability at `step` and `token`'s
+/// (infinite when `token` is outside its top list).
+pub fn ref_gap(step: &Value, token: u32) -> f64 {
+    let best = step["top"][0][1].as_f64().unwrap();
+    ref_logprob(step, token).map_or(f64::INFINITY, |lp| best - lp)
+}
 
 /// `${TURBOSPARK_CACHE:-~/.cache/turbospark}`, where scripts/fetch-models.sh
 /// puts the models.

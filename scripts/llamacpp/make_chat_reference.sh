@@ -34,28 +34,11 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x /tmp/hfvenv/bin/python ]]; then PYTHON=/tmp/hfvenv/bin/python; else PYTHON=python3; fi
 fi
 
-log() { printf '[make-chat-reference] %s\n' "$*" >&2; }
-die() { printf '[make-chat-reference] error: %s\n' "$*" >&2; exit 1; }
-json_str() { # minimal JSON string quoting for simple ASCII values
-  local s="${1//\\/\\\\}"; s="${s//\"/\\\"}"; printf '"%s"' "$s"
-}
+LOG_TAG=make-chat-reference
+# shellcheck source=common.sh
+source "$HERE/common.sh"
 
-declare -A MODEL_PATH=()
-while IFS=$'\t' read -r name path; do MODEL_PATH[$name]="$path"; done \
-  < <("$REPO/scripts/fetch-models.sh" smollm2 llamacpp)
-
-declare -A TOOL=()
-while IFS=$'\t' read -r name path; do TOOL[$name]="$path"; done < <("$HERE/build.sh")
-
-SRCROOT="${MODEL_PATH[llamacpp]}"
-LLAMA_SRC="$SRCROOT/vendor/llama.cpp"
-SDIST_VERSION="$(sed -n 's/^Version: //p' "$SRCROOT/PKG-INFO" | head -1)"
-COMMIT="$(git -C "$LLAMA_SRC" rev-parse HEAD)"
-COMMIT_DATE="$(git -C "$LLAMA_SRC" log -1 --format=%cI)"
-BUILD_INFO="$(dirname "${TOOL[ref_logits]}")/../turbospark-build-info.txt"
-BUILD_NUMBER="$(sed -n 's/.*LLAMA_BUILD_NUMBER *= *\([0-9]*\).*/\1/p' "$(dirname "${TOOL[ref_logits]}")/../common/build-info.cpp" | head -1)"
-CMAKE_FLAGS="$(sed -n 's/^cmake flags: //p' "$BUILD_INFO")"
-CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+llamacpp_setup smollm2
 JINJA_VERSION="$("$PYTHON" -c 'import jinja2; print(jinja2.__version__)')" \
   || die "$PYTHON has no jinja2 (set PYTHON to an interpreter with jinja2 and gguf)"
 

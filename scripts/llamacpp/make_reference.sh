@@ -28,31 +28,14 @@ THREADS=1
 KV=f16
 FA=off
 
-log() { printf '[make-reference] %s\n' "$*" >&2; }
-die() { printf '[make-reference] error: %s\n' "$*" >&2; exit 1; }
-json_str() { # minimal JSON string quoting for simple ASCII values
-  local s="${1//\\/\\\\}"; s="${s//\"/\\\"}"; printf '"%s"' "$s"
-}
+LOG_TAG=make-reference
+# shellcheck source=common.sh
+source "$HERE/common.sh"
 
 models=("$@")
 [[ ${#models[@]} -gt 0 ]] || models=(smollm2 gemma3 qwen25)
 
-declare -A MODEL_PATH=()
-while IFS=$'\t' read -r name path; do MODEL_PATH[$name]="$path"; done \
-  < <("$REPO/scripts/fetch-models.sh" "${models[@]}" llamacpp)
-
-declare -A TOOL=()
-while IFS=$'\t' read -r name path; do TOOL[$name]="$path"; done < <("$HERE/build.sh")
-
-SRCROOT="${MODEL_PATH[llamacpp]}"
-LLAMA_SRC="$SRCROOT/vendor/llama.cpp"
-SDIST_VERSION="$(sed -n 's/^Version: //p' "$SRCROOT/PKG-INFO" | head -1)"
-COMMIT="$(git -C "$LLAMA_SRC" rev-parse HEAD)"
-COMMIT_DATE="$(git -C "$LLAMA_SRC" log -1 --format=%cI)"
-BUILD_INFO="$(dirname "${TOOL[ref_logits]}")/../turbospark-build-info.txt"
-BUILD_NUMBER="$(sed -n 's/.*LLAMA_BUILD_NUMBER *= *\([0-9]*\).*/\1/p' "$(dirname "${TOOL[ref_logits]}")/../common/build-info.cpp" | head -1)"
-CMAKE_FLAGS="$(sed -n 's/^cmake flags: //p' "$BUILD_INFO")"
-CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+llamacpp_setup "${models[@]}"
 
 mkdir -p "$OUTDIR"
 for m in "${models[@]}"; do

@@ -310,6 +310,23 @@ fn a_read_error_mid_generation_is_a_typed_error() {
     assert_eq!(s.position(), pos);
 }
 
+/// Options of a gpt-oss-like synthetic install (Q8_0 resident, MXFP4
+/// experts) written over any earlier one.
+fn synth_options(
+    seed: u64,
+    threads: usize,
+    router_skew: Option<f64>,
+) -> turbospark_engine::synthetic_install::SynthOptions {
+    turbospark_engine::synthetic_install::SynthOptions {
+        seed,
+        resident_format: turbospark_core::QuantFormat::Q8_0,
+        expert_format: turbospark_core::QuantFormat::Mxfp4,
+        threads,
+        force: true,
+        router_skew,
+    }
+}
+
 #[test]
 fn a_synthetic_install_opens_and_streams_bit_identically() {
     use turbospark_engine::synthetic_install::{write_synthetic_install, SynthOptions};
@@ -317,14 +334,7 @@ fn a_synthetic_install_opens_and_streams_bit_identically() {
         return;
     };
     let dir = std::env::temp_dir().join(format!("turbospark-engine-synth-{}", std::process::id()));
-    let opts = SynthOptions {
-        seed: 7,
-        resident_format: turbospark_core::QuantFormat::Q8_0,
-        expert_format: turbospark_core::QuantFormat::Mxfp4,
-        threads: 2,
-        force: true,
-        router_skew: None,
-    };
+    let opts = synth_options(7, 2, None);
     let manifest = write_synthetic_install(&spec, &dir, &opts, &mut |_| {}).unwrap();
     assert_eq!(manifest.experts.len(), spec.moe_layers().count());
     assert!(manifest.experts[0]
@@ -382,14 +392,7 @@ fn a_skewed_synthetic_router_prefers_its_popular_experts() {
         return;
     };
     let dir = std::env::temp_dir().join(format!("turbospark-engine-skew-{}", std::process::id()));
-    let mut opts = SynthOptions {
-        seed: 11,
-        resident_format: turbospark_core::QuantFormat::Q8_0,
-        expert_format: turbospark_core::QuantFormat::Mxfp4,
-        threads: 2,
-        force: true,
-        router_skew: Some(1.5),
-    };
+    let mut opts = synth_options(11, 2, Some(1.5));
     let share = |opts: &SynthOptions| {
         write_synthetic_install(&spec, &dir, opts, &mut |_| {}).unwrap();
         let install = Install::open(&dir).unwrap();
@@ -414,19 +417,12 @@ fn a_skewed_synthetic_router_prefers_its_popular_experts() {
 
 #[test]
 fn a_router_skew_without_a_router_bias_is_refused() {
-    use turbospark_engine::synthetic_install::{write_synthetic_install, SynthOptions};
+    use turbospark_engine::synthetic_install::write_synthetic_install;
     let Some(spec) = common::spec("mixtral", &[]) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("turbospark-engine-noskew-{}", std::process::id()));
-    let opts = SynthOptions {
-        seed: 1,
-        resident_format: turbospark_core::QuantFormat::Q8_0,
-        expert_format: turbospark_core::QuantFormat::Mxfp4,
-        threads: 1,
-        force: true,
-        router_skew: Some(1.0),
-    };
+    let opts = synth_options(1, 1, Some(1.0));
     let e = write_synthetic_install(&spec, &dir, &opts, &mut |_| {}).unwrap_err();
     assert!(e.to_string().contains("router bias"), "{e}");
     assert!(!dir.exists(), "a refused synth left {}", dir.display());

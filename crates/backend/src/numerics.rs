@@ -13,8 +13,16 @@
 //!   block; K and V are stored as f16; `q·k` uses an f16 query and `p·V`
 //!   f16 probabilities; GELU goes through ggml's f16 table. It exists to
 //!   reproduce llama.cpp's tokens, not to be more accurate.
+//! - [`Numerics::Fast`]: the fastest arithmetic that stays at least as
+//!   faithful to [`Numerics::Exact`] as llama.cpp's: activations quantized
+//!   to 8 bits per block (f32 scales) and dotted in integers against the
+//!   weight's blocks, f32 accumulation, f32 attention. Its results do not
+//!   depend on the thread count; they may differ between instruction sets
+//!   only in the order of f32 sums.
 //!
-//! A backend is built for one mode; the default is [`Numerics::Exact`].
+//! A backend is built for one mode; [`Numerics::default`] is
+//! [`Numerics::Exact`] (the parity reference); commands that generate text
+//! default to [`Numerics::Fast`].
 
 use std::fmt;
 use std::str::FromStr;
@@ -27,16 +35,19 @@ pub enum Numerics {
     Exact,
     /// ggml's CPU arithmetic (llama.cpp's defaults).
     LlamaCpp,
+    /// 8-bit activations and integer block dots (see the module docs).
+    Fast,
 }
 
 impl Numerics {
-    pub const ALL: [Numerics; 2] = [Numerics::Exact, Numerics::LlamaCpp];
+    pub const ALL: [Numerics; 3] = [Numerics::Exact, Numerics::LlamaCpp, Numerics::Fast];
 
     /// The name used on command lines and in reports.
     pub const fn name(self) -> &'static str {
         match self {
             Numerics::Exact => "exact",
             Numerics::LlamaCpp => "llama-cpp",
+            Numerics::Fast => "fast",
         }
     }
 }
@@ -49,7 +60,7 @@ impl fmt::Display for Numerics {
 
 /// A name that is not one of [`Numerics::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown numerics {given:?} (expected \"exact\" or \"llama-cpp\")")]
+#[error("unknown numerics {given:?} (expected \"exact\", \"llama-cpp\" or \"fast\")")]
 pub struct UnknownNumerics {
     pub given: String,
 }

@@ -33,9 +33,12 @@ pub struct Args {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Arithmetic: `exact` (dequantized weights, f32; matches HF
-    /// transformers) or `llama-cpp` (ggml's CPU arithmetic: 8-bit quantized
-    /// activations, integer block dots, f16 KV cache and attention operands;
-    /// matches llama.cpp's tokens).
+    /// transformers; the default here, as `logits` is the parity tool),
+    /// `llama-cpp` (ggml's CPU arithmetic: 8-bit quantized activations,
+    /// integer block dots, f16 KV cache and attention operands; matches
+    /// llama.cpp's tokens) or `fast` (8-bit activations with f32 scales,
+    /// SIMD integer block dots, f32 attention; the default of the commands
+    /// that generate text).
     #[arg(long, value_enum, default_value = "exact")]
     pub numerics: NumericsArg,
     #[command(flatten)]
@@ -47,6 +50,7 @@ pub struct Args {
 pub enum NumericsArg {
     Exact,
     LlamaCpp,
+    Fast,
 }
 
 impl From<NumericsArg> for Numerics {
@@ -54,6 +58,7 @@ impl From<NumericsArg> for Numerics {
         match a {
             NumericsArg::Exact => Numerics::Exact,
             NumericsArg::LlamaCpp => Numerics::LlamaCpp,
+            NumericsArg::Fast => Numerics::Fast,
         }
     }
 }

@@ -6,6 +6,7 @@ mod experts;
 mod generate;
 mod loading;
 mod npy;
+mod numerics;
 mod output;
 mod progress;
 
@@ -40,7 +41,8 @@ enum Command {
     Verify(commands::verify::Args),
     /// Write the raw logits of a token sequence as a float32 NumPy array
     /// `[n_tokens, vocab]`, computed in one prefill (or token by token with
-    /// --decode), with exact arithmetic or llama.cpp's (--numerics).
+    /// --decode), with exact arithmetic (the default), llama.cpp's or the
+    /// fast one (--numerics).
     Logits(commands::logits::Args),
     /// Write a random gpt-oss-shaped install (MXFP4 experts) of any size,
     /// for benchmarking expert streaming without a checkpoint.

@@ -1,5 +1,6 @@
 //! `turbospark`: convert, inspect and verify model installs; compute logits;
-//! write synthetic installs and benchmark expert streaming.
+//! generate text; write synthetic installs; benchmark speed and expert
+//! streaming.
 
 mod commands;
 mod experts;
@@ -47,9 +48,11 @@ enum Command {
     /// Write a random gpt-oss-shaped install (MXFP4 experts) of any size,
     /// for benchmarking expert streaming without a checkpoint.
     Synth(commands::synth::Args),
-    /// Prefill and decode speed with streamed experts at several slot
-    /// counts in one run, with hit rate, read bandwidth and peak memory
-    /// against the slot cache's bound.
+    /// Prefill and decode speed of any install, as llama-bench measures
+    /// them (`-p 512 -n 128 -r 5 -t N`: tok/s mean ± sd, peak memory; a
+    /// table or --json); with --sweep (or --slots), a MoE install's speed
+    /// with streamed experts at several slot counts, with hit rate, read
+    /// bandwidth and peak memory against the slot cache's bound.
     Bench(commands::bench::Args),
     /// Answer one prompt: the chat template is applied (unless --raw), the
     /// answer streams to stdout, and a summary (prompt tokens, prefill and

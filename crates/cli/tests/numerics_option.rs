@@ -32,7 +32,10 @@ fn defaults_per_command() {
             "{command}: {section}"
         );
         for value in ["exact", "llama-cpp", "fast"] {
-            assert!(section.contains(value), "{command} misses {value}: {section}");
+            assert!(
+                section.contains(value),
+                "{command} misses {value}: {section}"
+            );
         }
     }
 }
@@ -40,7 +43,15 @@ fn defaults_per_command() {
 #[test]
 fn unknown_numerics_is_refused() {
     let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(["run", "--model", "x", "--prompt", "y", "--numerics", "quick"])
+        .args([
+            "run",
+            "--model",
+            "x",
+            "--prompt",
+            "y",
+            "--numerics",
+            "quick",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -20,12 +20,14 @@ mod dequant;
 mod disjoint;
 mod elementwise;
 pub mod ggml;
+mod kernels;
 mod matmul;
 mod moe;
 mod pool;
 mod rope;
 mod types;
 
+pub use kernels::Isa;
 pub use turbospark_backend::Numerics;
 pub use types::{CpuBuf, CpuMatrix, CpuVector};
 
@@ -72,6 +74,10 @@ pub struct CpuBackend {
     numerics: Numerics,
     /// Quantized activations of the current matmul (llama.cpp numerics).
     act: Mutex<ActScratch>,
+    /// The instruction set of the fast kernels.
+    isa: Isa,
+    /// Quantized activations of the current matmul (fast numerics).
+    fast_act: Mutex<kernels::ActScratch>,
 }
 
 fn check_len(
@@ -107,7 +113,21 @@ impl CpuBackend {
             scratch,
             numerics: Numerics::Exact,
             act: Mutex::new(ActScratch::default()),
+            isa: Isa::detect(),
+            fast_act: Mutex::new(kernels::ActScratch::default()),
         })
+    }
+
+    /// The same backend running its fast kernels on `isa` (or on the
+    /// portable kernels where this CPU lacks it); by default the best the
+    /// CPU has.
+    pub fn with_isa(mut self, isa: Isa) -> CpuBackend {
+        self.isa = isa.supported();
+        self
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// The same backend computing with `numerics`. Choose before uploading
@@ -176,8 +196,10 @@ impl CpuBackend {
     ) -> Result<(), BackendError> {
         check_len("matmul", "x", x.len(), n * w.cols)?;
         check_len("matmul", "out", out.len(), n * w.rows)?;
-        if !self.llama_cpp() {
-            return self.matmul_dequantized(w, x, n, out, matmul::dot);
+        match self.numerics {
+            Numerics::Exact => return self.matmul_dequantized(w, x, n, out, matmul::dot),
+            Numerics::Fast => return self.matmul_fast(w, &x[..n * w.cols], n, out),
+            Numerics::LlamaCpp => {}
         }
         let len = n * w.cols;
         let scratch_err = |have| BackendError::ScratchTooSmall {
@@ -256,6 +278,33 @@ impl CpuBackend {
         })
     }
 
+    /// The fast-numerics matmul (lengths already checked): activations
+    /// quantized once, then [`kernels::matmul_rows`] over the pool.
+    fn matmul_fast(
+        &self,
+        w: &CpuMatrix,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let mut guard = self.fast_act.lock().unwrap_or_else(|e| e.into_inner());
+        let have = guard.capacity();
+        let acts = guard
+            .quantize(w.format, x)
+            .ok_or(BackendError::ScratchTooSmall {
+                op: "matmul",
+                need: x.len(),
+                have,
+            })?;
+        let out = DisjointMut::new(&mut out[..n * w.rows]);
+        let isa = self.isa;
+        self.parallel(n * w.rows * w.cols, &|i, parts| {
+            let range = split(w.rows, parts, i);
+            // SAFETY: `split` gives every part a disjoint row range.
+            unsafe { kernels::matmul_rows(isa, w, acts, n, &out, range) };
+        })
+    }
+
     /// `out[t, o] = dot(W[o], x[t])` on exactly dequantized weight rows
     /// (lengths already checked).
     fn matmul_dequantized<D: Fn(&[f32], &[f32]) -> f32 + Sync>(
@@ -292,6 +341,8 @@ impl CpuBackend {
         check_len("glu", "up", up.len(), len)?;
         if self.llama_cpp() {
             ggml::ops::glu(&mut gate[..len], &up[..len], act);
+        } else if self.numerics == Numerics::Fast {
+            kernels::glu(self.isa, &mut gate[..len], &up[..len], act);
         } else {
             elementwise::glu(&mut gate[..len], &up[..len], act);
         }
@@ -361,6 +412,12 @@ impl Backend for CpuBackend {
         }
         if self.llama_cpp() {
             self.act().fit_matrix(t.format, cols);
+        }
+        if self.numerics == Numerics::Fast {
+            self.fast_act
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .fit_matrix(cols);
         }
         Ok(CpuMatrix {
             name: t.name.clone(),
@@ -446,6 +503,12 @@ impl Backend for CpuBackend {
         }
         if self.llama_cpp() {
             self.act().fit_tokens(limits.max_tokens);
+        }
+        if self.numerics == Numerics::Fast {
+            self.fast_act
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .fit_tokens(limits.max_tokens);
         }
         Ok(())
     }
@@ -550,6 +613,8 @@ impl Backend for CpuBackend {
         };
         if self.llama_cpp() {
             ggml::ops::rms_norm(&mut x.data[..rows * dim], dim, spec, weight);
+        } else if self.numerics == Numerics::Fast {
+            kernels::rms_norm(self.isa, &mut x.data[..rows * dim], dim, spec, weight);
         } else {
             elementwise::rms_norm(&mut x.data[..rows * dim], dim, spec, weight);
         }
@@ -703,6 +768,7 @@ impl Backend for CpuBackend {
             sinks: sinks.map(|s| s.data.as_slice()),
         };
         let hd = p.head_dim;
+        let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
         let items = p.n_tokens * p.n_heads;
         let out = DisjointMut::new(&mut out.data[..q_len]);
         self.parallel(items * max_keys * hd * 2, &|i, parts| {
@@ -719,6 +785,8 @@ impl Backend for CpuBackend {
                 let (t, h) = (item / p.n_heads, item % p.n_heads);
                 if llama_cpp {
                     inputs.attend_ggml(t, h, &mut s.scores, &mut s.q16, o);
+                } else if fast {
+                    kernels::attend(isa, &inputs, t, h, &mut s.scores, o);
                 } else {
                     inputs.attend(t, h, &mut s.scores, o);
                 }

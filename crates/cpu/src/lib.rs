@@ -298,8 +298,10 @@ impl CpuBackend {
             })?;
         let out = DisjointMut::new(&mut out[..n * w.rows]);
         let isa = self.isa;
+        let unit = kernels::row_unit(w);
         self.parallel(n * w.rows * w.cols, &|i, parts| {
-            let range = split(w.rows, parts, i);
+            let units = split(w.rows.div_ceil(unit), parts, i);
+            let range = (units.start * unit).min(w.rows)..(units.end * unit).min(w.rows);
             // SAFETY: `split` gives every part a disjoint row range.
             unsafe { kernels::matmul_rows(isa, w, acts, n, &out, range) };
         })
@@ -419,14 +421,19 @@ impl Backend for CpuBackend {
                 .unwrap_or_else(|e| e.into_inner())
                 .fit_matrix(cols);
         }
-        Ok(CpuMatrix {
+        let mut m = CpuMatrix {
             name: t.name.clone(),
             format: t.format,
             rows,
             cols,
             row_bytes: rb,
             bytes: t.bytes.clone(),
-        })
+            packed: None,
+        };
+        if self.numerics == Numerics::Fast {
+            m.packed = kernels::pack(self.isa, &m).map(std::sync::Arc::new);
+        }
+        Ok(m)
     }
 
     fn upload_vector(&self, t: &HostTensor) -> Result<CpuVector, BackendError> {
@@ -463,6 +470,9 @@ impl Backend for CpuBackend {
             && t.bytes.len() == dst.rows * dst.row_bytes;
         if same {
             dst.bytes = t.bytes.clone();
+            if self.numerics == Numerics::Fast {
+                kernels::repack(self.isa, dst);
+            }
         } else {
             *dst = self.upload_matrix(t)?;
         }

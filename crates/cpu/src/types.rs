@@ -1,5 +1,7 @@
 //! The CPU backend's buffer, matrix and vector types.
 
+use crate::kernels::Packed;
+use std::sync::Arc;
 use turbospark_backend::SharedBytes;
 use turbospark_core::QuantFormat;
 
@@ -31,6 +33,10 @@ pub struct CpuMatrix {
     pub(crate) cols: usize,
     pub(crate) row_bytes: usize,
     pub(crate) bytes: SharedBytes,
+    /// The whole groups of eight rows repacked for the fast SIMD kernels
+    /// (fast numerics on a CPU that has them); `bytes` stays the source
+    /// of truth for every other use (embedding rows, other numerics).
+    pub(crate) packed: Option<Arc<Packed>>,
 }
 
 impl CpuMatrix {

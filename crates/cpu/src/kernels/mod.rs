@@ -21,12 +21,16 @@ pub(crate) mod act;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_ops;
+#[cfg(target_arch = "x86_64")]
+mod avx2_packed;
 pub(crate) mod blocks;
+mod packed;
 mod scalar;
 
 use crate::disjoint::DisjointMut;
 use crate::types::CpuMatrix;
 pub(crate) use act::{ActRows, ActScratch};
+pub(crate) use packed::Packed;
 
 /// Activation rows dotted against one unpacked weight block.
 pub(crate) const TOKENS: usize = 4;
@@ -151,6 +155,39 @@ pub(crate) fn attend(
     }
 }
 
+/// The repacked form of `w` the kernels of `isa` use, if any.
+pub(crate) fn pack(isa: Isa, w: &CpuMatrix) -> Option<Packed> {
+    if isa != Isa::Avx2 {
+        return None;
+    }
+    let mut p = Packed::for_shape(w.format, w.rows, w.cols)?;
+    p.fill(w.format, |r| w.row(r));
+    Some(p)
+}
+
+/// Refills `w`'s packing from its (new) bytes, in place when nothing else
+/// shares it.
+pub(crate) fn repack(isa: Isa, w: &mut CpuMatrix) {
+    match w.packed.as_mut() {
+        Some(p) => {
+            let p = std::sync::Arc::make_mut(p);
+            let (format, bytes, rb) = (w.format, w.bytes.as_slice(), w.row_bytes);
+            p.fill(format, |r| &bytes[r * rb..(r + 1) * rb]);
+        }
+        None => w.packed = pack(isa, w).map(std::sync::Arc::new),
+    }
+}
+
+/// Rows per unit of work: a packed matrix is split between threads in
+/// whole groups.
+pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
+    if w.packed.is_some() {
+        packed::GROUP
+    } else {
+        1
+    }
+}
+
 /// Computes output rows `rows` of `w` for `n` tokens whose activations are
 /// `acts` into `out` (`[n, w.rows]`).
 ///
@@ -164,6 +201,19 @@ pub(crate) unsafe fn matmul_rows(
     out: &DisjointMut<'_>,
     rows: std::ops::Range<usize>,
 ) {
+    let mut rows = rows;
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2, Some(p), ActRows::Q32(a)) = (isa, w.packed.as_deref(), acts) {
+        if rows.start % packed::GROUP == 0 {
+            let g_end = (rows.end / packed::GROUP).min(p.groups);
+            let g_start = rows.start / packed::GROUP;
+            if g_start < g_end {
+                // SAFETY: forwarded; the groups lie in this caller's rows.
+                unsafe { packed_groups(w, p, a, n, out, g_start..g_end) };
+                rows.start = g_end * packed::GROUP;
+            }
+        }
+    }
     let mut tile = [0f32; TOKENS];
     let mut r0 = rows.start;
     while r0 < rows.end {
@@ -196,6 +246,46 @@ pub(crate) unsafe fn matmul_rows(
             t += c;
         }
         r0 = r1;
+    }
+}
+
+/// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; concurrent callers sharing `out` pass
+/// disjoint groups.
+#[cfg(target_arch = "x86_64")]
+unsafe fn packed_groups(
+    w: &CpuMatrix,
+    p: &Packed,
+    a: &[act::Block32],
+    n: usize,
+    out: &DisjointMut<'_>,
+    groups: std::ops::Range<usize>,
+) {
+    const GROUP_CHUNK: usize = 4;
+    let mut tile = [[0f32; packed::GROUP]; TOKENS];
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let g1 = (g0 + GROUP_CHUNK).min(groups.end);
+        let mut t = 0;
+        while t < n {
+            let c = TOKENS.min(n - t);
+            for g in g0..g1 {
+                // SAFETY: the CPU has the features (contract); group `g` is
+                // whole; the activations hold `n` rows of `p.blocks` blocks.
+                unsafe {
+                    avx2_packed::group_tile(w.format, p.group(w.format, g), p.blocks, a, t, &mut tile[..c])
+                };
+                for (j, vals) in tile[..c].iter().enumerate() {
+                    // SAFETY: group `g`'s rows lie in this caller's range.
+                    let o = unsafe { out.range((t + j) * w.rows + g * packed::GROUP, packed::GROUP) };
+                    o.copy_from_slice(vals);
+                }
+            }
+            t += c;
+        }
+        g0 = g1;
     }
 }
 
@@ -266,6 +356,7 @@ mod tests {
             cols,
             row_bytes: rb,
             bytes: SharedBytes::from_vec(bytes),
+            packed: None,
         }
     }
 
@@ -305,7 +396,7 @@ mod tests {
             } else {
                 96 + 32 * 3
             };
-            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9)] {
+            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5)] {
                 let w = matrix(format, rows, cols, rows as u64 * 31 + n as u64);
                 let mut next = rng(n as u64);
                 let x: Vec<f32> = (0..n * cols)
@@ -336,10 +427,13 @@ mod tests {
                     acts.fit_matrix(cols);
                     acts.fit_tokens(n);
                     let a = acts.quantize(format, &x).unwrap();
+                    let mut w = w.clone();
+                    w.packed = pack(isa, &w).map(std::sync::Arc::new);
                     let mut got = vec![0f32; n * rows];
                     let out = DisjointMut::new(&mut got);
-                    // Ragged split: rows in two uneven parts.
-                    let cut = rows / 3;
+                    // Ragged split: rows in two uneven parts (whole groups
+                    // when packed).
+                    let cut = rows / 3 / row_unit(&w) * row_unit(&w);
                     // SAFETY: the two row ranges are disjoint.
                     unsafe {
                         matmul_rows(isa, &w, a, n, &out, 0..cut);

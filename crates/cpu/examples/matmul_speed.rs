@@ -44,7 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_head_dim: 1,
     })?;
     let mut x = be.alloc(n * cols)?;
-    let xs: Vec<f32> = (0..n * cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+    let xs: Vec<f32> = (0..n * cols)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
     be.write(&mut x, &xs)?;
     let mut out = be.alloc(n * rows)?;
     let reps = (2e9 / (rows * cols * n) as f64).clamp(3.0, 20000.0) as usize;

@@ -6,6 +6,7 @@
 //! scratch, so they never contend on scratch locks.
 
 use crate::dequant::dequantize;
+use crate::kernels::{self, Isa};
 use crate::pool::Pool;
 use crate::scratch::{StreamScratch, UploadNeeds};
 use crate::stream::CpuStream;
@@ -21,6 +22,8 @@ pub struct CpuDevice {
     /// Shared with every stream of this device.
     pool: Arc<Pool>,
     numerics: Numerics,
+    /// The instruction set of the fast kernels.
+    isa: Isa,
     /// Widest matrix per format uploaded so far (streams fit to it).
     needs: Mutex<UploadNeeds>,
 }
@@ -32,6 +35,7 @@ impl CpuDevice {
         Ok(CpuDevice {
             pool: Arc::new(pool),
             numerics: Numerics::Exact,
+            isa: Isa::detect(),
             needs: Mutex::new(UploadNeeds::default()),
         })
     }
@@ -47,6 +51,18 @@ impl CpuDevice {
     pub fn with_numerics(mut self, numerics: Numerics) -> CpuDevice {
         self.numerics = numerics;
         self
+    }
+
+    /// The same device running its fast kernels on `isa` (or on the
+    /// portable kernels where this CPU lacks it); by default the best the
+    /// CPU has.
+    pub fn with_isa(mut self, isa: Isa) -> CpuDevice {
+        self.isa = isa.supported();
+        self
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     pub fn threads(&self) -> usize {
@@ -79,8 +95,13 @@ impl CpuDevice {
 }
 
 /// Replaces `dst`'s bytes with `t`'s, which must have its format and shape
-/// (an `Arc` clone: no allocation, no copy).
-pub(crate) fn refill_matrix(dst: &mut CpuMatrix, t: &HostTensor) -> Result<(), BackendError> {
+/// (an `Arc` clone, no allocation), and repacks them in place for the fast
+/// kernels when `dst` is packed.
+pub(crate) fn refill_matrix(
+    isa: Isa,
+    dst: &mut CpuMatrix,
+    t: &HostTensor,
+) -> Result<(), BackendError> {
     let same = t.format == dst.format
         && t.shape == [dst.rows, dst.cols]
         && t.bytes.len() == dst.rows * dst.row_bytes;
@@ -94,6 +115,9 @@ pub(crate) fn refill_matrix(dst: &mut CpuMatrix, t: &HostTensor) -> Result<(), B
         ));
     }
     dst.bytes = t.bytes.clone();
+    if dst.packed.is_some() {
+        kernels::repack(isa, dst);
+    }
     Ok(())
 }
 
@@ -182,14 +206,19 @@ impl Device for CpuDevice {
             }));
         }
         self.needs().record(t.format, cols);
-        Ok(CpuMatrix {
+        let mut m = CpuMatrix {
             name: t.name.clone(),
             format: t.format,
             rows,
             cols,
             row_bytes: rb,
             bytes: t.bytes.clone(),
-        })
+            packed: None,
+        };
+        if self.numerics == Numerics::Fast {
+            m.packed = kernels::pack(self.isa, &m).map(Arc::new);
+        }
+        Ok(m)
     }
 
     fn upload_vector(&self, t: &HostTensor) -> Result<CpuVector, BackendError> {
@@ -252,6 +281,7 @@ impl Device for CpuDevice {
         Ok(CpuStream::new(
             Arc::clone(&self.pool),
             self.numerics,
+            self.isa,
             scratch,
         ))
     }

@@ -17,7 +17,10 @@
 //! A device built with [`Numerics::LlamaCpp`] ([`CpuDevice::with_numerics`])
 //! instead reproduces the arithmetic of llama.cpp's CPU backend: quantized
 //! activations and integer dot products, an f16 KV cache, f16 attention
-//! operands, ggml's element-wise kernels (see [`ggml`]).
+//! operands, ggml's element-wise kernels (see [`ggml`]). One built with
+//! [`Numerics::Fast`] runs the fast kernels of the best instruction set the
+//! CPU has ([`Isa`]): 8-bit activations and integer block dots against
+//! weights repacked at upload, SIMD attention, GLU and RMS norm.
 
 mod attention;
 mod dequant;
@@ -25,6 +28,7 @@ mod device;
 mod disjoint;
 mod elementwise;
 pub mod ggml;
+mod kernels;
 mod matmul;
 mod moe;
 mod ops;
@@ -35,6 +39,7 @@ mod stream;
 mod types;
 
 pub use device::CpuDevice;
+pub use kernels::Isa;
 pub use stream::CpuStream;
 pub use turbospark_backend::Numerics;
 pub use types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};

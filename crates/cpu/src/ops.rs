@@ -9,11 +9,11 @@ use crate::pool::split;
 use crate::scratch::StreamScratch;
 use crate::stream::{add_bias_slice, parallel, CpuStream};
 use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};
-use crate::{check_len, elementwise, ggml, moe, rope, shape_err, CpuDevice};
+use crate::{check_len, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
-    routes_for, AttentionParams, BackendError, ExpertTensors, MoeInput, MoeScratch, RopeTable,
-    Route, RouterSpec, RouterTables, Stream,
+    routes_for, AttentionParams, BackendError, ExpertTensors, MoeInput, MoeScratch, Numerics,
+    RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -94,9 +94,9 @@ impl Stream<CpuDevice> for CpuStream {
             .experts
             .get_mut(slot)
             .ok_or(BackendError::BadRoute { slot, available })?;
-        refill_matrix(&mut e.gate, &expert.gate)?;
-        refill_matrix(&mut e.up, &expert.up)?;
-        refill_matrix(&mut e.down, &expert.down)?;
+        refill_matrix(self.isa, &mut e.gate, &expert.gate)?;
+        refill_matrix(self.isa, &mut e.up, &expert.up)?;
+        refill_matrix(self.isa, &mut e.down, &expert.down)?;
         for (v, t) in [
             (e.gate_bias.as_mut(), expert.gate_bias.as_ref()),
             (e.up_bias.as_mut(), expert.up_bias.as_ref()),
@@ -194,6 +194,8 @@ impl Stream<CpuDevice> for CpuStream {
         };
         if self.llama_cpp() {
             ggml::ops::rms_norm(&mut x[..rows * dim], dim, spec, weight);
+        } else if self.numerics == Numerics::Fast {
+            kernels::rms_norm(self.isa, &mut x[..rows * dim], dim, spec, weight);
         } else {
             elementwise::rms_norm(&mut x[..rows * dim], dim, spec, weight);
         }
@@ -322,6 +324,7 @@ impl Stream<CpuDevice> for CpuStream {
         }
         let max_keys = newest - first_key(newest, p.window) + 1;
         let llama_cpp = self.llama_cpp();
+        let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
         let StreamScratch { threads, .. } = &mut self.scratch;
         let first = &threads[0];
         if first.scores.len() < max_keys {
@@ -361,6 +364,8 @@ impl Stream<CpuDevice> for CpuStream {
                     let (t, h) = (item / p.n_heads, item % p.n_heads);
                     if llama_cpp {
                         inputs.attend_ggml(t, h, &mut s.scores, &mut s.q16, o);
+                    } else if fast {
+                        kernels::attend(isa, &inputs, t, h, &mut s.scores, o);
                     } else {
                         inputs.attend(t, h, &mut s.scores, o);
                     }

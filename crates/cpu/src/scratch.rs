@@ -55,6 +55,8 @@ pub(crate) struct StreamScratch {
     pub threads: Vec<ThreadScratch>,
     /// Quantized activations of the current matmul (llama.cpp numerics).
     pub act: ActScratch,
+    /// Quantized activations of the current matmul (fast numerics).
+    pub fast_act: crate::kernels::ActScratch,
     /// Router values, scores and choices of one token.
     pub router: RouterScratch,
 }
@@ -67,6 +69,7 @@ impl StreamScratch {
         limits: &Limits,
     ) -> StreamScratch {
         let llama_cpp = numerics == Numerics::LlamaCpp;
+        let fast = numerics == Numerics::Fast;
         let cols = needs.max_cols();
         let threads = (0..threads.max(1))
             .map(|_| {
@@ -94,9 +97,15 @@ impl StreamScratch {
             }
             act.fit_tokens(limits.max_tokens);
         }
+        let mut fast_act = crate::kernels::ActScratch::default();
+        if fast {
+            fast_act.fit_matrix(cols);
+            fast_act.fit_tokens(limits.max_tokens);
+        }
         StreamScratch {
             threads,
             act,
+            fast_act,
             router: RouterScratch::new(limits.max_experts),
         }
     }

@@ -11,6 +11,7 @@
 use crate::disjoint::{DisjointMut, PerThread};
 use crate::ggml::float_dot::{FloatDot, FloatType};
 use crate::ggml::{self, vec_dot_type, VecDotType};
+use crate::kernels::{self, Isa};
 use crate::matmul::{self, matmul_rows, matmul_rows_quantized, QuantizedRows};
 use crate::pool::{split, Pool};
 use crate::scratch::{StreamScratch, ThreadScratch};
@@ -28,6 +29,8 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 pub struct CpuStream {
     pub(crate) pool: Arc<Pool>,
     pub(crate) numerics: Numerics,
+    /// The instruction set of the fast kernels.
+    pub(crate) isa: Isa,
     pub(crate) scratch: StreamScratch,
 }
 
@@ -62,10 +65,16 @@ pub(crate) fn parallel(
 }
 
 impl CpuStream {
-    pub(crate) fn new(pool: Arc<Pool>, numerics: Numerics, scratch: StreamScratch) -> CpuStream {
+    pub(crate) fn new(
+        pool: Arc<Pool>,
+        numerics: Numerics,
+        isa: Isa,
+        scratch: StreamScratch,
+    ) -> CpuStream {
         CpuStream {
             pool,
             numerics,
+            isa,
             scratch,
         }
     }
@@ -89,8 +98,10 @@ impl CpuStream {
     ) -> Result<(), BackendError> {
         check_len("matmul", "x", x.len(), n * w.cols)?;
         check_len("matmul", "out", out.len(), n * w.rows)?;
-        if !self.llama_cpp() {
-            return self.matmul_dequantized(w, x, n, out, matmul::dot);
+        match self.numerics {
+            Numerics::Exact => return self.matmul_dequantized(w, x, n, out, matmul::dot),
+            Numerics::Fast => return self.matmul_fast(w, &x[..n * w.cols], n, out),
+            Numerics::LlamaCpp => {}
         }
         let len = n * w.cols;
         let scratch_err = |have| BackendError::ScratchTooSmall {
@@ -170,6 +181,37 @@ impl CpuStream {
         })
     }
 
+    /// The fast-numerics matmul (lengths already checked): activations
+    /// quantized once, then [`kernels::matmul_rows`] over the pool.
+    fn matmul_fast(
+        &mut self,
+        w: &CpuMatrix,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> Result<(), BackendError> {
+        let StreamScratch {
+            threads, fast_act, ..
+        } = &mut self.scratch;
+        let have = fast_act.capacity();
+        let acts = fast_act
+            .quantize(w.format, x)
+            .ok_or(BackendError::ScratchTooSmall {
+                op: "matmul",
+                need: x.len(),
+                have,
+            })?;
+        let out = DisjointMut::new(&mut out[..n * w.rows]);
+        let isa = self.isa;
+        let unit = kernels::row_unit(w);
+        parallel(&self.pool, threads, n * w.rows * w.cols, &|i, parts, _| {
+            let units = split(w.rows.div_ceil(unit), parts, i);
+            let range = (units.start * unit).min(w.rows)..(units.end * unit).min(w.rows);
+            // SAFETY: `split` gives every part a disjoint row range.
+            unsafe { kernels::matmul_rows(isa, w, acts, n, &out, range) };
+        })
+    }
+
     /// Exactly dequantized weight rows dotted with f32 activations.
     fn matmul_dequantized<D: Fn(&[f32], &[f32]) -> f32 + Sync>(
         &mut self,
@@ -193,6 +235,8 @@ impl CpuStream {
         check_len("glu", "up", up.len(), len)?;
         if self.llama_cpp() {
             ggml::ops::glu(&mut gate[..len], &up[..len], act);
+        } else if self.numerics == Numerics::Fast {
+            kernels::glu(self.isa, &mut gate[..len], &up[..len], act);
         } else {
             elementwise::glu(&mut gate[..len], &up[..len], act);
         }

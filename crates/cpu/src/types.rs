@@ -1,7 +1,9 @@
 //! The CPU backend's buffer, matrix, vector, expert-bank and route types.
 //! Everything lives in host memory; "device" copies are plain copies.
 
+use crate::kernels::Packed;
 use crate::shape_err;
+use std::sync::Arc;
 use turbospark_backend::{
     BackendError, DType, DeviceBuf, ExpertBank, ExpertWeights, RouteBuf, SharedBytes,
 };
@@ -75,6 +77,10 @@ pub struct CpuMatrix {
     pub(crate) cols: usize,
     pub(crate) row_bytes: usize,
     pub(crate) bytes: SharedBytes,
+    /// The whole groups of eight rows repacked for the fast SIMD kernels
+    /// (fast numerics on a CPU that has them); `bytes` stays the source
+    /// of truth for every other use (embedding rows, other numerics).
+    pub(crate) packed: Option<Arc<Packed>>,
 }
 
 impl CpuMatrix {

@@ -178,8 +178,7 @@ fn next_generation(sh: &Shared, seen: u64) -> Option<u64> {
         sh.sleeping.fetch_add(1, Ordering::SeqCst);
         // Re-checked after announcing the sleep: `run` bumps the generation
         // before it reads `sleeping`, so one of the two sees the other.
-        while sh.generation.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst)
-        {
+        while sh.generation.load(Ordering::SeqCst) == seen && !sh.shutdown.load(Ordering::SeqCst) {
             guard = sh.wake.wait(guard).unwrap_or_else(|e| e.into_inner());
         }
         sh.sleeping.fetch_sub(1, Ordering::SeqCst);

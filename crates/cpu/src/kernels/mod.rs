@@ -203,13 +203,13 @@ pub(crate) unsafe fn matmul_rows(
 ) {
     let mut rows = rows;
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx2, Some(p), ActRows::Q32(a)) = (isa, w.packed.as_deref(), acts) {
+    if let (Isa::Avx2, Some(p)) = (isa, w.packed.as_deref()) {
         if rows.start % packed::GROUP == 0 {
             let g_end = (rows.end / packed::GROUP).min(p.groups);
             let g_start = rows.start / packed::GROUP;
             if g_start < g_end {
                 // SAFETY: forwarded; the groups lie in this caller's rows.
-                unsafe { packed_groups(w, p, a, n, out, g_start..g_end) };
+                unsafe { packed_groups(w, p, acts, n, out, g_start..g_end) };
                 rows.start = g_end * packed::GROUP;
             }
         }
@@ -258,7 +258,7 @@ pub(crate) unsafe fn matmul_rows(
 unsafe fn packed_groups(
     w: &CpuMatrix,
     p: &Packed,
-    a: &[act::Block32],
+    acts: ActRows<'_>,
     n: usize,
     out: &DisjointMut<'_>,
     groups: std::ops::Range<usize>,
@@ -274,12 +274,24 @@ unsafe fn packed_groups(
             for g in g0..g1 {
                 // SAFETY: the CPU has the features (contract); group `g` is
                 // whole; the activations hold `n` rows of `p.blocks` blocks.
+                let grp = p.group(w.format, g);
+                let tile = &mut tile[..c];
+                // SAFETY: as above; the activation shape is the format's.
                 unsafe {
-                    avx2_packed::group_tile(w.format, p.group(w.format, g), p.blocks, a, t, &mut tile[..c])
-                };
+                    match acts {
+                        ActRows::Q32(a) => {
+                            avx2_packed::group_tile(w.format, grp, p.blocks, a, t, tile)
+                        }
+                        ActRows::Q256(a) => {
+                            avx2_packed::kgroup_tile(w.format, grp, p.blocks, a, t, tile)
+                        }
+                        ActRows::F32(_) => unreachable!("float weights are not repacked"),
+                    }
+                }
                 for (j, vals) in tile[..c].iter().enumerate() {
                     // SAFETY: group `g`'s rows lie in this caller's range.
-                    let o = unsafe { out.range((t + j) * w.rows + g * packed::GROUP, packed::GROUP) };
+                    let o =
+                        unsafe { out.range((t + j) * w.rows + g * packed::GROUP, packed::GROUP) };
                     o.copy_from_slice(vals);
                 }
             }

@@ -22,7 +22,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use turbospark_cpu::CpuBackend;
+
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_text::{
@@ -31,7 +31,7 @@ use turbospark_text::{
 
 use crate::commands::logits::NumericsArg;
 use crate::experts::ExpertArgs;
-use crate::loading::open_model;
+use crate::loading::{open_model, Backend};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -195,7 +195,7 @@ impl Text {
 }
 
 /// Opens the install and builds the model on the CPU backend.
-pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
+pub fn load_model(a: &GenArgs) -> Result<Model<Backend>> {
     open_model(
         &a.model,
         a.threads,
@@ -205,7 +205,7 @@ pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.
-pub fn context_size(a: &GenArgs, model: &Model<CpuBackend>) -> Result<usize> {
+pub fn context_size(a: &GenArgs, model: &Model<Backend>) -> Result<usize> {
     let max = model.spec().max_position;
     match a.context {
         Some(0) => bail!("--context must be at least 1"),
@@ -371,7 +371,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// A session with the list of tokens its KV cache holds.
 pub struct Generator<'m> {
-    pub session: Session<'m, CpuBackend>,
+    pub session: Session<'m, Backend>,
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
@@ -388,7 +388,7 @@ pub struct Generation {
 }
 
 impl<'m> Generator<'m> {
-    pub fn new(model: &'m Model<CpuBackend>, context: usize) -> Result<Self> {
+    pub fn new(model: &'m Model<Backend>, context: usize) -> Result<Self> {
         let session = model.session(SessionOptions::new(context))?;
         Ok(Generator {
             session,

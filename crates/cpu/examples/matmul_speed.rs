@@ -3,10 +3,10 @@
 //! prints GB/s of weights streamed and GMAC/s. Weights and activations are
 //! random; the point is the kernel's speed, not its result.
 
-use turbospark_backend::{Backend, HostTensor, Limits, Numerics, SharedBytes};
+use turbospark_backend::{DType, Device, HostTensor, Limits, Numerics, SharedBytes, Stream};
 use turbospark_core::quant::row_bytes;
 use turbospark_core::QuantFormat;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::CpuDevice;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -31,30 +31,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             b[..2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
         }
     }
-    let be = CpuBackend::new(threads)?.with_numerics(numerics);
+    let be = CpuDevice::new(threads)?.with_numerics(numerics);
     let w = be.upload_matrix(&HostTensor {
         name: "w".into(),
         format,
         shape: vec![rows, cols],
         bytes: SharedBytes::from_vec(bytes),
     })?;
-    be.reserve(&Limits {
+    let mut st = be.stream(&Limits {
         max_tokens: n,
-        max_keys: 1,
-        max_head_dim: 1,
+        ..Limits::default()
     })?;
-    let mut x = be.alloc(n * cols)?;
+    let mut x = be.alloc(DType::F32, n * cols)?;
     let xs: Vec<f32> = (0..n * cols)
         .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
         .collect();
-    be.write(&mut x, &xs)?;
-    let mut out = be.alloc(n * rows)?;
+    st.write(&mut x, &xs)?;
+    let mut out = be.alloc(DType::F32, n * rows)?;
     let reps = (2e9 / (rows * cols * n) as f64).clamp(3.0, 20000.0) as usize;
-    be.matmul(&w, &x, n, &mut out)?;
+    st.matmul(&w, &x, n, &mut out)?;
     let t = std::time::Instant::now();
     for _ in 0..reps {
-        be.matmul(&w, &x, n, &mut out)?;
+        st.matmul(&w, &x, n, &mut out)?;
     }
+    st.synchronize()?;
     let dt = t.elapsed().as_secs_f64() / reps as f64;
     println!(
         "{format} [{rows}, {cols}] x {n} tokens, {threads} threads, {numerics}: {:.1} µs/call, {:.2} GB/s weights, {:.1} GMAC/s",

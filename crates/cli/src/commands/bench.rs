@@ -20,12 +20,13 @@
 
 use crate::experts::CacheArgs;
 use crate::generate::peak_rss_bytes;
-use crate::loading::cpu_backend;
+use crate::loading::device;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_cpu::Numerics;
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{
     ExpertMode, ExpertOptions, Logits, Model, Residency, RouterHistogram, SessionOptions, SlotCount,
@@ -103,7 +104,7 @@ struct Row {
 }
 
 fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
-    let model = Model::open(install, cpu_backend(a.threads)?, opts)?;
+    let model = Model::open(install, device(a.threads, Numerics::Exact)?, opts)?;
     let plan = model.expert_store().plan().clone();
     let vocab = model.vocab_size();
     let prompt: Vec<u32> = (0..a.prompt)

@@ -1,5 +1,6 @@
 //! Errors of backend ops and uploads.
 
+use crate::DType;
 use turbospark_core::quant::QuantError;
 
 /// Why a backend op or upload failed. Ops validate their arguments before
@@ -39,18 +40,41 @@ pub enum BackendError {
         end: usize,
         len: usize,
     },
-    /// An op needs more scratch than [`crate::Backend::reserve`] provided.
+    /// An op needs more scratch than the stream was created with
+    /// ([`crate::Device::stream`] and its [`crate::Limits`]).
     #[error(
-        "{op}: needs {need} scratch elements, {have} reserved (call reserve with larger limits)"
+        "{op}: needs {need} scratch elements, {have} reserved (create the stream with larger limits)"
     )]
     ScratchTooSmall {
         op: &'static str,
         need: usize,
         have: usize,
     },
-    /// A route names an expert slot that was not passed to the op.
-    #[error("moe: route to expert slot {slot}, but only {available} slots were given")]
+    /// A route names an expert slot the bank does not have.
+    #[error("moe: route to expert slot {slot}, but the bank holds {available}")]
     BadRoute { slot: usize, available: usize },
+    /// A buffer's element type is not the one the op reads or writes.
+    #[error("{op}: {what} holds {found} elements, the op takes {expected}")]
+    DType {
+        op: &'static str,
+        what: &'static str,
+        expected: DType,
+        found: DType,
+    },
+    /// The backend cannot allocate buffers of this element type.
+    #[error("the {backend} backend has no {dtype} buffers")]
+    UnsupportedDType { backend: &'static str, dtype: DType },
+    /// A router that cannot choose its experts.
+    #[error("router over {num_experts} experts choosing {top_k}: {problem}")]
+    Router {
+        num_experts: usize,
+        top_k: usize,
+        problem: &'static str,
+    },
+    /// Routing found fewer eligible experts than it must choose (scores that
+    /// are not numbers).
+    #[error("route: only {eligible} experts were eligible, {top_k} are chosen")]
+    TooFewEligible { top_k: usize, eligible: usize },
     /// Attention was asked for keys the cache no longer holds.
     #[error(
         "attention: query at position {position} needs keys from {oldest}, but a {capacity}-slot \

@@ -1,33 +1,65 @@
-//! The [`Backend`] trait: what the generic decoder asks of a compute device.
+//! The backend seam: what the generic decoder asks of a compute device,
+//! split as in ggml-backend into a [`Device`] and per-session [`Stream`]s.
 //!
-//! A backend owns three kinds of objects:
+//! - [`Device`]: uploads (weight matrices, f32 vectors, [`ExpertBank`]s of
+//!   a layer's routed experts), memory query, allocation of typed buffers
+//!   ([`DType`]), and creation of streams. A model is tied to one device;
+//!   its weights are uploaded once and shared by every session.
+//! - [`Stream`]: one session's queue of ops with its own scratch, explicit
+//!   synchronisation points and asynchronous host↔device copies (see
+//!   [`stream`]). Routing ([`Stream::route`], the math in [`routing`]) and
+//!   routed experts over a bank ([`Stream::moe`]) are ops, so a resident
+//!   decode step never waits on the host.
 //!
-//! - [`Backend::Matrix`]: a quantized weight matrix, row-major `[out, in]`
-//!   (any [`QuantFormat`](turbospark_core::QuantFormat)), uploaded once.
-//! - [`Backend::Vector`]: a small f32 vector (norm weights, biases, sinks),
-//!   widened to f32 at upload.
-//! - [`Backend::Buf`]: an f32 activation buffer, allocated once per session
-//!   and reused; a batch of `n` rows of width `d` is its first `n · d`
-//!   elements, row-major.
-//!
-//! Ops never allocate: everything they need beyond their arguments is sized
-//! up front by [`Backend::reserve`]. The model code names no device and no
-//! SIMD; it only composes these ops (see `turbospark-engine`).
+//! Ops never allocate. The model code names no device and no SIMD; it only
+//! composes these ops (see `turbospark-engine`). A backend proves itself by
+//! passing [`conformance`] (feature `conformance`), which checks every op
+//! against a scalar f64 reference.
 //!
 //! The crate also holds the host-side data every backend consumes the same
 //! way: [`rope::RopeTable`] (rotary frequencies from a
-//! [`RopeSpec`](turbospark_core::arch::RopeSpec)) and [`host::SharedBytes`]
+//! [`RopeSpec`](turbospark_core::arch::RopeSpec)), [`host::SharedBytes`]
 //! (weight bytes that may live in a memory map), and [`Numerics`], the
 //! choice between exact arithmetic and a reproduction of llama.cpp's.
 
-pub mod backend;
+#[cfg(feature = "conformance")]
+pub mod conformance;
+pub mod device;
+pub mod dtype;
 pub mod error;
 pub mod host;
+pub mod moe;
 pub mod numerics;
 pub mod rope;
+pub mod routing;
+pub mod stream;
 
-pub use backend::{AttentionParams, Backend, ExpertWeights, Limits, MoeInput, MoeScratch, Route};
+pub use device::{
+    routes_for, Device, DeviceBuf, ExpertBank, ExpertTensors, Limits, MemoryInfo, RouteBuf,
+};
+pub use dtype::DType;
 pub use error::BackendError;
 pub use host::{HostTensor, SharedBytes};
+pub use moe::{ExpertWeights, MoeInput, MoeScratch, Route};
 pub use numerics::{Numerics, UnknownNumerics};
 pub use rope::RopeTable;
+pub use routing::{RouterScratch, RouterSpec, RouterTables};
+pub use stream::{AttentionParams, Stream};
+
+/// Fails with [`BackendError::BufferTooSmall`] when `have < need`.
+pub fn check_len(
+    op: &'static str,
+    what: &'static str,
+    have: usize,
+    need: usize,
+) -> Result<(), BackendError> {
+    if have < need {
+        return Err(BackendError::BufferTooSmall {
+            op,
+            what,
+            need,
+            have,
+        });
+    }
+    Ok(())
+}

@@ -22,7 +22,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use turbospark_cpu::CpuBackend;
+
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_text::{
@@ -30,7 +30,7 @@ use turbospark_text::{
 };
 
 use crate::experts::ExpertArgs;
-use crate::loading::open_model;
+use crate::loading::{open_model, Backend};
 use crate::numerics::{self, NumericsArg};
 
 /// Default cap on the context when `--context` is not given: the model's
@@ -196,7 +196,7 @@ impl Text {
 }
 
 /// Opens the install and builds the model on the CPU backend.
-pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
+pub fn load_model(a: &GenArgs) -> Result<Model<Backend>> {
     open_model(
         &a.model,
         a.threads,
@@ -206,7 +206,7 @@ pub fn load_model(a: &GenArgs) -> Result<Model<CpuBackend>> {
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.
-pub fn context_size(a: &GenArgs, model: &Model<CpuBackend>) -> Result<usize> {
+pub fn context_size(a: &GenArgs, model: &Model<Backend>) -> Result<usize> {
     let max = model.spec().max_position;
     match a.context {
         Some(0) => bail!("--context must be at least 1"),
@@ -372,7 +372,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// A session with the list of tokens its KV cache holds.
 pub struct Generator<'m> {
-    pub session: Session<'m, CpuBackend>,
+    pub session: Session<'m, Backend>,
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
@@ -389,7 +389,7 @@ pub struct Generation {
 }
 
 impl<'m> Generator<'m> {
-    pub fn new(model: &'m Model<CpuBackend>, context: usize) -> Result<Self> {
+    pub fn new(model: &'m Model<Backend>, context: usize) -> Result<Self> {
         let session = model.session(SessionOptions::new(context))?;
         Ok(Generator {
             session,

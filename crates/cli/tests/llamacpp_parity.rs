@@ -34,7 +34,7 @@ use common::{cache_dir, convert_to_temp, json_ids, llamacpp_reference_dir, ref_g
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use turbospark_cpu::{CpuBackend, Numerics};
+use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{Logits, Model, SessionOptions};
 use turbospark_format::install::Install;
 
@@ -114,7 +114,7 @@ fn our_gap(row: &[f32]) -> f64 {
 }
 
 fn run_mode(name: &str, install: &Install, numerics: Numerics, j: &Value) -> Outcome {
-    let backend = CpuBackend::with_available_threads()
+    let backend = CpuDevice::with_available_threads()
         .unwrap()
         .with_numerics(numerics);
     let model = Model::load(install, backend).unwrap();

@@ -40,3 +40,40 @@ impl<'a> DisjointMut<'a> {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
     }
 }
+
+/// One element of a slice per pool thread: thread `i` of a [`Pool`] run
+/// takes element `i`, and no two threads share one.
+///
+/// [`Pool`]: crate::pool::Pool
+pub(crate) struct PerThread<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: elements are handed out only through `get`, whose contract gives
+// each index to one thread at a time, like `&mut` elements sent to scoped
+// threads; `T: Send` is what moving such a borrow to another thread needs.
+unsafe impl<T: Send> Sync for PerThread<'_, T> {}
+
+impl<'a, T> PerThread<'a, T> {
+    pub(crate) fn new(s: &'a mut [T]) -> Self {
+        PerThread {
+            ptr: s.as_mut_ptr(),
+            len: s.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    /// Element `i`.
+    ///
+    /// # Safety
+    /// No two live results of `get` (on any thread) may have the same `i`.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn get(&self, i: usize) -> &mut T {
+        assert!(i < self.len, "thread {i} of {}", self.len);
+        // SAFETY: in bounds (checked above) and, by the caller's contract,
+        // not aliased by any other live reference.
+        unsafe { &mut *self.ptr.add(i) }
+    }
+}

@@ -22,11 +22,11 @@
 mod common;
 
 use common::{random_matrix, Rng};
-use turbospark_backend::{Backend, HostTensor, Limits, Numerics, SharedBytes};
+use turbospark_backend::{DType, Device, HostTensor, Limits, Numerics, SharedBytes, Stream};
 use turbospark_core::quant::quantize_row_q8_0 as core_quantize_q8_0;
 use turbospark_core::QuantFormat;
 use turbospark_cpu::ggml::quantize::{self as q, BlockQ8, BlockQ8K};
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::{CpuDevice, CpuStream};
 
 // ---- ggml primitives -------------------------------------------------------
 
@@ -636,28 +636,33 @@ const ROWS_PLAIN: usize = 36;
 const COLS: usize = 512;
 const TOKENS: usize = 5;
 
-fn backend(threads: usize) -> CpuBackend {
-    let be = CpuBackend::new(threads)
+fn backend(threads: usize) -> CpuDevice {
+    CpuDevice::new(threads)
         .unwrap()
-        .with_numerics(Numerics::LlamaCpp);
-    be.reserve(&Limits {
+        .with_numerics(Numerics::LlamaCpp)
+}
+
+/// A stream fitted to everything `be` holds.
+fn stream(be: &CpuDevice) -> CpuStream {
+    be.stream(&Limits {
         max_tokens: TOKENS,
         max_keys: 16,
         max_head_dim: 16,
+        max_experts: 0,
     })
-    .unwrap();
-    be
+    .unwrap()
 }
 
-fn matmul(be: &CpuBackend, t: &HostTensor, x: &[f32], n: usize) -> Vec<f32> {
+fn matmul(be: &CpuDevice, t: &HostTensor, x: &[f32], n: usize) -> Vec<f32> {
     let w = be.upload_matrix(t).unwrap();
+    let mut st = stream(be);
     let [rows, cols] = be.matrix_shape(&w);
-    let mut xb = be.alloc(n * cols).unwrap();
-    be.write(&mut xb, &x[..n * cols]).unwrap();
-    let mut out = be.alloc(n * rows).unwrap();
-    be.matmul(&w, &xb, n, &mut out).unwrap();
+    let mut xb = be.alloc(DType::F32, n * cols).unwrap();
+    st.write(&mut xb, &x[..n * cols]).unwrap();
+    let mut out = be.alloc(DType::F32, n * rows).unwrap();
+    st.matmul(&w, &xb, n, &mut out).unwrap();
     let mut host = vec![0f32; n * rows];
-    be.read(&out, &mut host).unwrap();
+    st.read(&out, &mut host).unwrap();
     host
 }
 
@@ -820,13 +825,14 @@ fn float_matmuls_round_activations_like_ggml() {
 #[test]
 fn kv_cache_holds_f16_values() {
     let be = backend(1);
+    let mut st = stream(&be);
     let src: Vec<f32> = vec![1.0 / 3.0, 70000.0, -2.5e-8, 0.1];
-    let mut s = be.alloc(4).unwrap();
-    be.write(&mut s, &src).unwrap();
-    let mut cache = be.alloc(8).unwrap();
-    be.kv_write(&mut cache, &s, 1, 4, 1, 2).unwrap();
+    let mut s = be.alloc(DType::F32, 4).unwrap();
+    st.write(&mut s, &src).unwrap();
+    let mut cache = be.alloc(be.kv_dtype(), 8).unwrap();
+    st.kv_write(&mut cache, &s, 1, 4, 1, 2).unwrap();
     let mut host = vec![0f32; 8];
-    be.read(&cache, &mut host).unwrap();
+    st.read(&cache, &mut host).unwrap();
     let want: Vec<f32> = src
         .iter()
         .map(|&v| half::f16::from_f32(v).to_f32())
@@ -841,7 +847,7 @@ fn kv_cache_holds_f16_values() {
 
 #[test]
 fn exact_numerics_is_the_default() {
-    let be = CpuBackend::new(1).unwrap();
+    let be = CpuDevice::new(1).unwrap();
     assert_eq!(be.numerics(), Numerics::Exact);
     let t = HostTensor {
         name: "w".into(),

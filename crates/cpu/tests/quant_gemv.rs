@@ -11,38 +11,54 @@
 mod common;
 
 use common::{random_matrix, Rng};
-use turbospark_backend::Backend;
+use turbospark_backend::{DType, Device, Limits, Stream};
 use turbospark_core::quant::{dequantize_row, dot_row};
 use turbospark_core::QuantFormat;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::{CpuDevice, CpuStream};
 
 const ROWS: usize = 37;
 const COLS: usize = 512;
 const TOKENS: usize = 3;
 
-fn run(be: &CpuBackend, w: &turbospark_cpu::CpuMatrix, x: &[f32], n: usize) -> Vec<f32> {
-    let mut xb = be.alloc(n * COLS).unwrap();
-    be.write(&mut xb, &x[..n * COLS]).unwrap();
-    let mut out = be.alloc(n * ROWS).unwrap();
-    be.matmul(w, &xb, n, &mut out).unwrap();
+/// A stream for matmuls of up to `TOKENS` rows over what `dev` holds.
+fn stream(dev: &CpuDevice) -> CpuStream {
+    let limits = Limits {
+        max_tokens: TOKENS,
+        ..Limits::default()
+    };
+    dev.stream(&limits).unwrap()
+}
+
+fn run(
+    dev: &CpuDevice,
+    st: &mut CpuStream,
+    w: &turbospark_cpu::CpuMatrix,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let mut xb = dev.alloc(DType::F32, n * COLS).unwrap();
+    st.write(&mut xb, &x[..n * COLS]).unwrap();
+    let mut out = dev.alloc(DType::F32, n * ROWS).unwrap();
+    st.matmul(w, &xb, n, &mut out).unwrap();
     let mut host = vec![0f32; n * ROWS];
-    be.read(&out, &mut host).unwrap();
+    st.read(&out, &mut host).unwrap();
     host
 }
 
 #[test]
 fn gemv_and_gemm_match_the_f64_reference_for_every_format() {
-    let single = CpuBackend::new(1).unwrap();
-    let pooled = CpuBackend::new(3).unwrap();
+    let single = CpuDevice::new(1).unwrap();
+    let pooled = CpuDevice::new(3).unwrap();
     for fmt in QuantFormat::ALL {
         let mut rng = Rng(0x5eed ^ fmt.ggml_type() as u64);
         let t = random_matrix(fmt.name(), fmt, ROWS, COLS, &mut rng);
         let x = rng.vec(TOKENS * COLS);
         let w1 = single.upload_matrix(&t).unwrap();
         let w3 = pooled.upload_matrix(&t).unwrap();
+        let (mut s1, mut s3) = (stream(&single), stream(&pooled));
 
-        let batch = run(&pooled, &w3, &x, TOKENS);
-        let batch_single = run(&single, &w1, &x, TOKENS);
+        let batch = run(&pooled, &mut s3, &w3, &x, TOKENS);
+        let batch_single = run(&single, &mut s1, &w1, &x, TOKENS);
         assert_eq!(batch, batch_single, "{fmt}: thread count changed the bits");
 
         let rb = t.bytes.len() / ROWS;
@@ -50,7 +66,7 @@ fn gemv_and_gemm_match_the_f64_reference_for_every_format() {
         let mut worst = 0f64;
         for tok in 0..TOKENS {
             let xt = &x[tok * COLS..(tok + 1) * COLS];
-            let one = run(&pooled, &w3, xt, 1);
+            let one = run(&pooled, &mut s3, &w3, xt, 1);
             assert_eq!(
                 one,
                 batch[tok * ROWS..(tok + 1) * ROWS],
@@ -88,21 +104,22 @@ fn gemv_and_gemm_match_the_f64_reference_for_every_format() {
 
 #[test]
 fn embedding_rows_are_the_dequantized_table_rows() {
-    let be = CpuBackend::new(1).unwrap();
+    let be = CpuDevice::new(1).unwrap();
+    let mut st = stream(&be);
     for fmt in QuantFormat::ALL {
         let mut rng = Rng(7 + fmt.ggml_type() as u64);
         let t = random_matrix("token_embd.weight", fmt, 5, 256, &mut rng);
         let table = be.upload_matrix(&t).unwrap();
-        let mut out = be.alloc(2 * 256).unwrap();
-        be.embed(&table, &[4, 1], &mut out).unwrap();
+        let mut out = be.alloc(DType::F32, 2 * 256).unwrap();
+        st.embed(&table, &[4, 1], &mut out).unwrap();
         let mut got = vec![0f32; 512];
-        be.read(&out, &mut got).unwrap();
+        st.read(&out, &mut got).unwrap();
         let rb = t.bytes.len() / 5;
         let mut want = vec![0f32; 256];
         dequantize_row(fmt, &t.bytes.as_slice()[4 * rb..5 * rb], &mut want).unwrap();
         assert_eq!(got[..256], want[..], "{fmt}");
         assert!(
-            be.embed(&table, &[5], &mut out).is_err(),
+            st.embed(&table, &[5], &mut out).is_err(),
             "{fmt}: token past the table"
         );
     }
@@ -110,7 +127,7 @@ fn embedding_rows_are_the_dequantized_table_rows() {
 
 #[test]
 fn malformed_uploads_are_errors() {
-    let be = CpuBackend::new(1).unwrap();
+    let be = CpuDevice::new(1).unwrap();
     let mut rng = Rng(1);
     let mut t = random_matrix("w", QuantFormat::Q4K, 2, 256, &mut rng);
     t.shape = vec![3, 256];

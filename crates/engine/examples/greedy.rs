@@ -8,7 +8,7 @@
 //! ```
 
 use std::time::Instant;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::CpuDevice;
 use turbospark_engine::{Logits, Model, SessionOptions};
 use turbospark_format::install::Install;
 
@@ -32,7 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .ok()
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| serde_json::from_value(v["tokens"].clone()).ok());
-    let model = Model::load(&install, CpuBackend::with_available_threads()?)?;
+    let model = Model::load(&install, CpuDevice::with_available_threads()?)?;
     let v = model.vocab_size();
     let mut s = model.session(SessionOptions::new(prompt.len() + n))?;
     let mut logits = vec![0f32; v];

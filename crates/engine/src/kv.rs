@@ -1,6 +1,6 @@
 //! The KV cache of a session: per layer, keys and values as
-//! `[capacity, n_kv_heads · head_dim]` f32 rows, position `p` in row
-//! `p % capacity`.
+//! `[capacity, n_kv_heads · head_dim]` rows in the device's KV dtype
+//! ([`Device::kv_dtype`]), position `p` in row `p % capacity`.
 //!
 //! Full-attention layers hold the whole context. A sliding layer with window
 //! `w` only ever needs the last `w` keys, but a batch of `b` queries written
@@ -10,22 +10,22 @@
 //! later batch still reads.
 
 use crate::EngineError;
-use turbospark_backend::Backend;
+use turbospark_backend::Device;
 use turbospark_core::arch::ArchSpec;
 
 /// One layer's cache.
-pub struct KvLayer<B: Backend> {
+pub struct KvLayer<D: Device> {
     /// `[capacity, row]`
-    pub k: B::Buf,
+    pub k: D::Buf,
     /// `[capacity, row]`
-    pub v: B::Buf,
+    pub v: D::Buf,
     pub capacity: usize,
     /// `n_kv_heads · head_dim`
     pub row: usize,
 }
 
-pub struct KvCache<B: Backend> {
-    pub(crate) layers: Vec<KvLayer<B>>,
+pub struct KvCache<D: Device> {
+    pub(crate) layers: Vec<KvLayer<D>>,
     position: usize,
     context: usize,
 }
@@ -39,13 +39,14 @@ pub fn layer_capacity(window: Option<usize>, context: usize, max_batch: usize) -
     }
 }
 
-impl<B: Backend> KvCache<B> {
+impl<D: Device> KvCache<D> {
     pub fn new(
-        be: &B,
+        device: &D,
         spec: &ArchSpec,
         context: usize,
         max_batch: usize,
     ) -> Result<Self, EngineError> {
+        let dtype = device.kv_dtype();
         let layers = spec
             .layers
             .iter()
@@ -53,8 +54,8 @@ impl<B: Backend> KvCache<B> {
                 let capacity = layer_capacity(l.window, context, max_batch);
                 let row = l.num_kv_heads * l.head_dim;
                 Ok(KvLayer {
-                    k: be.alloc(capacity * row)?,
-                    v: be.alloc(capacity * row)?,
+                    k: device.alloc(dtype, capacity * row)?,
+                    v: device.alloc(dtype, capacity * row)?,
                     capacity,
                     row,
                 })

@@ -1,14 +1,16 @@
 //! The generic decoder of turbospark: one layer loop for every family,
-//! driven by [`ArchSpec`](turbospark_core::ArchSpec) data and computed by a
-//! [`Backend`](turbospark_backend::Backend).
+//! driven by [`ArchSpec`](turbospark_core::ArchSpec) data and computed on a
+//! [`Device`](turbospark_backend::Device).
 //!
-//! - [`Model`]: the spec, its weights on a backend (loaded from an install
-//!   through memory maps, or from any [`WeightSource`]), rope tables.
-//! - [`Session`]: one sequence's [`KvCache`] and scratch, allocated once;
+//! - [`Model`]: the spec, its weights uploaded once to a device (loaded
+//!   from an install through memory maps, or from any [`WeightSource`]),
+//!   rope tables, the router.
+//! - [`Session`]: one sequence's [`KvCache`], its own
+//!   [`Stream`](turbospark_backend::Stream) and scratch, allocated once;
 //!   [`Session::forward`] / [`Session::prefill`] / [`Session::decode`]
 //!   return raw logits (after the family's multiplier and soft-cap, never
-//!   probabilities).
-//! - [`router`]: the MoE routers of `RouterKind` as host-side math.
+//!   probabilities). Routing is a device op
+//!   ([`turbospark_backend::routing`]).
 //! - [`experts`]: where routed experts live (resident, mapped, or streamed
 //!   into a per-session slot cache) and their statistics.
 //! - [`synthetic`]: random weights for any spec (tests, benchmarks).
@@ -26,7 +28,6 @@ pub mod error;
 pub mod experts;
 pub mod kv;
 pub mod model;
-pub mod router;
 pub mod router_skew;
 pub mod session;
 pub mod source;

@@ -1,32 +1,34 @@
-//! A model: its [`ArchSpec`], its weights on a backend, and the per-layer
-//! rope tables. Loading checks everything the decoder will rely on, so a
-//! session never meets a missing weight.
+//! A model: its [`ArchSpec`], its weights uploaded once to a [`Device`]
+//! and shared by every session, and the per-layer rope tables. Loading
+//! checks everything the decoder will rely on, so a session never meets a
+//! missing weight.
 
 use crate::experts::{ExpertOptions, ExpertStore, Residency};
-use crate::router::Router;
 use crate::session::{Session, SessionOptions};
 use crate::source::{ExpertBacking, InstallSource, WeightSource};
 use crate::weights::Weights;
 use crate::EngineError;
-use turbospark_backend::{Backend, RopeTable};
+use turbospark_backend::{Device, RopeTable, RouterSpec};
 use turbospark_core::arch::ArchSpec;
 use turbospark_format::install::Install;
 
-pub struct Model<B: Backend> {
+pub struct Model<D: Device> {
     pub(crate) spec: ArchSpec,
-    pub(crate) backend: B,
-    pub(crate) weights: Weights<B>,
+    pub(crate) device: D,
+    pub(crate) weights: Weights<D>,
+    /// The router of every MoE layer, checked at load.
+    pub(crate) router: Option<RouterSpec>,
     /// Rope of each layer (`None` on NoPE layers).
     pub(crate) ropes: Vec<Option<RopeTable>>,
     /// Where the routed experts live.
     pub(crate) experts: ExpertStore,
 }
 
-impl<B: Backend> Model<B> {
+impl<D: Device> Model<D> {
     /// Loads an opened install (weights memory-mapped, not copied, on a host
     /// backend).
-    pub fn load(install: &Install, backend: B) -> Result<Self, EngineError> {
-        Self::open(install, backend, &ExpertOptions::mapped())
+    pub fn load(install: &Install, device: D) -> Result<Self, EngineError> {
+        Self::open(install, device, &ExpertOptions::mapped())
     }
 
     /// Loads an opened install with its routed experts held as `experts`
@@ -34,7 +36,7 @@ impl<B: Backend> Model<B> {
     /// [`crate::experts`]); [`Model::expert_store`] tells the choice.
     pub fn open(
         install: &Install,
-        backend: B,
+        device: D,
         experts: &ExpertOptions,
     ) -> Result<Self, EngineError> {
         let store = ExpertStore::open(install, experts)?;
@@ -44,7 +46,7 @@ impl<B: Backend> Model<B> {
             Residency::Streamed => ExpertBacking::Absent,
         };
         let src = InstallSource::with_experts(install, backing)?;
-        Self::build(install.manifest.arch.clone(), &src, backend, store)
+        Self::build(install.manifest.arch.clone(), &src, device, store)
     }
 
     /// Loads the weights `spec` needs from any source (routed experts
@@ -52,16 +54,16 @@ impl<B: Backend> Model<B> {
     pub fn from_source(
         spec: ArchSpec,
         src: &dyn WeightSource,
-        backend: B,
+        device: D,
     ) -> Result<Self, EngineError> {
         let store = ExpertStore::held(&spec);
-        Self::build(spec, src, backend, store)
+        Self::build(spec, src, device, store)
     }
 
     fn build(
         spec: ArchSpec,
         src: &dyn WeightSource,
-        backend: B,
+        device: D,
         experts: ExpertStore,
     ) -> Result<Self, EngineError> {
         if let Some(norm) = spec.embedding.norm {
@@ -71,12 +73,10 @@ impl<B: Backend> Model<B> {
                 });
             }
         }
-        if let Some(m) = &spec.moe {
-            // Fails now, not in the middle of a forward pass.
-            Router::new(m)?;
-        }
+        // Fails now, not in the middle of a forward pass.
+        let router = spec.moe.as_ref().map(RouterSpec::of).transpose()?;
         let streamed = experts.residency() == Residency::Streamed;
-        let weights = Weights::load_with(&spec, src, &backend, !streamed)?;
+        let weights = Weights::load_with(&spec, src, &device, !streamed)?;
         let ropes = spec
             .layers
             .iter()
@@ -84,8 +84,9 @@ impl<B: Backend> Model<B> {
             .collect();
         Ok(Model {
             spec,
-            backend,
+            device,
             weights,
+            router,
             ropes,
             experts,
         })
@@ -100,8 +101,9 @@ impl<B: Backend> Model<B> {
         &self.spec
     }
 
-    pub fn backend(&self) -> &B {
-        &self.backend
+    /// The device holding the weights.
+    pub fn device(&self) -> &D {
+        &self.device
     }
 
     pub fn vocab_size(&self) -> usize {
@@ -109,7 +111,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// A new session (KV cache and scratch) over this model.
-    pub fn session(&self, options: SessionOptions) -> Result<Session<'_, B>, EngineError> {
+    pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
         Session::new(self, options)
     }
 }

@@ -1,17 +1,18 @@
-//! A session: one sequence's KV cache and every scratch buffer the decoder
-//! needs, allocated once. [`Session::forward`] runs tokens at the cache's
-//! next position (a prompt at once: prefill; one token: decode) and returns
-//! raw logits; nothing on that path allocates.
+//! A session: one sequence's KV cache, its own stream on the model's device
+//! (which owns the ops' scratch, so sessions on one model share nothing
+//! mutable), and every buffer the decoder needs, allocated once.
+//! [`Session::forward`] runs tokens at the cache's next position (a prompt
+//! at once: prefill; one token: decode) and returns raw logits; nothing on
+//! that path allocates.
 
 use crate::decoder::Buffers;
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
-use crate::router::Router;
 use crate::timing::PhaseTimes;
 use crate::EngineError;
-use turbospark_backend::{Backend, Limits, Route};
+use turbospark_backend::{Device, Limits};
 
 /// Sizes of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,22 +45,15 @@ pub enum Logits<'a> {
     All(&'a mut [f32]),
 }
 
-/// The host side of routing: the router and its per-batch buffers.
-pub(crate) struct RouterState {
-    pub router: Router,
-    /// `[max_batch, num_experts]`
-    pub logits: Vec<f32>,
-    /// `[max_batch, top_k]`
-    pub routes: Vec<Route>,
-}
-
-pub struct Session<'m, B: Backend> {
-    pub(crate) model: &'m Model<B>,
-    pub(crate) kv: KvCache<B>,
-    pub(crate) bufs: Buffers<B>,
-    pub(crate) routing: Option<RouterState>,
-    /// Routed-expert slots (streamed), statistics and router histogram.
-    pub(crate) experts: SessionExperts<B>,
+pub struct Session<'m, D: Device> {
+    pub(crate) model: &'m Model<D>,
+    /// This session's queue of ops and their scratch.
+    pub(crate) stream: D::Stream,
+    pub(crate) kv: KvCache<D>,
+    pub(crate) bufs: Buffers<D>,
+    /// Routed-expert slots (streamed), routes, statistics and router
+    /// histogram.
+    pub(crate) experts: SessionExperts<D>,
     /// Wall time per phase of the forward passes so far.
     pub(crate) times: PhaseTimes,
     /// The last token's logits for [`Session::decode`].
@@ -67,8 +61,8 @@ pub struct Session<'m, B: Backend> {
     max_batch: usize,
 }
 
-impl<'m, B: Backend> Session<'m, B> {
-    pub(crate) fn new(model: &'m Model<B>, opts: SessionOptions) -> Result<Self, EngineError> {
+impl<'m, D: Device> Session<'m, D> {
+    pub(crate) fn new(model: &'m Model<D>, opts: SessionOptions) -> Result<Self, EngineError> {
         if opts.context == 0 || opts.max_batch == 0 {
             return Err(EngineError::BadOptions {
                 detail: format!(
@@ -79,8 +73,8 @@ impl<'m, B: Backend> Session<'m, B> {
         }
         let spec = &model.spec;
         let max_batch = opts.max_batch.min(opts.context);
-        let be = &model.backend;
-        let kv = KvCache::new(be, spec, opts.context, max_batch)?;
+        let device = &model.device;
+        let kv = KvCache::new(device, spec, opts.context, max_batch)?;
         let max_keys = spec
             .layers
             .iter()
@@ -88,28 +82,21 @@ impl<'m, B: Backend> Session<'m, B> {
             .max()
             .unwrap_or(0);
         let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
-        be.reserve(&Limits {
+        // Streamed expert slots are uploaded first: the stream's scratch
+        // fits every matrix on the device when it is created.
+        let experts = SessionExperts::new(model, max_batch)?;
+        let stream = device.stream(&Limits {
             max_tokens: max_batch,
             max_keys,
             max_head_dim,
+            max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
         })?;
-        let routing = spec
-            .moe
-            .as_ref()
-            .map(|m| {
-                Ok::<_, EngineError>(RouterState {
-                    router: Router::new(m)?,
-                    logits: vec![0.0; max_batch * m.num_experts],
-                    routes: vec![Route::default(); max_batch * m.top_k],
-                })
-            })
-            .transpose()?;
         Ok(Session {
             model,
+            stream,
             kv,
-            bufs: Buffers::new(be, spec, max_batch)?,
-            routing,
-            experts: SessionExperts::new(model, max_batch)?,
+            bufs: Buffers::new(device, spec, max_batch)?,
+            experts,
             times: PhaseTimes::default(),
             last_logits: vec![0.0; spec.vocab_size],
             max_batch,
@@ -125,7 +112,7 @@ impl<'m, B: Backend> Session<'m, B> {
         self.kv.context()
     }
 
-    pub fn kv(&self) -> &KvCache<B> {
+    pub fn kv(&self) -> &KvCache<D> {
         &self.kv
     }
 
@@ -153,6 +140,15 @@ impl<'m, B: Backend> Session<'m, B> {
 
     pub fn phase_times_mut(&mut self) -> &mut PhaseTimes {
         &mut self.times
+    }
+
+    /// Whether the session counts routes (router histogram, and requests
+    /// and hits of resident experts); on by default. Counting reads each
+    /// MoE layer's routes back to the host, which a resident layer
+    /// otherwise never does (streamed layers always read them to fetch
+    /// their experts).
+    pub fn set_route_statistics(&mut self, on: bool) {
+        self.experts.observe = on;
     }
 
     /// How often the router chose each expert of each MoE layer.

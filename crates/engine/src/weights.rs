@@ -7,100 +7,101 @@
 
 use crate::source::WeightSource;
 use crate::EngineError;
-use turbospark_backend::{Backend, ExpertWeights, HostTensor};
+use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec, RouterKind};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
-pub struct DenseWeights<B: Backend> {
+pub struct DenseWeights<D: Device> {
     /// `[intermediate, hidden]`
-    pub gate: B::Matrix,
+    pub gate: D::Matrix,
     /// `[intermediate, hidden]`
-    pub up: B::Matrix,
+    pub up: D::Matrix,
     /// `[hidden, intermediate]`
-    pub down: B::Matrix,
+    pub down: D::Matrix,
     pub intermediate: usize,
 }
 
 /// A routed MoE block.
-pub struct MoeWeights<B: Backend> {
+pub struct MoeWeights<D: Device> {
     /// `ffn_gate_inp.weight` `[experts, hidden]`
-    pub router: B::Matrix,
+    pub router: D::Matrix,
     /// `ffn_gate_inp.bias` `[experts]` (gpt-oss)
-    pub router_bias: Option<B::Vector>,
+    pub router_bias: Option<D::Vector>,
     /// `ffn_gate_inp.scale` `[hidden]`: weight of the router's input norm
     /// (Gemma 4).
-    pub router_scale: Option<B::Vector>,
+    pub router_scale: Option<D::Vector>,
     /// `exp_probs_b.bias` `[experts]`: selection-only correction bias
-    /// (GLM / DeepSeek), read by the host-side router.
-    pub exp_probs_b: Option<Vec<f32>>,
+    /// (GLM / DeepSeek), read by the routing op.
+    pub exp_probs_b: Option<D::Vector>,
     /// `ffn_gate_inp.expert_scale` `[experts]`: multiplier on each chosen
-    /// expert's weight (Gemma 4), read by the host-side router.
-    pub expert_scale: Option<Vec<f32>>,
-    /// Every routed expert, indexed by expert id; empty when the experts
-    /// are streamed into per-session slots instead (see `crate::experts`).
-    pub experts: Vec<ExpertWeights<B::Matrix, B::Vector>>,
+    /// expert's weight (Gemma 4), read by the routing op.
+    pub expert_scale: Option<D::Vector>,
+    /// Every routed expert as one bank, slot = expert id; `None` when the
+    /// experts are streamed into per-session slots instead (see
+    /// `crate::experts`).
+    pub experts: Option<D::Bank>,
     /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
-    pub shared: Option<DenseWeights<B>>,
+    pub shared: Option<DenseWeights<D>>,
     /// The dense MLP that runs beside the experts (Gemma 4).
-    pub parallel_dense: Option<DenseWeights<B>>,
+    pub parallel_dense: Option<DenseWeights<D>>,
 }
 
-pub enum FfnWeights<B: Backend> {
-    Dense(DenseWeights<B>),
-    Moe(MoeWeights<B>),
+pub enum FfnWeights<D: Device> {
+    Dense(DenseWeights<D>),
+    Moe(MoeWeights<D>),
 }
 
 /// One decoder layer.
-pub struct LayerWeights<B: Backend> {
-    pub attn_norm: Option<B::Vector>,
+pub struct LayerWeights<D: Device> {
+    pub attn_norm: Option<D::Vector>,
     /// `[n_heads · head_dim, hidden]`
-    pub attn_q: B::Matrix,
+    pub attn_q: D::Matrix,
     /// `[n_kv_heads · head_dim, hidden]`
-    pub attn_k: B::Matrix,
+    pub attn_k: D::Matrix,
     /// `None` on layers whose values are the key projection
     /// ([`LayerSpec::value_from_key`]).
-    pub attn_v: Option<B::Matrix>,
+    pub attn_v: Option<D::Matrix>,
     /// `[hidden, n_heads · head_dim]`
-    pub attn_output: B::Matrix,
-    pub attn_q_bias: Option<B::Vector>,
-    pub attn_k_bias: Option<B::Vector>,
-    pub attn_v_bias: Option<B::Vector>,
-    pub attn_output_bias: Option<B::Vector>,
+    pub attn_output: D::Matrix,
+    pub attn_q_bias: Option<D::Vector>,
+    pub attn_k_bias: Option<D::Vector>,
+    pub attn_v_bias: Option<D::Vector>,
+    pub attn_output_bias: Option<D::Vector>,
     /// Per-head norms `[head_dim]`.
-    pub attn_q_norm: Option<B::Vector>,
-    pub attn_k_norm: Option<B::Vector>,
-    pub attn_v_norm: Option<B::Vector>,
+    pub attn_q_norm: Option<D::Vector>,
+    pub attn_k_norm: Option<D::Vector>,
+    pub attn_v_norm: Option<D::Vector>,
     /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer).
-    pub attn_gate: Option<B::Matrix>,
+    pub attn_gate: Option<D::Matrix>,
     /// One sink logit per query head (gpt-oss).
-    pub attn_sinks: Option<B::Vector>,
-    pub post_attention_norm: Option<B::Vector>,
-    pub ffn_norm: Option<B::Vector>,
-    pub post_ffw_norm: Option<B::Vector>,
+    pub attn_sinks: Option<D::Vector>,
+    pub post_attention_norm: Option<D::Vector>,
+    pub ffn_norm: Option<D::Vector>,
+    pub post_ffw_norm: Option<D::Vector>,
     /// Norms of a parallel dense + MoE block (Gemma 4): on the dense
     /// branch's output, on the experts' input, on the experts' output.
-    pub post_ffw_norm_1: Option<B::Vector>,
-    pub pre_ffw_norm_2: Option<B::Vector>,
-    pub post_ffw_norm_2: Option<B::Vector>,
+    pub post_ffw_norm_1: Option<D::Vector>,
+    pub pre_ffw_norm_2: Option<D::Vector>,
+    pub post_ffw_norm_2: Option<D::Vector>,
     /// `layer_output_scale.weight` `[1]`: multiplier on the residual stream
     /// after the layer (Gemma 4).
     pub layer_output_scale: Option<f32>,
-    pub ffn: FfnWeights<B>,
+    pub ffn: FfnWeights<D>,
 }
 
 /// All weights of a model.
-pub struct Weights<B: Backend> {
+pub struct Weights<D: Device> {
     /// `[vocab, hidden]`
-    pub token_embd: B::Matrix,
-    pub output_norm: Option<B::Vector>,
+    pub token_embd: D::Matrix,
+    pub output_norm: Option<D::Vector>,
     /// `[vocab, hidden]`; `None` when the head is tied to `token_embd`.
-    pub output: Option<B::Matrix>,
-    pub layers: Vec<LayerWeights<B>>,
+    pub output: Option<D::Matrix>,
+    pub layers: Vec<LayerWeights<D>>,
 }
 
-struct Loader<'a, B: Backend> {
+struct Loader<'a, D: Device> {
     src: &'a dyn WeightSource,
-    be: &'a B,
+    be: &'a D,
     /// Load routed experts (not when they are streamed).
     experts: bool,
 }
@@ -116,14 +117,14 @@ fn check_shape(t: &HostTensor, expected: &[usize]) -> Result<(), EngineError> {
     Ok(())
 }
 
-impl<B: Backend> Loader<'_, B> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<B::Matrix, EngineError> {
+impl<D: Device> Loader<'_, D> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<D::Matrix, EngineError> {
         let t = self.src.resident(name)?;
         check_shape(&t, &[rows, cols])?;
         Ok(self.be.upload_matrix(&t)?)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector, EngineError> {
+    fn vector(&self, name: &str, len: usize) -> Result<D::Vector, EngineError> {
         let t = self.src.resident(name)?;
         check_shape(&t, &[len])?;
         Ok(self.be.upload_vector(&t)?)
@@ -144,21 +145,12 @@ impl<B: Backend> Loader<'_, B> {
         Ok(v)
     }
 
-    fn opt_host_vector(
-        &self,
-        present: bool,
-        name: &str,
-        len: usize,
-    ) -> Result<Option<Vec<f32>>, EngineError> {
-        present.then(|| self.host_vector(name, len)).transpose()
-    }
-
     fn opt_vector(
         &self,
         present: bool,
         name: &str,
         len: usize,
-    ) -> Result<Option<B::Vector>, EngineError> {
+    ) -> Result<Option<D::Vector>, EngineError> {
         present.then(|| self.vector(name, len)).transpose()
     }
 
@@ -168,7 +160,7 @@ impl<B: Backend> Loader<'_, B> {
         norm: Option<NormSpec>,
         name: &str,
         len: usize,
-    ) -> Result<Option<B::Vector>, EngineError> {
+    ) -> Result<Option<D::Vector>, EngineError> {
         self.opt_vector(norm.is_some_and(|n| n.has_weight()), name, len)
     }
 
@@ -178,7 +170,7 @@ impl<B: Backend> Loader<'_, B> {
         suffix: &str,
         hidden: usize,
         inter: usize,
-    ) -> Result<DenseWeights<B>, EngineError> {
+    ) -> Result<DenseWeights<D>, EngineError> {
         Ok(DenseWeights {
             gate: self.matrix(&format!("blk.{l}.ffn_gate{suffix}.weight"), inter, hidden)?,
             up: self.matrix(&format!("blk.{l}.ffn_up{suffix}.weight"), inter, hidden)?,
@@ -187,16 +179,16 @@ impl<B: Backend> Loader<'_, B> {
         })
     }
 
-    fn expert_matrix(
+    fn expert_part(
         &self,
         l: usize,
         e: usize,
         part: &str,
-        shape: [usize; 2],
-    ) -> Result<B::Matrix, EngineError> {
+        shape: &[usize],
+    ) -> Result<HostTensor, EngineError> {
         let t = self.src.expert_part(l, e, part)?;
-        check_shape(&t, &shape)?;
-        Ok(self.be.upload_matrix(&t)?)
+        check_shape(&t, shape)?;
+        Ok(t)
     }
 
     fn expert_bias(
@@ -206,16 +198,13 @@ impl<B: Backend> Loader<'_, B> {
         e: usize,
         part: &str,
         len: usize,
-    ) -> Result<Option<B::Vector>, EngineError> {
-        if !present {
-            return Ok(None);
-        }
-        let t = self.src.expert_part(l, e, part)?;
-        check_shape(&t, &[len])?;
-        Ok(Some(self.be.upload_vector(&t)?))
+    ) -> Result<Option<HostTensor>, EngineError> {
+        present
+            .then(|| self.expert_part(l, e, part, &[len]))
+            .transpose()
     }
 
-    fn moe(&self, spec: &ArchSpec, l: usize) -> Result<MoeWeights<B>, EngineError> {
+    fn moe(&self, spec: &ArchSpec, l: usize) -> Result<MoeWeights<D>, EngineError> {
         let h = spec.hidden_size;
         let Some(m) = &spec.moe else {
             return Err(EngineError::NotImplemented {
@@ -226,24 +215,29 @@ impl<B: Backend> Loader<'_, B> {
         let b = |s: &str| format!("blk.{l}.{s}");
         let grouped = matches!(m.router, RouterKind::SigmoidGrouped { .. });
         let gemma4 = m.router == RouterKind::Gemma4;
-        let experts = (0..if self.experts { ne } else { 0 })
-            .map(|e| {
-                Ok(ExpertWeights {
-                    gate: self.expert_matrix(l, e, "gate", [inter, h])?,
-                    up: self.expert_matrix(l, e, "up", [inter, h])?,
-                    down: self.expert_matrix(l, e, "down", [h, inter])?,
-                    gate_bias: self.expert_bias(m.expert_biases, l, e, "gate.bias", inter)?,
-                    up_bias: self.expert_bias(m.expert_biases, l, e, "up.bias", inter)?,
-                    down_bias: self.expert_bias(m.expert_biases, l, e, "down.bias", h)?,
+        let experts = if self.experts {
+            let tensors = (0..ne)
+                .map(|e| {
+                    Ok(ExpertWeights {
+                        gate: self.expert_part(l, e, "gate", &[inter, h])?,
+                        up: self.expert_part(l, e, "up", &[inter, h])?,
+                        down: self.expert_part(l, e, "down", &[h, inter])?,
+                        gate_bias: self.expert_bias(m.expert_biases, l, e, "gate.bias", inter)?,
+                        up_bias: self.expert_bias(m.expert_biases, l, e, "up.bias", inter)?,
+                        down_bias: self.expert_bias(m.expert_biases, l, e, "down.bias", h)?,
+                    })
                 })
-            })
-            .collect::<Result<Vec<_>, EngineError>>()?;
+                .collect::<Result<Vec<ExpertTensors>, EngineError>>()?;
+            Some(self.be.upload_bank(&tensors)?)
+        } else {
+            None
+        };
         Ok(MoeWeights {
             router: self.matrix(&b("ffn_gate_inp.weight"), ne, h)?,
             router_bias: self.opt_vector(m.router_bias, &b("ffn_gate_inp.bias"), ne)?,
             router_scale: self.opt_vector(gemma4, &b("ffn_gate_inp.scale"), h)?,
-            exp_probs_b: self.opt_host_vector(grouped, &b("exp_probs_b.bias"), ne)?,
-            expert_scale: self.opt_host_vector(gemma4, &b("ffn_gate_inp.expert_scale"), ne)?,
+            exp_probs_b: self.opt_vector(grouped, &b("exp_probs_b.bias"), ne)?,
+            expert_scale: self.opt_vector(gemma4, &b("ffn_gate_inp.expert_scale"), ne)?,
             experts,
             shared: m
                 .shared_intermediate
@@ -261,7 +255,7 @@ impl<B: Backend> Loader<'_, B> {
         spec: &ArchSpec,
         l: usize,
         ls: &LayerSpec,
-    ) -> Result<LayerWeights<B>, EngineError> {
+    ) -> Result<LayerWeights<D>, EngineError> {
         let h = spec.hidden_size;
         let (hd, q, kv) = (
             ls.head_dim,
@@ -312,9 +306,9 @@ impl<B: Backend> Loader<'_, B> {
     }
 }
 
-impl<B: Backend> Weights<B> {
+impl<D: Device> Weights<D> {
     /// Uploads every weight `spec` needs from `src`.
-    pub fn load(spec: &ArchSpec, src: &dyn WeightSource, be: &B) -> Result<Self, EngineError> {
+    pub fn load(spec: &ArchSpec, src: &dyn WeightSource, be: &D) -> Result<Self, EngineError> {
         Self::load_with(spec, src, be, true)
     }
 
@@ -323,7 +317,7 @@ impl<B: Backend> Weights<B> {
     pub fn load_with(
         spec: &ArchSpec,
         src: &dyn WeightSource,
-        be: &B,
+        be: &D,
         experts: bool,
     ) -> Result<Self, EngineError> {
         let ld = Loader { src, be, experts };

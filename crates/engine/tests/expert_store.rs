@@ -17,7 +17,7 @@ mod common;
 
 use common::{tokens, TempInstall, MOE_FAMILIES};
 use std::fs::OpenOptions;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::CpuDevice;
 use turbospark_engine::experts::ExpertError;
 use turbospark_engine::{
     CachePolicy, EngineError, ExpertMode, ExpertOptions, ExpertStats, Model, Residency,
@@ -46,7 +46,7 @@ struct Run {
 
 /// Prefill of `PROMPT` tokens in chunks of 8, then `DECODE` greedy steps.
 fn run(install: &Install, opts: &ExpertOptions) -> Result<Run, EngineError> {
-    let model = Model::open(install, CpuBackend::new(1).unwrap(), opts)?;
+    let model = Model::open(install, CpuDevice::new(1).unwrap(), opts)?;
     let vocab = model.vocab_size();
     let prompt = tokens(PROMPT, vocab);
     let mut s = model.session(SessionOptions {
@@ -184,7 +184,7 @@ fn the_plan_says_what_was_chosen() {
         memory_budget: Some(1 << 40),
         ..ExpertOptions::default()
     };
-    let m = Model::open(&install, CpuBackend::new(1).unwrap(), &opts).unwrap();
+    let m = Model::open(&install, CpuDevice::new(1).unwrap(), &opts).unwrap();
     assert_eq!(m.expert_store().residency(), Residency::Resident);
     assert!(m.expert_store().plan().to_string().contains("fits"));
     // A budget with room for the resident weights and 3 slots per layer.
@@ -193,7 +193,7 @@ fn the_plan_says_what_was_chosen() {
         memory_budget: Some(fp.with_slots(3) + 100),
         ..ExpertOptions::default()
     };
-    let m = Model::open(&install, CpuBackend::new(1).unwrap(), &opts).unwrap();
+    let m = Model::open(&install, CpuDevice::new(1).unwrap(), &opts).unwrap();
     let plan = m.expert_store().plan();
     assert_eq!((plan.residency, plan.slots), (Residency::Streamed, 3));
     assert!(plan.to_string().contains("exceeds"), "{plan}");
@@ -208,7 +208,7 @@ fn fewer_slots_than_top_k_is_an_error() {
     let k = install.manifest.arch.moe.as_ref().unwrap().top_k;
     let e = Model::open(
         &install,
-        CpuBackend::new(1).unwrap(),
+        CpuDevice::new(1).unwrap(),
         &ExpertOptions::streamed(k - 1),
     )
     .err()
@@ -243,7 +243,7 @@ fn a_short_expert_file_is_an_error_at_open() {
         mode(ExpertMode::Mapped),
         mode(ExpertMode::Resident),
     ] {
-        let e = Model::open(&install, CpuBackend::new(1).unwrap(), &opts)
+        let e = Model::open(&install, CpuDevice::new(1).unwrap(), &opts)
             .err()
             .unwrap();
         assert!(
@@ -271,7 +271,7 @@ fn a_read_error_mid_generation_is_a_typed_error() {
     let k = install.manifest.arch.moe.as_ref().unwrap().top_k;
     let model = Model::open(
         &install,
-        CpuBackend::new(1).unwrap(),
+        CpuDevice::new(1).unwrap(),
         &ExpertOptions::streamed(k),
     )
     .unwrap();

@@ -11,7 +11,7 @@ use common::{model, spec, tokens, TempInstall, MOE_FAMILIES};
 use serde_json::json;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::CpuDevice;
 use turbospark_engine::{ExpertOptions, Model, SessionOptions};
 
 struct Counting;
@@ -101,7 +101,7 @@ fn decode_does_not_allocate() {
             io_threads: 2,
             ..ExpertOptions::streamed(k)
         };
-        let m = Model::open(&install, CpuBackend::new(2).unwrap(), &opts).unwrap();
+        let m = Model::open(&install, CpuDevice::new(2).unwrap(), &opts).unwrap();
         let toks = tokens(12, m.vocab_size());
         let mut s = m
             .session(SessionOptions {

@@ -4,6 +4,9 @@
 //!   and as a prefill split into small batches that makes every sliding
 //!   layer's KV ring wrap many times (each row of every op is computed the
 //!   same way whatever the batch, so the match is exact);
+//! - sessions on one model run at the same time on their own streams and
+//!   give the logits one session alone gives, with or without route
+//!   statistics (which only decide whether routes are read back);
 //! - bad input is a typed error and leaves the session usable;
 //! - the phase timers see exactly the phases a family runs.
 
@@ -13,6 +16,44 @@ use common::{model, spec, tokens, FAMILIES};
 use turbospark_engine::{EngineError, Logits, SessionOptions};
 
 const N: usize = 40;
+
+#[test]
+fn concurrent_sessions_share_the_model_and_match_one_alone() {
+    for &family in FAMILIES {
+        let Some(spec) = spec(family, &[]) else {
+            println!("skipped {family}: fixture absent");
+            continue;
+        };
+        let m = model(&spec, 2);
+        let vocab = spec.vocab_size;
+        let toks = tokens(12, vocab);
+        let run = |statistics: bool| {
+            let mut s = m.session(SessionOptions::new(toks.len())).unwrap();
+            s.set_route_statistics(statistics);
+            let mut out = vec![0f32; toks.len() * vocab];
+            s.prefill(&toks, &mut out).unwrap();
+            let observed = s.router_histogram().clone();
+            (out, observed)
+        };
+        let (alone, _) = run(true);
+        let (a, b) = std::thread::scope(|scope| {
+            let a = scope.spawn(|| run(true));
+            let b = scope.spawn(|| run(false));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert_eq!(a.0, alone, "{family}: a concurrent session differs");
+        assert_eq!(
+            b.0, alone,
+            "{family}: a session without route statistics differs"
+        );
+        if spec.moe.is_some() {
+            assert_ne!(
+                a.1, b.1,
+                "{family}: only the counting session counts routes"
+            );
+        }
+    }
+}
 
 #[test]
 fn decode_equals_prefill_including_wrapped_sliding_windows() {

@@ -88,7 +88,7 @@ pub const fn vec_dot_type(fmt: QuantFormat) -> VecDotType {
 }
 
 /// Activation rows of one matmul call in their `vec_dot_type`, sized once
-/// (by uploads and `reserve`) for the widest matrix and the largest batch.
+/// (when a stream is created) for the widest matrix and the largest batch.
 #[derive(Default)]
 pub(crate) struct ActScratch {
     /// Most rows per call (the session's batch).

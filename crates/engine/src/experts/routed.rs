@@ -2,27 +2,31 @@
 //! layer, its statistics, and (streamed) the layer's slots.
 //!
 //! For each layer and batch, [`SessionExperts::run`] receives the routes
-//! (`[n_tokens, top_k]`, expert ids, best rank first) and:
+//! the device computed (`[n_tokens, top_k]`, expert ids, best rank first)
+//! and:
 //!
-//! - resident or mapped: hands them with every expert to
-//!   [`Backend::moe`] in one call;
-//! - streamed: splits the batch into consecutive token groups whose distinct
-//!   experts fit the layer's slots (the whole batch when it fits; a decode
-//!   token always fits since slots ≥ top_k), and per group fetches the
-//!   experts (hits are pinned first, then each miss takes a victim slot,
-//!   then all misses are read in parallel), rewrites the routes from expert
-//!   ids to slot indices, and computes the group's rows over the slot
-//!   weights: the experts that hit while the misses are being read
-//!   ([`Backend::moe_experts`] on the hit slots), the misses once they
-//!   have arrived, then the rank-order sum ([`Backend::moe_combine`]).
+//! - resident or mapped: hands them with the layer's bank to
+//!   [`Stream::moe`] in one call, never reading them back unless the
+//!   session counts routes (the router histogram; see
+//!   `Session::set_route_statistics`);
+//! - streamed: reads them back, splits the batch into consecutive token
+//!   groups whose distinct experts fit the layer's slots (the whole batch
+//!   when it fits; a decode token always fits since slots ≥ top_k), and per
+//!   group fetches the experts (hits are pinned first, then each miss takes
+//!   a victim slot, then all misses are read in parallel), rewrites the
+//!   routes from expert ids to slot indices, and computes the group's rows
+//!   over the slot bank: the experts that hit while the misses are being
+//!   read ([`Stream::moe_experts`] on the hit slots), the misses once they
+//!   have arrived and been filled into their slots ([`Stream::fill_slot`]),
+//!   then the rank-order sum ([`Stream::moe_combine`]).
 //!
 //! Only the expert each route addresses changes place; the weights, rank
 //! order and per-row arithmetic are those of the resident path, so the
 //! output bits are too.
 //!
 //! Nothing here allocates after [`SessionExperts::new`]: route and group
-//! buffers are sized for the session's largest batch, the slot matrices are
-//! refreshed in place ([`Backend::reload_matrix`]) after a read.
+//! buffers are sized for the session's largest batch, the slots are
+//! refilled in place ([`Stream::fill_slot`]) after a read.
 
 use super::aligned::AlignedBuf;
 use super::cache::SlotCache;
@@ -35,33 +39,25 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use turbospark_backend::host::ByteOwner;
+use turbospark_backend::DType;
 use turbospark_backend::{
-    Backend, BackendError, ExpertWeights, HostTensor, MoeInput, MoeScratch, Route, SharedBytes,
+    BackendError, Device, ExpertTensors, ExpertWeights, HostTensor, MoeInput, MoeScratch, Route,
+    SharedBytes, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec};
 
 /// One MoE layer's routed-expert step.
-pub(crate) struct RoutedInput<'a, B: Backend> {
+pub(crate) struct RoutedInput<'a, D: Device> {
     pub layer: usize,
     /// `[n_tokens, hidden]`
-    pub x: &'a B::Buf,
+    pub x: &'a D::Buf,
     pub n_tokens: usize,
-    /// `[n_tokens, top_k]`; `slot` is the expert id.
-    pub routes: &'a [Route],
-    /// Every expert of the layer, by id (resident, mapped); empty when
-    /// streamed.
-    pub held: &'a [ExpertWeights<B::Matrix, B::Vector>],
+    /// `[n_tokens, top_k]` on the device; `slot` is the expert id.
+    pub routes: &'a D::Routes,
+    /// Every expert of the layer, slot = id (resident, mapped); `None`
+    /// when streamed.
+    pub resident: Option<&'a D::Bank>,
     pub activation: Activation,
-}
-
-/// The parts of one slot as host tensors over its bytes, built once.
-struct SlotTensors {
-    gate: HostTensor,
-    up: HostTensor,
-    down: HostTensor,
-    gate_bias: Option<HostTensor>,
-    up_bias: Option<HostTensor>,
-    down_bias: Option<HostTensor>,
 }
 
 /// A read the current group needs.
@@ -71,7 +67,7 @@ struct Miss {
 }
 
 /// The slots of one streamed layer.
-struct SlotLayer<B: Backend> {
+struct SlotLayer<D: Device> {
     layer: usize,
     file: Arc<File>,
     path: PathBuf,
@@ -82,19 +78,20 @@ struct SlotLayer<B: Backend> {
     slot_bytes: usize,
     /// `[slots, slot_bytes]`, owner of every slot tensor's bytes.
     buf: Arc<AlignedBuf>,
-    tensors: Vec<SlotTensors>,
-    /// The backend's view of each slot, refreshed after each read.
-    weights: Vec<ExpertWeights<B::Matrix, B::Vector>>,
+    /// The parts of each slot as host tensors over its bytes, built once.
+    tensors: Vec<ExpertTensors>,
+    /// The device's copy of the slots, refilled after each read.
+    bank: D::Bank,
     cache: SlotCache,
 }
 
-impl<B: Backend> SlotLayer<B> {
+impl<D: Device> SlotLayer<D> {
     fn new(
-        be: &B,
+        device: &D,
         spec: &ArchSpec,
         f: &ExpertFile,
         plan: &ExpertPlan,
-    ) -> Result<SlotLayer<B>, EngineError> {
+    ) -> Result<SlotLayer<D>, EngineError> {
         let layer = f.layer;
         let layout = &f.layout;
         let slots = plan.slots.min(layout.num_experts);
@@ -120,7 +117,6 @@ impl<B: Backend> SlotLayer<B> {
         let owner: ByteOwner = buf.clone();
         let biases = spec.moe.as_ref().is_some_and(|m| m.expert_biases);
         let mut tensors = Vec::with_capacity(slots);
-        let mut weights = Vec::with_capacity(slots);
         for s in 0..slots {
             let part = |name: &str| -> Result<HostTensor, EngineError> {
                 let p = layout
@@ -137,26 +133,16 @@ impl<B: Backend> SlotLayer<B> {
                 })
             };
             let bias = |name: &str| biases.then(|| part(name)).transpose();
-            let t = SlotTensors {
+            tensors.push(ExpertWeights {
                 gate: part("gate")?,
                 up: part("up")?,
                 down: part("down")?,
                 gate_bias: bias("gate.bias")?,
                 up_bias: bias("up.bias")?,
                 down_bias: bias("down.bias")?,
-            };
-            let vector =
-                |t: &Option<HostTensor>| t.as_ref().map(|t| be.upload_vector(t)).transpose();
-            weights.push(ExpertWeights {
-                gate: be.upload_matrix(&t.gate)?,
-                up: be.upload_matrix(&t.up)?,
-                down: be.upload_matrix(&t.down)?,
-                gate_bias: vector(&t.gate_bias)?,
-                up_bias: vector(&t.up_bias)?,
-                down_bias: vector(&t.down_bias)?,
             });
-            tensors.push(t);
         }
+        let bank = device.upload_bank(&tensors)?;
         Ok(SlotLayer {
             layer,
             file: Arc::clone(&f.file),
@@ -166,7 +152,7 @@ impl<B: Backend> SlotLayer<B> {
             slot_bytes: sb,
             buf,
             tensors,
-            weights,
+            bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
         })
     }
@@ -245,12 +231,12 @@ impl<B: Backend> SlotLayer<B> {
         .map_err(|(i, source)| self.read_error(misses.get(i).map_or(0, |m| m.expert), source))
     }
 
-    /// Waits for the reads of `misses`, counts them and points the backend
-    /// at the new bytes. On failure the misses' slots are emptied, so a
-    /// later request reads them again.
+    /// Waits for the reads of `misses`, counts them and fills the device's
+    /// slots with the new bytes. On failure the misses' slots are emptied,
+    /// so a later request reads them again.
     fn finish_reads(
         &mut self,
-        be: &B,
+        st: &mut D::Stream,
         pending: Option<Pending<'_>>,
         misses: &[Miss],
         stats: &mut LayerStats,
@@ -272,29 +258,12 @@ impl<B: Backend> SlotLayer<B> {
         stats.reads += misses.len() as u64;
         stats.bytes_read += (misses.len() * self.read_len) as u64;
         for m in misses {
-            if let Err(e) = self.reload(be, m.slot as usize) {
+            let slot = m.slot as usize;
+            if let Err(e) = st.fill_slot(&mut self.bank, slot, &self.tensors[slot]) {
                 for m in misses {
                     self.cache.invalidate(m.slot);
                 }
-                return Err(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// Points the backend's view of `slot` at its freshly read bytes.
-    fn reload(&mut self, be: &B, slot: usize) -> Result<(), EngineError> {
-        let (w, t) = (&mut self.weights[slot], &self.tensors[slot]);
-        be.reload_matrix(&mut w.gate, &t.gate)?;
-        be.reload_matrix(&mut w.up, &t.up)?;
-        be.reload_matrix(&mut w.down, &t.down)?;
-        for (v, t) in [
-            (w.gate_bias.as_mut(), t.gate_bias.as_ref()),
-            (w.up_bias.as_mut(), t.up_bias.as_ref()),
-            (w.down_bias.as_mut(), t.down_bias.as_ref()),
-        ] {
-            if let (Some(v), Some(t)) = (v, t) {
-                be.reload_vector(v, t)?;
+                return Err(e.into());
             }
         }
         Ok(())
@@ -359,33 +328,39 @@ impl Grouper {
 }
 
 /// Slots, reader pool and group buffers of a streamed session.
-struct Streamed<B: Backend> {
+struct Streamed<D: Device> {
     /// By layer index; `None` for dense layers.
-    layers: Vec<Option<SlotLayer<B>>>,
+    layers: Vec<Option<SlotLayer<D>>>,
     pool: IoPool,
     misses: Vec<Miss>,
     /// Which slots a partial expert computation covers `[max_slots]`.
     ready: Vec<bool>,
-    /// Routes rewritten to slot indices `[max_batch, top_k]`.
+    /// Routes rewritten to slot indices `[max_batch, top_k]`, on the host
+    /// and on the device.
     remap: Vec<Route>,
+    remap_device: D::Routes,
     /// A group's input rows and output rows `[max_batch, hidden]`.
-    group_x: B::Buf,
-    group_out: B::Buf,
+    group_x: D::Buf,
+    group_out: D::Buf,
 }
 
 /// The expert side of a session.
-pub(crate) struct SessionExperts<B: Backend> {
+pub(crate) struct SessionExperts<D: Device> {
     hidden: usize,
     pub stats: ExpertStats,
     pub histogram: RouterHistogram,
+    /// Count routes (histogram, resident hits): reads them back.
+    pub observe: bool,
+    /// A batch's routes read back to the host `[max_batch, top_k]`.
+    host_routes: Vec<Route>,
     grouper: Grouper,
-    streamed: Option<Streamed<B>>,
+    streamed: Option<Streamed<D>>,
 }
 
-impl<B: Backend> SessionExperts<B> {
-    pub(crate) fn new(model: &Model<B>, max_batch: usize) -> Result<Self, EngineError> {
+impl<D: Device> SessionExperts<D> {
+    pub(crate) fn new(model: &Model<D>, max_batch: usize) -> Result<Self, EngineError> {
         let spec = &model.spec;
-        let be = &model.backend;
+        let device = &model.device;
         let (num_experts, top_k) = spec
             .moe
             .as_ref()
@@ -394,11 +369,11 @@ impl<B: Backend> SessionExperts<B> {
         let store = &model.experts;
         let streamed = if store.residency() == Residency::Streamed && !moe_layers.is_empty() {
             let plan = store.plan();
-            let mut layers: Vec<Option<SlotLayer<B>>> =
+            let mut layers: Vec<Option<SlotLayer<D>>> =
                 (0..spec.num_layers()).map(|_| None).collect();
             for f in &store.files {
                 if let Some(slot) = layers.get_mut(f.layer) {
-                    *slot = Some(SlotLayer::new(be, spec, f, plan)?);
+                    *slot = Some(SlotLayer::new(device, spec, f, plan)?);
                 }
             }
             if let Some(&l) = moe_layers.iter().find(|&&l| layers[l].is_none()) {
@@ -418,8 +393,9 @@ impl<B: Backend> SessionExperts<B> {
                 misses: Vec::with_capacity(max_slots),
                 ready: vec![false; max_slots],
                 remap: vec![Route::default(); max_batch * top_k],
-                group_x: be.alloc(max_batch * spec.hidden_size)?,
-                group_out: be.alloc(max_batch * spec.hidden_size)?,
+                remap_device: device.alloc_routes(max_batch, top_k)?,
+                group_x: device.alloc(DType::F32, max_batch * spec.hidden_size)?,
+                group_out: device.alloc(DType::F32, max_batch * spec.hidden_size)?,
             })
         } else {
             None
@@ -428,6 +404,8 @@ impl<B: Backend> SessionExperts<B> {
             hidden: spec.hidden_size,
             stats: ExpertStats::new(moe_layers.iter().copied()),
             histogram: RouterHistogram::new(moe_layers.iter().copied(), num_experts, top_k),
+            observe: true,
+            host_routes: vec![Route::default(); max_batch * top_k],
             grouper: Grouper {
                 top_k,
                 seen: vec![0; num_experts],
@@ -442,31 +420,62 @@ impl<B: Backend> SessionExperts<B> {
     /// for the `n_tokens` rows of `input` (see the module docs).
     pub(crate) fn run(
         &mut self,
-        be: &B,
-        input: RoutedInput<'_, B>,
-        scratch: &mut MoeScratch<B::Buf>,
-        out: &mut B::Buf,
+        st: &mut D::Stream,
+        input: RoutedInput<'_, D>,
+        scratch: &mut MoeScratch<D::Buf>,
+        out: &mut D::Buf,
     ) -> Result<(), EngineError> {
         let RoutedInput {
             layer,
             x,
             n_tokens: n,
             routes,
-            held,
+            resident,
             activation,
         } = input;
+        if self.streamed.is_none() && !self.observe {
+            // The routes stay on the device.
+            let bank = resident.ok_or(EngineError::NotImplemented {
+                feature: "resident experts without a bank",
+            })?;
+            let input = MoeInput {
+                x,
+                n_tokens: n,
+                routes,
+                bank,
+                activation,
+            };
+            st.moe(input, scratch, out)?;
+            return Ok(());
+        }
         let k = self.grouper.top_k;
-        let routes = &routes[..n * k];
-        self.histogram.record(layer, routes.iter().map(|r| r.slot));
+        let have = self.host_routes.len();
+        let host = self
+            .host_routes
+            .get_mut(..n * k)
+            .ok_or(BackendError::BufferTooSmall {
+                op: "moe",
+                what: "routes",
+                need: n * k,
+                have,
+            })?;
+        st.read_routes(routes, host)?;
+        let host = &*host;
+        if self.observe {
+            self.histogram.record(layer, host.iter().map(|r| r.slot));
+        }
         let stats = self
             .stats
             .layer_mut(layer)
             .ok_or(EngineError::NotImplemented {
                 feature: "routed experts on a layer the spec does not mark MoE",
             })?;
-        let Some(st) = self.streamed.as_mut() else {
+        let Some(sd) = self.streamed.as_mut() else {
             // Every expert is in memory: one call, every request a hit.
-            self.grouper.next(routes, 0, n, usize::MAX)?;
+            let bank = resident.ok_or(EngineError::NotImplemented {
+                feature: "resident experts without a bank",
+            })?;
+            self.grouper.next(host, 0, n, usize::MAX)?;
             let requested = self.grouper.needed.len() as u64;
             stats.requests += requested;
             stats.hits += requested;
@@ -474,13 +483,13 @@ impl<B: Backend> SessionExperts<B> {
                 x,
                 n_tokens: n,
                 routes,
-                experts: held,
+                bank,
                 activation,
             };
-            be.moe(input, scratch, out)?;
+            st.moe(input, scratch, out)?;
             return Ok(());
         };
-        let sl = st
+        let sl = sd
             .layers
             .get_mut(layer)
             .and_then(Option::as_mut)
@@ -489,13 +498,11 @@ impl<B: Backend> SessionExperts<B> {
         let h = self.hidden;
         let mut t0 = 0;
         while t0 < n {
-            let t1 = self.grouper.next(routes, t0, n, slots)?;
-            sl.plan(&self.grouper.needed, &mut st.misses, stats)?;
+            let t1 = self.grouper.next(host, t0, n, slots)?;
+            sl.plan(&self.grouper.needed, &mut sd.misses, stats)?;
             let group = t0 * k..t1 * k;
-            for (dst, r) in st.remap[group.clone()]
-                .iter_mut()
-                .zip(&routes[group.clone()])
-            {
+            let remap = &mut sd.remap[..group.len()];
+            for (dst, r) in remap.iter_mut().zip(&host[group]) {
                 let slot = sl
                     .cache
                     .slot_of(r.slot)
@@ -505,52 +512,53 @@ impl<B: Backend> SessionExperts<B> {
                     weight: r.weight,
                 };
             }
+            st.write_routes(&mut sd.remap_device, remap)?;
             let m = t1 - t0;
             let whole = m == n;
             if !whole {
-                be.copy(x, t0 * h, &mut st.group_x, 0, m * h)?;
+                st.copy(x, t0 * h, &mut sd.group_x, 0, m * h)?;
             }
-            let gx = if whole { x } else { &st.group_x };
+            let gx = if whole { x } else { &sd.group_x };
             // The hits are computed while the misses are read.
-            let ready = &mut st.ready[..slots];
+            let ready = &mut sd.ready[..slots];
             ready.fill(true);
-            for miss in &st.misses {
+            for miss in &sd.misses {
                 ready[miss.slot as usize] = false;
             }
-            let pending = sl.start_reads(&st.pool, &st.misses)?;
-            let hits = if st.misses.len() < self.grouper.needed.len() {
+            let pending = sl.start_reads(&sd.pool, &sd.misses)?;
+            let hits = if sd.misses.len() < self.grouper.needed.len() {
                 let input = MoeInput {
                     x: gx,
                     n_tokens: m,
-                    routes: &st.remap[group.clone()],
-                    experts: &sl.weights,
+                    routes: &sd.remap_device,
+                    bank: &sl.bank,
                     activation,
                 };
-                be.moe_experts(input, scratch, Some(ready))
+                st.moe_experts(input, scratch, Some(ready))
             } else {
                 Ok(())
             };
-            sl.finish_reads(be, pending, &st.misses, stats)?;
+            sl.finish_reads(st, pending, &sd.misses, stats)?;
             hits?;
-            if !st.misses.is_empty() {
+            if !sd.misses.is_empty() {
                 ready.fill(false);
-                for miss in &st.misses {
+                for miss in &sd.misses {
                     ready[miss.slot as usize] = true;
                 }
                 let input = MoeInput {
                     x: gx,
                     n_tokens: m,
-                    routes: &st.remap[group.clone()],
-                    experts: &sl.weights,
+                    routes: &sd.remap_device,
+                    bank: &sl.bank,
                     activation,
                 };
-                be.moe_experts(input, scratch, Some(ready))?;
+                st.moe_experts(input, scratch, Some(ready))?;
             }
             if whole {
-                be.moe_combine(n, h, &st.remap[group], scratch, out)?;
+                st.moe_combine(n, h, &sd.remap_device, scratch, out)?;
             } else {
-                be.moe_combine(m, h, &st.remap[group], scratch, &mut st.group_out)?;
-                be.copy(&st.group_out, 0, out, t0 * h, m * h)?;
+                st.moe_combine(m, h, &sd.remap_device, scratch, &mut sd.group_out)?;
+                st.copy(&sd.group_out, 0, out, t0 * h, m * h)?;
             }
             t0 = t1;
         }
@@ -573,8 +581,8 @@ mod tests {
     #[test]
     fn sessions_stay_sendable() {
         fn send<T: Send>() {}
-        send::<SessionExperts<turbospark_cpu::CpuBackend>>();
-        send::<crate::Session<'static, turbospark_cpu::CpuBackend>>();
+        send::<SessionExperts<turbospark_cpu::CpuDevice>>();
+        send::<crate::Session<'static, turbospark_cpu::CpuDevice>>();
     }
 
     #[test]

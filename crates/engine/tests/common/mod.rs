@@ -6,7 +6,7 @@
 use serde_json::Value;
 use std::path::Path;
 use turbospark_core::ArchSpec;
-use turbospark_cpu::CpuBackend;
+use turbospark_cpu::CpuDevice;
 use turbospark_engine::synthetic::SyntheticSource;
 use turbospark_engine::Model;
 
@@ -41,9 +41,9 @@ pub fn spec(family: &str, overrides: &[(&str, Value)]) -> Option<ArchSpec> {
 }
 
 /// A model of random weights for `spec` on a CPU backend of `threads`.
-pub fn model(spec: &ArchSpec, threads: usize) -> Model<CpuBackend> {
+pub fn model(spec: &ArchSpec, threads: usize) -> Model<CpuDevice> {
     let src = SyntheticSource::new(spec, 0xC0FFEE, turbospark_core::QuantFormat::F32).unwrap();
-    Model::from_source(spec.clone(), &src, CpuBackend::new(threads).unwrap()).unwrap()
+    Model::from_source(spec.clone(), &src, CpuDevice::new(threads).unwrap()).unwrap()
 }
 
 /// Deterministic token ids below `vocab`.

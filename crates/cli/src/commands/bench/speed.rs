@@ -23,14 +23,14 @@
 use super::model_desc::ModelDesc;
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
-use crate::loading::cpu_backend;
+use crate::loading::{device, Backend};
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
-use turbospark_cpu::{CpuBackend, Numerics};
+use turbospark_cpu::Numerics;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_format::install::Install;
 
@@ -111,7 +111,7 @@ impl RandomTokens {
 /// Runs `test` once from an empty cache; returns the seconds its forward
 /// passes took. `steps` limits a decode test (the warm-up runs one).
 fn run_once(
-    session: &mut Session<'_, CpuBackend>,
+    session: &mut Session<'_, Backend>,
     test: Test,
     steps: usize,
     random: &mut RandomTokens,
@@ -167,11 +167,12 @@ impl Measurement {
 /// Measures `test` on `model`: a session sized for it, a warm-up, the
 /// repetitions.
 fn measure<'m>(
-    model: &'m Model<CpuBackend>,
+    model: &'m Model<Backend>,
     test: Test,
     threads: usize,
+    numerics: Numerics,
     a: &Args,
-) -> Result<(Measurement, Session<'m, CpuBackend>)> {
+) -> Result<(Measurement, Session<'m, Backend>)> {
     let n = test.tokens();
     let mut session = model.session(SessionOptions {
         context: n,
@@ -199,7 +200,7 @@ fn measure<'m>(
     let m = Measurement {
         test,
         threads,
-        numerics: model.backend().numerics(),
+        numerics,
         samples,
         peak_rss: reset.then(peak_rss_bytes).flatten(),
     };
@@ -329,8 +330,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     }
     for &t in &threads {
         for &numerics in &a.numerics {
-            let backend = cpu_backend(Some(t))?.with_numerics(numerics.into());
-            let model = Model::open(&install, backend, &expert_opts)
+            let model = Model::open(&install, device(Some(t), numerics.into())?, &expert_opts)
                 .with_context(|| format!("loading {}", a.model.display()))?;
             let experts = model.spec().moe.is_some().then(|| {
                 let plan = model.expert_store().plan();
@@ -338,7 +338,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
                 plan.residency.to_string()
             });
             for &test in &tests {
-                let (m, session) = measure(&model, test, t, a)?;
+                let (m, session) = measure(&model, test, t, numerics.into(), a)?;
                 let line = if a.json {
                     json_line(&desc, &m, a, experts.as_deref())
                 } else {

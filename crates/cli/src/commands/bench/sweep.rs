@@ -20,7 +20,7 @@
 
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
-use crate::loading::cpu_backend;
+use crate::loading::device;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use std::process::ExitCode;
@@ -77,8 +77,7 @@ struct Sweep {
 }
 
 fn run_one(a: &Sweep, install: &Install, opts: &ExpertOptions) -> Result<Row> {
-    let backend = cpu_backend(a.threads)?.with_numerics(a.numerics);
-    let model = Model::open(install, backend, opts)?;
+    let model = Model::open(install, device(a.threads, a.numerics)?, opts)?;
     let plan = model.expert_store().plan().clone();
     let vocab = model.vocab_size();
     let prompt: Vec<u32> = (0..a.prompt)

@@ -1,0 +1,179 @@
+//! The KV cache write and attention over it: rings that wrap, windows,
+//! sinks, soft-caps, grouped-query heads.
+
+use super::data::{f32_tensor, Rng};
+use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
+use crate::{AttentionParams, BackendError, Device, Limits, Stream};
+
+/// Rows land at `(first_pos + t) % capacity`, in the device's KV dtype.
+pub fn check_kv_write<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "kv_write";
+    let (row, capacity, n) = (12, 5, 3);
+    let mut h = Harness::new(dev, Limits::default())?;
+    let mut cache = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, "alloc")?;
+    let mut rng = Rng(21);
+    let mut want = vec![0f64; capacity * row];
+    // Positions 0..3, 3..6 (wraps), 6..9.
+    for first in [0, 3, 6] {
+        let src = rng.vec(n * row);
+        let sb = h.buf(&src)?;
+        h.st.kv_write(&mut cache, &sb, n, row, first, capacity)
+            .at(OP, &format!("at {first}"))?;
+        for t in 0..n {
+            let slot = (first + t) % capacity;
+            for i in 0..row {
+                want[slot * row + i] = f64::from(src[t * row + i]);
+            }
+        }
+    }
+    let got = h.get(&cache, capacity * row)?;
+    compare(OP, "ring", &got, &want, tol.kv, |i| want[i].abs())?;
+    let big = h.zeros((capacity + 1) * row)?;
+    if h.st
+        .kv_write(&mut cache, &big, capacity + 1, row, 0, capacity)
+        .is_ok()
+    {
+        return Err(property(OP, "overfull", "more rows than the cache".into()));
+    }
+    Ok(())
+}
+
+struct Case {
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    window: Option<usize>,
+    sinks: bool,
+    softcap: Option<f32>,
+}
+
+/// Attention of prefill chunks through a ring cache, against the f64
+/// formula over the whole history.
+pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "attention";
+    let cases = [
+        Case {
+            n_heads: 4,
+            n_kv: 2,
+            hd: 16,
+            window: None,
+            sinks: false,
+            softcap: None,
+        },
+        Case {
+            n_heads: 4,
+            n_kv: 1,
+            hd: 8,
+            window: Some(4),
+            sinks: true,
+            softcap: None,
+        },
+        Case {
+            n_heads: 6,
+            n_kv: 2,
+            hd: 40,
+            window: Some(5),
+            sinks: false,
+            softcap: Some(3.0),
+        },
+    ];
+    let (total, chunk) = (23, 3);
+    for c in &cases {
+        let case = format!(
+            "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
+            c.n_heads, c.n_kv, c.hd, c.window, c.sinks, c.softcap
+        );
+        let mut rng = Rng(42);
+        let capacity = c.window.map_or(total, |w| w + chunk - 1);
+        let row = c.n_kv * c.hd;
+        let ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let qs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(c.n_heads * c.hd)).collect();
+        let sinks: Vec<f32> = rng.scaled(c.n_heads, 2.0);
+        let sink_vec = dev
+            .upload_vector(&f32_tensor("sinks", vec![c.n_heads], &sinks))
+            .at(OP, &case)?;
+        let limits = Limits {
+            max_tokens: chunk,
+            max_keys: capacity,
+            max_head_dim: c.hd,
+            max_experts: 0,
+        };
+        let mut h = Harness::new(dev, limits)?;
+        let mut kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+        let mut vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+        let mut first = 0;
+        while first < total {
+            let n = chunk.min(total - first);
+            let k_new = h.buf(&ks[first..first + n].concat())?;
+            let v_new = h.buf(&vs[first..first + n].concat())?;
+            h.st.kv_write(&mut kc, &k_new, n, row, first, capacity)
+                .at(OP, &case)?;
+            h.st.kv_write(&mut vc, &v_new, n, row, first, capacity)
+                .at(OP, &case)?;
+            let q = qs[first..first + n].concat();
+            let qb = h.buf(&q)?;
+            let mut out = h.zeros(n * c.n_heads * c.hd)?;
+            let p = AttentionParams {
+                n_tokens: n,
+                first_pos: first,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv,
+                head_dim: c.hd,
+                capacity,
+                window: c.window,
+                scale: 0.3,
+                softcap: c.softcap,
+            };
+            h.st.attention(&qb, &kc, &vc, &p, c.sinks.then_some(&sink_vec), &mut out)
+                .at(OP, &case)?;
+            let got = h.get(&out, n * c.n_heads * c.hd)?;
+            let want: Vec<f64> = (0..n * c.n_heads)
+                .flat_map(|i| {
+                    let (t, head) = (i / c.n_heads, i % c.n_heads);
+                    let sink = c.sinks.then_some(sinks[head]);
+                    reference::attention(&p, &q, &ks, &vs, t, head, sink)
+                })
+                .collect();
+            let case = format!("{case}, positions {first}..{}", first + n);
+            compare(OP, &case, &got, &want, tol.attention, |_| 1.0)?;
+            first += n;
+        }
+    }
+    check_evicted(dev)
+}
+
+/// A query whose window reaches keys the ring has overwritten is refused.
+fn check_evicted<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "attention";
+    let limits = Limits {
+        max_tokens: 8,
+        max_keys: 16,
+        max_head_dim: 4,
+        max_experts: 0,
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let q = h.zeros(8 * 4)?;
+    let kc = dev.alloc(dev.kv_dtype(), 4 * 4).at(OP, "evicted")?;
+    let vc = dev.alloc(dev.kv_dtype(), 4 * 4).at(OP, "evicted")?;
+    let mut out = h.zeros(8 * 4)?;
+    let p = AttentionParams {
+        n_tokens: 4,
+        first_pos: 10,
+        n_heads: 1,
+        n_kv_heads: 1,
+        head_dim: 4,
+        capacity: 4,
+        window: Some(3),
+        scale: 1.0,
+        softcap: None,
+    };
+    match h.st.attention(&q, &kc, &vc, &p, None, &mut out) {
+        Err(BackendError::KeysEvicted { .. }) => Ok(()),
+        other => Err(property(
+            OP,
+            "evicted keys",
+            format!("expected KeysEvicted, got {other:?}"),
+        )),
+    }
+}

@@ -1,0 +1,189 @@
+//! Buffers and copies, embedding lookup, and the matmul of every weight
+//! format.
+
+use super::data::{dequantized, random_matrix, Rng};
+use super::reference::dot;
+use super::{compare, property, ConformanceError, Context, Harness, Tolerances};
+use crate::{DType, Device, DeviceBuf, Limits, Route, RouteBuf, Stream};
+use turbospark_core::QuantFormat;
+
+/// Allocation (every dtype the device claims, zeroed, refused otherwise),
+/// write/read/copy, asynchronous reads, route buffers.
+pub fn check_buffers<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "buffers";
+    let mut h = Harness::new(dev, Limits::default())?;
+    for dtype in DType::ALL {
+        let made = dev.alloc(dtype, 64);
+        match (dev.supports(dtype), made) {
+            (true, Ok(b)) if b.dtype() == dtype && b.len() == 64 => {}
+            (true, Ok(b)) => {
+                return Err(property(
+                    OP,
+                    dtype.name(),
+                    format!("asked for 64 {dtype}, got {} {}", b.len(), b.dtype()),
+                ))
+            }
+            (true, Err(e)) => return Err(e).at(OP, dtype.name()),
+            (false, Ok(_)) => {
+                return Err(property(
+                    OP,
+                    dtype.name(),
+                    "allocated a dtype the device says it does not support".into(),
+                ))
+            }
+            (false, Err(_)) => {}
+        }
+    }
+    if !dev.supports(DType::F32) {
+        return Err(property(OP, "f32", "every device has f32 buffers".into()));
+    }
+    let mut rng = Rng(3);
+    let v = rng.vec(37);
+    let zeros = h.zeros(37)?;
+    if h.get(&zeros, 37)?.iter().any(|&x| x != 0.0) {
+        return Err(property(OP, "alloc", "a new buffer is not zeroed".into()));
+    }
+    let a = h.buf(&v)?;
+    if h.get(&a, 37)? != v {
+        return Err(property(OP, "write/read", "read back other values".into()));
+    }
+    let mut b = h.zeros(40)?;
+    h.st.copy(&a, 5, &mut b, 3, 30).at(OP, "copy")?;
+    let got = h.get(&b, 40)?;
+    if got[3..33] != v[5..35] || got[..3].iter().chain(&got[33..]).any(|&x| x != 0.0) {
+        return Err(property(OP, "copy", "copied the wrong range".into()));
+    }
+    if h.st.copy(&a, 10, &mut b, 0, 30).is_ok() {
+        return Err(property(OP, "copy", "copied past the source's end".into()));
+    }
+    let mut host = dev.alloc_host(37).at(OP, "alloc_host")?;
+    h.st.read_async(&a, 37, &mut host).at(OP, "read_async")?;
+    h.st.synchronize().at(OP, "synchronize")?;
+    if host.as_ref()[..37] != v[..] {
+        return Err(property(OP, "read_async", "read back other values".into()));
+    }
+    let mut routes = dev.alloc_routes(3, 2).at(OP, "alloc_routes")?;
+    if routes.max_tokens() != 3 || routes.top_k() != 2 {
+        return Err(property(OP, "alloc_routes", "wrong shape".into()));
+    }
+    let r: Vec<Route> = (0..6)
+        .map(|i| Route {
+            slot: i * 3,
+            weight: i as f32 / 7.0,
+        })
+        .collect();
+    h.st.write_routes(&mut routes, &r).at(OP, "write_routes")?;
+    let mut back = vec![Route::default(); 6];
+    h.st.read_routes(&routes, &mut back).at(OP, "read_routes")?;
+    if back != r {
+        return Err(property(OP, "routes", "read back other routes".into()));
+    }
+    let _ = dev.memory();
+    Ok(())
+}
+
+/// `embed` gives the reference-dequantized rows of every format, exactly,
+/// and refuses a token past the table.
+pub fn check_embed<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "embed";
+    let mut tables = Vec::new();
+    for fmt in QuantFormat::ALL {
+        let mut rng = Rng(7 + u64::from(fmt.ggml_type()));
+        let cols = if fmt.block_elems() == 1 { 96 } else { 256 };
+        let t = random_matrix("token_embd.weight", fmt, 5, cols, &mut rng);
+        let m = dev.upload_matrix(&t).at(OP, fmt.name())?;
+        tables.push((fmt, t, m));
+    }
+    let mut h = Harness::new(dev, Limits::default())?;
+    for (fmt, t, m) in &tables {
+        let cols = t.shape[1];
+        let mut out = h.zeros(3 * cols)?;
+        h.st.embed(m, &[4, 1, 4], &mut out).at(OP, fmt.name())?;
+        let got = h.get(&out, 3 * cols)?;
+        let all = dequantized(t);
+        let want: Vec<f64> = [4, 1, 4]
+            .iter()
+            .flat_map(|&r| all[r * cols..(r + 1) * cols].iter().map(|&v| f64::from(v)))
+            .collect();
+        compare(OP, fmt.name(), &got, &want, 0.0, |_| 0.0)?;
+        if h.st.embed(m, &[5], &mut out).is_ok() {
+            return Err(property(OP, fmt.name(), "a token past the table".into()));
+        }
+    }
+    Ok(())
+}
+
+/// Inputs of a matmul case: widths that are a few blocks of the format,
+/// an odd row count, and batches of 1, 4 and 5 (gemv, a whole gemm tile,
+/// a tile plus a remainder).
+fn matmul_cols(fmt: QuantFormat) -> usize {
+    match fmt.block_elems() {
+        1 => 200,
+        32 => 160,
+        _ => 512,
+    }
+}
+
+const MATMUL_ROWS: usize = 37;
+const MATMUL_TOKENS: usize = 5;
+
+/// `matmul` of every format against the f64 dot of the reference-dequantized
+/// rows, within `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows
+/// computed alone, bit for bit.
+pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "matmul";
+    let mut cases = Vec::new();
+    for fmt in QuantFormat::ALL {
+        let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()));
+        let cols = matmul_cols(fmt);
+        let t = random_matrix(fmt.name(), fmt, MATMUL_ROWS, cols, &mut rng);
+        let m = dev.upload_matrix(&t).at(OP, fmt.name())?;
+        if dev.matrix_shape(&m) != [MATMUL_ROWS, cols] {
+            return Err(property(OP, fmt.name(), "matrix_shape".into()));
+        }
+        cases.push((fmt, t, m, rng.vec(MATMUL_TOKENS * cols)));
+    }
+    let limits = Limits {
+        max_tokens: MATMUL_TOKENS,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    for (fmt, t, m, x) in &cases {
+        let cols = t.shape[1];
+        let w = dequantized(t);
+        let xb = h.buf(x)?;
+        let mut out = h.zeros(MATMUL_TOKENS * MATMUL_ROWS)?;
+        let mut batch = Vec::new();
+        for n in [1, 4, MATMUL_TOKENS] {
+            h.st.matmul(m, &xb, n, &mut out).at(OP, fmt.name())?;
+            let got = h.get(&out, n * MATMUL_ROWS)?;
+            let (want, mag): (Vec<f64>, Vec<f64>) = (0..n * MATMUL_ROWS)
+                .map(|i| {
+                    let (tok, r) = (i / MATMUL_ROWS, i % MATMUL_ROWS);
+                    dot(
+                        &w[r * cols..(r + 1) * cols],
+                        &x[tok * cols..(tok + 1) * cols],
+                    )
+                })
+                .unzip();
+            let case = format!("{fmt}, {n} tokens");
+            compare(OP, &case, &got, &want, tol.matmul, |i| mag[i])?;
+            batch = got;
+        }
+        // Token 4 alone (a gemv) gives the bits it had in the batch.
+        let x4 = h.buf(&x[4 * cols..5 * cols])?;
+        h.st.matmul(m, &x4, 1, &mut out).at(OP, fmt.name())?;
+        let alone = h.get(&out, MATMUL_ROWS)?;
+        if tol.batch_invariant && alone[..] != batch[4 * MATMUL_ROWS..] {
+            return Err(property(
+                OP,
+                fmt.name(),
+                "a token alone differs from the same token in a batch".into(),
+            ));
+        }
+        if h.st.matmul(m, &x4, 2, &mut out).is_ok() {
+            return Err(property(OP, fmt.name(), "read past the input".into()));
+        }
+    }
+    Ok(())
+}

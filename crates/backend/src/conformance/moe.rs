@@ -1,0 +1,341 @@
+//! Routing and routed experts over a bank.
+
+use super::data::{dequantized, f32_tensor, random_matrix, Rng};
+use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
+use crate::{
+    BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch,
+    Route, RouterSpec, RouterTables, Stream,
+};
+use turbospark_core::arch::{Activation, RouterKind};
+use turbospark_core::QuantFormat;
+
+/// Every router kind, with its correction bias or expert scales, over a
+/// batch of tokens: the same experts as the f64 reference, in the same
+/// order, with weights within `tol.route`.
+pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "route";
+    let (experts, k, n) = (12, 3, 5);
+    let mut rng = Rng(31);
+    let correction = rng.scaled(experts, 0.3);
+    let scale: Vec<f32> = rng.vec(experts).iter().map(|v| 1.0 + v * 0.5).collect();
+    let upload = |name, v: &[f32]| dev.upload_vector(&f32_tensor(name, vec![experts], v));
+    let cv = upload("exp_probs_b.bias", &correction).at(OP, "upload")?;
+    let sv = upload("ffn_gate_inp.expert_scale", &scale).at(OP, "upload")?;
+    let limits = Limits {
+        max_tokens: n,
+        max_experts: experts,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let logits = rng.scaled(n * experts, 3.0);
+    let lb = h.buf(&logits)?;
+    let mut routes = dev.alloc_routes(n, k).at(OP, "alloc")?;
+    let kinds = [
+        RouterKind::SoftmaxTopK { renormalize: true },
+        RouterKind::SoftmaxTopK { renormalize: false },
+        RouterKind::TopKSoftmax,
+        RouterKind::SigmoidGrouped {
+            n_group: 4,
+            topk_group: 2,
+            renormalize: true,
+            scaling: 2.5,
+        },
+        RouterKind::SigmoidGrouped {
+            n_group: 3,
+            topk_group: 1,
+            renormalize: false,
+            scaling: 1.0,
+        },
+        RouterKind::Gemma4,
+    ];
+    for kind in kinds {
+        let case = format!("{kind:?}");
+        let spec = RouterSpec::new(kind, experts, k).at(OP, &case)?;
+        let grouped = matches!(kind, RouterKind::SigmoidGrouped { .. });
+        let gemma = kind == RouterKind::Gemma4;
+        let tables = RouterTables {
+            correction: grouped.then_some(&cv),
+            expert_scale: gemma.then_some(&sv),
+        };
+        h.st.route(&lb, n, &spec, tables, &mut routes)
+            .at(OP, &case)?;
+        let mut got = vec![Route::default(); n * k];
+        h.st.read_routes(&routes, &mut got).at(OP, &case)?;
+        for t in 0..n {
+            let want = reference::route(
+                kind,
+                k,
+                &logits[t * experts..(t + 1) * experts],
+                grouped.then_some(&correction[..]),
+                gemma.then_some(&scale[..]),
+            );
+            let got = &got[t * k..(t + 1) * k];
+            let slots: Vec<u32> = got.iter().map(|r| r.slot).collect();
+            let want_slots: Vec<u32> = want.iter().map(|r| r.0).collect();
+            if slots != want_slots {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} routed to {slots:?}, the reference to {want_slots:?}"),
+                ));
+            }
+            let weights: Vec<f32> = got.iter().map(|r| r.weight).collect();
+            let want_w: Vec<f64> = want.iter().map(|r| r.1).collect();
+            let case = format!("{case}, token {t}");
+            compare(OP, &case, &weights, &want_w, tol.route, |i| {
+                1.0 + want_w[i].abs()
+            })?;
+        }
+    }
+    if h.st
+        .route(
+            &lb,
+            n + 1,
+            &RouterSpec::new(RouterKind::TopKSoftmax, experts, k).at(OP, "")?,
+            RouterTables::default(),
+            &mut routes,
+        )
+        .is_ok()
+    {
+        return Err(property(
+            OP,
+            "overlong",
+            "routed more tokens than the buffers hold".into(),
+        ));
+    }
+    Ok(())
+}
+
+const HIDDEN: usize = 64;
+const INTER: usize = 32;
+const EXPERTS: usize = 6;
+const TOP_K: usize = 2;
+const TOKENS: usize = 5;
+
+/// One expert's host tensors and their reference-dequantized values.
+struct Expert {
+    tensors: ExpertTensors,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    down: Vec<f32>,
+    biases: [Vec<f32>; 3],
+}
+
+fn random_expert(e: usize, rng: &mut Rng) -> Expert {
+    let gate = random_matrix(&format!("gate{e}"), QuantFormat::Mxfp4, INTER, HIDDEN, rng);
+    let up = random_matrix(&format!("up{e}"), QuantFormat::Q8_0, INTER, HIDDEN, rng);
+    let down = random_matrix(&format!("down{e}"), QuantFormat::F32, HIDDEN, INTER, rng);
+    let biases = [rng.vec(INTER), rng.vec(INTER), rng.vec(HIDDEN)];
+    Expert {
+        gate: dequantized(&gate),
+        up: dequantized(&up),
+        down: dequantized(&down),
+        tensors: ExpertWeights {
+            gate,
+            up,
+            down,
+            gate_bias: Some(f32_tensor("bg", vec![INTER], &biases[0])),
+            up_bias: Some(f32_tensor("bu", vec![INTER], &biases[1])),
+            down_bias: Some(f32_tensor("bd", vec![HIDDEN], &biases[2])),
+        },
+        biases,
+    }
+}
+
+/// `(value, magnitude)` of `expert(x) · weight` per output, in f64.
+fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, f64)> {
+    let a: Vec<(f64, f64)> = (0..INTER)
+        .map(|i| {
+            let row = |m: &[f32]| reference::dot(&m[i * HIDDEN..(i + 1) * HIDDEN], x);
+            let (g, gm) = row(&e.gate);
+            let (u, um) = row(&e.up);
+            let g = g + f64::from(e.biases[0][i]);
+            let u = u + f64::from(e.biases[1][i]);
+            (reference::glu(act, g, u), gm + um + 1.0)
+        })
+        .collect();
+    (0..HIDDEN)
+        .map(|o| {
+            let d = &e.down[o * INTER..(o + 1) * INTER];
+            let (y, m) = d.iter().zip(&a).fold((0.0, 0.0), |(s, m), (&w, &(v, vm))| {
+                (
+                    s + f64::from(w) * v,
+                    m + (f64::from(w) * v).abs() + f64::from(w).abs() * vm,
+                )
+            });
+            (
+                weight * (y + f64::from(e.biases[2][o])),
+                weight.abs() * (m + 1.0),
+            )
+        })
+        .collect()
+}
+
+/// Routed experts over a resident bank and over a slot bank refilled with
+/// [`Stream::fill_slot`]: the f64 formula within `tol.moe`; each token the
+/// same bits alone as in the batch; `moe_experts` split by slot plus
+/// `moe_combine` the same bits as `moe`; routes outside the bank refused.
+pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "moe";
+    let mut rng = Rng(9);
+    let experts: Vec<Expert> = (0..EXPERTS).map(|e| random_expert(e, &mut rng)).collect();
+    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
+    let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
+    if (bank.slots(), bank.hidden(), bank.intermediate()) != (EXPERTS, HIDDEN, INTER) {
+        return Err(property(OP, "upload_bank", "the bank's shape".into()));
+    }
+    let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
+    let limits = Limits {
+        max_tokens: TOKENS,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut scratch = MoeScratch {
+        x: h.zeros(TOKENS * HIDDEN)?,
+        gate: h.zeros(TOKENS * INTER)?,
+        up: h.zeros(TOKENS * INTER)?,
+        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
+    };
+    let x = rng.vec(TOKENS * HIDDEN);
+    let xb = h.buf(&x)?;
+    let routes: Vec<Route> = (0..TOKENS * TOP_K)
+        .map(|i| Route {
+            slot: ((i * 7 + i / TOP_K) % EXPERTS) as u32,
+            weight: 0.25 + (i % 3) as f32 * 0.2,
+        })
+        .collect();
+    let mut rb = dev.alloc_routes(TOKENS, TOP_K).at(OP, "alloc_routes")?;
+    h.st.write_routes(&mut rb, &routes).at(OP, "write_routes")?;
+    let mut out = h.zeros(TOKENS * HIDDEN)?;
+    for act in [
+        Activation::Swiglu,
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 0.5,
+        },
+        Activation::GeluTanh,
+    ] {
+        let case = format!("{act:?}");
+        let input = MoeInput {
+            x: &xb,
+            n_tokens: TOKENS,
+            routes: &rb,
+            bank: &bank,
+            activation: act,
+        };
+        h.st.moe(input, &mut scratch, &mut out).at(OP, &case)?;
+        let got = h.get(&out, TOKENS * HIDDEN)?;
+        let mut want = vec![(0f64, 0f64); TOKENS * HIDDEN];
+        for t in 0..TOKENS {
+            for r in 0..TOP_K {
+                let Route { slot, weight } = routes[t * TOP_K + r];
+                let xt = &x[t * HIDDEN..(t + 1) * HIDDEN];
+                let y = expert_ref(&experts[slot as usize], act, xt, f64::from(weight));
+                for (w, (v, m)) in want[t * HIDDEN..(t + 1) * HIDDEN].iter_mut().zip(y) {
+                    *w = (w.0 + v, w.1 + m);
+                }
+            }
+        }
+        let (values, mags): (Vec<f64>, Vec<f64>) = want.into_iter().unzip();
+        compare(OP, &case, &got, &values, tol.moe, |i| mags[i])?;
+
+        // The split: odd slots first, then even ones, then the sum.
+        for parity in [1, 0] {
+            let only: Vec<bool> = (0..EXPERTS).map(|s| s % 2 == parity).collect();
+            h.st.moe_experts(input, &mut scratch, Some(&only))
+                .at(OP, &case)?;
+        }
+        let mut split = h.zeros(TOKENS * HIDDEN)?;
+        h.st.moe_combine(TOKENS, HIDDEN, &rb, &scratch, &mut split)
+            .at(OP, &case)?;
+        if h.get(&split, TOKENS * HIDDEN)? != got {
+            return Err(property(
+                OP,
+                &case,
+                "moe_experts split by slot differs from moe".into(),
+            ));
+        }
+
+        // Each token alone.
+        let mut alone = Vec::with_capacity(TOKENS * HIDDEN);
+        let mut one = dev.alloc_routes(1, TOP_K).at(OP, &case)?;
+        for t in 0..TOKENS {
+            h.st.write_routes(&mut one, &routes[t * TOP_K..(t + 1) * TOP_K])
+                .at(OP, &case)?;
+            let x1 = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
+            let mut o1 = h.zeros(HIDDEN)?;
+            let input = MoeInput {
+                x: &x1,
+                n_tokens: 1,
+                routes: &one,
+                bank: &bank,
+                activation: act,
+            };
+            h.st.moe(input, &mut scratch, &mut o1).at(OP, &case)?;
+            let row = h.get(&o1, HIDDEN)?;
+            if tol.batch_invariant && row[..] != got[t * HIDDEN..(t + 1) * HIDDEN] {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} alone differs from the batch"),
+                ));
+            }
+            alone.extend(row);
+        }
+
+        // A slot bank refilled with the routed experts gives the same bits.
+        let mut one_slot = dev.alloc_routes(1, TOP_K).at(OP, &case)?;
+        for t in 0..TOKENS {
+            let r = &routes[t * TOP_K..(t + 1) * TOP_K];
+            let mut remap = [Route::default(); TOP_K];
+            for (s, (m, r)) in remap.iter_mut().zip(r).enumerate() {
+                h.st.fill_slot(&mut slots, s, &tensors[r.slot as usize])
+                    .at(OP, "fill_slot")?;
+                *m = Route {
+                    slot: s as u32,
+                    weight: r.weight,
+                };
+            }
+            h.st.write_routes(&mut one_slot, &remap).at(OP, &case)?;
+            let x1 = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
+            let mut o1 = h.zeros(HIDDEN)?;
+            let input = MoeInput {
+                x: &x1,
+                n_tokens: 1,
+                routes: &one_slot,
+                bank: &slots,
+                activation: act,
+            };
+            h.st.moe(input, &mut scratch, &mut o1).at(OP, &case)?;
+            if h.get(&o1, HIDDEN)?[..] != alone[t * HIDDEN..(t + 1) * HIDDEN] {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} over refilled slots differs from the resident bank"),
+                ));
+            }
+        }
+    }
+
+    let bad = [Route {
+        slot: EXPERTS as u32,
+        weight: 1.0,
+    }; TOP_K];
+    let mut rb1 = dev.alloc_routes(1, TOP_K).at(OP, "bad route")?;
+    h.st.write_routes(&mut rb1, &bad).at(OP, "bad route")?;
+    let input = MoeInput {
+        x: &xb,
+        n_tokens: 1,
+        routes: &rb1,
+        bank: &bank,
+        activation: Activation::Swiglu,
+    };
+    match h.st.moe(input, &mut scratch, &mut out) {
+        Err(BackendError::BadRoute { .. }) => Ok(()),
+        other => Err(property(
+            OP,
+            "bad route",
+            format!("expected BadRoute, got {other:?}"),
+        )),
+    }
+}

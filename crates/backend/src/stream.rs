@@ -1,0 +1,222 @@
+//! The [`Stream`] trait: a per-session queue of ops with its own scratch.
+//!
+//! Ops are enqueued in call order and may run after the call returns (a GPU
+//! stream); they complete in order. Nothing a caller can observe changes
+//! out of order: a buffer written by one op is read by the next as if each
+//! had finished. The host sees device data only at a synchronisation point:
+//! [`Stream::read`], [`Stream::read_routes`], or [`Stream::synchronize`]
+//! after [`Stream::read_async`]. Host data handed to an op (tokens, a
+//! written slice, an expert slot's bytes) may be reused as soon as the call
+//! returns: the stream stages it. On the CPU every op completes before it
+//! returns, so every call is trivially a synchronisation point.
+//!
+//! Shapes: a batch of `n` rows of width `d` occupies the first `n · d`
+//! elements of a buffer, row-major. Matrices are `[out, in]`, so `matmul`
+//! computes `out[t, o] = Σ_i W[o, i] · x[t, i]`. Every op checks its
+//! buffers (length and [`DType`](crate::DType)) against the shapes it is
+//! given and fails with [`BackendError`] rather than reading or writing out
+//! of bounds. Ops never allocate: a stream's scratch is sized when it is
+//! created ([`Device::stream`](crate::Device::stream)).
+
+use crate::{
+    BackendError, Device, ExpertBank, ExpertTensors, MoeInput, MoeScratch, RopeTable, Route,
+    RouterSpec, RouterTables,
+};
+use turbospark_core::arch::{Activation, NormSpec};
+
+/// One attention call over a KV cache.
+///
+/// The cache holds `capacity` rows of `n_kv_heads · head_dim`; position `p`
+/// lives in row `p % capacity` (a ring for sliding layers, a plain array when
+/// the capacity covers the whole context). Query `t` is at position
+/// `first_pos + t` and attends causally to keys `j ≤ first_pos + t`, and only
+/// to `j > first_pos + t − window` when a window is set. Query head `h` reads
+/// KV head `h / (n_heads / n_kv_heads)` (grouped-query attention).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionParams {
+    pub n_tokens: usize,
+    pub first_pos: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    pub window: Option<usize>,
+    /// Multiplier on `q · k`.
+    pub scale: f32,
+    /// `c · tanh(s / c)` on the scaled scores.
+    pub softcap: Option<f32>,
+}
+
+/// A per-session queue of ops on device `D` (see the module docs).
+pub trait Stream<D: Device>: Send {
+    /// Waits until every queued op and copy has completed.
+    fn synchronize(&mut self) -> Result<(), BackendError>;
+
+    /// Queues a copy of `src` into the start of `dst` (an f32 buffer).
+    fn write(&mut self, dst: &mut D::Buf, src: &[f32]) -> Result<(), BackendError>;
+    /// Queues a copy of the first `len` elements of `src` into `dst`, valid
+    /// after the next [`Stream::synchronize`].
+    fn read_async(
+        &mut self,
+        src: &D::Buf,
+        len: usize,
+        dst: &mut D::HostBuf,
+    ) -> Result<(), BackendError>;
+    /// A synchronisation point: waits for the queue, then copies the start
+    /// of `src` into `dst`.
+    fn read(&mut self, src: &D::Buf, dst: &mut [f32]) -> Result<(), BackendError>;
+    /// `dst[dst_at .. dst_at + len] = src[src_at .. src_at + len]`.
+    fn copy(
+        &mut self,
+        src: &D::Buf,
+        src_at: usize,
+        dst: &mut D::Buf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), BackendError>;
+    /// Queues a copy of `src` (`[n_tokens, top_k]`) into the start of `dst`.
+    fn write_routes(&mut self, dst: &mut D::Routes, src: &[Route]) -> Result<(), BackendError>;
+    /// A synchronisation point: the first `dst.len()` routes of `src`.
+    fn read_routes(&mut self, src: &D::Routes, dst: &mut [Route]) -> Result<(), BackendError>;
+    /// Queues replacing slot `slot` of `bank` with `expert` (same shapes as
+    /// the bank's), e.g. after the expert store read it into host memory.
+    fn fill_slot(
+        &mut self,
+        bank: &mut D::Bank,
+        slot: usize,
+        expert: &ExpertTensors,
+    ) -> Result<(), BackendError>;
+
+    /// `out[t] = table[tokens[t]]`, dequantized (`table` is `[vocab, d]`).
+    fn embed(
+        &mut self,
+        table: &D::Matrix,
+        tokens: &[u32],
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError>;
+    /// `out[t, o] = Σ_i W[o, i] · x[t, i]` for `t < n`.
+    fn matmul(
+        &mut self,
+        w: &D::Matrix,
+        x: &D::Buf,
+        n: usize,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError>;
+    /// `x[t, i] += bias[i]` for `t < n`.
+    fn add_bias(&mut self, x: &mut D::Buf, bias: &D::Vector, n: usize) -> Result<(), BackendError>;
+    /// RMS norm of each of `rows` rows of width `dim`, in place:
+    /// `x / sqrt(mean(x²) + eps) · s`, `s` per [`NormSpec::scale`] (`w`,
+    /// `1 + w`, or 1 with no weight).
+    fn rms_norm(
+        &mut self,
+        x: &mut D::Buf,
+        rows: usize,
+        dim: usize,
+        spec: NormSpec,
+        weight: Option<&D::Vector>,
+    ) -> Result<(), BackendError>;
+    /// Rotates `x` `[n_tokens, n_heads, head_dim]` in place; token `t` is at
+    /// position `first_pos + t`.
+    fn rope(
+        &mut self,
+        x: &mut D::Buf,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first_pos: usize,
+        table: &RopeTable,
+    ) -> Result<(), BackendError>;
+    /// Stores `n_tokens` rows of `row_len` from `src` at cache rows
+    /// `(first_pos + t) % capacity`, converted to the cache's dtype.
+    fn kv_write(
+        &mut self,
+        cache: &mut D::Buf,
+        src: &D::Buf,
+        n_tokens: usize,
+        row_len: usize,
+        first_pos: usize,
+        capacity: usize,
+    ) -> Result<(), BackendError>;
+    /// `out[t, h] = Σ_j softmax_j(s_j) · v_j` with `s_j = scale · q[t,h]·k_j`
+    /// (soft-capped if asked) over the keys described by [`AttentionParams`].
+    /// A sink logit per head (`sinks[h]`) joins the softmax denominator and
+    /// is then dropped.
+    fn attention(
+        &mut self,
+        q: &D::Buf,
+        k_cache: &D::Buf,
+        v_cache: &D::Buf,
+        params: &AttentionParams,
+        sinks: Option<&D::Vector>,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError>;
+    /// `gate[i] = act(gate[i]) · up[i]` (or gpt-oss's clamped form) for `i < len`.
+    fn glu(
+        &mut self,
+        gate: &mut D::Buf,
+        up: &D::Buf,
+        len: usize,
+        act: Activation,
+    ) -> Result<(), BackendError>;
+    /// `dst[i] += src[i]` for `i < len`.
+    fn add(&mut self, dst: &mut D::Buf, src: &D::Buf, len: usize) -> Result<(), BackendError>;
+    /// `x[i] *= s` for `i < len`.
+    fn scale(&mut self, x: &mut D::Buf, len: usize, s: f32) -> Result<(), BackendError>;
+    /// `x[i] *= sigmoid(gate[i])` for `i < len`.
+    fn mul_sigmoid(
+        &mut self,
+        x: &mut D::Buf,
+        gate: &D::Buf,
+        len: usize,
+    ) -> Result<(), BackendError>;
+    /// `x[i] = c · tanh(x[i] / c)` for `i < len`.
+    fn softcap(&mut self, x: &mut D::Buf, len: usize, cap: f32) -> Result<(), BackendError>;
+
+    /// Routes `n_tokens` tokens from their router logits (`[n_tokens,
+    /// num_experts]`, bias included) into `out`, exactly as
+    /// [`route_token`](crate::routing::route_token) does, on the device:
+    /// a resident MoE step needs no host round trip.
+    fn route(
+        &mut self,
+        logits: &D::Buf,
+        n_tokens: usize,
+        router: &RouterSpec,
+        tables: RouterTables<'_, D::Vector>,
+        out: &mut D::Routes,
+    ) -> Result<(), BackendError>;
+    /// Routed experts: `out[t] = Σ_r w[t, r] · E_slot[t, r](x[t])`, summed in
+    /// rank order `r = 0, 1, …` so that the result depends only on the
+    /// route. `x` and `out` are `[n_tokens, hidden]`.
+    fn moe(
+        &mut self,
+        input: MoeInput<'_, D>,
+        scratch: &mut MoeScratch<D::Buf>,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let hidden = input.bank.hidden();
+        self.moe_experts(input, scratch, None)?;
+        self.moe_combine(input.n_tokens, hidden, input.routes, scratch, out)
+    }
+    /// The first half of [`Stream::moe`]: `scratch.y[i] = E_slot(x[t])` for
+    /// each route `i = t·k + r`, restricted to the routes whose slot has
+    /// `only[slot] == true` when `only` is given (other rows of `y` are left
+    /// as they are). Lets a caller compute the slots it has while others
+    /// are still being filled; each row is computed the same way whatever
+    /// the split.
+    fn moe_experts(
+        &mut self,
+        input: MoeInput<'_, D>,
+        scratch: &mut MoeScratch<D::Buf>,
+        only: Option<&[bool]>,
+    ) -> Result<(), BackendError>;
+    /// The second half of [`Stream::moe`]: `out[t] = Σ_r w[t, r] ·
+    /// scratch.y[t·k + r]`, in rank order, rows of `hidden`.
+    fn moe_combine(
+        &mut self,
+        n_tokens: usize,
+        hidden: usize,
+        routes: &D::Routes,
+        scratch: &MoeScratch<D::Buf>,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError>;
+}

@@ -1,0 +1,288 @@
+//! [`CpuDevice`]: uploads, allocation and streams of the CPU backend.
+//!
+//! The device owns the persistent thread pool, shared by every stream it
+//! creates: two sessions decoding at once take turns on the pool (one op
+//! at a time; each op uses every thread), while each keeps its own
+//! scratch, so they never contend on scratch locks.
+
+use crate::dequant::dequantize;
+use crate::kernels::{self, Isa};
+use crate::pool::Pool;
+use crate::scratch::{StreamScratch, UploadNeeds};
+use crate::stream::CpuStream;
+use crate::types::{CpuBank, CpuBuf, CpuExpert, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};
+use std::sync::{Arc, Mutex};
+use turbospark_backend::{
+    BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics, Route,
+};
+use turbospark_core::quant::row_bytes;
+
+/// The CPU backend's device.
+pub struct CpuDevice {
+    /// Shared with every stream of this device.
+    pool: Arc<Pool>,
+    numerics: Numerics,
+    /// The instruction set of the fast kernels.
+    isa: Isa,
+    /// Widest matrix per format uploaded so far (streams fit to it).
+    needs: Mutex<UploadNeeds>,
+}
+
+impl CpuDevice {
+    /// A device running on `threads` threads (at least 1, the caller's).
+    pub fn new(threads: usize) -> Result<CpuDevice, BackendError> {
+        let pool = Pool::new(threads).map_err(|e| BackendError::Device(e.to_string()))?;
+        Ok(CpuDevice {
+            pool: Arc::new(pool),
+            numerics: Numerics::Exact,
+            isa: Isa::detect(),
+            needs: Mutex::new(UploadNeeds::default()),
+        })
+    }
+
+    /// One thread per available core.
+    pub fn with_available_threads() -> Result<CpuDevice, BackendError> {
+        let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+        CpuDevice::new(n)
+    }
+
+    /// The same device computing with `numerics` (streams created before
+    /// keep theirs).
+    pub fn with_numerics(mut self, numerics: Numerics) -> CpuDevice {
+        self.numerics = numerics;
+        self
+    }
+
+    /// The same device running its fast kernels on `isa` (or on the
+    /// portable kernels where this CPU lacks it); by default the best the
+    /// CPU has.
+    pub fn with_isa(mut self, isa: Isa) -> CpuDevice {
+        self.isa = isa.supported();
+        self
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    fn needs(&self) -> std::sync::MutexGuard<'_, UploadNeeds> {
+        // Poisoning only means an upload panicked; the record stays usable.
+        self.needs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn vector_data(t: &HostTensor, data: &mut [f32]) -> Result<(), BackendError> {
+        dequantize(t.format, t.bytes.as_slice(), data).map_err(|source| BackendError::Quant {
+            name: t.name.clone(),
+            source,
+        })
+    }
+
+    fn upload_expert(&self, e: &ExpertTensors) -> Result<CpuExpert, BackendError> {
+        let vector = |t: &Option<HostTensor>| t.as_ref().map(|t| self.upload_vector(t)).transpose();
+        Ok(CpuExpert {
+            gate: self.upload_matrix(&e.gate)?,
+            up: self.upload_matrix(&e.up)?,
+            down: self.upload_matrix(&e.down)?,
+            gate_bias: vector(&e.gate_bias)?,
+            up_bias: vector(&e.up_bias)?,
+            down_bias: vector(&e.down_bias)?,
+        })
+    }
+}
+
+/// Replaces `dst`'s bytes with `t`'s, which must have its format and shape
+/// (an `Arc` clone, no allocation), and repacks them in place for the fast
+/// kernels when `dst` is packed.
+pub(crate) fn refill_matrix(
+    isa: Isa,
+    dst: &mut CpuMatrix,
+    t: &HostTensor,
+) -> Result<(), BackendError> {
+    let same = t.format == dst.format
+        && t.shape == [dst.rows, dst.cols]
+        && t.bytes.len() == dst.rows * dst.row_bytes;
+    if !same {
+        return Err(crate::shape_err(
+            "fill_slot",
+            format!(
+                "{} is {} {:?}, the slot holds {} [{}, {}]",
+                t.name, t.format, t.shape, dst.format, dst.rows, dst.cols
+            ),
+        ));
+    }
+    dst.bytes = t.bytes.clone();
+    if dst.packed.is_some() {
+        kernels::repack(isa, dst);
+    }
+    Ok(())
+}
+
+/// Rewrites `dst` from `t` (same length).
+pub(crate) fn refill_vector(dst: &mut CpuVector, t: &HostTensor) -> Result<(), BackendError> {
+    if t.shape != [dst.data.len()] {
+        return Err(crate::shape_err(
+            "fill_slot",
+            format!(
+                "{} is {:?}, the slot holds [{}]",
+                t.name,
+                t.shape,
+                dst.data.len()
+            ),
+        ));
+    }
+    CpuDevice::vector_data(t, &mut dst.data)
+}
+
+/// `MemTotal` and `MemAvailable` of `/proc/meminfo`, in bytes.
+fn meminfo() -> MemoryInfo {
+    let Ok(info) = std::fs::read_to_string("/proc/meminfo") else {
+        return MemoryInfo::default();
+    };
+    let field = |name: &str| {
+        let line = info.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    MemoryInfo {
+        total: field("MemTotal:"),
+        free: field("MemAvailable:"),
+    }
+}
+
+impl Device for CpuDevice {
+    type Buf = CpuBuf;
+    type Matrix = CpuMatrix;
+    type Vector = CpuVector;
+    type Bank = CpuBank;
+    type Routes = CpuRoutes;
+    type HostBuf = CpuHostBuf;
+    type Stream = CpuStream;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    fn memory(&self) -> MemoryInfo {
+        meminfo()
+    }
+
+    fn supports(&self, dtype: DType) -> bool {
+        dtype == DType::F32
+    }
+
+    fn kv_dtype(&self) -> DType {
+        // llama.cpp numerics round the cache to f16 but keep it in f32.
+        DType::F32
+    }
+
+    fn upload_matrix(&self, t: &HostTensor) -> Result<CpuMatrix, BackendError> {
+        let &[rows, cols] = t.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: t.name.clone(),
+                expected: 2,
+                shape: t.shape.clone(),
+            });
+        };
+        let quant = |source| BackendError::Quant {
+            name: t.name.clone(),
+            source,
+        };
+        let rb = row_bytes(t.format, cols).map_err(quant)?;
+        let total = rows.checked_mul(rb);
+        if total != Some(t.bytes.len()) {
+            return Err(quant(turbospark_core::quant::QuantError::LengthMismatch {
+                format: t.format,
+                elements: rows.saturating_mul(cols),
+                expected_bytes: total.unwrap_or(usize::MAX),
+                got_bytes: t.bytes.len(),
+            }));
+        }
+        self.needs().record(t.format, cols);
+        let mut m = CpuMatrix {
+            name: t.name.clone(),
+            format: t.format,
+            rows,
+            cols,
+            row_bytes: rb,
+            bytes: t.bytes.clone(),
+            packed: None,
+        };
+        if self.numerics == Numerics::Fast {
+            m.packed = kernels::pack(self.isa, &m).map(Arc::new);
+        }
+        Ok(m)
+    }
+
+    fn upload_vector(&self, t: &HostTensor) -> Result<CpuVector, BackendError> {
+        let &[len] = t.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: t.name.clone(),
+                expected: 1,
+                shape: t.shape.clone(),
+            });
+        };
+        let mut data = vec![0f32; len];
+        Self::vector_data(t, &mut data)?;
+        Ok(CpuVector { data })
+    }
+
+    fn matrix_shape(&self, m: &CpuMatrix) -> [usize; 2] {
+        [m.rows, m.cols]
+    }
+
+    fn vector_len(&self, v: &CpuVector) -> usize {
+        v.data.len()
+    }
+
+    fn upload_bank(&self, experts: &[ExpertTensors]) -> Result<CpuBank, BackendError> {
+        let experts = experts
+            .iter()
+            .map(|e| self.upload_expert(e))
+            .collect::<Result<Vec<_>, _>>()?;
+        CpuBank::new(experts)
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<CpuBuf, BackendError> {
+        if !self.supports(dtype) {
+            return Err(BackendError::UnsupportedDType {
+                backend: self.name(),
+                dtype,
+            });
+        }
+        Ok(CpuBuf {
+            dtype,
+            data: vec![0.0; len],
+        })
+    }
+
+    fn alloc_routes(&self, max_tokens: usize, top_k: usize) -> Result<CpuRoutes, BackendError> {
+        Ok(CpuRoutes {
+            routes: vec![Route::default(); max_tokens * top_k],
+            top_k,
+        })
+    }
+
+    fn alloc_host(&self, len: usize) -> Result<CpuHostBuf, BackendError> {
+        Ok(CpuHostBuf {
+            data: vec![0.0; len],
+        })
+    }
+
+    fn stream(&self, limits: &Limits) -> Result<CpuStream, BackendError> {
+        let scratch = StreamScratch::new(self.pool.threads(), self.numerics, &self.needs(), limits);
+        Ok(CpuStream::new(
+            Arc::clone(&self.pool),
+            self.numerics,
+            self.isa,
+            scratch,
+        ))
+    }
+}

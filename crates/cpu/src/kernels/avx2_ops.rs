@@ -1,0 +1,413 @@
+//! x86-64 AVX2 + FMA versions of the fast-numerics element-wise ops and of
+//! one query head's attention (the math of `crate::elementwise` and
+//! `crate::attention`), eight f32 lanes at a time.
+//!
+//! `exp` is evaluated as `2^n · p(r)` with `x = n ln2 + r`, `|r| ≤ ln2/2`
+//! and a degree-6 polynomial (Cephes `expf`; relative error about 2e-7 over
+//! the range that does not underflow). Sums run in eight lanes, so results
+//! differ from the exact path's ordered (f64) sums by rounding only.
+//!
+//! Every function here requires a CPU with AVX2 and FMA; the caller checks
+//! once ([`super::Isa::detect`]).
+
+// The tiles index several parallel arrays (accumulators, rows, scales) by
+// the same register index; iterator chains would obscure that.
+#![allow(clippy::needless_range_loop)]
+use crate::attention::{first_key, AttentionInputs};
+use std::arch::x86_64::*;
+use turbospark_core::arch::{Activation, NormScale, NormSpec};
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// `e^x` lane by lane (see the module docs); inputs below −87.3 give
+/// about 1e-38, above 88.7 about 3e38.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+        _mm256_set1_ps(88.7),
+    );
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC,
+    );
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let y = _mm256_fmadd_ps(
+        _mm256_mul_ps(p, r),
+        r,
+        _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+    );
+    let pow2 = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    );
+    _mm256_mul_ps(y, _mm256_castsi256_ps(pow2))
+}
+
+/// `1 / (1 + e^−x)`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn sigmoid8(x: __m256) -> __m256 {
+    let one = _mm256_set1_ps(1.0);
+    let e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    _mm256_div_ps(one, _mm256_add_ps(one, e))
+}
+
+/// `act(g) · u` for eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn glu8(g: __m256, u: __m256, act: Activation) -> __m256 {
+    match act {
+        Activation::Swiglu => _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), u),
+        Activation::GeluTanh => {
+            // 0.5 x (1 + tanh(y)) = x · sigmoid(2y), y = √(2/π)(x + 0.044715 x³)
+            let x3 = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+            let y = _mm256_fmadd_ps(_mm256_set1_ps(0.044_715), x3, g);
+            let two_y = _mm256_mul_ps(y, _mm256_set1_ps(2.0 * 0.797_884_6));
+            _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(two_y)), u)
+        }
+        Activation::ClampedSwiglu { alpha, limit } => {
+            let x = _mm256_min_ps(g, _mm256_set1_ps(limit));
+            let u = _mm256_max_ps(
+                _mm256_min_ps(u, _mm256_set1_ps(limit)),
+                _mm256_set1_ps(-limit),
+            );
+            let s = sigmoid8(_mm256_mul_ps(x, _mm256_set1_ps(alpha)));
+            _mm256_mul_ps(_mm256_add_ps(u, _mm256_set1_ps(1.0)), _mm256_mul_ps(x, s))
+        }
+    }
+}
+
+/// `gate[i] = act(gate[i]) · up[i]` over the common length.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
+    let n = gate.len().min(up.len());
+    let body = n - n % 8;
+    let (g, u) = (gate.as_mut_ptr(), up.as_ptr());
+    let mut i = 0;
+    while i < body {
+        // SAFETY: `i + 8 ≤ n` elements of both slices.
+        unsafe {
+            let v = glu8(_mm256_loadu_ps(g.add(i)), _mm256_loadu_ps(u.add(i)), act);
+            _mm256_storeu_ps(g.add(i), v);
+        }
+        i += 8;
+    }
+    crate::elementwise::glu(&mut gate[body..n], &up[body..n], act);
+}
+
+/// RMS norm of every `dim`-wide row of `x`, sums in eight f32 lanes.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn rms_norm(x: &mut [f32], dim: usize, spec: NormSpec, weight: Option<&[f32]>) {
+    if dim == 0 || dim % 8 != 0 {
+        crate::elementwise::rms_norm(x, dim, spec, weight);
+        return;
+    }
+    for row in x.chunks_exact_mut(dim) {
+        let p = row.as_mut_ptr();
+        let mut acc = _mm256_setzero_ps();
+        // SAFETY (loads and stores below): `i + 8 ≤ dim` elements of the
+        // row, and of the weight when there is one (`dim` long, checked by
+        // the backend).
+        unsafe {
+            for i in (0..dim).step_by(8) {
+                let v = _mm256_loadu_ps(p.add(i));
+                acc = _mm256_fmadd_ps(v, v, acc);
+            }
+            let inv = 1.0 / (hsum(acc) / dim as f32 + spec.eps).sqrt();
+            let inv = _mm256_set1_ps(inv);
+            let one = _mm256_set1_ps(1.0);
+            for i in (0..dim).step_by(8) {
+                let v = _mm256_mul_ps(_mm256_loadu_ps(p.add(i)), inv);
+                let v = match (spec.scale, weight) {
+                    (NormScale::Plain, Some(w)) => {
+                        _mm256_mul_ps(v, _mm256_loadu_ps(w.as_ptr().add(i)))
+                    }
+                    (NormScale::Centered, Some(w)) => {
+                        _mm256_mul_ps(v, _mm256_add_ps(one, _mm256_loadu_ps(w.as_ptr().add(i))))
+                    }
+                    _ => v,
+                };
+                _mm256_storeu_ps(p.add(i), v);
+            }
+        }
+    }
+}
+
+/// `Σ a[i] · b[i]` over `n` (a multiple of 8) elements.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for i in (0..n).step_by(8) {
+        // SAFETY: the caller's pointers hold `n` floats.
+        acc = unsafe { _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc) };
+    }
+    hsum(acc)
+}
+
+/// Query head `h` of token `t` (the math of [`AttentionInputs::attend`]):
+/// scores, softmax and the weighted sum of values in eight lanes, the sum of
+/// values in blocks of 32 dimensions.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the inputs were checked as for `attend`
+/// (`scores` long enough, `out` `head_dim` long) and `head_dim` is a
+/// multiple of 8.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn attend(
+    inp: &AttentionInputs<'_>,
+    t: usize,
+    h: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let p = inp.params;
+    let hd = p.head_dim;
+    let row = p.n_kv_heads * hd;
+    let kv_head = h / (p.n_heads / p.n_kv_heads);
+    let pos = p.first_pos + t;
+    let lo = first_key(pos, p.window);
+    let q = inp.q[(t * p.n_heads + h) * hd..][..hd].as_ptr();
+    let scores = &mut scores[..pos - lo + 1];
+    let at = |j: usize| (j % p.capacity) * row + kv_head * hd;
+    let sink = inp.sinks.map(|s| s[h]);
+    let k_cache = inp.k_cache.as_ptr();
+    // Four keys at a time: four independent multiply-add chains.
+    let mut j = lo;
+    while j + 4 <= pos + 1 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        // SAFETY: rows `at(j .. j + 4)` hold `hd` floats of the checked cache.
+        unsafe {
+            let k: [*const f32; 4] = std::array::from_fn(|i| k_cache.add(at(j + i)));
+            for d in (0..hd).step_by(8) {
+                let qv = _mm256_loadu_ps(q.add(d));
+                for i in 0..4 {
+                    acc[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k[i].add(d)), acc[i]);
+                }
+            }
+        }
+        for i in 0..4 {
+            scores[j - lo + i] = hsum(acc[i]) * p.scale;
+        }
+        j += 4;
+    }
+    for j in j..=pos {
+        // SAFETY: row `at(j)` holds `hd` floats of the checked cache.
+        scores[j - lo] = unsafe { dot(q, k_cache.add(at(j)), hd) } * p.scale;
+    }
+    let mut max = sink.unwrap_or(f32::NEG_INFINITY);
+    for s in scores.iter_mut() {
+        if let Some(c) = p.softcap {
+            *s = (*s / c).tanh() * c;
+        }
+        max = max.max(*s);
+    }
+    let n = scores.len();
+    let body = n - n % 8;
+    let mx = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let sp = scores.as_mut_ptr();
+    for i in (0..body).step_by(8) {
+        // SAFETY: `i + 8 ≤ n`.
+        unsafe {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(i)), mx));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_storeu_ps(sp.add(i), e);
+        }
+    }
+    let mut denom = hsum(sum);
+    for s in &mut scores[body..] {
+        *s = (*s - max).exp();
+        denom += *s;
+    }
+    if let Some(sink) = sink {
+        denom += (sink - max).exp();
+    }
+    let inv = 1.0 / denom;
+    let o = out.as_mut_ptr();
+    let v_cache = inp.v_cache.as_ptr();
+    let mut d0 = 0;
+    while d0 < hd {
+        let width = (hd - d0).min(32);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (&s, j) in scores.iter().zip(lo..=pos) {
+            let w = _mm256_set1_ps(s);
+            // SAFETY: dims `d0 .. d0 + width` of row `at(j)`.
+            let v = unsafe { v_cache.add(at(j) + d0) };
+            for (k, acc) in acc.iter_mut().enumerate().take(width / 8) {
+                *acc = unsafe { _mm256_fmadd_ps(w, _mm256_loadu_ps(v.add(8 * k)), *acc) };
+            }
+        }
+        let iv = _mm256_set1_ps(inv);
+        for (k, acc) in acc.iter().enumerate().take(width / 8) {
+            // SAFETY: `d0 + 8k + 8 ≤ hd = out.len()`.
+            unsafe { _mm256_storeu_ps(o.add(d0 + 8 * k), _mm256_mul_ps(*acc, iv)) };
+        }
+        d0 += width;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use turbospark_backend::AttentionParams;
+
+    fn avx2() -> bool {
+        super::super::Isa::detect() == super::super::Isa::Avx2
+    }
+
+    fn values(n: usize, seed: u32, spread: f32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                ((s >> 8) as f32 / (1 << 24) as f32 - 0.5) * 2.0 * spread
+            })
+            .collect()
+    }
+
+    #[test]
+    fn exp_is_accurate_to_a_few_ulp() {
+        if !avx2() {
+            eprintln!("skipped: this CPU has no AVX2/FMA");
+            return;
+        }
+        let xs = values(4096, 1, 87.0);
+        for c in xs.chunks_exact(8) {
+            let mut got = [0f32; 8];
+            // SAFETY: AVX2 and FMA checked above; 8 floats in and out.
+            unsafe { _mm256_storeu_ps(got.as_mut_ptr(), exp8(_mm256_loadu_ps(c.as_ptr()))) };
+            for (&x, &g) in c.iter().zip(&got) {
+                let want = (x as f64).exp();
+                assert!(
+                    ((g as f64 - want) / want).abs() < 1e-6,
+                    "exp({x}) = {g}, want {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn element_wise_ops_match_the_exact_kernels() {
+        if !avx2() {
+            eprintln!("skipped: this CPU has no AVX2/FMA");
+            return;
+        }
+        let acts = [
+            Activation::Swiglu,
+            Activation::GeluTanh,
+            Activation::ClampedSwiglu {
+                alpha: 1.702,
+                limit: 7.0,
+            },
+        ];
+        for act in acts {
+            let (g, u) = (values(203, 2, 9.0), values(203, 3, 9.0));
+            let (mut want, mut got) = (g.clone(), g.clone());
+            crate::elementwise::glu(&mut want, &u, act);
+            // SAFETY: AVX2 and FMA checked above.
+            unsafe { glu(&mut got, &u, act) };
+            for (w, g) in want.iter().zip(&got) {
+                assert!(
+                    (w - g).abs() <= 2e-6 * w.abs().max(1.0),
+                    "{act:?}: {g} vs {w}"
+                );
+            }
+        }
+        let w = values(64, 4, 1.0);
+        for spec in [
+            NormSpec::plain(1e-6),
+            NormSpec::centered(1e-5),
+            NormSpec::no_scale(1e-6),
+        ] {
+            let weight = spec.has_weight().then_some(w.as_slice());
+            let x = values(64 * 5, 5, 3.0);
+            let (mut want, mut got) = (x.clone(), x);
+            crate::elementwise::rms_norm(&mut want, 64, spec, weight);
+            // SAFETY: AVX2 and FMA checked above.
+            unsafe { rms_norm(&mut got, 64, spec, weight) };
+            for (w, g) in want.iter().zip(&got) {
+                assert!(
+                    (w - g).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{spec:?}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn attention_matches_the_exact_kernel() {
+        if !avx2() {
+            eprintln!("skipped: this CPU has no AVX2/FMA");
+            return;
+        }
+        let (n_heads, n_kv_heads, head_dim) = (6, 2, 40);
+        for (window, sinks, softcap, capacity, first_pos, n_tokens) in [
+            (None, false, None, 64, 0, 13),
+            (Some(7), true, None, 16, 30, 5),
+            (None, true, Some(30.0), 48, 11, 3),
+            (Some(5), false, Some(20.0), 5, 40, 1),
+        ] {
+            let p = AttentionParams {
+                n_tokens,
+                first_pos,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+                capacity,
+                window,
+                scale: 0.15,
+                softcap,
+            };
+            let q = values(n_tokens * n_heads * head_dim, 6, 2.0);
+            let k = values(capacity * n_kv_heads * head_dim, 7, 2.0);
+            let v = values(capacity * n_kv_heads * head_dim, 8, 2.0);
+            let s = values(n_heads, 9, 1.0);
+            let inputs = AttentionInputs {
+                q: &q,
+                k_cache: &k,
+                v_cache: &v,
+                params: &p,
+                sinks: sinks.then_some(s.as_slice()),
+            };
+            let mut scores = vec![0f32; first_pos + n_tokens];
+            for t in 0..n_tokens {
+                for h in 0..n_heads {
+                    let (mut want, mut got) = (vec![0f32; head_dim], vec![0f32; head_dim]);
+                    inputs.attend(t, h, &mut scores, &mut want);
+                    // SAFETY: AVX2 and FMA checked above; head_dim % 8 == 0.
+                    unsafe { attend(&inputs, t, h, &mut scores, &mut got) };
+                    for (w, g) in want.iter().zip(&got) {
+                        assert!((w - g).abs() <= 1e-5, "t={t} h={h}: {g} vs {w}");
+                    }
+                }
+            }
+        }
+    }
+}

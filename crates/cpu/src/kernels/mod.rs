@@ -1,0 +1,469 @@
+//! The matmul of [`Numerics::Fast`](turbospark_backend::Numerics::Fast):
+//! `out[t, o] = Σ_i W[o, i] · x[t, i]` with the activations quantized to
+//! 8 bits once per call ([`act`]) and each weight block dotted in integers
+//! straight from its packed bytes ([`blocks`] gives the math per format).
+//!
+//! One kernel set per instruction set — [`scalar`] (portable, and the
+//! reference for the others) and [`avx2`] (x86-64 AVX2 + FMA + F16C) —
+//! chosen once when the backend is built ([`Isa::detect`]).
+//!
+//! Work is split over the pool by output rows. Within a thread, a chunk of
+//! weight rows small enough to stay in L1/L2 is dotted against
+//! [`TOKENS`] activation rows at a time, so each weight block is unpacked
+//! once per `TOKENS` tokens (prefill) and once per row (decode). Each output
+//! element is computed the same way whatever the thread count or row
+//! split; with the same instruction set, whatever the batch size only in
+//! the integer sums (the f32 lanes of one tile are summed in token order,
+//! so a token's result does not depend on its neighbours either).
+
+pub(crate) mod act;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx2_ops;
+#[cfg(target_arch = "x86_64")]
+mod avx2_packed;
+pub(crate) mod blocks;
+mod packed;
+mod scalar;
+
+use crate::disjoint::DisjointMut;
+use crate::types::CpuMatrix;
+pub(crate) use act::{ActRows, ActScratch};
+pub(crate) use packed::Packed;
+
+/// Activation rows dotted against one unpacked weight block.
+pub(crate) const TOKENS: usize = 4;
+
+/// Weight rows a thread walks through before moving to the next tokens.
+const ROW_CHUNK: usize = 32;
+
+/// The instruction set the fast kernels run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// Portable Rust.
+    Scalar,
+    /// x86-64 AVX2, FMA and F16C.
+    Avx2,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has.
+    pub fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
+        {
+            return Isa::Avx2;
+        }
+        Isa::Scalar
+    }
+
+    /// `isa` if this CPU can run it, else [`Isa::Scalar`].
+    pub fn supported(self) -> Isa {
+        match self {
+            Isa::Scalar => Isa::Scalar,
+            Isa::Avx2 => Isa::detect(),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// `out[r · c_n + c] = Σ_i W[row0 + r, i] · x_{t0+c}[i]` for a tile of
+    /// [`tile_rows`] (`r < rows.len()`, `c < c_n`, `out` is `rows · c_n`).
+    #[inline]
+    fn dot_tile(
+        self,
+        w: &CpuMatrix,
+        rows: &[&[u8]],
+        acts: ActRows<'_>,
+        t0: usize,
+        out: &mut [f32],
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: an `Isa::Avx2` only exists after `detect` found the
+            // features (`supported` never upgrades); the rows and
+            // activations have the matrix's width and format.
+            Isa::Avx2 => unsafe { avx2::dot_tile(w.format, rows, w.cols, acts, t0, out) },
+            _ => scalar::dot_tile(w.format, rows, w.cols, acts, t0, out),
+        }
+    }
+}
+
+/// Weight rows per tile for `c` activation rows: four rows against one
+/// token (decode: four independent sums per activation load), one row
+/// against up to [`TOKENS`] tokens (prefill: one unpack per four tokens).
+pub(crate) const fn tile_rows(c: usize) -> usize {
+    if c == 1 {
+        4
+    } else {
+        1
+    }
+}
+
+/// `gate[i] = act(gate[i]) · up[i]` on `isa`.
+pub(crate) fn glu(isa: Isa, gate: &mut [f32], up: &[f32], act: turbospark_core::arch::Activation) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA.
+        Isa::Avx2 => unsafe { avx2_ops::glu(gate, up, act) },
+        _ => crate::elementwise::glu(gate, up, act),
+    }
+}
+
+/// RMS norm of every `dim`-wide row of `x` on `isa`.
+pub(crate) fn rms_norm(
+    isa: Isa,
+    x: &mut [f32],
+    dim: usize,
+    spec: turbospark_core::arch::NormSpec,
+    weight: Option<&[f32]>,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA.
+        Isa::Avx2 => unsafe { avx2_ops::rms_norm(x, dim, spec, weight) },
+        _ => crate::elementwise::rms_norm(x, dim, spec, weight),
+    }
+}
+
+/// Attends query head `h` of token `t` on `isa` (inputs checked as for
+/// [`AttentionInputs::attend`](crate::attention::AttentionInputs::attend)).
+pub(crate) fn attend(
+    isa: Isa,
+    inputs: &crate::attention::AttentionInputs<'_>,
+    t: usize,
+    h: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA; the
+        // backend checked the buffers; the head width is a multiple of 8.
+        Isa::Avx2 if inputs.params.head_dim % 8 == 0 => unsafe {
+            avx2_ops::attend(inputs, t, h, scores, out)
+        },
+        _ => inputs.attend(t, h, scores, out),
+    }
+}
+
+/// The repacked form of `w` the kernels of `isa` use, if any.
+pub(crate) fn pack(isa: Isa, w: &CpuMatrix) -> Option<Packed> {
+    if isa != Isa::Avx2 {
+        return None;
+    }
+    let mut p = Packed::for_shape(w.format, w.rows, w.cols)?;
+    p.fill(w.format, |r| w.row(r));
+    Some(p)
+}
+
+/// Refills `w`'s packing from its (new) bytes, in place when nothing else
+/// shares it.
+pub(crate) fn repack(isa: Isa, w: &mut CpuMatrix) {
+    match w.packed.as_mut() {
+        Some(p) => {
+            let p = std::sync::Arc::make_mut(p);
+            let (format, bytes, rb) = (w.format, w.bytes.as_slice(), w.row_bytes);
+            p.fill(format, |r| &bytes[r * rb..(r + 1) * rb]);
+        }
+        None => w.packed = pack(isa, w).map(std::sync::Arc::new),
+    }
+}
+
+/// Rows per unit of work: a packed matrix is split between threads in
+/// whole groups.
+pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
+    if w.packed.is_some() {
+        packed::GROUP
+    } else {
+        1
+    }
+}
+
+/// Computes output rows `rows` of `w` for `n` tokens whose activations are
+/// `acts` into `out` (`[n, w.rows]`).
+///
+/// # Safety
+/// Concurrent callers sharing `out` must pass disjoint `rows`.
+pub(crate) unsafe fn matmul_rows(
+    isa: Isa,
+    w: &CpuMatrix,
+    acts: ActRows<'_>,
+    n: usize,
+    out: &DisjointMut<'_>,
+    rows: std::ops::Range<usize>,
+) {
+    let mut rows = rows;
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2, Some(p)) = (isa, w.packed.as_deref()) {
+        if rows.start % packed::GROUP == 0 {
+            let g_end = (rows.end / packed::GROUP).min(p.groups);
+            let g_start = rows.start / packed::GROUP;
+            if g_start < g_end {
+                // SAFETY: forwarded; the groups lie in this caller's rows.
+                unsafe { packed_groups(w, p, acts, n, out, g_start..g_end) };
+                rows.start = g_end * packed::GROUP;
+            }
+        }
+    }
+    let mut tile = [0f32; TOKENS];
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let r1 = (r0 + ROW_CHUNK).min(rows.end);
+        let mut t = 0;
+        while t < n {
+            let c = TOKENS.min(n - t);
+            let mut r = r0;
+            while r < r1 {
+                let nr = if r + tile_rows(c) <= r1 {
+                    tile_rows(c)
+                } else {
+                    1
+                };
+                let mut wrows: [&[u8]; 4] = [&[]; 4];
+                for (i, wr) in wrows.iter_mut().enumerate().take(nr) {
+                    *wr = w.row(r + i);
+                }
+                let tile = &mut tile[..nr * c];
+                isa.dot_tile(w, &wrows[..nr], acts, t, tile);
+                for i in 0..nr {
+                    for j in 0..c {
+                        // SAFETY: row `r + i` lies in this caller's `rows`,
+                        // which the contract keeps disjoint.
+                        unsafe { out.range((t + j) * w.rows + r + i, 1)[0] = tile[i * c + j] };
+                    }
+                }
+                r += nr;
+            }
+            t += c;
+        }
+        r0 = r1;
+    }
+}
+
+/// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; concurrent callers sharing `out` pass
+/// disjoint groups.
+#[cfg(target_arch = "x86_64")]
+unsafe fn packed_groups(
+    w: &CpuMatrix,
+    p: &Packed,
+    acts: ActRows<'_>,
+    n: usize,
+    out: &DisjointMut<'_>,
+    groups: std::ops::Range<usize>,
+) {
+    const GROUP_CHUNK: usize = 4;
+    let mut tile = [[0f32; packed::GROUP]; TOKENS];
+    let mut g0 = groups.start;
+    while g0 < groups.end {
+        let g1 = (g0 + GROUP_CHUNK).min(groups.end);
+        let mut t = 0;
+        while t < n {
+            let c = TOKENS.min(n - t);
+            for g in g0..g1 {
+                // SAFETY: the CPU has the features (contract); group `g` is
+                // whole; the activations hold `n` rows of `p.blocks` blocks.
+                let grp = p.group(w.format, g);
+                let tile = &mut tile[..c];
+                // SAFETY: as above; the activation shape is the format's.
+                unsafe {
+                    match acts {
+                        ActRows::Q32(a) => {
+                            avx2_packed::group_tile(w.format, grp, p.blocks, a, t, tile)
+                        }
+                        ActRows::Q256(a) => {
+                            avx2_packed::kgroup_tile(w.format, grp, p.blocks, a, t, tile)
+                        }
+                        ActRows::F32(_) => unreachable!("float weights are not repacked"),
+                    }
+                }
+                for (j, vals) in tile[..c].iter().enumerate() {
+                    // SAFETY: group `g`'s rows lie in this caller's range.
+                    let o =
+                        unsafe { out.range((t + j) * w.rows + g * packed::GROUP, packed::GROUP) };
+                    o.copy_from_slice(vals);
+                }
+            }
+            t += c;
+        }
+        g0 = g1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::act::{quantize_256, quantize_32, Block256, Block32};
+    use super::*;
+    use turbospark_backend::SharedBytes;
+    use turbospark_core::quant::dequantize_row;
+    use turbospark_core::QuantFormat;
+
+    fn rng(seed: u64) -> impl FnMut() -> u64 {
+        let mut s = seed;
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            s >> 11
+        }
+    }
+
+    /// A random `[rows, cols]` matrix of `format` with finite, moderate scales.
+    fn matrix(format: QuantFormat, rows: usize, cols: usize, seed: u64) -> CpuMatrix {
+        let mut next = rng(seed);
+        let rb = turbospark_core::quant::row_bytes(format, cols).unwrap();
+        let mut bytes: Vec<u8> = (0..rows * rb).map(|_| next() as u8).collect();
+        let half = |v: f32| half::f16::from_f32(v).to_le_bytes();
+        match format {
+            QuantFormat::F32 => {
+                for c in bytes.chunks_exact_mut(4) {
+                    let v = (next() % 2001) as f32 / 1000.0 - 1.0;
+                    c.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            QuantFormat::F16 => {
+                for c in bytes.chunks_exact_mut(2) {
+                    c.copy_from_slice(&half((next() % 2001) as f32 / 1000.0 - 1.0));
+                }
+            }
+            QuantFormat::Bf16 => {
+                for c in bytes.chunks_exact_mut(2) {
+                    let v = (next() % 2001) as f32 / 1000.0 - 1.0;
+                    c.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+                }
+            }
+            _ => {
+                for blk in bytes.chunks_exact_mut(format.block_bytes()) {
+                    let v = 0.002 + (next() % 100) as f32 * 1e-4;
+                    match format {
+                        QuantFormat::Q6K => blk[208..210].copy_from_slice(&half(v)),
+                        QuantFormat::Mxfp4 => blk[0] = 120 + (next() % 8) as u8,
+                        QuantFormat::Q4_1
+                        | QuantFormat::Q5_1
+                        | QuantFormat::Q4K
+                        | QuantFormat::Q5K => {
+                            blk[0..2].copy_from_slice(&half(v));
+                            blk[2..4].copy_from_slice(&half(-v * 0.7));
+                        }
+                        _ => blk[0..2].copy_from_slice(&half(v)),
+                    }
+                }
+            }
+        }
+        CpuMatrix {
+            name: format!("w.{format}"),
+            format,
+            rows,
+            cols,
+            row_bytes: rb,
+            bytes: SharedBytes::from_vec(bytes),
+            packed: None,
+        }
+    }
+
+    /// The activations the kernels see, dequantized again.
+    fn seen_activations(format: QuantFormat, x: &[f32]) -> Vec<f32> {
+        match act::ActKind::of(format) {
+            act::ActKind::F32 => x.to_vec(),
+            act::ActKind::Q32 => {
+                let mut q = vec![Block32::ZERO; x.len() / 32];
+                quantize_32(x, &mut q);
+                q.iter()
+                    .flat_map(|b| b.qs.map(|v| b.d * v as f32))
+                    .collect()
+            }
+            act::ActKind::Q256 => {
+                let mut q = vec![Block256::ZERO; x.len() / 256];
+                quantize_256(x, &mut q);
+                q.iter()
+                    .flat_map(|b| b.qs.map(|v| b.d * v as f32))
+                    .collect()
+            }
+        }
+    }
+
+    /// Every format, every instruction set this CPU has, awkward row and
+    /// token counts: the kernels against an f64 dot of the dequantized
+    /// weights and the dequantized 8-bit activations.
+    #[test]
+    fn kernels_match_the_dequantized_reference() {
+        let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2]
+            .into_iter()
+            .filter(|i| i.supported() == *i)
+            .collect();
+        for format in QuantFormat::ALL {
+            let cols = if format.block_elems() == 256 {
+                512
+            } else {
+                96 + 32 * 3
+            };
+            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5)] {
+                let w = matrix(format, rows, cols, rows as u64 * 31 + n as u64);
+                let mut next = rng(n as u64);
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|_| ((next() % 20001) as f32 / 10000.0 - 1.0) * 1.5)
+                    .collect();
+                let seen = seen_activations(format, &x);
+                let mut wrow = vec![0f32; cols];
+                let mut want = vec![0f64; n * rows];
+                let mut scale = vec![0f64; n * rows];
+                for r in 0..rows {
+                    dequantize_row(format, w.row(r), &mut wrow).unwrap();
+                    for t in 0..n {
+                        let xt = &seen[t * cols..(t + 1) * cols];
+                        want[t * rows + r] = wrow
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum();
+                        scale[t * rows + r] = wrow
+                            .iter()
+                            .zip(xt)
+                            .map(|(&a, &b)| (a as f64 * b as f64).abs())
+                            .sum();
+                    }
+                }
+                for &isa in &isas {
+                    let mut acts = ActScratch::default();
+                    acts.fit_matrix(cols);
+                    acts.fit_tokens(n);
+                    let a = acts.quantize(format, &x).unwrap();
+                    let mut w = w.clone();
+                    w.packed = pack(isa, &w).map(std::sync::Arc::new);
+                    let mut got = vec![0f32; n * rows];
+                    let out = DisjointMut::new(&mut got);
+                    // Ragged split: rows in two uneven parts (whole groups
+                    // when packed).
+                    let cut = rows / 3 / row_unit(&w) * row_unit(&w);
+                    // SAFETY: the two row ranges are disjoint.
+                    unsafe {
+                        matmul_rows(isa, &w, a, n, &out, 0..cut);
+                        matmul_rows(isa, &w, a, n, &out, cut..rows);
+                    }
+                    for i in 0..n * rows {
+                        let err = (got[i] as f64 - want[i]).abs();
+                        assert!(
+                            err <= 2e-6 * scale[i] + 1e-6,
+                            "{format} {} rows={rows} n={n} out {i}: {} vs {} (scale {})",
+                            isa.name(),
+                            got[i],
+                            want[i],
+                            scale[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! The [`Stream`] ops of [`CpuStream`], each checking its buffers' lengths
+//! and dtypes before touching them.
+
+use crate::attention::{first_key, AttentionInputs};
+use crate::dequant::dequantize;
+use crate::device::{refill_matrix, refill_vector};
+use crate::disjoint::DisjointMut;
+use crate::pool::split;
+use crate::scratch::StreamScratch;
+use crate::stream::{add_bias_slice, parallel, CpuStream};
+use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};
+use crate::{check_len, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
+use turbospark_backend::routing::route_token;
+use turbospark_backend::{
+    routes_for, AttentionParams, BackendError, ExpertTensors, MoeInput, MoeScratch, Numerics,
+    RopeTable, Route, RouterSpec, RouterTables, Stream,
+};
+use turbospark_core::arch::{Activation, NormSpec};
+
+impl Stream<CpuDevice> for CpuStream {
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    fn write(&mut self, dst: &mut CpuBuf, src: &[f32]) -> Result<(), BackendError> {
+        let dst = dst.f32s_mut("write", "dst")?;
+        check_len("write", "dst", dst.len(), src.len())?;
+        dst[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read_async(
+        &mut self,
+        src: &CpuBuf,
+        len: usize,
+        dst: &mut CpuHostBuf,
+    ) -> Result<(), BackendError> {
+        let src = src.f32s("read_async", "src")?;
+        check_len("read_async", "src", src.len(), len)?;
+        check_len("read_async", "dst", dst.data.len(), len)?;
+        dst.data[..len].copy_from_slice(&src[..len]);
+        Ok(())
+    }
+
+    fn read(&mut self, src: &CpuBuf, dst: &mut [f32]) -> Result<(), BackendError> {
+        let src = src.f32s("read", "src")?;
+        check_len("read", "src", src.len(), dst.len())?;
+        dst.copy_from_slice(&src[..dst.len()]);
+        Ok(())
+    }
+
+    fn copy(
+        &mut self,
+        src: &CpuBuf,
+        src_at: usize,
+        dst: &mut CpuBuf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        if src.dtype != dst.dtype {
+            return Err(BackendError::DType {
+                op: "copy",
+                what: "dst",
+                expected: src.dtype,
+                found: dst.dtype,
+            });
+        }
+        check_len("copy", "src", src.data.len(), src_at.saturating_add(len))?;
+        check_len("copy", "dst", dst.data.len(), dst_at.saturating_add(len))?;
+        dst.data[dst_at..dst_at + len].copy_from_slice(&src.data[src_at..src_at + len]);
+        Ok(())
+    }
+
+    fn write_routes(&mut self, dst: &mut CpuRoutes, src: &[Route]) -> Result<(), BackendError> {
+        check_len("write_routes", "dst", dst.routes.len(), src.len())?;
+        dst.routes[..src.len()].copy_from_slice(src);
+        Ok(())
+    }
+
+    fn read_routes(&mut self, src: &CpuRoutes, dst: &mut [Route]) -> Result<(), BackendError> {
+        check_len("read_routes", "src", src.routes.len(), dst.len())?;
+        dst.copy_from_slice(&src.routes[..dst.len()]);
+        Ok(())
+    }
+
+    fn fill_slot(
+        &mut self,
+        bank: &mut CpuBank,
+        slot: usize,
+        expert: &ExpertTensors,
+    ) -> Result<(), BackendError> {
+        let available = bank.experts.len();
+        let e = bank
+            .experts
+            .get_mut(slot)
+            .ok_or(BackendError::BadRoute { slot, available })?;
+        refill_matrix(self.isa, &mut e.gate, &expert.gate)?;
+        refill_matrix(self.isa, &mut e.up, &expert.up)?;
+        refill_matrix(self.isa, &mut e.down, &expert.down)?;
+        for (v, t) in [
+            (e.gate_bias.as_mut(), expert.gate_bias.as_ref()),
+            (e.up_bias.as_mut(), expert.up_bias.as_ref()),
+            (e.down_bias.as_mut(), expert.down_bias.as_ref()),
+        ] {
+            match (v, t) {
+                (Some(v), Some(t)) => refill_vector(v, t)?,
+                (None, None) => {}
+                _ => {
+                    return Err(shape_err(
+                        "fill_slot",
+                        format!(
+                            "{} has other biases than the bank's experts",
+                            expert.gate.name
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn embed(
+        &mut self,
+        table: &CpuMatrix,
+        tokens: &[u32],
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        let d = table.cols;
+        let out = out.f32s_mut("embed", "out")?;
+        check_len("embed", "out", out.len(), tokens.len() * d)?;
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(shape_err(
+                "embed",
+                format!("token {tok} outside the {}-row table", table.rows),
+            ));
+        }
+        for (t, &tok) in tokens.iter().enumerate() {
+            dequantize(
+                table.format,
+                table.row(tok as usize),
+                &mut out[t * d..(t + 1) * d],
+            )
+            .map_err(|source| BackendError::Quant {
+                name: table.name.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        w: &CpuMatrix,
+        x: &CpuBuf,
+        n: usize,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        self.matmul_slices(w, x.f32s("matmul", "x")?, n, out.f32s_mut("matmul", "out")?)
+    }
+
+    fn add_bias(&mut self, x: &mut CpuBuf, bias: &CpuVector, n: usize) -> Result<(), BackendError> {
+        add_bias_slice(x.f32s_mut("add_bias", "x")?, bias, n)
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &mut CpuBuf,
+        rows: usize,
+        dim: usize,
+        spec: NormSpec,
+        weight: Option<&CpuVector>,
+    ) -> Result<(), BackendError> {
+        let x = x.f32s_mut("rms_norm", "x")?;
+        check_len("rms_norm", "x", x.len(), rows * dim)?;
+        let weight = match (spec.has_weight(), weight) {
+            (true, Some(w)) if w.data.len() == dim => Some(w.data.as_slice()),
+            (false, None) => None,
+            (true, w) => {
+                return Err(shape_err(
+                    "rms_norm",
+                    format!(
+                        "a {:?} norm of width {dim} needs a {dim}-element weight, got {:?}",
+                        spec.scale,
+                        w.map(|w| w.data.len())
+                    ),
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(shape_err(
+                    "rms_norm",
+                    "a no-scale norm takes no weight".into(),
+                ))
+            }
+        };
+        if self.llama_cpp() {
+            ggml::ops::rms_norm(&mut x[..rows * dim], dim, spec, weight);
+        } else if self.numerics == Numerics::Fast {
+            kernels::rms_norm(self.isa, &mut x[..rows * dim], dim, spec, weight);
+        } else {
+            elementwise::rms_norm(&mut x[..rows * dim], dim, spec, weight);
+        }
+        Ok(())
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut CpuBuf,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first_pos: usize,
+        table: &RopeTable,
+    ) -> Result<(), BackendError> {
+        if table.rotary_dim > head_dim || table.rotary_dim != 2 * table.pairs() {
+            return Err(shape_err(
+                "rope",
+                format!(
+                    "{} rotary dims ({} pairs) on a {head_dim}-wide head",
+                    table.rotary_dim,
+                    table.pairs()
+                ),
+            ));
+        }
+        let len = n_tokens * n_heads * head_dim;
+        let x = x.f32s_mut("rope", "x")?;
+        check_len("rope", "x", x.len(), len)?;
+        let llama_cpp = self.llama_cpp();
+        let trig = &mut self.scratch.threads[0].trig;
+        if trig.len() < table.rotary_dim {
+            return Err(BackendError::ScratchTooSmall {
+                op: "rope",
+                need: table.rotary_dim,
+                have: trig.len(),
+            });
+        }
+        let rope = if llama_cpp && ggml::ops::rope_supported(table) {
+            ggml::ops::rope
+        } else {
+            rope::rope
+        };
+        rope(&mut x[..len], n_heads, head_dim, first_pos, table, trig);
+        Ok(())
+    }
+
+    fn kv_write(
+        &mut self,
+        cache: &mut CpuBuf,
+        src: &CpuBuf,
+        n_tokens: usize,
+        row_len: usize,
+        first_pos: usize,
+        capacity: usize,
+    ) -> Result<(), BackendError> {
+        if n_tokens > capacity {
+            return Err(shape_err(
+                "kv_write",
+                format!("{n_tokens} rows into a {capacity}-row cache"),
+            ));
+        }
+        let cache = cache.f32s_mut("kv_write", "cache")?;
+        let src = src.f32s("kv_write", "src")?;
+        check_len("kv_write", "cache", cache.len(), capacity * row_len)?;
+        check_len("kv_write", "src", src.len(), n_tokens * row_len)?;
+        for t in 0..n_tokens {
+            let slot = (first_pos + t) % capacity;
+            let dst = &mut cache[slot * row_len..(slot + 1) * row_len];
+            let src = &src[t * row_len..(t + 1) * row_len];
+            if self.llama_cpp() {
+                // llama.cpp's cache is f16: store the values it would hold.
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = ggml::quantize::round_f16(v);
+                }
+            } else {
+                dst.copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        q: &CpuBuf,
+        k_cache: &CpuBuf,
+        v_cache: &CpuBuf,
+        p: &AttentionParams,
+        sinks: Option<&CpuVector>,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        let q = q.f32s("attention", "q")?;
+        let k_cache = k_cache.f32s("attention", "k_cache")?;
+        let v_cache = v_cache.f32s("attention", "v_cache")?;
+        let out = out.f32s_mut("attention", "out")?;
+        if p.n_tokens == 0 {
+            return Ok(());
+        }
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 || p.capacity == 0
+        {
+            return Err(shape_err(
+                "attention",
+                format!(
+                    "{} heads over {} kv heads of {} dims, capacity {}",
+                    p.n_heads, p.n_kv_heads, p.head_dim, p.capacity
+                ),
+            ));
+        }
+        let q_len = p.n_tokens * p.n_heads * p.head_dim;
+        let cache_len = p.capacity * p.n_kv_heads * p.head_dim;
+        check_len("attention", "q", q.len(), q_len)?;
+        check_len("attention", "k_cache", k_cache.len(), cache_len)?;
+        check_len("attention", "v_cache", v_cache.len(), cache_len)?;
+        check_len("attention", "out", out.len(), q_len)?;
+        if let Some(s) = sinks {
+            check_len("attention", "sinks", s.data.len(), p.n_heads)?;
+        }
+        let newest = p.first_pos + p.n_tokens - 1;
+        let oldest = first_key(p.first_pos, p.window);
+        if newest - oldest + 1 > p.capacity {
+            return Err(BackendError::KeysEvicted {
+                position: p.first_pos,
+                oldest,
+                newest,
+                capacity: p.capacity,
+            });
+        }
+        let max_keys = newest - first_key(newest, p.window) + 1;
+        let llama_cpp = self.llama_cpp();
+        let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
+        let StreamScratch { threads, .. } = &mut self.scratch;
+        let first = &threads[0];
+        if first.scores.len() < max_keys {
+            return Err(BackendError::ScratchTooSmall {
+                op: "attention",
+                need: max_keys,
+                have: first.scores.len(),
+            });
+        }
+        if llama_cpp && first.q16.len() < p.head_dim {
+            return Err(BackendError::ScratchTooSmall {
+                op: "attention",
+                need: p.head_dim,
+                have: first.q16.len(),
+            });
+        }
+        let inputs = AttentionInputs {
+            q,
+            k_cache,
+            v_cache,
+            params: p,
+            sinks: sinks.map(|s| s.data.as_slice()),
+        };
+        let hd = p.head_dim;
+        let items = p.n_tokens * p.n_heads;
+        let out = DisjointMut::new(&mut out[..q_len]);
+        parallel(
+            &self.pool,
+            threads,
+            items * max_keys * hd * 2,
+            &|i, parts, s| {
+                let range = split(items, parts, i);
+                for item in range {
+                    // SAFETY: items are split disjointly among parts and each
+                    // item owns its own `head_dim` output slice.
+                    let o = unsafe { out.range(item * hd, hd) };
+                    let (t, h) = (item / p.n_heads, item % p.n_heads);
+                    if llama_cpp {
+                        inputs.attend_ggml(t, h, &mut s.scores, &mut s.q16, o);
+                    } else if fast {
+                        kernels::attend(isa, &inputs, t, h, &mut s.scores, o);
+                    } else {
+                        inputs.attend(t, h, &mut s.scores, o);
+                    }
+                }
+            },
+        )
+    }
+
+    fn glu(
+        &mut self,
+        gate: &mut CpuBuf,
+        up: &CpuBuf,
+        len: usize,
+        act: Activation,
+    ) -> Result<(), BackendError> {
+        self.glu_slices(
+            gate.f32s_mut("glu", "gate")?,
+            up.f32s("glu", "up")?,
+            len,
+            act,
+        )
+    }
+
+    fn add(&mut self, dst: &mut CpuBuf, src: &CpuBuf, len: usize) -> Result<(), BackendError> {
+        let dst = dst.f32s_mut("add", "dst")?;
+        let src = src.f32s("add", "src")?;
+        check_len("add", "dst", dst.len(), len)?;
+        check_len("add", "src", src.len(), len)?;
+        for (d, s) in dst[..len].iter_mut().zip(&src[..len]) {
+            *d += s;
+        }
+        Ok(())
+    }
+
+    fn scale(&mut self, x: &mut CpuBuf, len: usize, s: f32) -> Result<(), BackendError> {
+        let x = x.f32s_mut("scale", "x")?;
+        check_len("scale", "x", x.len(), len)?;
+        x[..len].iter_mut().for_each(|v| *v *= s);
+        Ok(())
+    }
+
+    fn mul_sigmoid(
+        &mut self,
+        x: &mut CpuBuf,
+        gate: &CpuBuf,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        let x = x.f32s_mut("mul_sigmoid", "x")?;
+        let gate = gate.f32s("mul_sigmoid", "gate")?;
+        check_len("mul_sigmoid", "x", x.len(), len)?;
+        check_len("mul_sigmoid", "gate", gate.len(), len)?;
+        elementwise::mul_sigmoid(&mut x[..len], &gate[..len]);
+        Ok(())
+    }
+
+    fn softcap(&mut self, x: &mut CpuBuf, len: usize, cap: f32) -> Result<(), BackendError> {
+        let llama_cpp = self.llama_cpp();
+        let x = x.f32s_mut("softcap", "x")?;
+        check_len("softcap", "x", x.len(), len)?;
+        if llama_cpp {
+            ggml::ops::softcap(&mut x[..len], cap);
+        } else {
+            elementwise::softcap(&mut x[..len], cap);
+        }
+        Ok(())
+    }
+
+    fn route(
+        &mut self,
+        logits: &CpuBuf,
+        n_tokens: usize,
+        router: &RouterSpec,
+        tables: RouterTables<'_, CpuVector>,
+        out: &mut CpuRoutes,
+    ) -> Result<(), BackendError> {
+        let (e, k) = (router.num_experts(), router.top_k());
+        let logits = logits.f32s("route", "logits")?;
+        check_len("route", "logits", logits.len(), n_tokens * e)?;
+        if routes_for("route", out, n_tokens)? != k {
+            return Err(shape_err(
+                "route",
+                format!("routes of {} per token for a top-{k} router", out.top_k),
+            ));
+        }
+        let tables = RouterTables {
+            correction: tables.correction.map(|v| v.data.as_slice()),
+            expert_scale: tables.expert_scale.map(|v| v.data.as_slice()),
+        };
+        for t in 0..n_tokens {
+            route_token(
+                router,
+                &mut self.scratch.router,
+                &logits[t * e..(t + 1) * e],
+                tables,
+                &mut out.routes[t * k..(t + 1) * k],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn moe_experts(
+        &mut self,
+        input: MoeInput<'_, CpuDevice>,
+        scratch: &mut MoeScratch<CpuBuf>,
+        only: Option<&[bool]>,
+    ) -> Result<(), BackendError> {
+        moe::moe_experts(self, input, scratch, only)
+    }
+
+    fn moe_combine(
+        &mut self,
+        n_tokens: usize,
+        hidden: usize,
+        routes: &CpuRoutes,
+        scratch: &MoeScratch<CpuBuf>,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        moe::moe_combine(n_tokens, hidden, routes, scratch, out)
+    }
+}

@@ -29,9 +29,9 @@ use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
 
-use crate::commands::logits::NumericsArg;
 use crate::experts::ExpertArgs;
 use crate::loading::{open_model, Backend};
+use crate::numerics::{self, NumericsArg};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -91,9 +91,10 @@ pub struct GenArgs {
     /// Compute threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Arithmetic: `exact` (dequantized weights, f32) or `llama-cpp` (8-bit
-    /// quantized activations and integer block dots, as ggml's CPU backend).
-    #[arg(long, value_enum, default_value = "exact")]
+    /// Arithmetic: exact, llama-cpp or fast (--help says more); `fast` by
+    /// default, `exact` to match HF transformers, `llama-cpp` to reproduce
+    /// llama.cpp's tokens.
+    #[arg(long, value_enum, default_value = "fast", long_help = numerics::HELP)]
     pub numerics: NumericsArg,
     /// After the summary, print the time spent in each phase (chat
     /// template and tokenizer, prefill, decode passes, sampling,

@@ -1,11 +1,13 @@
 //! `turbospark`: convert, inspect and verify model installs; compute logits;
-//! write synthetic installs and benchmark expert streaming.
+//! generate text; write synthetic installs; benchmark speed and expert
+//! streaming.
 
 mod commands;
 mod experts;
 mod generate;
 mod loading;
 mod npy;
+mod numerics;
 mod output;
 mod progress;
 
@@ -40,14 +42,17 @@ enum Command {
     Verify(commands::verify::Args),
     /// Write the raw logits of a token sequence as a float32 NumPy array
     /// `[n_tokens, vocab]`, computed in one prefill (or token by token with
-    /// --decode), with exact arithmetic or llama.cpp's (--numerics).
+    /// --decode), with exact arithmetic (the default), llama.cpp's or the
+    /// fast one (--numerics).
     Logits(commands::logits::Args),
     /// Write a random gpt-oss-shaped install (MXFP4 experts) of any size,
     /// for benchmarking expert streaming without a checkpoint.
     Synth(commands::synth::Args),
-    /// Prefill and decode speed with streamed experts at several slot
-    /// counts in one run, with hit rate, read bandwidth and peak memory
-    /// against the slot cache's bound.
+    /// Prefill and decode speed of any install, as llama-bench measures
+    /// them (`-p 512 -n 128 -r 5 -t N`: tok/s mean ± sd, peak memory; a
+    /// table or --json); with --sweep (or --slots), a MoE install's speed
+    /// with streamed experts at several slot counts, with hit rate, read
+    /// bandwidth and peak memory against the slot cache's bound.
     Bench(commands::bench::Args),
     /// Answer one prompt: the chat template is applied (unless --raw), the
     /// answer streams to stdout, and a summary (prompt tokens, prefill and

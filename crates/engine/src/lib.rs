@@ -15,6 +15,8 @@
 //!   into a per-session slot cache) and their statistics.
 //! - [`synthetic`]: random weights for any spec (tests, benchmarks).
 //! - [`synthetic_install`]: a random install of any spec on disk.
+//! - [`synthetic_gguf`]: the same random gpt-oss weights as a GGUF file
+//!   llama.cpp loads.
 //! - [`timing`]: wall time per phase of the forward pass.
 //!
 //! Decoding `N` tokens one at a time gives the same logits as a prefill of
@@ -30,6 +32,7 @@ pub mod router_skew;
 pub mod session;
 pub mod source;
 pub mod synthetic;
+pub mod synthetic_gguf;
 pub mod synthetic_install;
 pub mod timing;
 pub mod weights;

@@ -59,7 +59,7 @@ fn expert_seed(seed: u64, layer: usize, expert: usize) -> u64 {
 }
 
 /// The expert file layouts `spec` implies with experts in `expert_format`.
-fn layouts(spec: &ArchSpec, expert_format: QuantFormat) -> BTreeMap<usize, ExpertLayer> {
+pub(crate) fn layouts(spec: &ArchSpec, expert_format: QuantFormat) -> BTreeMap<usize, ExpertLayer> {
     let num_experts = spec.moe.as_ref().map_or(0, |m| m.num_experts);
     let mut out: BTreeMap<usize, ExpertLayer> = BTreeMap::new();
     for p in expected_expert_parts(spec) {
@@ -92,7 +92,7 @@ fn layouts(spec: &ArchSpec, expert_format: QuantFormat) -> BTreeMap<usize, Exper
 }
 
 /// One expert's parts, generated.
-fn expert_parts(
+pub(crate) fn expert_parts(
     layout: &ExpertLayer,
     seed: u64,
     expert: usize,
@@ -113,7 +113,7 @@ fn expert_parts(
 /// Rewrites a router tensor's random `values` for Zipf exponent `s`: the
 /// matrix scaled to Gumbel-sized noise, the bias the log popularity of a
 /// per-layer ranking. Other tensors are left alone.
-fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
+pub(crate) fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
     let layer = || -> usize {
         name.split('.')
             .nth(1)
@@ -127,6 +127,90 @@ fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
         let bias = skewed_bias(values.len(), s, seed, layer());
         values.copy_from_slice(&bias);
     }
+}
+
+/// Refuses a router skew that is not a Zipf exponent, or that `spec` has no
+/// router bias to carry.
+pub(crate) fn check_router_skew(spec: &ArchSpec, opts: &SynthOptions) -> Result<(), EngineError> {
+    let Some(s) = opts.router_skew else {
+        return Ok(());
+    };
+    if !(s.is_finite() && s >= 0.0) {
+        return Err(EngineError::BadOptions {
+            detail: format!("router skew must be a Zipf exponent ≥ 0, got {s}"),
+        });
+    }
+    if !expected_resident(spec)
+        .iter()
+        .any(|t| t.name.ends_with("ffn_gate_inp.bias"))
+    {
+        return Err(EngineError::BadOptions {
+            detail: format!(
+                "a router skew needs a router bias, which {:?} has not",
+                spec.family
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Generates every expert of `layout`, `threads` at a time, and hands each
+/// expert's parts (in the layout's order) to `sink` in expert order.
+pub(crate) fn generate_experts(
+    layout: &ExpertLayer,
+    opts: &SynthOptions,
+    sink: &mut dyn FnMut(usize, Vec<Vec<u8>>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let threads = opts.threads.max(1);
+    let mut first = 0;
+    while first < layout.num_experts {
+        let batch: Vec<usize> = (first..layout.num_experts.min(first + threads)).collect();
+        let generated: Vec<Result<Vec<Vec<u8>>, EngineError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = batch
+                .iter()
+                .map(|&e| s.spawn(move || expert_parts(layout, opts.seed, e, opts.expert_format)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(EngineError::BadOptions {
+                            detail: "an expert generator thread panicked".into(),
+                        })
+                    })
+                })
+                .collect()
+        });
+        for (&e, parts) in batch.iter().zip(generated) {
+            sink(e, parts?)?;
+        }
+        first += batch.len();
+    }
+    Ok(())
+}
+
+/// Receives a drawn resident tensor: name, shape, format, encoded bytes.
+pub(crate) type ResidentSink<'a> =
+    dyn FnMut(&str, &[u64], QuantFormat, Vec<u8>) -> Result<(), EngineError> + 'a;
+
+/// Every resident tensor of `spec` in [`expected_resident`]'s order, drawn
+/// and encoded: `(name, shape, format, bytes)` to `sink`.
+pub(crate) fn generate_resident(
+    spec: &ArchSpec,
+    opts: &SynthOptions,
+    sink: &mut ResidentSink<'_>,
+) -> Result<(), EngineError> {
+    let mut random = RandomTensors::new(opts.seed, opts.resident_format);
+    for t in expected_resident(spec) {
+        let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+        let mut values = random.values(&t.name, &shape);
+        if let Some(s) = opts.router_skew {
+            skew_router(&t.name, &mut values, s, opts.seed);
+        }
+        let (format, bytes) = encode_tensor(&values, &shape, opts.resident_format)?;
+        sink(&t.name, &t.shape, format, bytes)?;
+    }
+    Ok(())
 }
 
 /// Writes a random install of `spec` at `dst`.
@@ -145,42 +229,21 @@ pub fn write_synthetic_install(
     };
 
     let resident = expected_resident(spec);
-    if let Some(s) = opts.router_skew {
-        if !(s.is_finite() && s >= 0.0) {
-            return Err(EngineError::BadOptions {
-                detail: format!("router skew must be a Zipf exponent ≥ 0, got {s}"),
-            });
-        }
-        if !resident
-            .iter()
-            .any(|t| t.name.ends_with("ffn_gate_inp.bias"))
-        {
-            return Err(EngineError::BadOptions {
-                detail: format!(
-                    "a router skew needs a router bias, which {:?} has not",
-                    spec.family
-                ),
-            });
-        }
-    }
+    check_router_skew(spec, opts)?;
     let mut writer = InstallWriter::create(dst, opts.force)?;
-    let mut random = RandomTensors::new(opts.seed, opts.resident_format);
     let mut resident_bytes = 0u64;
-    for (i, t) in resident.iter().enumerate() {
-        let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-        let mut values = random.values(&t.name, &shape);
-        if let Some(s) = opts.router_skew {
-            skew_router(&t.name, &mut values, s, opts.seed);
-        }
-        let (format, bytes) = encode_tensor(&values, &shape, opts.resident_format)?;
+    let mut done = 0;
+    generate_resident(spec, opts, &mut |name, shape, format, bytes| {
         resident_bytes += bytes.len() as u64;
-        writer.add_resident(&t.name, format, t.shape.clone(), &bytes)?;
-        note(role_of(&t.name), format);
+        writer.add_resident(name, format, shape.to_vec(), &bytes)?;
+        note(role_of(name), format);
+        done += 1;
         progress(SynthEvent::Resident {
-            done: i + 1,
+            done,
             total: resident.len(),
         });
-    }
+        Ok(())
+    })?;
 
     let layouts = layouts(spec, opts.expert_format);
     let total: u64 = layouts.values().map(|l| l.file_len()).sum();
@@ -190,40 +253,17 @@ pub fn write_synthetic_install(
             note(format!("experts.{}", p.name), p.dtype);
         }
         writer.add_expert_layer(layout.clone())?;
-        let threads = opts.threads.max(1);
-        let mut first = 0;
-        while first < layout.num_experts {
-            let batch: Vec<usize> = (first..layout.num_experts.min(first + threads)).collect();
-            let generated: Vec<Result<Vec<Vec<u8>>, EngineError>> = std::thread::scope(|s| {
-                let handles: Vec<_> = batch
-                    .iter()
-                    .map(|&e| {
-                        s.spawn(move || expert_parts(layout, opts.seed, e, opts.expert_format))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(EngineError::BadOptions {
-                                detail: "an expert generator thread panicked".into(),
-                            })
-                        })
-                    })
-                    .collect()
-            });
-            for (&e, parts) in batch.iter().zip(generated) {
-                for (p, bytes) in layout.parts.iter().zip(parts?) {
-                    writer.write_expert_part(layout.layer, e, &p.name, &bytes)?;
-                }
-                written += layout.stride;
-                progress(SynthEvent::Experts {
-                    bytes: written,
-                    total,
-                });
+        generate_experts(layout, opts, &mut |e, parts| {
+            for (p, bytes) in layout.parts.iter().zip(parts) {
+                writer.write_expert_part(layout.layer, e, &p.name, &bytes)?;
             }
-            first += batch.len();
-        }
+            written += layout.stride;
+            progress(SynthEvent::Experts {
+                bytes: written,
+                total,
+            });
+            Ok(())
+        })?;
     }
 
     let parts = ManifestParts {

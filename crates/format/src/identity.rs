@@ -15,6 +15,9 @@ pub struct Identity {
     pub hf_model_types: &'static [&'static str],
     /// GGUF `general.architecture` values.
     pub gguf_architectures: &'static [&'static str],
+    /// Layer tensors this family's GGUF files name differently from the
+    /// canonical names: `(canonical, gguf)` suffixes after `blk.{L}.`.
+    pub gguf_renames: &'static [(&'static str, &'static str)],
 }
 
 pub const IDENTITIES: [Identity; 9] = [
@@ -22,46 +25,56 @@ pub const IDENTITIES: [Identity; 9] = [
         family: Family::Llama,
         hf_model_types: &["llama", "mistral"],
         gguf_architectures: &["llama"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::Qwen2,
         hf_model_types: &["qwen2"],
         gguf_architectures: &["qwen2"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::Gemma3,
         hf_model_types: &["gemma3_text", "gemma3"],
         gguf_architectures: &["gemma3"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::MuseGlimmer,
         hf_model_types: &["muse_glimmer_text", "muse_glimmer"],
         gguf_architectures: &["muse_glimmer"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::Mixtral,
         hf_model_types: &["mixtral"],
         gguf_architectures: &[],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::Qwen3Moe,
         hf_model_types: &["qwen3_moe"],
         gguf_architectures: &["qwen3moe"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::GptOss,
         hf_model_types: &["gpt_oss"],
         gguf_architectures: &["gpt-oss"],
+        // llama.cpp's gpt-oss names the pre-FFN norm ATTN_POST_NORM.
+        gguf_renames: &[("ffn_norm.weight", "post_attention_norm.weight")],
     },
     Identity {
         family: Family::Gemma4,
         hf_model_types: &["gemma4_text", "gemma4"],
         gguf_architectures: &["gemma4"],
+        gguf_renames: &[],
     },
     Identity {
         family: Family::Glm4Moe,
         hf_model_types: &["glm4_moe"],
         gguf_architectures: &["glm4moe"],
+        gguf_renames: &[],
     },
 ];
 
@@ -83,6 +96,42 @@ pub fn family_for_gguf(architecture: &str, expert_count: u64) -> Option<Family> 
         .iter()
         .find(|i| i.gguf_architectures.contains(&architecture))
         .map(|i| i.family)
+}
+
+/// The canonical name of a tensor named `name` in a GGUF file of `family`.
+pub fn canonical_from_gguf(family: Family, name: &str) -> String {
+    rename_layer_tensor(family, name, |(canonical, gguf)| (gguf, canonical))
+}
+
+/// The name llama.cpp's converter gives the canonical tensor `name` in a
+/// GGUF file of `family`.
+pub fn gguf_from_canonical(family: Family, name: &str) -> String {
+    rename_layer_tensor(family, name, |pair| pair)
+}
+
+/// Applies the family's renames (`from` → `to`, as `direction` orders each
+/// pair) to the suffix of a `blk.{L}.` name.
+fn rename_layer_tensor(
+    family: Family,
+    name: &str,
+    direction: impl Fn((&'static str, &'static str)) -> (&'static str, &'static str),
+) -> String {
+    let renames = IDENTITIES
+        .iter()
+        .find(|i| i.family == family)
+        .map_or(&[][..], |i| i.gguf_renames);
+    if let Some((layer, tail)) = name
+        .strip_prefix("blk.")
+        .and_then(|rest| rest.split_once('.'))
+    {
+        for &pair in renames {
+            let (from, to) = direction(pair);
+            if tail == from {
+                return format!("blk.{layer}.{to}");
+            }
+        }
+    }
+    name.to_string()
 }
 
 /// Comma-separated list of accepted HF model types, for error messages.
@@ -108,6 +157,25 @@ pub fn supported_gguf_architectures() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpt_oss_gguf_names_its_ffn_norm_post_attention_norm() {
+        let gguf = gguf_from_canonical(Family::GptOss, "blk.3.ffn_norm.weight");
+        assert_eq!(gguf, "blk.3.post_attention_norm.weight");
+        assert_eq!(
+            canonical_from_gguf(Family::GptOss, &gguf),
+            "blk.3.ffn_norm.weight"
+        );
+        // Other families keep both names as they are.
+        for name in ["blk.3.ffn_norm.weight", "blk.3.post_attention_norm.weight"] {
+            assert_eq!(gguf_from_canonical(Family::Gemma3, name), name);
+            assert_eq!(canonical_from_gguf(Family::Gemma3, name), name);
+        }
+        assert_eq!(
+            gguf_from_canonical(Family::GptOss, "output.weight"),
+            "output.weight"
+        );
+    }
 
     #[test]
     fn every_family_has_an_hf_row_and_rows_do_not_overlap() {

@@ -1,12 +1,14 @@
-//! On-disk formats: readers for safetensors and GGUF, the identity table that
-//! maps source architectures onto families, [`ArchSpec`] builders, tensor
-//! roles, the install format, and the converter.
+//! On-disk formats: readers for safetensors and GGUF, a GGUF writer, the
+//! identity table that maps source architectures onto families,
+//! [`ArchSpec`] builders, tensor roles, the install format, and the
+//! converter.
 //!
 //! [`ArchSpec`]: turbospark_core::ArchSpec
 
 pub mod convert;
 pub mod error;
 pub mod gguf;
+pub mod gguf_writer;
 pub mod identity;
 pub mod install;
 pub mod roles;

@@ -178,6 +178,18 @@ pub fn expected_resident(spec: &ArchSpec) -> Vec<ExpectedTensor> {
     out
 }
 
+/// The routed-expert parts and the GGUF tensors that stack them over the
+/// experts of a layer (`blk.{L}.` + suffix, shape `[n_expert, ...part]`),
+/// as llama.cpp's converter writes them.
+pub const GGUF_EXPERT_STACKS: [(&str, &str); 6] = [
+    ("gate", "ffn_gate_exps.weight"),
+    ("up", "ffn_up_exps.weight"),
+    ("down", "ffn_down_exps.weight"),
+    ("gate.bias", "ffn_gate_exps.bias"),
+    ("up.bias", "ffn_up_exps.bias"),
+    ("down.bias", "ffn_down_exps.bias"),
+];
+
 /// Every routed-expert part the spec needs.
 pub fn expected_expert_parts(spec: &ArchSpec) -> Vec<ExpectedPart> {
     let Some(m) = &spec.moe else {

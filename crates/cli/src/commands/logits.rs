@@ -1,5 +1,5 @@
 //! `turbospark logits --model DIR --tokens 1,2,3 --out FILE.npy [--decode]
-//! [--numerics exact|llama-cpp] [expert options]`: raw logits `[n_tokens,
+//! [--numerics exact|llama-cpp|fast] [expert options]`: raw logits `[n_tokens,
 //! vocab]` of a token sequence as float32 NumPy, for comparison against
 //! reference implementations. The expert options (`--experts`,
 //! `--expert-slots`, `--expert-cache`, `--memory-budget`, `--direct-io`,
@@ -9,11 +9,11 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use turbospark_cpu::Numerics;
 use turbospark_engine::SessionOptions;
 
 use crate::experts::ExpertArgs;
 use crate::loading::open_model;
+use crate::numerics::{self, NumericsArg};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -32,35 +32,12 @@ pub struct Args {
     /// Compute threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Arithmetic: `exact` (dequantized weights, f32; matches HF
-    /// transformers; the default here, as `logits` is the parity tool),
-    /// `llama-cpp` (ggml's CPU arithmetic: 8-bit quantized activations,
-    /// integer block dots, f16 KV cache and attention operands; matches
-    /// llama.cpp's tokens) or `fast` (8-bit activations with f32 scales,
-    /// SIMD integer block dots, f32 attention; the default of the commands
-    /// that generate text).
-    #[arg(long, value_enum, default_value = "exact")]
+    /// Arithmetic: exact, llama-cpp or fast (--help says more). The
+    /// default here is `exact`: `logits` is the parity tool.
+    #[arg(long, value_enum, default_value = "exact", long_help = numerics::HELP)]
     pub numerics: NumericsArg,
     #[command(flatten)]
     pub experts: ExpertArgs,
-}
-
-/// `--numerics` values.
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum NumericsArg {
-    Exact,
-    LlamaCpp,
-    Fast,
-}
-
-impl From<NumericsArg> for Numerics {
-    fn from(a: NumericsArg) -> Numerics {
-        match a {
-            NumericsArg::Exact => Numerics::Exact,
-            NumericsArg::LlamaCpp => Numerics::LlamaCpp,
-            NumericsArg::Fast => Numerics::Fast,
-        }
-    }
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {

@@ -3,15 +3,24 @@
 //! model whose experts exceed memory. The defaults are gpt-oss-20b's
 //! dimensions (24 layers of 32 experts, top-4, hidden 2880: about 9.5 GiB
 //! of experts) with a smaller vocabulary.
+//!
+//! With `--gguf FILE` the weights are first written as a GGUF file that
+//! llama.cpp loads (`turbospark_engine::synthetic_gguf`), and the install
+//! is made from that file by `turbospark convert`'s converter, so llama.cpp
+//! and turbospark read the same bytes; the tensors are the ones synth
+//! writes without `--gguf` for the same options.
 
 use crate::progress::{human_bytes, Progress};
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 use turbospark_core::QuantFormat;
+use turbospark_engine::synthetic_gguf::write_synthetic_gguf;
 use turbospark_engine::synthetic_install::{write_synthetic_install, SynthEvent, SynthOptions};
+use turbospark_format::convert::{convert, ConvertEvent, ConvertOptions};
+use turbospark_format::install::Manifest;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -45,6 +54,11 @@ pub struct Args {
     /// uniform).
     #[arg(long, value_name = "S")]
     pub router_skew: Option<f64>,
+    /// Also write the weights as a GGUF file for llama.cpp (gpt-oss
+    /// architecture, MXFP4 experts, a minimal byte-level vocabulary), and
+    /// make the install by converting that file.
+    #[arg(long, value_name = "FILE.gguf")]
+    pub gguf: Option<PathBuf>,
     /// Generator threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -101,6 +115,60 @@ fn config(a: &Args) -> serde_json::Value {
     })
 }
 
+/// Runs a synthetic writer with progress bars for its phases.
+fn write_with_progress<T>(
+    a: &Args,
+    write: impl FnOnce(&mut dyn FnMut(SynthEvent)) -> Result<T>,
+) -> Result<T> {
+    let mut resident_bar: Option<Progress> = None;
+    let mut expert_bar: Option<Progress> = None;
+    let mut hash_bar: Option<Progress> = None;
+    let out = write(&mut |ev| match ev {
+        SynthEvent::Resident { done, total } => resident_bar
+            .get_or_insert_with(|| Progress::new("resident", total, 0, a.quiet))
+            .update(done, 0),
+        SynthEvent::Experts { bytes, total } => expert_bar
+            .get_or_insert_with(|| Progress::new("experts ", 0, total, a.quiet))
+            .update(0, bytes),
+        SynthEvent::Hashing { bytes, total } => hash_bar
+            .get_or_insert_with(|| Progress::new("sha256  ", 0, total, a.quiet))
+            .update(0, bytes),
+    })?;
+    for bar in [&mut resident_bar, &mut expert_bar, &mut hash_bar]
+        .into_iter()
+        .flatten()
+    {
+        bar.finish();
+    }
+    Ok(out)
+}
+
+/// Converts the synthetic GGUF into the install, with a progress bar.
+fn convert_with_progress(gguf: &std::path::Path, a: &Args) -> Result<Manifest> {
+    let mut bar: Option<Progress> = None;
+    let manifest = convert(
+        gguf,
+        &a.dst,
+        ConvertOptions { force: a.force },
+        &mut |ev| match ev {
+            ConvertEvent::Planned { tensors, bytes } => {
+                bar = Some(Progress::new("convert ", tensors, bytes, a.quiet));
+            }
+            ConvertEvent::Tensor { done, bytes_done } => {
+                if let Some(b) = bar.as_mut() {
+                    b.update(done, bytes_done);
+                }
+            }
+            ConvertEvent::Hashing { .. } => {}
+        },
+    )
+    .with_context(|| format!("converting {} into {}", gguf.display(), a.dst.display()))?;
+    if let Some(b) = bar.as_mut() {
+        b.finish();
+    }
+    Ok(manifest)
+}
+
 pub fn run(a: Args) -> Result<ExitCode> {
     let spec = turbospark_format::spec::hf::spec_from_hf_config(&config(&a))
         .context("the requested dimensions do not make a valid gpt-oss model")?;
@@ -116,27 +184,34 @@ pub fn run(a: Args) -> Result<ExitCode> {
         router_skew: a.router_skew.filter(|&s| s != 0.0),
     };
     let start = Instant::now();
-    let mut resident_bar: Option<Progress> = None;
-    let mut expert_bar: Option<Progress> = None;
-    let mut hash_bar: Option<Progress> = None;
-    let manifest = write_synthetic_install(&spec, &a.dst, &opts, &mut |ev| match ev {
-        SynthEvent::Resident { done, total } => resident_bar
-            .get_or_insert_with(|| Progress::new("resident", total, 0, a.quiet))
-            .update(done, 0),
-        SynthEvent::Experts { bytes, total } => expert_bar
-            .get_or_insert_with(|| Progress::new("experts ", 0, total, a.quiet))
-            .update(0, bytes),
-        SynthEvent::Hashing { bytes, total } => hash_bar
-            .get_or_insert_with(|| Progress::new("sha256  ", 0, total, a.quiet))
-            .update(0, bytes),
-    })
-    .with_context(|| format!("writing {}", a.dst.display()))?;
-    for bar in [&mut resident_bar, &mut expert_bar, &mut hash_bar]
-        .into_iter()
-        .flatten()
-    {
-        bar.finish();
-    }
+    let manifest = match &a.gguf {
+        None => write_with_progress(&a, |sink| {
+            write_synthetic_install(&spec, &a.dst, &opts, sink)
+                .with_context(|| format!("writing {}", a.dst.display()))
+        })?,
+        Some(gguf) => {
+            for path in [gguf, &a.dst] {
+                if path.exists() && !a.force {
+                    bail!(
+                        "{} already exists (use --force to replace it)",
+                        path.display()
+                    );
+                }
+            }
+            write_with_progress(&a, |sink| {
+                write_synthetic_gguf(&spec, gguf, &opts, sink)
+                    .with_context(|| format!("writing {}", gguf.display()))
+            })?;
+            if !a.quiet {
+                eprintln!(
+                    "wrote {}; converting it into {}",
+                    gguf.display(),
+                    a.dst.display()
+                );
+            }
+            convert_with_progress(gguf, &a)?
+        }
+    };
     if !a.quiet {
         eprintln!(
             "wrote {} (synthetic gpt_oss: {} resident, {} in {} expert files, stride {}) in {:.1}s",

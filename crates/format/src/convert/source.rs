@@ -4,11 +4,14 @@
 use super::hf_names::{map_hf_name, Target};
 use crate::error::{FormatError, IoContext};
 use crate::gguf::{GgufFile, GgufValue};
+use crate::identity::canonical_from_gguf;
 use crate::install::SourceInfo;
+use crate::roles::GGUF_EXPERT_STACKS;
 use crate::safetensors::{SafetensorsCheckpoint, StDtype};
 use crate::spec::gguf::{spec_from_gguf, GgufMeta};
 use crate::spec::hf::spec_from_hf_config;
 use std::path::{Path, PathBuf};
+use turbospark_core::arch::Family;
 use turbospark_core::{ArchSpec, QuantFormat};
 
 /// What kind of source a path is.
@@ -101,27 +104,23 @@ impl GgufMeta for GgufFile {
     }
 }
 
-/// GGUF tensor names are canonical already; routed experts are the
-/// `ffn_{gate,up,down}_exps` tensors stacked over experts.
-fn map_gguf_name(name: &str) -> Option<Target> {
+/// GGUF tensor names are canonical (but for the family's renames in the
+/// identity table); routed experts are the `ffn_{gate,up,down}_exps`
+/// tensors stacked over experts.
+fn map_gguf_name(family: Family, name: &str) -> Option<Target> {
     if name == "rope_freqs.weight" {
         return None;
     }
+    let name = canonical_from_gguf(family, name);
     let Some(rest) = name.strip_prefix("blk.") else {
-        return Some(Target::Resident(name.to_string()));
+        return Some(Target::Resident(name));
     };
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let part = match tail {
-        "ffn_gate_exps.weight" => "gate",
-        "ffn_up_exps.weight" => "up",
-        "ffn_down_exps.weight" => "down",
-        "ffn_gate_exps.bias" => "gate.bias",
-        "ffn_up_exps.bias" => "up.bias",
-        "ffn_down_exps.bias" => "down.bias",
-        _ => return Some(Target::Resident(name.to_string())),
-    };
-    Some(Target::ExpertStack { layer, part })
+    match GGUF_EXPERT_STACKS.iter().find(|(_, stack)| *stack == tail) {
+        Some(&(part, _)) => Some(Target::ExpertStack { layer, part }),
+        None => Some(Target::Resident(name.clone())),
+    }
 }
 
 impl Source {
@@ -188,7 +187,7 @@ impl Source {
 
     pub fn map_name(&self, spec: &ArchSpec, name: &str) -> Option<Target> {
         match self {
-            Source::Gguf(_) => map_gguf_name(name),
+            Source::Gguf(_) => map_gguf_name(spec.family, name),
             Source::Hf { .. } => map_hf_name(spec.family, name, spec.num_layers()),
         }
     }

@@ -1,5 +1,5 @@
-//! `turbospark bench --model DIR`: prefill and decode speed with streamed
-//! experts at several slot counts in one run (by default top_k, 2·top_k,
+//! `turbospark bench --sweep --model DIR`: prefill and decode speed with
+//! streamed experts at several slot counts in one run (by default top_k, 2·top_k,
 //! 4·top_k and every expert), with the decode phase's cache hit rate, read
 //! bandwidth and share of time spent waiting for expert reads, the engine's
 //! phases over the decode steps (attention, router, routed experts — reads
@@ -8,7 +8,7 @@
 //! resident weights + slots × stride × MoE layers + 300 MiB of scratch.
 //!
 //! Tokens are synthetic (a fixed pseudo-random prompt, then greedy
-//! decoding), so any install works, including `turbospark synth` ones.
+//! decoding), so any MoE install works, including `turbospark synth` ones.
 //! Without `--direct-io`, reads after the first configuration may come
 //! from the page cache.
 //!
@@ -18,12 +18,11 @@
 //! (the share of selections taken by each layer's most chosen top_k, 2·top_k
 //! and 4·top_k experts) and `--router-hist` writes it.
 
-use crate::experts::CacheArgs;
+use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
 use crate::loading::device;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 use turbospark_cpu::Numerics;
@@ -38,35 +37,6 @@ use turbospark_text::sampler::argmax;
 /// the weights and slots.
 const OVERHEAD: u64 = 300 << 20;
 
-#[derive(clap::Args)]
-pub struct Args {
-    /// The install directory.
-    #[arg(long)]
-    pub model: PathBuf,
-    /// Prompt tokens, run as one prefill.
-    #[arg(long, default_value_t = 16)]
-    pub prompt: usize,
-    /// Tokens decoded after the prompt.
-    #[arg(long, default_value_t = 16)]
-    pub generate: usize,
-    /// Slot counts to run, streamed: numbers, multiples of top_k (`k`,
-    /// `2k`, ...) or `all`.
-    #[arg(long, value_delimiter = ',', default_value = "k,2k,4k,all")]
-    pub slots: Vec<String>,
-    /// Also run with every expert memory-mapped, first, as a baseline.
-    #[arg(long)]
-    pub mapped: bool,
-    /// Compute threads (default: one per core).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    #[command(flatten)]
-    pub cache: CacheArgs,
-    /// Write the router's per-layer, per-expert selection counts (prefill
-    /// and decode) as JSON.
-    #[arg(long, value_name = "FILE.json")]
-    pub router_hist: Option<PathBuf>,
-}
-
 /// `k`, `2k`, `all`, or a number, for a model of `top_k` of `num_experts`.
 fn parse_slots(s: &str, top_k: usize, num_experts: usize) -> Result<usize> {
     let s = s.trim();
@@ -79,11 +49,6 @@ fn parse_slots(s: &str, top_k: usize, num_experts: usize) -> Result<usize> {
     }
     s.parse()
         .with_context(|| format!("--slots: `{s}` is not a number, `Nk` or `all`"))
-}
-
-fn peak_rss_reset() -> bool {
-    // "5" resets the peak resident set size to the current one (Linux ≥ 4.0).
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 struct Row {
@@ -103,8 +68,16 @@ struct Row {
     decode_phases: PhaseTimes,
 }
 
-fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
-    let model = Model::open(install, device(a.threads, Numerics::Exact)?, opts)?;
+/// The sweep's settings, from [`Args`].
+struct Sweep {
+    prompt: usize,
+    generate: usize,
+    threads: Option<usize>,
+    numerics: Numerics,
+}
+
+fn run_one(a: &Sweep, install: &Install, opts: &ExpertOptions) -> Result<Row> {
+    let model = Model::open(install, device(a.threads, a.numerics)?, opts)?;
     let plan = model.expert_store().plan().clone();
     let vocab = model.vocab_size();
     let prompt: Vec<u32> = (0..a.prompt)
@@ -153,18 +126,38 @@ fn run_one(a: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
     })
 }
 
-pub fn run(a: Args) -> Result<ExitCode> {
-    let install = Install::open(&a.model)?;
+pub fn run(args: &Args) -> Result<ExitCode> {
+    let install = Install::open(&args.model)?;
     let m = &install.manifest;
     let Some(moe) = m.arch.moe.as_ref() else {
-        bail!("{} has no routed experts to stream", a.model.display());
+        bail!(
+            "{} has no routed experts: the expert-slot sweep (--sweep, --slots, --prompt, \
+             --generate, --mapped) needs a MoE install; without those options bench measures \
+             speed",
+            args.model.display()
+        );
+    };
+    let a = Sweep {
+        prompt: args.prompt.unwrap_or(16),
+        generate: args.generate.unwrap_or(16),
+        threads: match args.threads.as_slice() {
+            [] => None,
+            [t] => Some(*t),
+            _ => bail!("the expert-slot sweep runs at one thread count; give one --threads"),
+        },
+        numerics: match args.numerics.as_slice() {
+            [n] => (*n).into(),
+            _ => bail!("the expert-slot sweep runs in one arithmetic; give one --numerics"),
+        },
     };
     if a.prompt == 0 {
         bail!("--prompt must be at least 1");
     }
+    let cache = &args.experts.cache;
+    let default_slots = ["k", "2k", "4k", "all"].map(String::from).to_vec();
     let (k, ne) = (moe.top_k, moe.num_experts);
     let mut counts = Vec::new();
-    for s in &a.slots {
+    for s in args.slots.as_ref().unwrap_or(&default_slots) {
         let n = parse_slots(s, k, ne)?;
         if !counts.contains(&n) {
             counts.push(n);
@@ -173,16 +166,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let stride = m.experts.first().map_or(0, |e| e.stride);
     println!(
         "bench {}: {} MoE layers × {} experts (top-{k}), stride {}, resident {}; prompt {}, generate {}; {} cache, {} reader threads{}",
-        a.model.display(),
+        args.model.display(),
         m.experts.len(),
         ne,
         human_bytes(stride),
         human_bytes(m.resident_bytes),
         a.prompt,
         a.generate,
-        a.cache.policy(),
-        a.cache.io_threads,
-        if a.cache.direct_io { ", direct I/O" } else { "" },
+        cache.policy(),
+        cache.io_threads,
+        if cache.direct_io { ", direct I/O" } else { "" },
     );
     println!(
         "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>8} {:>10} {:>10} {:>5}",
@@ -199,13 +192,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "ok"
     );
     let base = ExpertOptions {
-        policy: a.cache.policy(),
-        direct_io: a.cache.direct_io,
-        io_threads: a.cache.io_threads,
+        policy: cache.policy(),
+        direct_io: cache.direct_io,
+        io_threads: cache.io_threads,
         ..ExpertOptions::default()
     };
     let mut configs = Vec::new();
-    if a.mapped {
+    if args.mapped {
         configs.push(ExpertOptions {
             mode: ExpertMode::Mapped,
             ..base
@@ -265,7 +258,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             100.0 * (2.0 * k as f64 / ne as f64).min(1.0),
             100.0 * (4.0 * k as f64 / ne as f64).min(1.0),
         );
-        if let Some(path) = &a.router_hist {
+        if let Some(path) = &args.experts.router_hist {
             crate::experts::write_histogram(path, h)?;
         }
     }

@@ -1,0 +1,398 @@
+//! The speed tests of `turbospark bench`, with llama-bench's semantics
+//! (`tools/llama-bench/llama-bench.cpp`: `test_prompt`, `test_gen` and the
+//! repetition loop), so the two tools' numbers measure the same work:
+//!
+//! - `ppN`: one prefill of N random tokens into an empty KV cache, in the
+//!   engine's prefill chunks (`--prefill-chunk`), computing only the last
+//!   position's logits (llama-bench's batch asks for the last one only).
+//! - `tgN`: N single-token decode steps from an empty KV cache, each
+//!   computing that token's logits; the next token is random, not sampled.
+//! - A warm-up run first (the whole prefill; one decode step), then `-r`
+//!   timed repetitions, each from a cleared cache. Only the forward passes
+//!   are timed: the tokens are drawn before the clock starts and nothing is
+//!   tokenized or sampled.
+//! - Rates are tok/s per repetition; the report gives their mean and
+//!   sample standard deviation (llama-bench's `avg_ts` and `stddev_ts`),
+//!   and the peak resident set size (VmHWM, reset when the test starts, so
+//!   it covers the weights touched, the session and the run).
+//!
+//! Random tokens are uniform over the vocabulary from a fixed seed, as
+//! llama-bench's `std::rand() % n_vocab` (which also starts the prompt with
+//! BOS when the vocabulary adds one; a random id costs the same).
+
+use super::model_desc::ModelDesc;
+use super::{peak_rss_reset, Args};
+use crate::generate::peak_rss_bytes;
+use crate::loading::{device, Backend};
+use crate::progress::human_bytes;
+use anyhow::{bail, Context, Result};
+use serde_json::json;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+use turbospark_cpu::Numerics;
+use turbospark_engine::{Logits, Model, Session, SessionOptions};
+use turbospark_format::install::Install;
+
+/// The backend every row names (llama-bench's `backends` field).
+const BACKEND: &str = "CPU";
+
+/// One test: a prefill of `n_prompt` tokens or `n_gen` decode steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Test {
+    Prompt(usize),
+    Gen(usize),
+}
+
+impl Test {
+    /// llama-bench's name: `pp512`, `tg128`.
+    pub fn name(self) -> String {
+        match self {
+            Test::Prompt(n) => format!("pp{n}"),
+            Test::Gen(n) => format!("tg{n}"),
+        }
+    }
+
+    fn tokens(self) -> usize {
+        match self {
+            Test::Prompt(n) | Test::Gen(n) => n,
+        }
+    }
+
+    fn n_prompt(self) -> usize {
+        match self {
+            Test::Prompt(n) => n,
+            Test::Gen(_) => 0,
+        }
+    }
+
+    fn n_gen(self) -> usize {
+        match self {
+            Test::Gen(n) => n,
+            Test::Prompt(_) => 0,
+        }
+    }
+}
+
+/// The tests `-p` and `-n` ask for, prefills first (llama-bench's order);
+/// zeros are skipped.
+pub fn tests(n_prompt: &[usize], n_gen: &[usize]) -> Vec<Test> {
+    let pp = n_prompt
+        .iter()
+        .filter(|&&n| n > 0)
+        .map(|&n| Test::Prompt(n));
+    let tg = n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n));
+    pp.chain(tg).collect()
+}
+
+/// Uniform random token ids from a fixed seed (a 64-bit LCG, high bits).
+struct RandomTokens {
+    state: u64,
+    vocab: u64,
+}
+
+impl RandomTokens {
+    fn new(vocab: usize) -> Self {
+        RandomTokens {
+            state: 0x853C_49E6_748F_EA9B,
+            vocab: vocab as u64,
+        }
+    }
+
+    fn next(&mut self) -> u32 {
+        self.state = self
+            .state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((self.state >> 32) % self.vocab) as u32
+    }
+}
+
+/// Runs `test` once from an empty cache; returns the seconds its forward
+/// passes took. `steps` limits a decode test (the warm-up runs one).
+fn run_once(
+    session: &mut Session<'_, Backend>,
+    test: Test,
+    steps: usize,
+    random: &mut RandomTokens,
+    last: &mut [f32],
+) -> Result<f64> {
+    session.reset();
+    match test {
+        Test::Prompt(n) => {
+            let tokens: Vec<u32> = (0..n).map(|_| random.next()).collect();
+            let t = Instant::now();
+            session.forward(0, &tokens, Logits::Last(last))?;
+            Ok(t.elapsed().as_secs_f64())
+        }
+        Test::Gen(n) => {
+            let mut token = random.next();
+            let t = Instant::now();
+            for pos in 0..n.min(steps) {
+                session.decode(token, pos)?;
+                token = random.next();
+            }
+            Ok(t.elapsed().as_secs_f64())
+        }
+    }
+}
+
+/// The result of one test at one thread count and arithmetic.
+pub struct Measurement {
+    pub test: Test,
+    pub threads: usize,
+    pub numerics: Numerics,
+    /// tok/s of each repetition.
+    pub samples: Vec<f64>,
+    pub peak_rss: Option<u64>,
+}
+
+impl Measurement {
+    pub fn mean(&self) -> f64 {
+        self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
+    }
+
+    /// Sample standard deviation (n − 1); 0 for a single sample.
+    pub fn sd(&self) -> f64 {
+        let n = self.samples.len();
+        if n < 2 {
+            return 0.0;
+        }
+        let mean = self.mean();
+        let ss: f64 = self.samples.iter().map(|s| (s - mean).powi(2)).sum();
+        (ss / (n - 1) as f64).sqrt()
+    }
+}
+
+/// Measures `test` on `model`: a session sized for it, a warm-up, the
+/// repetitions.
+fn measure<'m>(
+    model: &'m Model<Backend>,
+    test: Test,
+    threads: usize,
+    numerics: Numerics,
+    a: &Args,
+) -> Result<(Measurement, Session<'m, Backend>)> {
+    let n = test.tokens();
+    let mut session = model.session(SessionOptions {
+        context: n,
+        max_batch: a.prefill_chunk.min(n),
+    })?;
+    let mut random = RandomTokens::new(model.vocab_size());
+    let mut last = vec![0f32; model.vocab_size()];
+    let reset = peak_rss_reset();
+    if !a.no_warmup {
+        run_once(
+            &mut session,
+            test,
+            1.max(test.n_prompt()),
+            &mut random,
+            &mut last,
+        )
+        .with_context(|| format!("warm-up of {}", test.name()))?;
+    }
+    let mut samples = Vec::with_capacity(a.repetitions);
+    for _ in 0..a.repetitions {
+        let secs = run_once(&mut session, test, n, &mut random, &mut last)
+            .with_context(|| format!("running {}", test.name()))?;
+        samples.push(n as f64 / secs);
+    }
+    let m = Measurement {
+        test,
+        threads,
+        numerics,
+        samples,
+        peak_rss: reset.then(peak_rss_bytes).flatten(),
+    };
+    Ok((m, session))
+}
+
+/// One JSON line (the fields llama-bench's `-o jsonl` has under their
+/// llama-bench names where they mean the same, plus ours).
+pub fn json_line(desc: &ModelDesc, m: &Measurement, a: &Args, experts: Option<&str>) -> String {
+    json!({
+        "model": desc.name,
+        "model_type": desc.kind,
+        "model_size": desc.bytes,
+        "model_n_params": desc.params,
+        "backend": BACKEND,
+        "threads": m.threads,
+        "numerics": m.numerics.name(),
+        "experts": experts,
+        "test": m.test.name(),
+        "n_prompt": m.test.n_prompt(),
+        "n_gen": m.test.n_gen(),
+        "prefill_chunk": a.prefill_chunk,
+        "repetitions": m.samples.len(),
+        "tok_per_s": m.mean(),
+        "sd": m.sd(),
+        "samples": m.samples,
+        "peak_rss_bytes": m.peak_rss,
+    })
+    .to_string()
+}
+
+const HEADER: [(&str, usize, bool); 9] = [
+    ("model", 30, false),
+    ("size", 10, true),
+    ("params", 10, true),
+    ("backend", 7, false),
+    ("threads", 7, true),
+    ("numerics", 9, false),
+    ("test", 13, true),
+    ("t/s", 20, true),
+    ("peak RSS", 10, true),
+];
+
+/// A markdown table row with the header's widths and alignments.
+fn table_row(cells: &[String]) -> String {
+    let mut line = String::from("|");
+    for (cell, &(_, width, right)) in cells.iter().zip(HEADER.iter()) {
+        if right {
+            line += &format!(" {cell:>width$} |");
+        } else {
+            line += &format!(" {cell:<width$} |");
+        }
+    }
+    line
+}
+
+/// The table's header and its alignment line.
+pub fn table_header() -> String {
+    let names: Vec<String> = HEADER.iter().map(|h| h.0.to_string()).collect();
+    let mut rule = String::from("|");
+    for &(_, width, right) in &HEADER {
+        let dashes = "-".repeat(width - usize::from(right));
+        rule += &format!(" {dashes}{} |", if right { ":" } else { "" });
+    }
+    format!("{}\n{rule}", table_row(&names))
+}
+
+/// `88.2 MiB`, `12.3 GiB`: llama-bench's size column.
+fn size_cell(bytes: u64) -> String {
+    let mib = bytes as f64 / (1u64 << 20) as f64;
+    if mib >= 1024.0 {
+        format!("{:.2} GiB", mib / 1024.0)
+    } else {
+        format!("{mib:.2} MiB")
+    }
+}
+
+/// `134.52 M`, `20.91 B`: llama-bench's params column.
+fn params_cell(params: u64) -> String {
+    let p = params as f64;
+    if p >= 1e9 {
+        format!("{:.2} B", p / 1e9)
+    } else {
+        format!("{:.2} M", p / 1e6)
+    }
+}
+
+pub fn table_line(desc: &ModelDesc, m: &Measurement) -> String {
+    table_row(&[
+        desc.kind.clone(),
+        size_cell(desc.bytes),
+        params_cell(desc.params),
+        BACKEND.to_string(),
+        m.threads.to_string(),
+        m.numerics.name().to_string(),
+        m.test.name(),
+        format!("{:.2} ± {:.2}", m.mean(), m.sd()),
+        m.peak_rss.map_or("-".into(), human_bytes),
+    ])
+}
+
+pub fn run(a: &Args) -> Result<ExitCode> {
+    let tests = tests(&a.n_prompt, &a.n_gen);
+    if tests.is_empty() {
+        bail!("nothing to run: every -p/--n-prompt and -n/--n-gen is 0");
+    }
+    if a.repetitions == 0 {
+        bail!("-r/--repetitions must be at least 1");
+    }
+    if a.prefill_chunk == 0 {
+        bail!("--prefill-chunk must be at least 1");
+    }
+    if a.threads.contains(&0) {
+        bail!("-t/--threads must be at least 1");
+    }
+    let install = Install::open(&a.model)?;
+    let desc = ModelDesc::of(&install);
+    let expert_opts = a.experts.options()?;
+    let threads = if a.threads.is_empty() {
+        vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
+    } else {
+        a.threads.clone()
+    };
+    let stdout = std::io::stdout();
+    if !a.json {
+        println!("{}", table_header());
+    }
+    for &t in &threads {
+        for &numerics in &a.numerics {
+            let model = Model::open(&install, device(Some(t), numerics.into())?, &expert_opts)
+                .with_context(|| format!("loading {}", a.model.display()))?;
+            let experts = model.spec().moe.is_some().then(|| {
+                let plan = model.expert_store().plan();
+                eprintln!("{plan}");
+                plan.residency.to_string()
+            });
+            for &test in &tests {
+                let (m, session) = measure(&model, test, t, numerics.into(), a)?;
+                let line = if a.json {
+                    json_line(&desc, &m, a, experts.as_deref())
+                } else {
+                    table_line(&desc, &m)
+                };
+                let mut out = stdout.lock();
+                writeln!(out, "{line}")?;
+                out.flush()?;
+                a.experts
+                    .report(session.expert_stats(), session.router_histogram())?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tests_skip_zeros_and_keep_llama_bench_order() {
+        assert_eq!(
+            tests(&[512, 0], &[0, 128, 16]),
+            [Test::Prompt(512), Test::Gen(128), Test::Gen(16)]
+        );
+        assert!(tests(&[0], &[0]).is_empty());
+        assert_eq!(Test::Prompt(512).name(), "pp512");
+        assert_eq!(Test::Gen(128).name(), "tg128");
+    }
+
+    #[test]
+    fn mean_and_sample_sd() {
+        let m = Measurement {
+            test: Test::Gen(1),
+            threads: 1,
+            numerics: Numerics::Fast,
+            samples: vec![2.0, 4.0, 6.0],
+            peak_rss: None,
+        };
+        assert_eq!(m.mean(), 4.0);
+        assert_eq!(m.sd(), 2.0);
+        let one = Measurement {
+            samples: vec![5.0],
+            ..m
+        };
+        assert_eq!(one.sd(), 0.0);
+    }
+
+    #[test]
+    fn random_tokens_stay_in_the_vocabulary() {
+        let mut r = RandomTokens::new(7);
+        let ids: Vec<u32> = (0..1000).map(|_| r.next()).collect();
+        assert!(ids.iter().all(|&t| t < 7));
+        assert!((0..7).all(|t| ids.contains(&t)));
+    }
+}

@@ -35,6 +35,7 @@
 #
 # Environment: TURBOSPARK_CACHE (default $HOME/.cache/turbospark),
 #              TURBOSPARK_BIN (default: cargo build --release, target/release/turbospark)
+#              LLAMA_BENCH (a llama-bench built elsewhere; default: scripts/llamacpp/build.sh)
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -98,10 +99,14 @@ fi
 [[ -x "$TS" ]] || die "no turbospark binary at $TS"
 TS_VERSION="$("$TS" --version)"
 
-declare -A TOOL=()
-while IFS=$'\t' read -r name path; do TOOL[$name]="$path"; done < <("$REPO/scripts/llamacpp/build.sh")
-LLAMA_BENCH="${TOOL[llama-bench]:-}"
-[[ -x "$LLAMA_BENCH" ]] || die "scripts/llamacpp/build.sh did not build llama-bench"
+if [[ -n "${LLAMA_BENCH:-}" ]]; then
+  [[ -x "$LLAMA_BENCH" ]] || die "LLAMA_BENCH=$LLAMA_BENCH is not an executable"
+else
+  declare -A TOOL=()
+  while IFS=$'\t' read -r name path; do TOOL[$name]="$path"; done < <("$REPO/scripts/llamacpp/build.sh")
+  LLAMA_BENCH="${TOOL[llama-bench]:-}"
+  [[ -x "$LLAMA_BENCH" ]] || die "scripts/llamacpp/build.sh did not build llama-bench"
+fi
 
 # --- models and installs -------------------------------------------------------------
 declare -A GGUF=()

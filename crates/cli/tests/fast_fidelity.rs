@@ -21,7 +21,7 @@ mod common;
 
 use common::{cache_dir, convert_to_temp};
 use std::path::{Path, PathBuf};
-use turbospark_cpu::{CpuBackend, Numerics};
+use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{Model, SessionOptions};
 use turbospark_format::install::Install;
 
@@ -31,7 +31,7 @@ const TEXT_TOKENS: usize = 256;
 
 /// `[n, vocab]` logits of one prefill of `tokens` in `numerics`.
 fn logits(install: &Install, numerics: Numerics, tokens: &[u32]) -> (usize, Vec<f32>) {
-    let backend = CpuBackend::with_available_threads()
+    let backend = CpuDevice::with_available_threads()
         .unwrap()
         .with_numerics(numerics);
     let model = Model::load(install, backend).unwrap();

@@ -349,6 +349,41 @@ impl Stream<CpuDevice> for CpuStream {
             sinks: sinks.map(|s| s.data.as_slice()),
         };
         let hd = p.head_dim;
+        if fast && kernels::attends_heads(isa, p) {
+            // Items of up to HEADS_PER_ITEM query heads sharing a KV head.
+            let group = p.n_heads / p.n_kv_heads;
+            let chunks = group.div_ceil(kernels::HEADS_PER_ITEM);
+            let items = p.n_tokens * p.n_kv_heads * chunks;
+            let need = kernels::HEADS_PER_ITEM * max_keys;
+            if threads[0].scores.len() < need {
+                return Err(BackendError::ScratchTooSmall {
+                    op: "attention",
+                    need,
+                    have: threads[0].scores.len(),
+                });
+            }
+            let out = DisjointMut::new(&mut out[..q_len]);
+            return parallel(
+                &self.pool,
+                threads,
+                p.n_tokens * p.n_heads * max_keys * hd * 2,
+                &|i, parts, s| {
+                    for item in split(items, parts, i) {
+                        let (t, rest) = (
+                            item / (p.n_kv_heads * chunks),
+                            item % (p.n_kv_heads * chunks),
+                        );
+                        let (kv, c) = (rest / chunks, rest % chunks);
+                        let h0 = kv * group + c * kernels::HEADS_PER_ITEM;
+                        let g = kernels::HEADS_PER_ITEM.min(group - c * kernels::HEADS_PER_ITEM);
+                        // SAFETY: items are split disjointly among parts and
+                        // each owns the outputs of its own `g` heads.
+                        let o = unsafe { out.range((t * p.n_heads + h0) * hd, g * hd) };
+                        kernels::attend_heads(isa, &inputs, t, h0, g, &mut s.scores, o);
+                    }
+                },
+            );
+        }
         let items = p.n_tokens * p.n_heads;
         let out = DisjointMut::new(&mut out[..q_len]);
         parallel(

@@ -1,14 +1,24 @@
-//! A small persistent thread pool: `run(f)` calls `f(i)` once for every
-//! thread index `i` in `0..threads()` (index 0 on the calling thread) and
-//! returns when all calls have finished.
+//! A small persistent thread pool: `run(chunks, f)` calls `f(thread,
+//! chunk)` once for every `chunk < chunks`, on the calling thread (thread
+//! index 0) and the pool's workers, and returns when all calls have
+//! finished.
 //!
-//! A decode step dispatches a few hundred short jobs, so dispatch latency
-//! matters as much as the jobs: workers spin on an atomic generation
-//! counter for a while after each job (about a millisecond) before they
-//! sleep on a condition variable, and the caller spins on the count of
-//! unfinished workers. Dispatch allocates nothing, which keeps the decode
-//! path allocation-free; spawning scoped threads per op would allocate on
-//! every call.
+//! Chunks are claimed from an atomic counter, so a thread that the
+//! operating system has descheduled (another process on the same cores)
+//! does not hold up the op: the threads that run take its chunks. The
+//! caller waits only for chunks already being computed. A decode step
+//! dispatches a few hundred short jobs, so dispatch latency matters as much
+//! as the jobs: workers spin on an atomic generation counter for a while
+//! after each job (about a millisecond) before they sleep on a condition
+//! variable. Dispatch allocates nothing, which keeps the decode path
+//! allocation-free.
+//!
+//! A worker takes part in a job only after registering in `active` and
+//! finding the job still open; `run` closes the job once every chunk is
+//! claimed, then waits for `active` to drain before the job's closure goes
+//! out of scope. With sequentially consistent orderings on `active` and
+//! `closed`, either the caller sees the worker's registration and waits
+//! for it, or the worker sees the job closed and never touches it.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -16,20 +26,24 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-type JobRef = &'static (dyn Fn(usize) + Sync);
+type JobRef = &'static (dyn Fn(usize, usize) + Sync);
 
 /// How long an idle worker, or a caller waiting for workers, spins before
 /// it sleeps (worker) or yields (caller).
 const SPIN: Duration = Duration::from_millis(1);
 
 struct Shared {
-    /// The current job; written only by `run` while no worker reads it
-    /// (before the generation bump that publishes it, after `pending`
-    /// reached 0).
+    /// The current job; written only by `run` while the job is closed and
+    /// no worker is active.
     job: UnsafeCell<Option<JobRef>>,
+    /// Chunks of the current job, and the next one to claim.
+    chunks: AtomicUsize,
+    next: AtomicUsize,
+    /// No new worker may join the current job.
+    closed: AtomicBool,
+    /// Workers registered in the current job.
+    active: AtomicUsize,
     generation: AtomicU64,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
     /// Workers blocked (or about to block) on `wake`.
     sleeping: AtomicUsize,
     shutdown: AtomicBool,
@@ -37,8 +51,9 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is only written by the dispatching thread while no worker
-// reads it (see the field's doc); everything else is atomic or locked.
+// SAFETY: `job` is only written by the dispatching thread while the job is
+// closed and no worker is active (see the module docs); everything else is
+// atomic or locked.
 unsafe impl Sync for Shared {}
 
 fn lock(m: &Mutex<()>) -> MutexGuard<'_, ()> {
@@ -60,6 +75,18 @@ fn spin_until(done: impl Fn() -> bool) {
     }
 }
 
+/// Claims and runs chunks of the current job until none is left.
+fn claim_chunks(sh: &Shared, job: &(dyn Fn(usize, usize) + Sync), thread: usize) {
+    let chunks = sh.chunks.load(Ordering::Acquire);
+    loop {
+        let c = sh.next.fetch_add(1, Ordering::AcqRel);
+        if c >= chunks {
+            return;
+        }
+        job(thread, c);
+    }
+}
+
 pub(crate) struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
@@ -72,8 +99,11 @@ impl Pool {
     pub(crate) fn new(threads: usize) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
+            chunks: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            closed: AtomicBool::new(true),
+            active: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
             sleep: Mutex::new(()),
@@ -106,53 +136,56 @@ impl Pool {
         self.workers.len() + 1
     }
 
-    /// Calls `f(i)` for every `i < threads()`, concurrently, and waits.
-    /// `f` must not call `run` itself.
-    pub(crate) fn run(&self, f: &(dyn Fn(usize) + Sync)) {
-        if self.workers.is_empty() {
-            f(0);
+    /// Calls `f(thread, chunk)` for every `chunk < chunks` on the pool's
+    /// threads (`thread < threads()`; one thread never runs two calls at
+    /// once) and waits. `f` must not call `run` itself.
+    pub(crate) fn run(&self, chunks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        if self.workers.is_empty() || chunks <= 1 {
+            (0..chunks).for_each(|c| f(0, c));
             return;
         }
         let _serial = lock(&self.dispatch);
         let sh = &*self.shared;
-        // SAFETY: the erased reference is only used by workers between the
-        // generation bump below and their `pending` decrement; `Wait` (also
-        // on unwind) spins until `pending` is 0 and clears the job before
-        // this function returns, so `f` outlives every use.
-        let job: JobRef = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), JobRef>(f) };
-        // SAFETY: no worker reads `job` now: the previous job's workers all
-        // finished (`pending` was 0) and the new generation is not yet
-        // published.
+        // SAFETY: the erased reference is only used by workers registered
+        // in `active` while the job is open; `Close` (also on unwind)
+        // closes the job and waits for `active` to drain before this
+        // function returns, so `f` outlives every use.
+        let job: JobRef =
+            unsafe { std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), JobRef>(f) };
+        // SAFETY: the previous job is closed and no worker is active in it
+        // (its `Close` waited), so no worker reads `job` now.
         unsafe { *sh.job.get() = Some(job) };
-        sh.pending.store(self.workers.len(), Ordering::SeqCst);
+        sh.chunks.store(chunks, Ordering::SeqCst);
+        sh.next.store(0, Ordering::SeqCst);
+        sh.closed.store(false, Ordering::SeqCst);
         sh.generation.fetch_add(1, Ordering::SeqCst);
         if sh.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = lock(&sh.sleep);
             sh.wake.notify_all();
         }
-        let _wait = Wait(sh);
-        f(0);
+        let _close = Close(sh);
+        claim_chunks(sh, f, 0);
     }
 }
 
-/// Waits for the workers of the current job and clears it.
-struct Wait<'a>(&'a Shared);
+/// Closes the current job and waits for the workers still in it.
+struct Close<'a>(&'a Shared);
 
-impl Drop for Wait<'_> {
+impl Drop for Close<'_> {
     fn drop(&mut self) {
-        spin_until(|| self.0.pending.load(Ordering::Acquire) == 0);
-        // SAFETY: every worker has finished the job; none reads it until
-        // the next generation.
+        self.0.closed.store(true, Ordering::SeqCst);
+        spin_until(|| self.0.active.load(Ordering::SeqCst) == 0);
+        // SAFETY: the job is closed and no worker is active in it.
         unsafe { *self.0.job.get() = None };
     }
 }
 
-/// Marks a worker's share of the job done, also if the job panicked.
-struct Finish<'a>(&'a Shared);
+/// Deregisters a worker from the current job, also if the job panicked.
+struct Leave<'a>(&'a Shared);
 
-impl Drop for Finish<'_> {
+impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        self.0.pending.fetch_sub(1, Ordering::Release);
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -189,13 +222,17 @@ fn worker(shared: &Shared, idx: usize) {
     let mut seen = 0u64;
     while let Some(g) = next_generation(shared, seen) {
         seen = g;
-        // SAFETY: `run` wrote the job before publishing generation `g`
-        // (acquired above) and clears it only after this worker's
-        // `Finish`.
+        shared.active.fetch_add(1, Ordering::SeqCst);
+        let _leave = Leave(shared);
+        if shared.closed.load(Ordering::SeqCst) {
+            continue;
+        }
+        // SAFETY: the job is open and this worker is registered, so `run`
+        // wrote it before opening the job and keeps it until `active`
+        // drains.
         let job = unsafe { *shared.job.get() };
         if let Some(job) = job {
-            let _finish = Finish(shared);
-            job(idx);
+            claim_chunks(shared, job, idx);
         }
     }
 }
@@ -231,10 +268,13 @@ mod tests {
     #[test]
     fn every_index_runs_once_per_call() {
         let pool = Pool::new(3).unwrap();
-        let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+        let hits: Vec<AtomicUsize> = (0..7).map(|_| AtomicUsize::new(0)).collect();
+        let busy: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
         for _ in 0..50 {
-            pool.run(&|i| {
-                hits[i].fetch_add(1, Ordering::Relaxed);
+            pool.run(7, &|thread, chunk| {
+                assert_eq!(busy[thread].fetch_add(1, Ordering::SeqCst), 0);
+                hits[chunk].fetch_add(1, Ordering::Relaxed);
+                busy[thread].fetch_sub(1, Ordering::SeqCst);
             });
         }
         for h in &hits {

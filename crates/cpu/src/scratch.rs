@@ -75,7 +75,16 @@ impl StreamScratch {
             .map(|_| {
                 let mut s = ThreadScratch {
                     tile: vec![0.0; TILE * cols],
-                    scores: vec![0.0; limits.max_keys],
+                    // Fast numerics attends several heads per item.
+                    scores: vec![
+                        0.0;
+                        limits.max_keys
+                            * if fast {
+                                crate::kernels::HEADS_PER_ITEM
+                            } else {
+                                1
+                            }
+                    ],
                     trig: vec![0.0; limits.max_head_dim],
                     ..ThreadScratch::default()
                 };

@@ -34,24 +34,29 @@ pub struct CpuStream {
     pub(crate) scratch: StreamScratch,
 }
 
-/// Runs `f(part, parts, scratch)` over the pool when `work` is large
-/// enough, else `f(0, 1, ..)` on the caller; then returns the first error a
-/// part recorded in its scratch.
+/// Parts per pool thread an op is cut into: threads claim parts as they
+/// come free, so a descheduled thread costs at most a part's latency.
+const PARTS_PER_THREAD: usize = 4;
+
+/// Runs `f(part, parts, scratch)` for every part over the pool when `work`
+/// is large enough (each call with the scratch of the thread running it),
+/// else `f(0, 1, ..)` on the caller; then returns the first error a part
+/// recorded in its scratch.
 pub(crate) fn parallel(
     pool: &Pool,
     threads: &mut [ThreadScratch],
     work: usize,
     f: &(dyn Fn(usize, usize, &mut ThreadScratch) + Sync),
 ) -> Result<(), BackendError> {
-    let parts = pool.threads().min(threads.len());
-    if parts > 1 && work >= PARALLEL_MIN_WORK {
-        let per = PerThread::new(&mut threads[..parts]);
-        pool.run(&|i| {
-            if i < parts {
-                // SAFETY: the pool calls this closure once per thread index
-                // `i`, so each element is borrowed by one thread only.
-                f(i, parts, unsafe { per.get(i) });
-            }
+    let n_threads = pool.threads();
+    if n_threads > 1 && threads.len() >= n_threads && work >= PARALLEL_MIN_WORK {
+        let parts = n_threads * PARTS_PER_THREAD;
+        let per = PerThread::new(&mut threads[..n_threads]);
+        pool.run(parts, &|thread, part| {
+            // SAFETY: a pool thread runs one call at a time and only ever
+            // gets its own index `thread < n_threads`, so each element is
+            // borrowed by one call at a time.
+            f(part, parts, unsafe { per.get(thread) });
         });
     } else if let Some(s) = threads.first_mut() {
         f(0, 1, s);

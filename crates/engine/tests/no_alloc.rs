@@ -7,11 +7,12 @@
 
 mod common;
 
-use common::{model, spec, tokens, TempInstall, MOE_FAMILIES};
+use common::{model_as, spec, tokens, TempInstall, MOE_FAMILIES};
 use serde_json::json;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use turbospark_cpu::CpuDevice;
+use turbospark_core::QuantFormat;
+use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{ExpertOptions, Model, SessionOptions};
 
 struct Counting;
@@ -59,12 +60,20 @@ fn decode_does_not_allocate() {
         ("vocab_size", json!(1024)),
         ("intermediate_size", json!(256)),
     ];
-    for family in ["gpt_oss", "muse_glimmer", "glm4_moe", "gemma3", "gemma4"] {
+    // Exact f32, and the fast kernels on repacked Q8_0 weights.
+    let modes = [
+        (QuantFormat::F32, Numerics::Exact),
+        (QuantFormat::Q8_0, Numerics::Fast),
+    ];
+    for (family, (format, numerics)) in ["gpt_oss", "muse_glimmer", "glm4_moe", "gemma3", "gemma4"]
+        .into_iter()
+        .flat_map(|f| modes.map(|m| (f, m)))
+    {
         let Some(spec) = spec(family, &resize) else {
             println!("skipped {family}: fixture absent");
             continue;
         };
-        let m = model(&spec, 2);
+        let m = model_as(&spec, 2, format, numerics);
         let toks = tokens(12, spec.vocab_size);
         let mut s = m
             .session(SessionOptions {
@@ -84,9 +93,9 @@ fn decode_does_not_allocate() {
         assert!(checksum.is_finite());
         assert_eq!(
             during, 0,
-            "{family}: {during} allocations while decoding 10 tokens"
+            "{family} ({format}, {numerics}): {during} allocations while decoding 10 tokens"
         );
-        println!("{family}: 0 allocations over 10 decoded tokens");
+        println!("{family} ({format}, {numerics}): 0 allocations over 10 decoded tokens");
     }
 
     // One test function: the counter is global and tests run in parallel.

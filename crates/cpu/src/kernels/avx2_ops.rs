@@ -273,6 +273,122 @@ pub(crate) unsafe fn attend(
     }
 }
 
+/// Query heads `h0 .. h0 + g` (`g ≤ 4`, sharing one KV head) of token `t`:
+/// the math of [`attend`], with each key and value row loaded once for the
+/// `g` heads. `scores` holds `g` rows of the query's key count; `out` is
+/// the `g · head_dim` outputs of those heads.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the inputs were checked as for `attend`,
+/// `head_dim` is a multiple of 8, the heads share a KV head, and `scores`
+/// holds `g` times the keys the token sees.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn attend_heads(
+    inp: &AttentionInputs<'_>,
+    t: usize,
+    h0: usize,
+    g: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    const G: usize = 4;
+    let p = inp.params;
+    let hd = p.head_dim;
+    let row = p.n_kv_heads * hd;
+    let kv_head = h0 / (p.n_heads / p.n_kv_heads);
+    let pos = p.first_pos + t;
+    let lo = first_key(pos, p.window);
+    let n = pos - lo + 1;
+    let at = |j: usize| (j % p.capacity) * row + kv_head * hd;
+    let q: [*const f32; G] =
+        std::array::from_fn(|i| inp.q[(t * p.n_heads + h0 + i.min(g - 1)) * hd..].as_ptr());
+    let (k_cache, v_cache) = (inp.k_cache.as_ptr(), inp.v_cache.as_ptr());
+    for (idx, j) in (lo..=pos).enumerate() {
+        let mut acc = [_mm256_setzero_ps(); G];
+        // SAFETY: row `at(j)` holds `hd` floats of the checked cache; each
+        // query head holds `hd` floats.
+        unsafe {
+            let k = k_cache.add(at(j));
+            for d in (0..hd).step_by(8) {
+                let kv = _mm256_loadu_ps(k.add(d));
+                for i in 0..G {
+                    acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i].add(d)), kv, acc[i]);
+                }
+            }
+        }
+        for i in 0..g {
+            scores[i * n + idx] = hsum(acc[i]) * p.scale;
+        }
+    }
+    let mut inv = [0f32; G];
+    for i in 0..g {
+        let s = &mut scores[i * n..(i + 1) * n];
+        let sink = inp.sinks.map(|sk| sk[h0 + i]);
+        let mut max = sink.unwrap_or(f32::NEG_INFINITY);
+        for v in s.iter_mut() {
+            if let Some(c) = p.softcap {
+                *v = (*v / c).tanh() * c;
+            }
+            max = max.max(*v);
+        }
+        let body = n - n % 8;
+        let mx = _mm256_set1_ps(max);
+        let mut sum = _mm256_setzero_ps();
+        let sp = s.as_mut_ptr();
+        for x in (0..body).step_by(8) {
+            // SAFETY: `x + 8 ≤ n`.
+            unsafe {
+                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(x)), mx));
+                sum = _mm256_add_ps(sum, e);
+                _mm256_storeu_ps(sp.add(x), e);
+            }
+        }
+        let mut denom = hsum(sum);
+        for v in &mut s[body..] {
+            *v = (*v - max).exp();
+            denom += *v;
+        }
+        if let Some(sink) = sink {
+            denom += (sink - max).exp();
+        }
+        inv[i] = 1.0 / denom;
+    }
+    let o = out.as_mut_ptr();
+    let mut d0 = 0;
+    while d0 < hd {
+        let width = (hd - d0).min(16);
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for (idx, j) in (lo..=pos).enumerate() {
+            // SAFETY: dims `d0 .. d0 + width` of row `at(j)`.
+            unsafe {
+                let v = v_cache.add(at(j) + d0);
+                let v0 = _mm256_loadu_ps(v);
+                let v1 = if width > 8 {
+                    _mm256_loadu_ps(v.add(8))
+                } else {
+                    v0
+                };
+                for i in 0..g {
+                    let w = _mm256_set1_ps(*scores.get_unchecked(i * n + idx));
+                    acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
+                    acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
+                }
+            }
+        }
+        for i in 0..g {
+            let iv = _mm256_set1_ps(inv[i]);
+            // SAFETY: head `i`'s dims `d0 .. d0 + width` lie in `out`.
+            unsafe {
+                _mm256_storeu_ps(o.add(i * hd + d0), _mm256_mul_ps(acc[i][0], iv));
+                if width > 8 {
+                    _mm256_storeu_ps(o.add(i * hd + d0 + 8), _mm256_mul_ps(acc[i][1], iv));
+                }
+            }
+        }
+        d0 += width;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +484,7 @@ mod tests {
             return;
         }
         let (n_heads, n_kv_heads, head_dim) = (6, 2, 40);
+        // head_dim 40: a 16-wide value pass and an 8-wide tail.
         for (window, sinks, softcap, capacity, first_pos, n_tokens) in [
             (None, false, None, 64, 0, 13),
             (Some(7), true, None, 16, 30, 5),
@@ -396,15 +513,28 @@ mod tests {
                 params: &p,
                 sinks: sinks.then_some(s.as_slice()),
             };
-            let mut scores = vec![0f32; first_pos + n_tokens];
+            let mut scores = vec![0f32; 4 * (first_pos + n_tokens)];
+            let group = n_heads / n_kv_heads;
             for t in 0..n_tokens {
+                let mut want = vec![0f32; n_heads * head_dim];
                 for h in 0..n_heads {
-                    let (mut want, mut got) = (vec![0f32; head_dim], vec![0f32; head_dim]);
-                    inputs.attend(t, h, &mut scores, &mut want);
+                    let (mut got, w) =
+                        (vec![0f32; head_dim], &mut want[h * head_dim..][..head_dim]);
+                    inputs.attend(t, h, &mut scores, w);
                     // SAFETY: AVX2 and FMA checked above; head_dim % 8 == 0.
                     unsafe { attend(&inputs, t, h, &mut scores, &mut got) };
-                    for (w, g) in want.iter().zip(&got) {
+                    for (w, g) in w.iter().zip(&got) {
                         assert!((w - g).abs() <= 1e-5, "t={t} h={h}: {g} vs {w}");
+                    }
+                }
+                // Heads in chunks of at most 4 sharing a KV head (2 + 1).
+                for (h0, g) in [(0, 2), (2, 1), (3, 2), (5, 1)] {
+                    assert!(h0 / group == (h0 + g - 1) / group);
+                    let mut got = vec![0f32; g * head_dim];
+                    // SAFETY: as above; the heads share a KV head.
+                    unsafe { attend_heads(&inputs, t, h0, g, &mut scores, &mut got) };
+                    for (w, g) in want[h0 * head_dim..].iter().zip(&got) {
+                        assert!((w - g).abs() <= 1e-5, "t={t} h0={h0}: {g} vs {w}");
                     }
                 }
             }

@@ -188,6 +188,42 @@ pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
     }
 }
 
+/// Query heads attended together (sharing each key and value load) by
+/// [`attend_heads`].
+pub(crate) const HEADS_PER_ITEM: usize = 4;
+
+/// Whether [`attend_heads`] runs on `isa` for these parameters: batches
+/// (prefill) of heads whose width is a multiple of 8. Single tokens keep
+/// one head per item, which splits better between threads.
+pub(crate) fn attends_heads(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
+    isa == Isa::Avx2 && p.head_dim % 8 == 0 && p.n_tokens > 1
+}
+
+/// Query heads `h0 .. h0 + g` (`g ≤` [`HEADS_PER_ITEM`], one KV head) of
+/// token `t`, when [`attends_heads`] holds; `scores` holds `g` times the
+/// token's key count.
+pub(crate) fn attend_heads(
+    isa: Isa,
+    inputs: &crate::attention::AttentionInputs<'_>,
+    t: usize,
+    h0: usize,
+    g: usize,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if attends_heads(isa, inputs.params) {
+        // SAFETY: `attends_heads` checked the CPU features and the head
+        // width; the caller checked the buffers and the head group.
+        unsafe { avx2_ops::attend_heads(inputs, t, h0, g, scores, out) };
+        return;
+    }
+    let hd = inputs.params.head_dim;
+    for (i, o) in out.chunks_exact_mut(hd).take(g).enumerate() {
+        attend(isa, inputs, t, h0 + i, scores, o);
+    }
+}
+
 /// Computes output rows `rows` of `w` for `n` tokens whose activations are
 /// `acts` into `out` (`[n, w.rows]`).
 ///

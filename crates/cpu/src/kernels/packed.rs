@@ -157,29 +157,27 @@ impl Packed {
                         }
                         _ => scales[2 * r..2 * r + 2].copy_from_slice(&src[0..2]),
                     }
-                    if format == QuantFormat::Mxfp4 {
-                        // Keep the nibble index; the kernel looks it up.
-                        for j in 0..16 {
-                            u[j] = (src[1 + j] & 0x0F) as i32;
-                            u[j + 16] = (src[1 + j] >> 4) as i32;
+                    // Nibble formats and Q8_0 store their codes in the
+                    // order the packing wants within each 4-byte word
+                    // (nibble `j` low, `j + 16` high): a word copy.
+                    let qs_at = match format {
+                        QuantFormat::Q4_0 | QuantFormat::Q8_0 => Some(2),
+                        QuantFormat::Q4_1 => Some(4),
+                        QuantFormat::Mxfp4 => Some(1),
+                        _ => None,
+                    };
+                    if let Some(o) = qs_at {
+                        let words = if format == QuantFormat::Q8_0 { 8 } else { 4 };
+                        for k in 0..words {
+                            codes_out[32 * k + 4 * r..32 * k + 4 * r + 4]
+                                .copy_from_slice(&src[o + 4 * k..o + 4 * k + 4]);
                         }
-                    } else {
-                        legacy_block(format, src, &mut u);
+                        continue;
                     }
+                    legacy_block(format, src, &mut u);
                     for k in 0..8 {
                         for i in 0..4 {
-                            let v = u[4 * k + i] as u8;
-                            match codes(format) {
-                                Some(Codes::Nibbles) => {
-                                    let byte = &mut codes_out[32 * (k % 4) + 4 * r + i];
-                                    if k < 4 {
-                                        *byte = (*byte & 0xF0) | v;
-                                    } else {
-                                        *byte = (*byte & 0x0F) | (v << 4);
-                                    }
-                                }
-                                _ => codes_out[32 * k + 4 * r + i] = v,
-                            }
+                            codes_out[32 * k + 4 * r + i] = u[4 * k + i] as u8;
                         }
                     }
                 }

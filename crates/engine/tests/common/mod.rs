@@ -42,8 +42,25 @@ pub fn spec(family: &str, overrides: &[(&str, Value)]) -> Option<ArchSpec> {
 
 /// A model of random weights for `spec` on a CPU backend of `threads`.
 pub fn model(spec: &ArchSpec, threads: usize) -> Model<CpuDevice> {
-    let src = SyntheticSource::new(spec, 0xC0FFEE, turbospark_core::QuantFormat::F32).unwrap();
-    Model::from_source(spec.clone(), &src, CpuDevice::new(threads).unwrap()).unwrap()
+    model_as(
+        spec,
+        threads,
+        turbospark_core::QuantFormat::F32,
+        turbospark_cpu::Numerics::Exact,
+    )
+}
+
+/// As [`model`], matrices stored as `format`, computed in `numerics`.
+#[allow(dead_code)]
+pub fn model_as(
+    spec: &ArchSpec,
+    threads: usize,
+    format: turbospark_core::QuantFormat,
+    numerics: turbospark_cpu::Numerics,
+) -> Model<CpuDevice> {
+    let src = SyntheticSource::new(spec, 0xC0FFEE, format).unwrap();
+    let device = CpuDevice::new(threads).unwrap().with_numerics(numerics);
+    Model::from_source(spec.clone(), &src, device).unwrap()
 }
 
 /// Deterministic token ids below `vocab`.

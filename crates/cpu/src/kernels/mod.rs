@@ -155,9 +155,14 @@ pub(crate) fn attend(
     }
 }
 
+/// Whether `isa` has kernels for repacked weights.
+pub(crate) fn packs(isa: Isa) -> bool {
+    isa == Isa::Avx2
+}
+
 /// The repacked form of `w` the kernels of `isa` use, if any.
 pub(crate) fn pack(isa: Isa, w: &CpuMatrix) -> Option<Packed> {
-    if isa != Isa::Avx2 {
+    if !packs(isa) {
         return None;
     }
     let mut p = Packed::for_shape(w.format, w.rows, w.cols)?;

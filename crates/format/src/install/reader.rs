@@ -188,6 +188,21 @@ impl Install {
         self.resident.clone()
     }
 
+    /// Drops the pages of `resident.bin`'s memory map from this process's
+    /// resident set (they stay in the page cache, and a later read maps
+    /// them again). For callers that copied the weights they need, so that
+    /// the mapping no longer counts twice in the memory a process holds.
+    pub fn release_resident_pages(&self) -> std::io::Result<()> {
+        match &self.resident {
+            // SAFETY: the map is a read-only private file mapping, so
+            // dropping its pages loses nothing: any later access reads the
+            // same bytes from the file again. No reference into the map is
+            // invalidated (the addresses stay mapped).
+            Some(map) => unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) },
+            None => Ok(()),
+        }
+    }
+
     /// Path of a layer's expert file.
     pub fn expert_path(&self, layer: &ExpertLayer) -> PathBuf {
         self.dir.join(&layer.file)

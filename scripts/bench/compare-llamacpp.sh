@@ -86,6 +86,9 @@ fi
 mkdir -p "$RAW_DIR" "$INSTALLS"
 
 # --- tools -------------------------------------------------------------------
+# The commit the binary is built from (the tree may change while this runs).
+commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+dirty="$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | head -1)"
 if [[ -n "${TURBOSPARK_BIN:-}" ]]; then
   TS="$TURBOSPARK_BIN"
 else
@@ -167,8 +170,6 @@ for m in "${MODELS[@]}"; do
 done
 
 # --- report --------------------------------------------------------------------------------------
-commit="$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-dirty="$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | head -1)"
 cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 python3 - "$RAW_DIR" "$THREADS" "$ROUNDS" "$cpu" "$(nproc)" "$(date -u +%Y-%m-%dT%H:%MZ)" \
   "$commit${dirty:+ (modified)}" "${MODELS[@]}" <<'EOF'

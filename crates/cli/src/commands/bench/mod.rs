@@ -21,6 +21,7 @@ use crate::numerics::{self, NumericsArg};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use turbospark_engine::SessionOptions;
 
 #[derive(clap::Args)]
 #[command(
@@ -64,8 +65,9 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "fast", long_help = numerics::HELP)]
     pub numerics: Vec<NumericsArg>,
     /// Most tokens one batched prefill pass processes (the engine's prefill
-    /// chunk; llama-bench's counterpart is its micro-batch, `-ub`).
-    #[arg(long, default_value_t = 64)]
+    /// chunk, by default the engine's; llama-bench's counterpart is its
+    /// micro-batch, `-ub`).
+    #[arg(long, default_value_t = SessionOptions::new(1).max_batch)]
     pub prefill_chunk: usize,
     /// Skip the warm-up run before each test's repetitions.
     #[arg(long)]

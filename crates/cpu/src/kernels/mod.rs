@@ -389,7 +389,9 @@ mod tests {
                     let v = 0.002 + (next() % 100) as f32 * 1e-4;
                     match format {
                         QuantFormat::Q6K => blk[208..210].copy_from_slice(&half(v)),
-                        QuantFormat::Mxfp4 => blk[0] = 120 + (next() % 8) as u8,
+                        QuantFormat::Mxfp4 => {
+                            blk[0] = [118, 120, 121, 123, 125, 127, 128, 130][(next() % 8) as usize]
+                        }
                         QuantFormat::Q4_1
                         | QuantFormat::Q5_1
                         | QuantFormat::Q4K

@@ -203,6 +203,26 @@ impl Install {
         }
     }
 
+    /// As [`Install::release_resident_pages`], for the whole pages inside
+    /// bytes `offset .. offset + len` of `resident.bin` only (pages shared
+    /// with neighbouring tensors stay).
+    pub fn release_resident_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let Some(map) = &self.resident else {
+            return Ok(());
+        };
+        const PAGE: usize = 4096;
+        let end = offset.saturating_add(len).min(map.len()) / PAGE * PAGE;
+        let start = offset.next_multiple_of(PAGE);
+        if start >= end {
+            return Ok(());
+        }
+        // SAFETY: as in `release_resident_pages`; the range lies inside the
+        // map (clamped above).
+        unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        }
+    }
+
     /// Path of a layer's expert file.
     pub fn expert_path(&self, layer: &ExpertLayer) -> PathBuf {
         self.dir.join(&layer.file)

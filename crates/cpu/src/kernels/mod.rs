@@ -11,9 +11,10 @@
 //! or four rows against one token (decode).
 //!
 //! One kernel set per instruction set — [`scalar`] (portable, and the
-//! reference the others are tested against) and `avx2*` (x86-64 AVX2 + FMA
-//! + F16C: matmul on the original and on the packed layout, attention,
-//! GLU, RMS norm) — chosen once when the device is built ([`Isa::detect`]).
+//! reference the others are tested against) and `avx2*` (x86-64 with AVX2,
+//! FMA and F16C: matmul on the original and on the packed layout,
+//! attention, GLU, RMS norm) — chosen once when the device is built
+//! ([`Isa::detect`]).
 //!
 //! Work is split over the pool by output rows (whole groups of eight for a
 //! packed matrix). A row's result does not depend on the thread count, the

@@ -104,6 +104,15 @@ pub trait Device: Send + Sync + Sized {
     /// The element type this device keeps its KV cache in.
     fn kv_dtype(&self) -> DType;
 
+    /// Whether uploaded matrices keep their own copy of the weights, so
+    /// that the host pages they were uploaded from (a memory map of the
+    /// install) are no longer read after loading, except for embedding
+    /// rows. A device memory upload does; the CPU does where it repacks
+    /// weights for its kernels.
+    fn copies_weights(&self) -> bool {
+        false
+    }
+
     /// Uploads a 2-D tensor `[out, in]`.
     fn upload_matrix(&self, t: &HostTensor) -> Result<Self::Matrix, BackendError>;
     /// Uploads a 1-D tensor, widened to f32.

@@ -81,12 +81,57 @@ impl CpuDevice {
         })
     }
 
+    /// Checks and wraps a 2-D tensor; with `pack`, also repacks it for the
+    /// fast kernels (where the instruction set has packed kernels).
+    fn matrix(&self, t: &HostTensor, pack: bool) -> Result<CpuMatrix, BackendError> {
+        let &[rows, cols] = t.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: t.name.clone(),
+                expected: 2,
+                shape: t.shape.clone(),
+            });
+        };
+        let quant = |source| BackendError::Quant {
+            name: t.name.clone(),
+            source,
+        };
+        let rb = row_bytes(t.format, cols).map_err(quant)?;
+        let total = rows.checked_mul(rb);
+        if total != Some(t.bytes.len()) {
+            return Err(quant(turbospark_core::quant::QuantError::LengthMismatch {
+                format: t.format,
+                elements: rows.saturating_mul(cols),
+                expected_bytes: total.unwrap_or(usize::MAX),
+                got_bytes: t.bytes.len(),
+            }));
+        }
+        self.needs().record(t.format, cols);
+        let mut m = CpuMatrix {
+            name: t.name.clone(),
+            format: t.format,
+            rows,
+            cols,
+            row_bytes: rb,
+            bytes: t.bytes.clone(),
+            packed: None,
+        };
+        if pack {
+            m.packed = kernels::pack(self.isa, &m).map(Arc::new);
+        }
+        Ok(m)
+    }
+
+    /// A bank's experts are never repacked: a streamed bank's repacked
+    /// slots would sit beside the bytes the expert store reads into (twice
+    /// the slot cache's memory bound), a mapped bank would be copied out of
+    /// its mapping, and resident, mapped and streamed experts must compute
+    /// the same bits, so all take the kernels on the original layout.
     fn upload_expert(&self, e: &ExpertTensors) -> Result<CpuExpert, BackendError> {
         let vector = |t: &Option<HostTensor>| t.as_ref().map(|t| self.upload_vector(t)).transpose();
         Ok(CpuExpert {
-            gate: self.upload_matrix(&e.gate)?,
-            up: self.upload_matrix(&e.up)?,
-            down: self.upload_matrix(&e.down)?,
+            gate: self.matrix(&e.gate, false)?,
+            up: self.matrix(&e.up, false)?,
+            down: self.matrix(&e.down, false)?,
             gate_bias: vector(&e.gate_bias)?,
             up_bias: vector(&e.up_bias)?,
             down_bias: vector(&e.down_bias)?,
@@ -183,42 +228,12 @@ impl Device for CpuDevice {
         DType::F32
     }
 
+    fn copies_weights(&self) -> bool {
+        self.numerics == Numerics::Fast && kernels::packs(self.isa)
+    }
+
     fn upload_matrix(&self, t: &HostTensor) -> Result<CpuMatrix, BackendError> {
-        let &[rows, cols] = t.shape.as_slice() else {
-            return Err(BackendError::Rank {
-                name: t.name.clone(),
-                expected: 2,
-                shape: t.shape.clone(),
-            });
-        };
-        let quant = |source| BackendError::Quant {
-            name: t.name.clone(),
-            source,
-        };
-        let rb = row_bytes(t.format, cols).map_err(quant)?;
-        let total = rows.checked_mul(rb);
-        if total != Some(t.bytes.len()) {
-            return Err(quant(turbospark_core::quant::QuantError::LengthMismatch {
-                format: t.format,
-                elements: rows.saturating_mul(cols),
-                expected_bytes: total.unwrap_or(usize::MAX),
-                got_bytes: t.bytes.len(),
-            }));
-        }
-        self.needs().record(t.format, cols);
-        let mut m = CpuMatrix {
-            name: t.name.clone(),
-            format: t.format,
-            rows,
-            cols,
-            row_bytes: rb,
-            bytes: t.bytes.clone(),
-            packed: None,
-        };
-        if self.numerics == Numerics::Fast {
-            m.packed = kernels::pack(self.isa, &m).map(Arc::new);
-        }
-        Ok(m)
+        self.matrix(t, self.numerics == Numerics::Fast)
     }
 
     fn upload_vector(&self, t: &HostTensor) -> Result<CpuVector, BackendError> {

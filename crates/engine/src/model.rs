@@ -46,7 +46,15 @@ impl<D: Device> Model<D> {
             Residency::Streamed => ExpertBacking::Absent,
         };
         let src = InstallSource::with_experts(install, backing)?;
-        Self::build(install.manifest.arch.clone(), &src, device, store)
+        let copies = device.copies_weights();
+        let model = Self::build(install.manifest.arch.clone(), &src, device, store)?;
+        if copies {
+            // The device holds its own copy; the mapping's pages would
+            // otherwise count twice against the memory bound. Advice only:
+            // failing to give it costs memory, not correctness.
+            let _ = install.release_resident_pages();
+        }
+        Ok(model)
     }
 
     /// Loads the weights `spec` needs from any source (routed experts

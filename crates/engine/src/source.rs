@@ -23,6 +23,10 @@ pub trait WeightSource {
         expert: usize,
         part: &str,
     ) -> Result<HostTensor, EngineError>;
+    /// Tells the source that the device keeps its own copy of resident
+    /// tensor `name`: a source that maps its file may drop the tensor's
+    /// pages from memory (a later read maps them again). Advice only.
+    fn release_resident(&self, _name: &str) {}
 }
 
 fn map_file(path: &Path) -> Result<ByteOwner, EngineError> {
@@ -104,6 +108,15 @@ fn range(offset: u64, length: u64) -> std::ops::Range<usize> {
 }
 
 impl WeightSource for InstallSource<'_> {
+    fn release_resident(&self, name: &str) {
+        if let Some((entry, _)) = self.install.tensor(name) {
+            // Advice only: failing to give it costs memory, not correctness.
+            let _ = self
+                .install
+                .release_resident_range(entry.offset as usize, entry.length as usize);
+        }
+    }
+
     fn resident(&self, name: &str) -> Result<HostTensor, EngineError> {
         let (entry, _) = self
             .install

@@ -121,7 +121,12 @@ impl<D: Device> Loader<'_, D> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<D::Matrix, EngineError> {
         let t = self.src.resident(name)?;
         check_shape(&t, &[rows, cols])?;
-        Ok(self.be.upload_matrix(&t)?)
+        let m = self.be.upload_matrix(&t)?;
+        if self.be.copies_weights() {
+            // Keeps loading's peak memory near the copy's size.
+            self.src.release_resident(name);
+        }
+        Ok(m)
     }
 
     fn vector(&self, name: &str, len: usize) -> Result<D::Vector, EngineError> {

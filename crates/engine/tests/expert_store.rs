@@ -17,7 +17,7 @@ mod common;
 
 use common::{tokens, TempInstall, MOE_FAMILIES};
 use std::fs::OpenOptions;
-use turbospark_cpu::CpuDevice;
+use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::experts::ExpertError;
 use turbospark_engine::{
     CachePolicy, EngineError, ExpertMode, ExpertOptions, ExpertStats, Model, Residency,
@@ -46,7 +46,13 @@ struct Run {
 
 /// Prefill of `PROMPT` tokens in chunks of 8, then `DECODE` greedy steps.
 fn run(install: &Install, opts: &ExpertOptions) -> Result<Run, EngineError> {
-    let model = Model::open(install, CpuDevice::new(1).unwrap(), opts)?;
+    run_in(install, opts, Numerics::Exact)
+}
+
+/// As [`run`], in `numerics`.
+fn run_in(install: &Install, opts: &ExpertOptions, numerics: Numerics) -> Result<Run, EngineError> {
+    let device = CpuDevice::new(1).unwrap().with_numerics(numerics);
+    let model = Model::open(install, device, opts)?;
     let vocab = model.vocab_size();
     let prompt = tokens(PROMPT, vocab);
     let mut s = model.session(SessionOptions {
@@ -343,13 +349,21 @@ fn a_synthetic_install_opens_and_streams_bit_identically() {
         .any(|p| p.dtype == turbospark_core::QuantFormat::Mxfp4));
     let install = Install::open(&dir).unwrap();
     let k = spec.moe.unwrap().top_k;
-    let resident = run(&install, &mode(ExpertMode::Resident)).unwrap();
-    let streamed = run(&install, &ExpertOptions::streamed(k)).unwrap();
-    assert!(
-        resident.bits == streamed.bits,
-        "synthetic: streamed differs"
-    );
-    assert!(streamed.stats.total().reads > 0);
+    // Q8_0 resident weights and MXFP4 experts: the fast kernels (repacked
+    // resident weights, experts on their own layout) too.
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        let resident = run_in(&install, &mode(ExpertMode::Resident), numerics).unwrap();
+        for opts in [mode(ExpertMode::Mapped), ExpertOptions::streamed(k)] {
+            let other = run_in(&install, &opts, numerics).unwrap();
+            assert!(
+                resident.bits == other.bits,
+                "synthetic, {numerics}: {:?} differs from resident",
+                opts.mode
+            );
+        }
+        let streamed = run_in(&install, &ExpertOptions::streamed(k), numerics).unwrap();
+        assert!(streamed.stats.total().reads > 0);
+    }
     // The generator does not depend on its thread count.
     let dir1 = dir.with_extension("one-thread");
     let one = SynthOptions { threads: 1, ..opts };

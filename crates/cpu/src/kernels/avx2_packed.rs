@@ -115,12 +115,15 @@ unsafe fn group<const F: u8, const C: usize>(
                     _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
                 ),
                 MXFP4 => {
-                    // 2^(e − 127) from the exponent bits, halved: 2^(e − 128).
+                    // 2^(e − 128) (`blocks::e8m0_half`): exponent bits
+                    // e − 1 for e ≥ 2, the subnormals 2^-128 and 2^-127
+                    // below.
                     let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
-                    let d = _mm256_mul_ps(
-                        _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)),
-                        _mm256_set1_ps(0.5),
-                    );
+                    let one = _mm256_set1_epi32(1);
+                    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+                    let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+                    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                    let d = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
                     (d, _mm256_mul_ps(d, _mm256_set1_ps(-12.0)))
                 }
                 _ => {

@@ -1,20 +1,26 @@
-//! The matmul of [`Numerics::Fast`](turbospark_backend::Numerics::Fast):
-//! `out[t, o] = Σ_i W[o, i] · x[t, i]` with the activations quantized to
-//! 8 bits once per call ([`act`]) and each weight block dotted in integers
-//! straight from its packed bytes ([`blocks`] gives the math per format).
+//! The CPU kernels of [`Numerics::Fast`](turbospark_backend::Numerics::Fast).
+//!
+//! Matmul, `out[t, o] = Σ_i W[o, i] · x[t, i]`: the activations are
+//! quantized to 8 bits once per call ([`act`]) and each weight block is
+//! dotted in integers against them ([`blocks`] gives the math per format).
+//! Matrices outside expert banks are repacked at upload, eight rows
+//! interleaved ([`packed`]), so that one SIMD lane carries one row and a
+//! block costs one f32 multiply-add for eight rows; the rows past the last
+//! whole group, experts, and formats without a packed kernel use kernels on
+//! the original layout, one row against up to [`TOKENS`] tokens (prefill)
+//! or four rows against one token (decode).
 //!
 //! One kernel set per instruction set — [`scalar`] (portable, and the
-//! reference for the others) and [`avx2`] (x86-64 AVX2 + FMA + F16C) —
-//! chosen once when the backend is built ([`Isa::detect`]).
+//! reference the others are tested against) and `avx2*` (x86-64 with AVX2,
+//! FMA and F16C: matmul on the original and on the packed layout,
+//! attention, GLU, RMS norm) — chosen once when the device is built
+//! ([`Isa::detect`]).
 //!
-//! Work is split over the pool by output rows. Within a thread, a chunk of
-//! weight rows small enough to stay in L1/L2 is dotted against
-//! [`TOKENS`] activation rows at a time, so each weight block is unpacked
-//! once per `TOKENS` tokens (prefill) and once per row (decode). Each output
-//! element is computed the same way whatever the thread count or row
-//! split; with the same instruction set, whatever the batch size only in
-//! the integer sums (the f32 lanes of one tile are summed in token order,
-//! so a token's result does not depend on its neighbours either).
+//! Work is split over the pool by output rows (whole groups of eight for a
+//! packed matrix). A row's result does not depend on the thread count, the
+//! split, or the other tokens of the batch: its integer block sums are
+//! exact, and its f32 accumulation runs block by block in the same order
+//! whatever the tile it is computed in.
 
 pub(crate) mod act;
 #[cfg(target_arch = "x86_64")]
@@ -155,9 +161,14 @@ pub(crate) fn attend(
     }
 }
 
+/// Whether `isa` has kernels for repacked weights.
+pub(crate) fn packs(isa: Isa) -> bool {
+    isa == Isa::Avx2
+}
+
 /// The repacked form of `w` the kernels of `isa` use, if any.
 pub(crate) fn pack(isa: Isa, w: &CpuMatrix) -> Option<Packed> {
-    if isa != Isa::Avx2 {
+    if !packs(isa) {
         return None;
     }
     let mut p = Packed::for_shape(w.format, w.rows, w.cols)?;
@@ -384,7 +395,9 @@ mod tests {
                     let v = 0.002 + (next() % 100) as f32 * 1e-4;
                     match format {
                         QuantFormat::Q6K => blk[208..210].copy_from_slice(&half(v)),
-                        QuantFormat::Mxfp4 => blk[0] = 120 + (next() % 8) as u8,
+                        QuantFormat::Mxfp4 => {
+                            blk[0] = [118, 120, 121, 123, 125, 127, 128, 130][(next() % 8) as usize]
+                        }
                         QuantFormat::Q4_1
                         | QuantFormat::Q5_1
                         | QuantFormat::Q4K

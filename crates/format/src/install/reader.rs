@@ -188,6 +188,41 @@ impl Install {
         self.resident.clone()
     }
 
+    /// Drops the pages of `resident.bin`'s memory map from this process's
+    /// resident set (they stay in the page cache, and a later read maps
+    /// them again). For callers that copied the weights they need, so that
+    /// the mapping no longer counts twice in the memory a process holds.
+    pub fn release_resident_pages(&self) -> std::io::Result<()> {
+        match &self.resident {
+            // SAFETY: the map is a read-only private file mapping, so
+            // dropping its pages loses nothing: any later access reads the
+            // same bytes from the file again. No reference into the map is
+            // invalidated (the addresses stay mapped).
+            Some(map) => unsafe { map.unchecked_advise(memmap2::UncheckedAdvice::DontNeed) },
+            None => Ok(()),
+        }
+    }
+
+    /// As [`Install::release_resident_pages`], for the whole pages inside
+    /// bytes `offset .. offset + len` of `resident.bin` only (pages shared
+    /// with neighbouring tensors stay).
+    pub fn release_resident_range(&self, offset: usize, len: usize) -> std::io::Result<()> {
+        let Some(map) = &self.resident else {
+            return Ok(());
+        };
+        const PAGE: usize = 4096;
+        let end = offset.saturating_add(len).min(map.len()) / PAGE * PAGE;
+        let start = offset.next_multiple_of(PAGE);
+        if start >= end {
+            return Ok(());
+        }
+        // SAFETY: as in `release_resident_pages`; the range lies inside the
+        // map (clamped above).
+        unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        }
+    }
+
     /// Path of a layer's expert file.
     pub fn expert_path(&self, layer: &ExpertLayer) -> PathBuf {
         self.dir.join(&layer.file)

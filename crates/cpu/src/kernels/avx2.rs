@@ -54,7 +54,7 @@ pub(crate) unsafe fn dot_tile(
                 (1, 2) => $f::<{ $fmt }, 1, 2>(w, cols, $a, t0, out),
                 (1, 3) => $f::<{ $fmt }, 1, 3>(w, cols, $a, t0, out),
                 (1, 4) => $f::<{ $fmt }, 1, TOKENS>(w, cols, $a, t0, out),
-                (4, 4) => $f::<{ $fmt }, 4, 1>(w, cols, $a, t0, out),
+                (8, 8) => $f::<{ $fmt }, 8, 1>(w, cols, $a, t0, out),
                 _ => unreachable!("tile of {} rows × {} outputs", w.len(), out.len()),
             }
         };
@@ -192,6 +192,20 @@ unsafe fn legacy<const F: u8, const R: usize, const C: usize>(
     let mut acc = [[_mm256_setzero_ps(); C]; R];
     let mut macc = [[0f32; C]; R];
     for b in 0..nb {
+        // The tokens' activation blocks, loaded once for the R rows.
+        let mut q = [_mm256_setzero_si256(); C];
+        let mut da = [0f32; C];
+        let mut sa = [0f32; C];
+        for c in 0..C {
+            // SAFETY: activation row `t0 + c` has `nb` blocks; `qs` is 32
+            // readable bytes.
+            unsafe {
+                let ab = &*ap.add(c * nb + b);
+                q[c] = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                da[c] = ab.d;
+                sa[c] = ab.s;
+            }
+        }
         for r in 0..R {
             // SAFETY: block `b < nb` lies inside row `r` (checked length).
             let (u, dw, mw) = unsafe { legacy_block::<F>(wp[r].add(b * bb)) };
@@ -201,17 +215,15 @@ unsafe fn legacy<const F: u8, const R: usize, const C: usize>(
                 (u, _mm256_setzero_si256())
             };
             for c in 0..C {
-                // SAFETY: activation row `t0 + c` has `nb` blocks.
-                let ab = unsafe { &*ap.add(c * nb + b) };
-                // SAFETY: `qs` is 32 readable bytes.
-                let mut q = unsafe { _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i) };
-                if F == Q8_0 {
-                    q = _mm256_sign_epi8(q, sign);
-                }
-                let s = _mm256_cvtepi32_ps(dot_u8_i8(u, q));
-                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * ab.d), s, acc[r][c]);
+                let qc = if F == Q8_0 {
+                    _mm256_sign_epi8(q[c], sign)
+                } else {
+                    q[c]
+                };
+                let s = _mm256_cvtepi32_ps(dot_u8_i8(u, qc));
+                acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * da[c]), s, acc[r][c]);
                 if F != Q8_0 {
-                    macc[r][c] += mw * ab.s;
+                    macc[r][c] += mw * sa[c];
                 }
             }
         }

@@ -103,12 +103,13 @@ impl Isa {
     }
 }
 
-/// Weight rows per tile for `c` activation rows: four rows against one
-/// token (decode: four independent sums per activation load), one row
-/// against up to [`TOKENS`] tokens (prefill: one unpack per four tokens).
+/// Weight rows per tile for `c` activation rows: eight rows against one
+/// token (decode: eight independent sums per activation load), one row
+/// against up to [`TOKENS`] tokens (prefill: one unpack per four tokens;
+/// two rows at a time measured slower, from register pressure).
 pub(crate) const fn tile_rows(c: usize) -> usize {
     if c == 1 {
-        4
+        8
     } else {
         1
     }
@@ -261,7 +262,7 @@ pub(crate) unsafe fn matmul_rows(
             }
         }
     }
-    let mut tile = [0f32; TOKENS];
+    let mut tile = [0f32; 8];
     let mut r0 = rows.start;
     while r0 < rows.end {
         let r1 = (r0 + ROW_CHUNK).min(rows.end);
@@ -275,7 +276,7 @@ pub(crate) unsafe fn matmul_rows(
                 } else {
                     1
                 };
-                let mut wrows: [&[u8]; 4] = [&[]; 4];
+                let mut wrows: [&[u8]; 8] = [&[]; 8];
                 for (i, wr) in wrows.iter_mut().enumerate().take(nr) {
                     *wr = w.row(r + i);
                 }

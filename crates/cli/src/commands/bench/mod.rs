@@ -7,7 +7,7 @@
 //!   standard deviation of tok/s, peak resident memory; a markdown table, or
 //!   one JSON object per line and test with `--json`.
 //! - Expert-slot sweep (MoE installs; `--sweep`, or any of its options
-//!   `--slots`, `--prompt`, `--generate`, `--mapped`) ([`sweep`]): prefill
+//!   `--slots`, `--prompt`, `--generate`, `--mapped`, `--resident`) ([`sweep`]): prefill
 //!   and decode with streamed experts at several slot counts, with hit rate,
 //!   read bandwidth, the engine's phases, the routing skew and each
 //!   configuration's peak memory against the slot cache's bound.
@@ -95,6 +95,10 @@ pub struct Args {
     /// baseline. Implies --sweep.
     #[arg(long)]
     pub mapped: bool,
+    /// Sweep: also run with every expert resident (read into memory), first,
+    /// as the baseline streamed decode is compared with. Implies --sweep.
+    #[arg(long)]
+    pub resident: bool,
     #[command(flatten)]
     pub experts: ExpertArgs,
 }
@@ -107,6 +111,7 @@ impl Args {
             || self.prompt.is_some()
             || self.generate.is_some()
             || self.mapped
+            || self.resident
     }
 }
 

@@ -132,7 +132,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let Some(moe) = m.arch.moe.as_ref() else {
         bail!(
             "{} has no routed experts: the expert-slot sweep (--sweep, --slots, --prompt, \
-             --generate, --mapped) needs a MoE install; without those options bench measures \
+             --generate, --mapped, --resident) needs a MoE install; without those options bench measures \
              speed",
             args.model.display()
         );
@@ -198,6 +198,12 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         ..ExpertOptions::default()
     };
     let mut configs = Vec::new();
+    if args.resident {
+        configs.push(ExpertOptions {
+            mode: ExpertMode::Resident,
+            ..base
+        });
+    }
     if args.mapped {
         configs.push(ExpertOptions {
             mode: ExpertMode::Mapped,

@@ -1,20 +1,26 @@
 //! The CPU backend against the backend conformance suite
 //! (`turbospark_backend::conformance`), once per numerics mode and with
 //! one and several threads: every op against the suite's f64 references,
-//! within the tolerances of the mode.
+//! within the tolerances of the mode; fast numerics also on the portable
+//! kernels, whatever the CPU has.
 
 use turbospark_backend::conformance::{self, ConformanceError, Tolerances};
 use turbospark_backend::Numerics;
-use turbospark_cpu::CpuDevice;
+use turbospark_cpu::{CpuDevice, Isa};
 
-fn run(numerics: Numerics) -> Result<(), ConformanceError> {
+fn run_on(numerics: Numerics, isa: Isa) -> Result<(), ConformanceError> {
     for threads in [1, 3] {
         let device = CpuDevice::new(threads)
             .expect("thread pool")
-            .with_numerics(numerics);
+            .with_numerics(numerics)
+            .with_isa(isa);
         conformance::check_all(&device, &Tolerances::for_numerics(numerics))?;
     }
     Ok(())
+}
+
+fn run(numerics: Numerics) -> Result<(), ConformanceError> {
+    run_on(numerics, Isa::detect())
 }
 
 #[test]
@@ -35,5 +41,12 @@ fn llama_cpp_numerics_conform() {
 fn fast_numerics_conform() {
     if let Err(e) = run(Numerics::Fast) {
         panic!("fast: {e}");
+    }
+}
+
+#[test]
+fn fast_numerics_conform_on_portable_kernels() {
+    if let Err(e) = run_on(Numerics::Fast, Isa::Scalar) {
+        panic!("fast, scalar kernels: {e}");
     }
 }

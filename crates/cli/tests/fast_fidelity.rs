@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{cache_dir, convert_to_temp};
+use common::{cache_dir, convert_to_temp, log_softmax};
 use std::path::{Path, PathBuf};
 use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{Model, SessionOptions};
@@ -40,19 +40,6 @@ fn logits(install: &Install, numerics: Numerics, tokens: &[u32]) -> (usize, Vec<
     let mut out = vec![0f32; tokens.len() * vocab];
     session.prefill(tokens, &mut out).unwrap();
     (vocab, out)
-}
-
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
-    let lse = max
-        + row
-            .iter()
-            .map(|&v| (f64::from(v) - max).exp())
-            .sum::<f64>()
-            .ln();
-    row.iter().map(|&v| f64::from(v) - lse).collect()
 }
 
 fn argmax(row: &[f32]) -> usize {

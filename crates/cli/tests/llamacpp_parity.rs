@@ -30,7 +30,9 @@
 
 mod common;
 
-use common::{cache_dir, convert_to_temp, json_ids, llamacpp_reference_dir, ref_gap, NEAR_TIE};
+use common::{
+    cache_dir, convert_to_temp, json_ids, llamacpp_reference_dir, log_softmax, ref_gap, NEAR_TIE,
+};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -39,20 +41,6 @@ use turbospark_engine::{Logits, Model, SessionOptions};
 use turbospark_format::install::Install;
 
 const MAX_MEAN_KL: f64 = 1e-2;
-
-/// Natural-log softmax of one row, in f64.
-fn log_softmax(row: &[f32]) -> Vec<f64> {
-    let max = row
-        .iter()
-        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
-    let lse = max
-        + row
-            .iter()
-            .map(|&v| (f64::from(v) - max).exp())
-            .sum::<f64>()
-            .ln();
-    row.iter().map(|&v| f64::from(v) - lse).collect()
-}
 
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;

@@ -74,3 +74,18 @@ pub fn convert_to_temp(src: &Path, tag: &str) -> PathBuf {
     );
     dst
 }
+
+/// Natural-log softmax of one row, in f64.
+#[allow(dead_code)]
+pub fn log_softmax(row: &[f32]) -> Vec<f64> {
+    let max = row
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &v| m.max(f64::from(v)));
+    let lse = max
+        + row
+            .iter()
+            .map(|&v| (f64::from(v) - max).exp())
+            .sum::<f64>()
+            .ln();
+    row.iter().map(|&v| f64::from(v) - lse).collect()
+}

@@ -13,17 +13,20 @@
 // the same register index; iterator chains would obscure that.
 #![allow(clippy::needless_range_loop)]
 use super::act::{ActRows, Block256, Block32, QK256, QK32};
+use super::avx2_ops::hsum;
 use super::blocks::MXFP4_U;
 use super::TOKENS;
 use std::arch::x86_64::*;
 use turbospark_core::QuantFormat;
 
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const MXFP4: u8 = 4;
-const Q8_0: u8 = 5;
+// Formats as const-generic parameters of the kernels (shared with
+// `avx2_packed`).
+pub(super) const Q4_0: u8 = 0;
+pub(super) const Q4_1: u8 = 1;
+pub(super) const Q5_0: u8 = 2;
+pub(super) const Q5_1: u8 = 3;
+pub(super) const MXFP4: u8 = 4;
+pub(super) const Q8_0: u8 = 5;
 const Q4K: u8 = 6;
 const Q5K: u8 = 7;
 const Q6K: u8 = 8;
@@ -78,15 +81,6 @@ pub(crate) unsafe fn dot_tile(
             _ => super::scalar::dot_tile(format, w, cols, acts, t0, out),
         }
     }
-}
-
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// The f16 at `p` (unaligned), widened.

@@ -17,9 +17,10 @@ use crate::attention::{first_key, AttentionInputs};
 use std::arch::x86_64::*;
 use turbospark_core::arch::{Activation, NormScale, NormSpec};
 
+/// The sum of the eight lanes of `v`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

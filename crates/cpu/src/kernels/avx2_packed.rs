@@ -18,17 +18,11 @@
 #![allow(clippy::needless_range_loop)]
 
 use super::act::{Block256, Block32};
+use super::avx2::{MXFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use super::blocks::MXFP4_U;
 use super::packed::{group_block_bytes, k_layout, scale_bytes, GROUP};
 use std::arch::x86_64::*;
 use turbospark_core::QuantFormat;
-
-const Q4_0: u8 = 0;
-const Q4_1: u8 = 1;
-const Q5_0: u8 = 2;
-const Q5_1: u8 = 3;
-const MXFP4: u8 = 4;
-const Q8_0: u8 = 5;
 
 const fn format_of(f: u8) -> QuantFormat {
     match f {

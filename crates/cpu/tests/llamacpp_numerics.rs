@@ -19,9 +19,7 @@
 //! The end-to-end check (the same logits as llama.cpp on real models) is
 //! `crates/cli/tests/llamacpp_parity.rs`.
 
-mod common;
-
-use common::{random_matrix, Rng};
+use turbospark_backend::conformance::data::{random_matrix, Rng};
 use turbospark_backend::{DType, Device, HostTensor, Limits, Numerics, SharedBytes, Stream};
 use turbospark_core::quant::quantize_row_q8_0 as core_quantize_q8_0;
 use turbospark_core::QuantFormat;

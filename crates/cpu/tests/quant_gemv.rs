@@ -8,9 +8,7 @@
 //! asserted. Results must also be identical bit for bit across batch sizes
 //! and thread counts.
 
-mod common;
-
-use common::{random_matrix, Rng};
+use turbospark_backend::conformance::data::{random_matrix, Rng};
 use turbospark_backend::{DType, Device, Limits, Stream};
 use turbospark_core::quant::{dequantize_row, dot_row};
 use turbospark_core::QuantFormat;

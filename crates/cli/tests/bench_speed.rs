@@ -3,6 +3,9 @@
 //! one JSON line per test with the fields outside scripts parse, the
 //! markdown table, and clear errors for bad options.
 
+mod common;
+
+use common::Work;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -15,24 +18,6 @@ fn turbospark(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-/// A scratch directory, removed when dropped.
-struct Work(PathBuf);
-
-impl Work {
-    fn new(tag: &str) -> Work {
-        let d = std::env::temp_dir().join(format!("ts-bench-speed-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Work(d)
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn dense_install(work: &Work) -> PathBuf {
@@ -87,7 +72,7 @@ fn json_lines(out: &Output) -> Vec<Value> {
 
 #[test]
 fn dense_json_has_one_line_per_test() {
-    let work = Work::new("dense");
+    let work = Work::new("ts-bench-speed-dense");
     let model = dense_install(&work);
     let out = turbospark(&[
         "bench",
@@ -141,7 +126,7 @@ fn dense_json_has_one_line_per_test() {
 
 #[test]
 fn moe_table_and_long_options() {
-    let work = Work::new("moe");
+    let work = Work::new("ts-bench-speed-moe");
     let model = moe_install(&work);
     let out = turbospark(&[
         "bench",
@@ -200,7 +185,7 @@ fn moe_table_and_long_options() {
 
 #[test]
 fn bad_options_are_clear_errors() {
-    let work = Work::new("bad");
+    let work = Work::new("ts-bench-speed-bad");
     let model = dense_install(&work);
     let m = model.to_str().unwrap();
     for (args, want) in [

@@ -3,6 +3,9 @@
 //! which must fail with a message naming the problem and leave no output
 //! file; `synth --router-skew` and `bench` on the result.
 
+mod common;
+
+use common::Work;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -18,14 +21,6 @@ fn turbospark(args: &[&str]) -> Output {
         .args(args)
         .output()
         .unwrap()
-}
-
-struct Work(PathBuf);
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// A converted `family` install in a fresh work directory.

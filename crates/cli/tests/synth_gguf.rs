@@ -7,6 +7,8 @@
 
 mod common;
 
+use common::Work;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,24 +54,6 @@ fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A scratch directory, removed when dropped.
-struct Work(PathBuf);
-
-impl Work {
-    fn new(tag: &str) -> Work {
-        let d = std::env::temp_dir().join(format!("ts-synth-gguf-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Work(d)
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `synth` into `dst` (with `--gguf gguf` when given), router skew 1.
 fn synth(dst: &Path, gguf: Option<&Path>) {
     let mut args = vec!["synth", dst.to_str().unwrap(), "-q", "--router-skew", "1"];
@@ -90,7 +74,7 @@ fn expert_bytes(install: &Install, layer: usize, expert: usize, part: &str) -> V
 
 #[test]
 fn gguf_has_llama_cpp_names_and_converts_to_the_same_weights() {
-    let work = Work::new("same");
+    let work = Work::new("ts-synth-gguf-same");
     let direct = work.0.join("direct");
     let via = work.0.join("via");
     let gguf = work.0.join("m.gguf");
@@ -156,7 +140,7 @@ fn gguf_has_llama_cpp_names_and_converts_to_the_same_weights() {
 
 #[test]
 fn synth_gguf_refuses_what_it_cannot_write() {
-    let work = Work::new("refuse");
+    let work = Work::new("ts-synth-gguf-refuse");
     let gguf = work.0.join("m.gguf");
     let dst = work.0.join("inst");
     // Too small a vocabulary for the byte tokens.
@@ -223,7 +207,7 @@ fn llama_cpp_loads_it_and_agrees() {
         println!("skipped: llama.cpp tools not built (scripts/llamacpp/build.sh builds them)");
         return;
     };
-    let work = Work::new("llama");
+    let work = Work::new("ts-synth-gguf-llama");
     let inst = work.0.join("inst");
     let gguf = work.0.join("m.gguf");
     synth(&inst, Some(&gguf));

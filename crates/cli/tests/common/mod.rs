@@ -1,4 +1,4 @@
-//! Helpers shared by the CLI integration tests that use cached real models.
+//! Helpers shared by the CLI integration tests.
 #![allow(dead_code)]
 
 use serde_json::Value;
@@ -76,7 +76,6 @@ pub fn convert_to_temp(src: &Path, tag: &str) -> PathBuf {
 }
 
 /// Natural-log softmax of one row, in f64.
-#[allow(dead_code)]
 pub fn log_softmax(row: &[f32]) -> Vec<f64> {
     let max = row
         .iter()
@@ -88,4 +87,23 @@ pub fn log_softmax(row: &[f32]) -> Vec<f64> {
             .sum::<f64>()
             .ln();
     row.iter().map(|&v| f64::from(v) - lse).collect()
+}
+
+/// A scratch directory under the system's temporary directory, named
+/// `{name}-{pid}`, emptied when made and removed when dropped.
+pub struct Work(pub PathBuf);
+
+impl Work {
+    pub fn new(name: &str) -> Work {
+        let d = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Work(d)
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

@@ -172,6 +172,42 @@ unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
     hsum(acc)
 }
 
+/// Turns the scaled scores `s` in place into `e^(c(s) − m)`, with `c` the
+/// soft-cap when there is one and `m` the largest of them and the sink;
+/// returns `1 / (Σ e^(c(s) − m) + e^(sink − m))`, the softmax's scale.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax(s: &mut [f32], softcap: Option<f32>, sink: Option<f32>) -> f32 {
+    let mut max = sink.unwrap_or(f32::NEG_INFINITY);
+    for v in s.iter_mut() {
+        if let Some(c) = softcap {
+            *v = (*v / c).tanh() * c;
+        }
+        max = max.max(*v);
+    }
+    let n = s.len();
+    let body = n - n % 8;
+    let mx = _mm256_set1_ps(max);
+    let mut sum = _mm256_setzero_ps();
+    let sp = s.as_mut_ptr();
+    for x in (0..body).step_by(8) {
+        // SAFETY: `x + 8 ≤ n`.
+        unsafe {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(x)), mx));
+            sum = _mm256_add_ps(sum, e);
+            _mm256_storeu_ps(sp.add(x), e);
+        }
+    }
+    let mut denom = hsum(sum);
+    for v in &mut s[body..] {
+        *v = (*v - max).exp();
+        denom += *v;
+    }
+    if let Some(sink) = sink {
+        denom += (sink - max).exp();
+    }
+    1.0 / denom
+}
+
 /// Query head `h` of token `t` (the math of [`AttentionInputs::attend`]):
 /// scores, softmax and the weighted sum of values in eight lanes, the sum of
 /// values in blocks of 32 dimensions.
@@ -222,35 +258,7 @@ pub(crate) unsafe fn attend(
         // SAFETY: row `at(j)` holds `hd` floats of the checked cache.
         scores[j - lo] = unsafe { dot(q, k_cache.add(at(j)), hd) } * p.scale;
     }
-    let mut max = sink.unwrap_or(f32::NEG_INFINITY);
-    for s in scores.iter_mut() {
-        if let Some(c) = p.softcap {
-            *s = (*s / c).tanh() * c;
-        }
-        max = max.max(*s);
-    }
-    let n = scores.len();
-    let body = n - n % 8;
-    let mx = _mm256_set1_ps(max);
-    let mut sum = _mm256_setzero_ps();
-    let sp = scores.as_mut_ptr();
-    for i in (0..body).step_by(8) {
-        // SAFETY: `i + 8 ≤ n`.
-        unsafe {
-            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(i)), mx));
-            sum = _mm256_add_ps(sum, e);
-            _mm256_storeu_ps(sp.add(i), e);
-        }
-    }
-    let mut denom = hsum(sum);
-    for s in &mut scores[body..] {
-        *s = (*s - max).exp();
-        denom += *s;
-    }
-    if let Some(sink) = sink {
-        denom += (sink - max).exp();
-    }
-    let inv = 1.0 / denom;
+    let inv = softmax(scores, p.softcap, sink);
     let o = out.as_mut_ptr();
     let v_cache = inp.v_cache.as_ptr();
     let mut d0 = 0;
@@ -324,35 +332,7 @@ pub(crate) unsafe fn attend_heads(
     let mut inv = [0f32; G];
     for i in 0..g {
         let s = &mut scores[i * n..(i + 1) * n];
-        let sink = inp.sinks.map(|sk| sk[h0 + i]);
-        let mut max = sink.unwrap_or(f32::NEG_INFINITY);
-        for v in s.iter_mut() {
-            if let Some(c) = p.softcap {
-                *v = (*v / c).tanh() * c;
-            }
-            max = max.max(*v);
-        }
-        let body = n - n % 8;
-        let mx = _mm256_set1_ps(max);
-        let mut sum = _mm256_setzero_ps();
-        let sp = s.as_mut_ptr();
-        for x in (0..body).step_by(8) {
-            // SAFETY: `x + 8 ≤ n`.
-            unsafe {
-                let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sp.add(x)), mx));
-                sum = _mm256_add_ps(sum, e);
-                _mm256_storeu_ps(sp.add(x), e);
-            }
-        }
-        let mut denom = hsum(sum);
-        for v in &mut s[body..] {
-            *v = (*v - max).exp();
-            denom += *v;
-        }
-        if let Some(sink) = sink {
-            denom += (sink - max).exp();
-        }
-        inv[i] = 1.0 / denom;
+        inv[i] = softmax(s, p.softcap, inp.sinks.map(|sk| sk[h0 + i]));
     }
     let o = out.as_mut_ptr();
     let mut d0 = 0;

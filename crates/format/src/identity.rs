@@ -42,7 +42,7 @@ pub const IDENTITIES: [Identity; 9] = [
     Identity {
         family: Family::MuseGlimmer,
         hf_model_types: &["muse_glimmer_text", "muse_glimmer"],
-        gguf_architectures: &["muse_glimmer"],
+        gguf_architectures: &["muse-glimmer", "muse_glimmer"],
         gguf_renames: &[],
     },
     Identity {
@@ -68,13 +68,17 @@ pub const IDENTITIES: [Identity; 9] = [
         family: Family::Gemma4,
         hf_model_types: &["gemma4_text", "gemma4"],
         gguf_architectures: &["gemma4"],
-        gguf_renames: &[],
+        // llama.cpp applies the router's per-expert scale to the expert
+        // outputs, so its converter files it with the down projections.
+        gguf_renames: &[("ffn_gate_inp.expert_scale", "ffn_down_exps.scale")],
     },
     Identity {
         family: Family::Glm4Moe,
         hf_model_types: &["glm4_moe"],
         gguf_architectures: &["glm4moe"],
-        gguf_renames: &[],
+        // llama.cpp's glm4moe, like its gpt-oss, names the pre-FFN norm
+        // ATTN_POST_NORM.
+        gguf_renames: &[("ffn_norm.weight", "post_attention_norm.weight")],
     },
 ];
 

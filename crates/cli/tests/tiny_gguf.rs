@@ -14,13 +14,20 @@
 //!   at every position, with the same argmax (the converter's rewrites —
 //!   permuted q/k rows, folded norm offsets, split gate/up, MXFP4 repacking —
 //!   are all lossless for f32);
-//! - every file: teacher-forced on llama.cpp's tokens, the mean KL(llama.cpp ‖
+//! - every file: teacher-forced on llama.cpp's tokens, in `llama-cpp`
+//!   numerics (ggml's arithmetic: 8-bit activations against quantized
+//!   weights, f16 KV cache, as the reference ran), the mean KL(llama.cpp ‖
 //!   ours) stays below the real-model bound ([`MAX_MEAN_KL`], as
 //!   llamacpp_parity.rs) and our argmax is llama.cpp's token wherever
-//!   llama.cpp's own top two are not a near tie.
+//!   llama.cpp's own top two are not a near tie. `exact` numerics is
+//!   reported beside it: on these random tiny models the 8-bit activations
+//!   of llama.cpp's Q8_0/MXFP4 dots move logits far more than on trained
+//!   ones, so only the f32 files without MXFP4 are held to the bound there.
 //!
-//! Families the converter or llama.cpp cannot handle are listed in
-//! [`NOT_CONVERTIBLE`] with the reason; their absence is the expected state.
+//! Where the GGUF cannot carry what HF computes, the comparison with the HF
+//! install is narrowed, with the reason, in [`HF_LIMITS`]. Families the
+//! converter or llama.cpp cannot handle are listed in [`NOT_CONVERTIBLE`]
+//! with the reason; their absence is the expected state.
 
 mod common;
 
@@ -30,6 +37,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{Model, SessionOptions};
+
+/// f32 files whose experts llama.cpp's converter keeps in MXFP4.
+const MXFP4_EXPERTS: &[&str] = &["gpt_oss"];
 use turbospark_format::install::Install;
 
 const MAX_MEAN_KL: f64 = 1e-2;
@@ -47,6 +57,23 @@ const FAMILIES: &[&str] = &[
 ];
 const TYPES: &[&str] = &["f32", "q8_0"];
 
+/// What llama.cpp's GGUF of a fixture cannot express, and how many leading
+/// positions of the HF comparison remain valid (`None`: none).
+const HF_LIMITS: &[(&str, Option<usize>, &str)] = &[
+    (
+        "gemma3",
+        None,
+        "the GGUF has no query_pre_attn_scalar (the fixture's 24 differs from head_dim 16); \
+         llama.cpp scales by head_dim^-0.5 except for the 27B size",
+    ),
+    (
+        "mixtral",
+        Some(10),
+        "the GGUF has no sliding window (the fixture's is 10), llama.cpp's llama graph \
+         attends to every position: the first 10 positions are compared",
+    ),
+];
+
 /// Families llama.cpp's converter refuses, and why.
 const NOT_CONVERTIBLE: &[(&str, &str)] = &[(
     "qwen3moe",
@@ -60,7 +87,12 @@ fn repo() -> PathBuf {
 
 fn convert(src: &Path, dst: &Path) -> Result<(), String> {
     let out = Command::new(env!("CARGO_BIN_EXE_turbospark"))
-        .args(["convert", "-q", src.to_str().unwrap(), dst.to_str().unwrap()])
+        .args([
+            "convert",
+            "-q",
+            src.to_str().unwrap(),
+            dst.to_str().unwrap(),
+        ])
         .output()
         .map_err(|e| e.to_string())?;
     if out.status.success() {
@@ -70,12 +102,12 @@ fn convert(src: &Path, dst: &Path) -> Result<(), String> {
     }
 }
 
-/// Prefill logits `[tokens, vocab]` of an install in `exact` numerics.
-fn logits(install: &Path, tokens: &[u32]) -> (usize, Vec<f32>) {
+/// Prefill logits `[tokens, vocab]` of an install.
+fn logits(install: &Path, tokens: &[u32], numerics: Numerics) -> (usize, Vec<f32>) {
     let install = Install::open(install).unwrap();
     let backend = CpuDevice::with_available_threads()
         .unwrap()
-        .with_numerics(Numerics::Exact);
+        .with_numerics(numerics);
     let model = Model::load(&install, backend).unwrap();
     let vocab = model.vocab_size();
     let mut session = model.session(SessionOptions::new(tokens.len())).unwrap();
@@ -122,7 +154,7 @@ fn relative_error(ours: &[f32], reference: &[f32], vocab: usize) -> Result<f64, 
 /// Teacher-forced agreement with llama.cpp's reference: mean KL over the
 /// generated positions (full vocabulary), and the positions whose argmax
 /// differs from llama.cpp's token without a near tie.
-fn vs_llamacpp(install: &Path, j: &Value) -> (f64, Vec<usize>) {
+fn vs_llamacpp(install: &Path, j: &Value, numerics: Numerics) -> (f64, Vec<usize>) {
     let prompt = json_ids(&j["prompt_ids"]);
     let greedy = json_ids(&j["greedy_ids"]);
     let steps = j["steps"].as_array().unwrap();
@@ -131,7 +163,7 @@ fn vs_llamacpp(install: &Path, j: &Value) -> (f64, Vec<usize>) {
         .chain(&greedy[..greedy.len() - 1])
         .copied()
         .collect();
-    let (vocab, logits) = logits(install, &forced);
+    let (vocab, logits) = logits(install, &forced, numerics);
     let mut kl_sum = 0f64;
     let mut misses = Vec::new();
     for (s, step) in steps.iter().enumerate() {
@@ -162,7 +194,8 @@ fn llamacpp_written_ggufs_convert_and_match_hf_and_llamacpp() {
         let tokens = json_ids(&tokens["tokens"]);
         let hf_install = work.0.join(format!("{family}.hf"));
         convert(&hf_dir, &hf_install).unwrap_or_else(|e| panic!("{family}: HF convert: {e}"));
-        let (vocab, hf_logits) = logits(&hf_install, &tokens);
+        let (vocab, hf_logits) = logits(&hf_install, &tokens, Numerics::Exact);
+        let limit = HF_LIMITS.iter().find(|(f, ..)| *f == family);
         for &ty in TYPES {
             let name = format!("{family}.{ty}");
             let gguf = repo().join(format!("tests/fixtures/tiny-gguf/{name}.gguf"));
@@ -172,21 +205,37 @@ fn llamacpp_written_ggufs_convert_and_match_hf_and_llamacpp() {
                 continue;
             }
             if ty == "f32" {
-                let (v, ours) = logits(&install, &tokens);
+                let (v, ours) = logits(&install, &tokens, Numerics::Exact);
                 assert_eq!(v, vocab);
-                match relative_error(&ours, &hf_logits, vocab) {
-                    Ok(rel) => println!("{name:>18}: vs HF install {rel:.2e}"),
+                let positions = match limit {
+                    Some((_, n, why)) => {
+                        println!("{name:>18}: vs HF install limited: {why}");
+                        n.unwrap_or(0)
+                    }
+                    None => tokens.len(),
+                };
+                let n = positions * vocab;
+                match relative_error(&ours[..n], &hf_logits[..n], vocab) {
+                    Ok(rel) => {
+                        println!("{name:>18}: vs HF install {rel:.2e} ({positions} positions)")
+                    }
                     Err(e) => failures.push(format!("{name}: vs HF install: {e}")),
                 }
             }
             let reference = llamacpp_reference_dir().join(format!("tiny/{name}.json"));
             let j: Value = serde_json::from_slice(&std::fs::read(&reference).unwrap()).unwrap();
-            let (kl, misses) = vs_llamacpp(&install, &j);
-            println!("{name:>18}: mean KL vs llama.cpp {kl:.2e}, argmax misses {misses:?}");
-            if kl > MAX_MEAN_KL || !misses.is_empty() {
-                failures.push(format!(
-                    "{name}: vs llama.cpp: mean KL {kl:.3e}, argmax misses at steps {misses:?}"
-                ));
+            let held_in_exact = ty == "f32" && !MXFP4_EXPERTS.contains(&family);
+            for numerics in [Numerics::LlamaCpp, Numerics::Exact] {
+                let (kl, misses) = vs_llamacpp(&install, &j, numerics);
+                println!(
+                    "{name:>18}: {numerics:>9} mean KL vs llama.cpp {kl:.2e}, argmax misses {misses:?}"
+                );
+                let held = numerics == Numerics::LlamaCpp || held_in_exact;
+                if held && (kl > MAX_MEAN_KL || !misses.is_empty()) {
+                    failures.push(format!(
+                        "{name}: {numerics} vs llama.cpp: mean KL {kl:.3e}, argmax misses at steps {misses:?}"
+                    ));
+                }
             }
         }
     }

@@ -370,10 +370,9 @@ fn muse_glimmer<M: GgufMeta + ?Sized>(
     spec.norms.k = Some(plain);
     spec.attention.output_gate = true;
     spec.head.multiplier = g.f("logit_scale", 1.0) as f32;
-    spec.head.softcap = g
-        .m
-        .meta_f64(&g.key("final_logit_softcapping"))
-        .map(|v| v as f32);
+    spec.head.softcap =
+        g.m.meta_f64(&g.key("final_logit_softcapping"))
+            .map(|v| v as f32);
     Ok(())
 }
 
@@ -469,10 +468,9 @@ fn gemma4<M: GgufMeta + ?Sized>(
     spec.norms.v = Some(NormSpec::no_scale(eps));
     spec.attention.scale = 1.0;
     spec.activation = Activation::GeluTanh;
-    spec.head.softcap = g
-        .m
-        .meta_f64(&g.key("final_logit_softcapping"))
-        .map(|v| v as f32);
+    spec.head.softcap =
+        g.m.meta_f64(&g.key("final_logit_softcapping"))
+            .map(|v| v as f32);
     spec.layer_scalar = g.m.has_tensor("blk.0.layer_output_scale.weight");
     if let Some(experts) = g.opt("expert_count").filter(|&e| e > 0) {
         spec.moe = Some(MoeSpec {

@@ -1,7 +1,7 @@
 //! A conversion source: one GGUF file, or an HF directory of safetensors
 //! shards with its `config.json`, behind one tensor-listing interface.
 
-use super::hf_names::{map_hf_name, Target};
+use super::hf_names::{map_hf_name, SkippedPart, Target};
 use crate::error::{FormatError, IoContext};
 use crate::gguf::{GgufFile, GgufValue};
 use crate::identity::canonical_from_gguf;
@@ -151,7 +151,8 @@ fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     if layer >= spec.num_layers() {
-        return (spec.family == Family::Glm4Moe).then_some(Target::Ignored);
+        return (spec.family == Family::Glm4Moe)
+            .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
     }
     if tail == "ffn_gate_up_exps.weight" {
         return Some(Target::ExpertGateUpHalves { layer });

@@ -25,6 +25,9 @@ use std::time::Instant;
 
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
+use turbospark_format::identity::default_chat_template;
+use turbospark_format::install::reader::read_manifest;
+use turbospark_text::builtin_templates::{builtin_template, builtin_template_names};
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
@@ -81,9 +84,11 @@ pub struct GenArgs {
     /// Stop when this text is generated (not printed); repeatable.
     #[arg(long = "stop")]
     pub stops: Vec<String>,
-    /// A Jinja chat template file to use instead of the install's.
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
+    /// A Jinja chat template file, or the name of a built-in template
+    /// (gemma, chatml, mistral, glm4), to use instead of the install's.
+    /// Without it, an install that has none uses its family's built-in one.
+    #[arg(long, value_name = "FILE|NAME")]
+    pub chat_template: Option<String>,
     /// KV cache positions (prompt + answer). Default: the model's maximum
     /// position, capped at 4096.
     #[arg(long)]
@@ -135,22 +140,20 @@ pub struct Text {
 }
 
 impl Text {
-    /// Loads the tokenizer of `dir` and the chat template: `template_file`
-    /// when given, else the install's, else none.
-    pub fn load(dir: &Path, template_file: Option<&Path>) -> Result<Text> {
+    /// Loads the tokenizer of `dir` and the chat template: `template` (a
+    /// file, else a built-in name) when given, else the install's, else the
+    /// family's built-in one (said on stderr), else none.
+    pub fn load(dir: &Path, template: Option<&str>) -> Result<Text> {
         let tokenizer = Tokenizer::from_install_dir(dir)
             .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-        let template = match template_file {
-            Some(f) => {
-                let src = std::fs::read_to_string(f)
-                    .with_context(|| format!("reading chat template {}", f.display()))?;
-                Some(
-                    ChatTemplate::new(src)
-                        .with_context(|| format!("compiling chat template {}", f.display()))?,
-                )
-            }
-            None => ChatTemplate::from_install_dir(dir)
-                .with_context(|| format!("loading the chat template of {}", dir.display()))?,
+        let template = match template {
+            Some(arg) => Some(template_from_arg(arg)?),
+            None => match ChatTemplate::from_install_dir(dir)
+                .with_context(|| format!("loading the chat template of {}", dir.display()))?
+            {
+                Some(t) => Some(t),
+                None => family_template(dir)?,
+            },
         };
         Ok(Text {
             tokenizer,
@@ -159,13 +162,15 @@ impl Text {
     }
 
     /// The template, or an error that says what to do without one.
+    /// (Reached only for families without a built-in template.)
     pub fn require_template(&self, dir: &Path) -> Result<&ChatTemplate> {
         match &self.template {
             Some(t) => Ok(t),
             None => bail!(
-                "install {} has no chat template; pass --chat-template FILE, or --raw to \
-                 feed the prompt text as it is",
-                dir.display()
+                "install {} has no chat template and its family has no built-in one; pass \
+                 --chat-template FILE or one of {}, or --raw to feed the prompt text as it is",
+                dir.display(),
+                builtin_template_names()
             ),
         }
     }
@@ -193,6 +198,40 @@ impl Text {
     pub fn raw_tokens(&self, text: &str) -> Result<Vec<u32>> {
         Ok(self.tokenizer.encode(text, true)?)
     }
+}
+
+/// `--chat-template`: an existing file, else a built-in template's name.
+fn template_from_arg(arg: &str) -> Result<ChatTemplate> {
+    let path = Path::new(arg);
+    let src = if path.is_file() {
+        std::fs::read_to_string(path).with_context(|| format!("reading chat template {arg}"))?
+    } else if let Some(src) = builtin_template(arg) {
+        src.to_string()
+    } else {
+        bail!(
+            "--chat-template {arg}: no such file, and not a built-in template ({})",
+            builtin_template_names()
+        );
+    };
+    ChatTemplate::new(src).with_context(|| format!("compiling chat template {arg}"))
+}
+
+/// The built-in template of the install's family, with a note on stderr.
+fn family_template(dir: &Path) -> Result<Option<ChatTemplate>> {
+    let manifest = read_manifest(dir)?;
+    let family = manifest.arch.family;
+    let Some(name) = default_chat_template(family) else {
+        return Ok(None);
+    };
+    eprintln!(
+        "note: {} has no chat template; using the built-in {name} template of the {family} \
+         family (--chat-template FILE|NAME to choose another)",
+        dir.display()
+    );
+    let src = builtin_template(name).context("the family's built-in template is missing")?;
+    Ok(Some(ChatTemplate::new(src).with_context(|| {
+        format!("compiling the built-in {name} template")
+    })?))
 }
 
 /// Opens the install and builds the model on the CPU backend.

@@ -244,3 +244,51 @@ fn llamacpp_written_ggufs_convert_and_match_hf_and_llamacpp() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A GGUF without a chat template (as llama.cpp's converter writes one when
+/// the checkpoint has none) runs with its family's built-in template, said
+/// on stderr; `--chat-template` takes a built-in name, and an unknown name
+/// is an error that lists the built-in ones.
+#[test]
+fn a_gguf_without_a_chat_template_uses_the_family_default() {
+    let work = Work::new("turbospark-tiny-gguf-template");
+    let install = work.0.join("gemma3");
+    let gguf = repo().join("tests/fixtures/tiny-gguf/gemma3.q8_0.gguf");
+    convert(&gguf, &install).unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--model",
+            install.to_str().unwrap(),
+            "--prompt",
+            "Hi",
+            "--max-tokens",
+            "2",
+            "--temperature",
+            "0",
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_turbospark"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("using the built-in gemma template of the gemma3 family"),
+        "{err}"
+    );
+    let out = run(&["--chat-template", "chatml"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("built-in gemma template"), "{err}");
+    let out = run(&["--chat-template", "no-such-template"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("no-such-template") && err.contains("gemma, chatml, mistral, glm4"),
+        "{err}"
+    );
+}

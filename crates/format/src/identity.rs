@@ -217,6 +217,21 @@ mod tests {
     }
 
     #[test]
+    fn llama_cpp_names_of_glm4moe_and_gemma4_tensors() {
+        assert_eq!(
+            canonical_from_gguf(Family::Glm4Moe, "blk.1.post_attention_norm.weight"),
+            "blk.1.ffn_norm.weight"
+        );
+        assert_eq!(
+            canonical_from_gguf(Family::Gemma4, "blk.1.ffn_down_exps.scale"),
+            "blk.1.ffn_gate_inp.expert_scale"
+        );
+        assert_eq!(family_for_gguf("muse-glimmer", 0), Some(Family::MuseGlimmer));
+        assert_eq!(default_chat_template(Family::Gemma3), Some("gemma"));
+        assert_eq!(default_chat_template(Family::Llama), None);
+    }
+
+    #[test]
     fn mixtral_is_llama_with_experts_in_gguf() {
         assert_eq!(family_for_gguf("llama", 0), Some(Family::Llama));
         assert_eq!(family_for_gguf("llama", 8), Some(Family::Mixtral));

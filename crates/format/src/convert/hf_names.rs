@@ -270,7 +270,53 @@ mod tests {
         );
         assert_eq!(
             map_hf_name(Family::Glm4Moe, "model.layers.9.input_layernorm.weight", 2),
-            Some(Target::Ignored)
+            Some(Target::Skipped(SkippedPart::MultiTokenPrediction))
+        );
+    }
+
+    #[test]
+    fn towers_and_projectors_are_named_parts() {
+        let part = |name: &str| match map_hf_name(Family::Gemma3, name, 2) {
+            Some(Target::Skipped(p)) => Some(p),
+            _ => None,
+        };
+        assert_eq!(
+            part("model.vision_tower.vision_model.embeddings.patch_embedding.weight"),
+            Some(SkippedPart::VisionTower)
+        );
+        assert_eq!(
+            part("model.visual.blocks.0.attn.qkv.weight"),
+            Some(SkippedPart::VisionTower)
+        );
+        assert_eq!(
+            part("model.audio_tower.layers.0.weight"),
+            Some(SkippedPart::AudioTower)
+        );
+        assert_eq!(
+            part("model.multi_modal_projector.mm_input_projection_weight"),
+            Some(SkippedPart::MultimodalProjector)
+        );
+        assert_eq!(
+            part("model.embed_vision.embedding_projection.weight"),
+            Some(SkippedPart::MultimodalProjector)
+        );
+        assert_eq!(
+            part("mtp.fc.weight"),
+            Some(SkippedPart::MultiTokenPrediction)
+        );
+        // The language model of a conditional-generation checkpoint maps as usual.
+        assert_eq!(
+            map_hf_name(
+                Family::Gemma3,
+                "model.language_model.layers.1.input_layernorm.weight",
+                2
+            ),
+            Some(Target::Resident("blk.1.attn_norm.weight".into()))
+        );
+        // Anything else stays unknown.
+        assert_eq!(
+            map_hf_name(Family::Gemma3, "model.mystery_tower.weight", 2),
+            None
         );
     }
 }

@@ -226,7 +226,10 @@ mod tests {
             canonical_from_gguf(Family::Gemma4, "blk.1.ffn_down_exps.scale"),
             "blk.1.ffn_gate_inp.expert_scale"
         );
-        assert_eq!(family_for_gguf("muse-glimmer", 0), Some(Family::MuseGlimmer));
+        assert_eq!(
+            family_for_gguf("muse-glimmer", 0),
+            Some(Family::MuseGlimmer)
+        );
         assert_eq!(default_chat_template(Family::Gemma3), Some("gemma"));
         assert_eq!(default_chat_template(Family::Llama), None);
     }

@@ -24,13 +24,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use turbospark_engine::timing::PhaseTimes;
+use turbospark_backend::Device;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
 
 use crate::experts::ExpertArgs;
-use crate::loading::{open_model, Backend};
+use crate::loading::DeviceArgs;
 use crate::numerics::{self, NumericsArg};
 
 /// Default cap on the context when `--context` is not given: the model's
@@ -102,6 +103,8 @@ pub struct GenArgs {
     /// (attention, dense FFN, router, routed experts, head) to stderr.
     #[arg(long)]
     pub timings: bool,
+    #[command(flatten)]
+    pub device: DeviceArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
 }
@@ -195,18 +198,20 @@ impl Text {
     }
 }
 
-/// Opens the install and builds the model on the CPU backend.
-pub fn load_model(a: &GenArgs) -> Result<Model<Backend>> {
-    open_model(
+/// Opens the install on the device `--backend` names and runs `task`.
+pub fn with_model<T: crate::loading::ModelTask>(a: &GenArgs, task: T) -> Result<T::Output> {
+    crate::loading::with_model(
         &a.model,
+        &a.device,
         a.threads,
         a.numerics.into(),
         &a.experts.options()?,
+        task,
     )
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.
-pub fn context_size(a: &GenArgs, model: &Model<Backend>) -> Result<usize> {
+pub fn context_size<D: Device>(a: &GenArgs, model: &Model<D>) -> Result<usize> {
     let max = model.spec().max_position;
     match a.context {
         Some(0) => bail!("--context must be at least 1"),
@@ -371,8 +376,8 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// A session with the list of tokens its KV cache holds.
-pub struct Generator<'m> {
-    pub session: Session<'m, Backend>,
+pub struct Generator<'m, D: Device> {
+    pub session: Session<'m, D>,
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
@@ -388,8 +393,8 @@ pub struct Generation {
     pub stats: GenStats,
 }
 
-impl<'m> Generator<'m> {
-    pub fn new(model: &'m Model<Backend>, context: usize) -> Result<Self> {
+impl<'m, D: Device> Generator<'m, D> {
+    pub fn new(model: &'m Model<D>, context: usize) -> Result<Self> {
         let session = model.session(SessionOptions::new(context))?;
         Ok(Generator {
             session,

@@ -90,6 +90,8 @@ impl<'m, D: Device> Session<'m, D> {
             max_keys,
             max_head_dim,
             max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
+            max_routes: spec.moe.as_ref().map_or(0, |m| m.top_k * max_batch),
+            max_expert_intermediate: spec.moe.as_ref().map_or(0, |m| m.expert_intermediate),
         })?;
         Ok(Session {
             model,

@@ -219,3 +219,101 @@ __device__ __forceinline__ void load_unit(const u8* row, int u, int cols, float*
         }
     }
 }
+
+// ---------------------------------------------------------------------
+// Lane-cooperative decoding for the formats whose blocks are 32 elements
+// with one scale (Q8_0, MXFP4): a warp reads 8 consecutive blocks per step,
+// lane l taking a quarter of block l / 4, so the warp's loads cover one
+// contiguous run of bytes. A quarter is 8 elements: for Q8_0 elements
+// 8q..8q+7; for MXFP4 the low nibbles of bytes 4q..4q+3 (elements
+// 4q..4q+3) and their high nibbles (elements 16+4q..16+4q+3).
+// quarter_dot returns Σ code·x over the quarter; the block scale is
+// applied by the caller.
+
+// MXFP4 codes doubled (KVALUES), as bytes of two words per half.
+#define MXFP4_LO0 0x03020100u
+#define MXFP4_LO1 0x0C080604u
+#define MXFP4_HI0 0xFDFEFF00u
+#define MXFP4_HI1 0xF4F8FAFCu
+
+__device__ __forceinline__ float mxfp4_code(u32 c) {
+    u32 b = c < 8 ? __byte_perm(MXFP4_LO0, MXFP4_LO1, c) : __byte_perm(MXFP4_HI0, MXFP4_HI1, c - 8);
+    return (float)(signed char)(b & 0xFF);
+}
+
+template <int F>
+__device__ __forceinline__ float quarter_scale(const u8* row, int b) {
+    if (F == F_Q8_0) return f16_to_f32(ld_u16(row + (i64)b * 34));
+    return e8m0_half(row[(i64)b * 17]);
+}
+
+// Decodes the 8 codes of quarter q of block b into c[8].
+template <int F>
+__device__ __forceinline__ void quarter_codes(const u8* row, int b, int q, float* c) {
+    if (F == F_Q8_0) {
+        const u16* p = (const u16*)(row + (i64)b * 34 + 2 + 8 * q);  // 2-byte aligned
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u16 v = p[j];
+            c[2 * j] = (float)(signed char)(v & 0xFF);
+            c[2 * j + 1] = (float)(signed char)(v >> 8);
+        }
+    } else {
+        const u8* p = row + (i64)b * 17 + 1 + 4 * q;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 v = p[j];
+            c[j] = mxfp4_code(v & 15);
+            c[4 + j] = mxfp4_code(v >> 4);
+        }
+    }
+}
+
+// The x offsets (within the block) of a quarter's two runs of 4.
+template <int F>
+__device__ __forceinline__ void quarter_x(int q, int* a, int* b) {
+    if (F == F_Q8_0) {
+        *a = 8 * q;
+        *b = 8 * q + 4;
+    } else {
+        *a = 4 * q;
+        *b = 16 + 4 * q;
+    }
+}
+
+__device__ __forceinline__ float dot8(const float* c, const float* x, int a, int b) {
+    float4 u = *(const float4*)(x + a), v = *(const float4*)(x + b);
+    float s = c[0] * u.x;
+    s = fmaf(c[1], u.y, s);
+    s = fmaf(c[2], u.z, s);
+    s = fmaf(c[3], u.w, s);
+    s = fmaf(c[4], v.x, s);
+    s = fmaf(c[5], v.y, s);
+    s = fmaf(c[6], v.z, s);
+    s = fmaf(c[7], v.w, s);
+    return s;
+}
+
+// One row's dot with T tokens' activations (x rows of `cols`), for
+// Q8_0/MXFP4 rows of `cols` (a multiple of 32 with 16-byte aligned x rows).
+template <int F, int T>
+__device__ __forceinline__ void coop_row_dot(const u8* row, int cols, const float* x, i64 x_stride,
+                                             int n, float* acc) {
+    int lane = threadIdx.x & 31;
+    int quarters = cols / 8;
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int s = lane; s < quarters; s += 32) {
+        int b = s >> 2, q = s & 3;
+        float c[8];
+        quarter_codes<F>(row, b, q, c);
+        float d = quarter_scale<F>(row, b);
+        int xa, xb;
+        quarter_x<F>(q, &xa, &xb);
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t < n) acc[t] = fmaf(dot8(c, x + t * x_stride + b * 32, xa, xb), d, acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}

@@ -50,6 +50,24 @@ __device__ void matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 ro
     }
 }
 
+// Q8_0 and MXFP4 rows: lane-cooperative blocks (common.cuh).
+template <int F>
+__device__ void matmul_coop(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
+                            const float* __restrict__ x, int n, float* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int t0 = blockIdx.y * MM_TOKENS;
+    if (row >= rows) return;
+    float acc[MM_TOKENS];
+    coop_row_dot<F, MM_TOKENS>(W + (i64)row * row_bytes, cols, x + (i64)t0 * cols, cols, n - t0,
+                               acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MM_TOKENS; t++)
+            if (t0 + t < n) out[(i64)(t0 + t) * rows + row] = acc[t];
+    }
+}
+
 #define MATMUL(name, F)                                                                      \
     extern "C" __global__ void name(const u8* W, int rows, int cols, i64 row_bytes,          \
                                     const float* x, int n, float* out) {                     \
@@ -59,7 +77,10 @@ __device__ void matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 ro
 MATMUL(matmul_f32, F_F32)
 MATMUL(matmul_f16, F_F16)
 MATMUL(matmul_bf16, F_BF16)
-MATMUL(matmul_q8_0, F_Q8_0)
+extern "C" __global__ void matmul_q8_0(const u8* W, int rows, int cols, i64 row_bytes,
+                                       const float* x, int n, float* out) {
+    matmul_coop<F_Q8_0>(W, rows, cols, row_bytes, x, n, out);
+}
 MATMUL(matmul_q4_0, F_Q4_0)
 MATMUL(matmul_q4_1, F_Q4_1)
 MATMUL(matmul_q5_0, F_Q5_0)
@@ -67,7 +88,10 @@ MATMUL(matmul_q5_1, F_Q5_1)
 MATMUL(matmul_q4_k, F_Q4_K)
 MATMUL(matmul_q5_k, F_Q5_K)
 MATMUL(matmul_q6_k, F_Q6_K)
-MATMUL(matmul_mxfp4, F_MXFP4)
+extern "C" __global__ void matmul_mxfp4(const u8* W, int rows, int cols, i64 row_bytes,
+                                        const float* x, int n, float* out) {
+    matmul_coop<F_MXFP4>(W, rows, cols, row_bytes, x, n, out);
+}
 
 // Tokens of an embedding lookup, passed by value so that no host buffer
 // must outlive the launch (and a captured graph holds its own copy).

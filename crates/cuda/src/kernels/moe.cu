@@ -40,6 +40,11 @@ struct MoeAct {
 // A row's dot with one token, as matmul_impl computes it for one token.
 template <int F>
 __device__ __forceinline__ float row_dot(const u8* wr, int cols, const float* x) {
+    if (F == F_Q8_0 || F == F_MXFP4) {
+        float acc[1];
+        coop_row_dot<F, 1>(wr, cols, x, 0, 1, acc);
+        return acc[0];
+    }
     int lane = threadIdx.x & 31;
     int units = (cols + 31) / 32;
     float acc = 0.0f;

@@ -365,11 +365,7 @@ mod tests {
         // a ∈ {3.5, −1.5, 1.5, −1.5} (mean 0), b small; the leading
         // component is within a few degrees of the axis, signed so that
         // the mean (0, 0, 1) projects positively (axis_z = 2/3 > 0).
-        let cos: f64 = got
-            .iter()
-            .zip(&axis)
-            .map(|(&g, a)| f64::from(g) * a)
-            .sum();
+        let cos: f64 = got.iter().zip(&axis).map(|(&g, a)| f64::from(g) * a).sum();
         assert!(cos > 0.99, "{got:?} vs {axis:?}: cos {cos}");
         let len: f64 = got.iter().map(|&g| f64::from(g).powi(2)).sum();
         assert!((len - 1.0).abs() < 1e-6);

@@ -210,7 +210,8 @@ impl<D: Device> Session<'_, D> {
             }
         }
         if self.hooks.active() {
-            self.hooks.end_chunk(&mut self.stream, pos, tokens, hidden)?;
+            self.hooks
+                .end_chunk(&mut self.stream, pos, tokens, hidden)?;
         }
         if let Some((first, rows, out)) = head {
             self.head(first, rows, out)?;

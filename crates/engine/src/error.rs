@@ -70,10 +70,14 @@ pub enum EngineError {
         n_layers: usize,
     },
     /// A control vector of another model's width.
-    #[error("the control vector has {found} elements per layer, the model's hidden size is {hidden}")]
+    #[error(
+        "the control vector has {found} elements per layer, the model's hidden size is {hidden}"
+    )]
     ControlVectorWidth { found: usize, hidden: usize },
     /// A control vector for a layer the model does not have.
-    #[error("the control vector has a direction for layer {layer}, the model has {n_layers} layers")]
+    #[error(
+        "the control vector has a direction for layer {layer}, the model has {n_layers} layers"
+    )]
     ControlVectorLayer { layer: usize, n_layers: usize },
     #[error(transparent)]
     ControlVector(#[from] crate::control_vector::ControlVectorError),

@@ -190,8 +190,7 @@ impl<D: Device> Default for Hooks<D> {
 
 impl<D: Device> Hooks<D> {
     fn refresh(&mut self) {
-        self.active =
-            !self.steer.is_empty() || self.capture.as_ref().is_some_and(|c| c.enabled);
+        self.active = !self.steer.is_empty() || self.capture.as_ref().is_some_and(|c| c.enabled);
     }
 
     /// Replaces the steering (`None`: none). Nothing changes on error.

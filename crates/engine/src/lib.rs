@@ -41,12 +41,12 @@ pub mod synthetic_install;
 pub mod timing;
 pub mod weights;
 
+pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
     RouterHistogram, SlotCount,
 };
-pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
 pub use hooks::{CapturedRows, ResidualSink, SteerMode, Steering};
 pub use kv::KvCache;
 pub use model::Model;

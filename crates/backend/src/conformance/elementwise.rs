@@ -239,7 +239,10 @@ pub fn check_adjust_projection<D: Device>(
         }
     }
     let mut xb = h.buf(&x)?;
-    if h.st.adjust_projection(&mut xb, n + 1, &uv, -1.0, 0.0).is_ok() {
+    if h.st
+        .adjust_projection(&mut xb, n + 1, &uv, -1.0, 0.0)
+        .is_ok()
+    {
         return Err(property(OP, "6 rows", "wrote past the buffer".into()));
     }
     Ok(())

@@ -27,8 +27,8 @@ use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{check_attention, check_kv_write};
 pub use elementwise::{
-    check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid, check_rms_norm, check_rope,
-    check_scale, check_softcap,
+    check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
+    check_rms_norm, check_rope, check_scale, check_softcap,
 };
 pub use linear::{check_buffers, check_embed, check_matmul};
 pub use moe::{check_moe, check_route};

@@ -32,6 +32,7 @@ use turbospark_text::{
 use crate::experts::ExpertArgs;
 use crate::loading::{open_model, Backend};
 use crate::numerics::{self, NumericsArg};
+use crate::probe::{CapturePositions, ProbeArgs};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -104,6 +105,8 @@ pub struct GenArgs {
     pub timings: bool,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 impl GenArgs {
@@ -376,6 +379,8 @@ pub struct Generator<'m> {
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
+    /// Which positions a residual capture keeps (`None`: no capture).
+    capture: Option<CapturePositions>,
 }
 
 /// What one generation produced.
@@ -395,7 +400,22 @@ impl<'m> Generator<'m> {
             session,
             cached: Vec::with_capacity(context),
             logits: vec![0.0; model.vocab_size()],
+            capture: None,
         })
+    }
+
+    /// A generator whose session has the capture and steering of `a`.
+    pub fn with_probes(model: &'m Model<Backend>, context: usize, a: &GenArgs) -> Result<Self> {
+        let mut g = Self::new(model, context)?;
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        g.capture = a.probe.apply(&mut g.session, model, &a.model, &numerics)?;
+        Ok(g)
+    }
+
+    /// Ends a residual capture, writing its file and sidecar.
+    pub fn finish_capture(&mut self) -> Result<()> {
+        self.capture = None;
+        Ok(self.session.finish_capture()?)
     }
 
     /// Forgets the conversation.
@@ -429,11 +449,17 @@ impl<'m> Generator<'m> {
             sampler.accept(t);
         }
 
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.prompt());
+        }
         self.session.phase_times_mut().reset();
         let t0 = Instant::now();
         self.session
             .forward(reused, fresh, Logits::Last(&mut self.logits))
             .context("prefill")?;
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.generated());
+        }
         let engine_prefill = *self.session.phase_times();
         self.session.phase_times_mut().reset();
         self.cached.extend_from_slice(fresh);

@@ -9,6 +9,7 @@ mod loading;
 mod npy;
 mod numerics;
 mod output;
+mod probe;
 mod progress;
 
 use clap::{Parser, Subcommand};

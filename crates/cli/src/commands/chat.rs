@@ -68,7 +68,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let model = load_model(g)?;
     let context = context_size(g, &model)?;
     let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
-    let mut generator = Generator::new(&model, context)?;
+    let mut generator = Generator::with_probes(&model, context, g)?;
     install_sigint_handler()?;
 
     let system: Vec<Message> = g
@@ -151,5 +151,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }
         }
     }
+    generator.finish_capture()?;
     Ok(ExitCode::SUCCESS)
 }

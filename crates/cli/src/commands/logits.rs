@@ -4,7 +4,8 @@
 //! reference implementations. The expert options (`--experts`,
 //! `--expert-slots`, `--expert-cache`, `--memory-budget`, `--direct-io`,
 //! `--stats`, `--router-hist`) are [`ExpertArgs`]; the output file appears
-//! only when every logit was computed.
+//! only when every logit was computed. `--capture-resid` and
+//! `--control-vector` are [`ProbeArgs`].
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -14,6 +15,7 @@ use turbospark_engine::SessionOptions;
 use crate::experts::ExpertArgs;
 use crate::loading::open_model;
 use crate::numerics::{self, NumericsArg};
+use crate::probe::ProbeArgs;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -38,6 +40,8 @@ pub struct Args {
     pub numerics: NumericsArg,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -50,6 +54,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let n = a.tokens.len();
     let vocab = model.vocab_size();
     let mut session = model.session(SessionOptions::new(n))?;
+    let numerics = format!("{:?}", a.numerics).to_lowercase();
+    a.probe.apply(&mut session, &model, &a.model, &numerics)?;
     let mut logits = vec![0f32; n * vocab];
     if a.decode {
         for (pos, (&token, row)) in a
@@ -63,6 +69,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     } else {
         session.prefill(&a.tokens, &mut logits)?;
     }
+    session.finish_capture()?;
     a.experts
         .report(session.expert_stats(), session.router_histogram())?;
     crate::output::write_atomically(&a.out, |w| crate::npy::write_f32(w, &[n, vocab], &logits))

@@ -86,7 +86,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let context = context_size(g, &model)?;
     check_prompt_fits(tokens.len(), context)?;
     let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
-    let mut generator = Generator::new(&model, context)?;
+    let mut generator = Generator::with_probes(&model, context, g)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let mut gen = generator.generate(
@@ -101,6 +101,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     use std::io::Write;
     writeln!(out).ok();
     drop(out);
+    generator.finish_capture()?;
     g.experts.report(
         generator.session.expert_stats(),
         generator.session.router_histogram(),

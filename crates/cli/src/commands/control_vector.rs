@@ -88,7 +88,7 @@ impl ResidualSink for LastRow {
     }
 }
 
-fn read_prompts(path: &PathBuf) -> Result<Vec<String>> {
+fn read_prompts(path: &std::path::Path) -> Result<Vec<String>> {
     let text = crate::commands::run::read_prompt_file(path)?;
     Ok(text
         .lines()

@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use turbospark_engine::timing::PhaseTimes;
 use turbospark_backend::Device;
+use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
@@ -33,6 +33,7 @@ use turbospark_text::{
 use crate::experts::ExpertArgs;
 use crate::loading::DeviceArgs;
 use crate::numerics::{self, NumericsArg};
+use crate::probe::{CapturePositions, ProbeArgs};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -107,6 +108,8 @@ pub struct GenArgs {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 impl GenArgs {
@@ -381,6 +384,8 @@ pub struct Generator<'m, D: Device> {
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
+    /// Which positions a residual capture keeps (`None`: no capture).
+    capture: Option<CapturePositions>,
 }
 
 /// What one generation produced.
@@ -400,7 +405,22 @@ impl<'m, D: Device> Generator<'m, D> {
             session,
             cached: Vec::with_capacity(context),
             logits: vec![0.0; model.vocab_size()],
+            capture: None,
         })
+    }
+
+    /// A generator whose session has the capture and steering of `a`.
+    pub fn with_probes(model: &'m Model<D>, context: usize, a: &GenArgs) -> Result<Self> {
+        let mut g = Self::new(model, context)?;
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        g.capture = a.probe.apply(&mut g.session, model, &a.model, &numerics)?;
+        Ok(g)
+    }
+
+    /// Ends a residual capture, writing its file and sidecar.
+    pub fn finish_capture(&mut self) -> Result<()> {
+        self.capture = None;
+        Ok(self.session.finish_capture()?)
     }
 
     /// Forgets the conversation.
@@ -434,11 +454,17 @@ impl<'m, D: Device> Generator<'m, D> {
             sampler.accept(t);
         }
 
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.prompt());
+        }
         self.session.phase_times_mut().reset();
         let t0 = Instant::now();
         self.session
             .forward(reused, fresh, Logits::Last(&mut self.logits))
             .context("prefill")?;
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.generated());
+        }
         let engine_prefill = *self.session.phase_times();
         self.session.phase_times_mut().reset();
         self.cached.extend_from_slice(fresh);

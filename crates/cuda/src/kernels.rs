@@ -58,6 +58,7 @@ pub(crate) struct Kernels {
     pub softcap: CudaFunction,
     pub glu: CudaFunction,
     pub rms_norm: CudaFunction,
+    pub adjust_projection: CudaFunction,
     pub rope: CudaFunction,
     pub kv_write_f32: CudaFunction,
     pub kv_write_f16: CudaFunction,
@@ -84,7 +85,9 @@ impl Kernels {
         // Attention keeps a query's scores in shared memory: allow the
         // device's whole opt-in amount.
         let optin = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
             .map_err(CudaError::driver("reading the shared-memory limit"))?;
         let attention_smem = (optin.max(48 * 1024) - 1024) as usize;
         for k in [&attention_f32, &attention_f16] {
@@ -106,6 +109,7 @@ impl Kernels {
             softcap: f("softcap")?,
             glu: f("glu")?,
             rms_norm: f("rms_norm")?,
+            adjust_projection: f("adjust_projection")?,
             rope: f("rope")?,
             kv_write_f32: f("kv_write_f32")?,
             kv_write_f16: f("kv_write_f16")?,

@@ -66,12 +66,11 @@ pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| {
-        CudaError::Compile {
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
             arch: arch.clone(),
             log: compile_log(e),
-        }
-    })?;
+        })?;
     Ok(ptx.to_src())
 }
 
@@ -88,7 +87,10 @@ pub fn compile_cached(major: i32, minor: i32) -> Result<String, CudaError> {
     let mut h = Sha256::new();
     h.update(source().as_bytes());
     h.update(format!("compute_{major}{minor} nvrtc {vmaj}.{vmin}").as_bytes());
-    let key: String = h.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let key: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let path = cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key}.ptx")));
     if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(text);

@@ -244,12 +244,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn write_routes(&mut self, dst: &mut CudaRoutes, src: &[Route]) -> Result<(), BackendError> {
-        check_len(
-            "write_routes",
-            "dst",
-            dst.max_tokens * dst.top_k,
-            src.len(),
-        )?;
+        check_len("write_routes", "dst", dst.max_tokens * dst.top_k, src.len())?;
         if src.is_empty() {
             return Ok(());
         }
@@ -262,12 +257,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn read_routes(&mut self, src: &CudaRoutes, dst: &mut [Route]) -> Result<(), BackendError> {
-        check_len(
-            "read_routes",
-            "src",
-            src.max_tokens * src.top_k,
-            dst.len(),
-        )?;
+        check_len("read_routes", "src", src.max_tokens * src.top_k, dst.len())?;
         if dst.is_empty() {
             return Ok(());
         }
@@ -465,10 +455,7 @@ impl Stream<CudaDevice> for CudaStream {
                 ))
             }
             (false, Some(_)) => {
-                return Err(shape(
-                    "rms_norm",
-                    "a no-scale norm takes no weight".into(),
-                ))
+                return Err(shape("rms_norm", "a no-scale norm takes no weight".into()))
             }
         };
         if rows == 0 || dim == 0 {
@@ -697,6 +684,32 @@ impl Stream<CudaDevice> for CudaStream {
         self.elementwise("add", &self.k.add, len, &mut args![dp, sp, n])
     }
 
+    fn adjust_projection(
+        &mut self,
+        x: &mut CudaBuf,
+        n: usize,
+        u: &CudaVector,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let d = u.len;
+        let xp = x.f32_ptr("adjust_projection", "x", n * d)?;
+        if n == 0 || d == 0 {
+            return Ok(());
+        }
+        self.bind("adjust_projection")?;
+        let dd = d as i32;
+        launch(
+            "adjust_projection",
+            &self.k.adjust_projection,
+            self.raw(),
+            (n as u32, 1, 1),
+            256,
+            0,
+            &mut args![xp, u.mem.ptr, dd, alpha, beta],
+        )
+    }
+
     fn scale(&mut self, x: &mut CudaBuf, len: usize, s: f32) -> Result<(), BackendError> {
         let xp = x.f32_ptr("scale", "x", len)?;
         let n = len as i64;
@@ -712,7 +725,12 @@ impl Stream<CudaDevice> for CudaStream {
         let xp = x.f32_ptr("mul_sigmoid", "x", len)?;
         let gp = gate.f32_ptr("mul_sigmoid", "gate", len)?;
         let n = len as i64;
-        self.elementwise("mul_sigmoid", &self.k.mul_sigmoid, len, &mut args![xp, gp, n])
+        self.elementwise(
+            "mul_sigmoid",
+            &self.k.mul_sigmoid,
+            len,
+            &mut args![xp, gp, n],
+        )
     }
 
     fn softcap(&mut self, x: &mut CudaBuf, len: usize, cap: f32) -> Result<(), BackendError> {
@@ -892,7 +910,9 @@ impl Stream<CudaDevice> for CudaStream {
         if k == 0 {
             return Err(shape("moe", format!("no routes for {n_tokens} tokens")));
         }
-        let yp = scratch.y.f32_ptr("moe", "scratch.y", n_tokens * k * hidden)?;
+        let yp = scratch
+            .y
+            .f32_ptr("moe", "scratch.y", n_tokens * k * hidden)?;
         let op = out.f32_ptr("moe", "out", n_tokens * hidden)?;
         let (n, kk, h) = (n_tokens as i32, k as i32, hidden as i32);
         self.elementwise(

@@ -21,7 +21,12 @@ fn exact_numerics_conform() {
     let Some(dev) = device(Numerics::Exact) else {
         return;
     };
-    eprintln!("device: {} (sm_{}{})", dev.gpu_name(), dev.capability().0, dev.capability().1);
+    eprintln!(
+        "device: {} (sm_{}{})",
+        dev.gpu_name(),
+        dev.capability().0,
+        dev.capability().1
+    );
     if let Err(e) = check_all(&dev, &Tolerances::for_numerics(Numerics::Exact)) {
         panic!("{e}");
     }

@@ -98,7 +98,7 @@ impl ModelTask for Conversation<'_> {
         let g = &a.gen;
         let context = context_size(g, &model)?;
         let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
-        let mut generator = Generator::new(&model, context)?;
+        let mut generator = Generator::with_probes(&model, context, g)?;
         install_sigint_handler()?;
 
         let system: Vec<Message> = g
@@ -181,6 +181,7 @@ impl ModelTask for Conversation<'_> {
                 }
             }
         }
+        generator.finish_capture()?;
         Ok(())
     }
 }

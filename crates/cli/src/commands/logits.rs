@@ -4,7 +4,8 @@
 //! reference implementations. The expert options (`--experts`,
 //! `--expert-slots`, `--expert-cache`, `--memory-budget`, `--direct-io`,
 //! `--stats`, `--router-hist`) are [`ExpertArgs`]; the output file appears
-//! only when every logit was computed.
+//! only when every logit was computed. `--capture-resid` and
+//! `--control-vector` are [`ProbeArgs`].
 
 use anyhow::{Context, Result};
 use std::path::PathBuf;
@@ -13,9 +14,10 @@ use turbospark_engine::SessionOptions;
 
 use crate::experts::ExpertArgs;
 use crate::loading::{with_model, DeviceArgs, ModelTask};
+use crate::numerics::{self, NumericsArg};
+use crate::probe::ProbeArgs;
 use turbospark_backend::Device;
 use turbospark_engine::Model;
-use crate::numerics::{self, NumericsArg};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -47,6 +49,8 @@ pub struct Args {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -74,6 +78,8 @@ impl ModelTask for Logits<'_> {
         let n = a.tokens.len();
         let vocab = model.vocab_size();
         let mut session = model.session(SessionOptions::new(n + a.greedy))?;
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        a.probe.apply(&mut session, &model, &a.model, &numerics)?;
         let mut logits = vec![0f32; n * vocab];
         if a.decode {
             for (pos, (&token, row)) in a
@@ -87,6 +93,7 @@ impl ModelTask for Logits<'_> {
         } else {
             session.prefill(&a.tokens, &mut logits)?;
         }
+        session.finish_capture()?;
         if a.greedy > 0 {
             let mut next = turbospark_text::sampler::argmax(&logits[(n - 1) * vocab..]);
             let mut ids = Vec::with_capacity(a.greedy);
@@ -99,9 +106,7 @@ impl ModelTask for Logits<'_> {
         }
         a.experts
             .report(session.expert_stats(), session.router_histogram())?;
-        crate::output::write_atomically(&a.out, |w| {
-            crate::npy::write_f32(w, &[n, vocab], &logits)
-        })
-        .with_context(|| format!("writing {}", a.out.display()))
+        crate::output::write_atomically(&a.out, |w| crate::npy::write_f32(w, &[n, vocab], &logits))
+            .with_context(|| format!("writing {}", a.out.display()))
     }
 }

@@ -119,11 +119,11 @@ impl ModelTask for Answer<'_> {
         let context = context_size(g, &model)?;
         check_prompt_fits(tokens.len(), context)?;
         let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
-        let mut generator = Generator::new(&model, context)?;
+        let mut generator = Generator::with_probes(&model, context, g)?;
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
         let mut gen = generator.generate(
-            &tokens,
+            tokens,
             &text.tokenizer,
             &mut sampler,
             &g.stops,
@@ -134,6 +134,7 @@ impl ModelTask for Answer<'_> {
         use std::io::Write;
         writeln!(out).ok();
         drop(out);
+        generator.finish_capture()?;
         g.experts.report(
             generator.session.expert_stats(),
             generator.session.router_histogram(),

@@ -125,3 +125,21 @@ extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int
 extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
     GRID_STRIDE(i, len) dst[i] = f16_to_f32(src[i]);
 }
+
+// x[t] += (alpha · (u · x[t]) + beta) · u for each row of `d`; the dot in
+// f64. One block per row.
+extern "C" __global__ void adjust_projection(float* x, const float* u, int d, float alpha,
+                                             float beta) {
+    __shared__ double red[32];
+    float* row = x + (i64)blockIdx.x * d;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)row[i] * (double)u[i];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if (lane == 0) red[wp] = s;
+    __syncthreads();
+    double t = lane < nw ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    float c = (float)((double)alpha * t + (double)beta);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = fmaf(c, u[i], row[i]);
+}

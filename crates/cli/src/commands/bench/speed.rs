@@ -24,13 +24,13 @@ use super::model_desc::ModelDesc;
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
 use crate::loading::{with_model, BackendArg, ModelTask};
-use turbospark_backend::Device;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_backend::Device;
 use turbospark_cpu::Numerics;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_format::install::Install;
@@ -420,6 +420,7 @@ mod tests {
     fn mean_and_sample_sd() {
         let m = Measurement {
             test: Test::Gen(1),
+            backend: "CPU",
             threads: 1,
             numerics: Numerics::Fast,
             samples: vec![2.0, 4.0, 6.0],

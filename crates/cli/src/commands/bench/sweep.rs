@@ -21,11 +21,11 @@
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
 use crate::loading::{with_model, ModelTask};
-use turbospark_backend::Device;
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_backend::Device;
 use turbospark_cpu::Numerics;
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{

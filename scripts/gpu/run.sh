@@ -4,6 +4,8 @@
 # travels with the repository; see scripts/gpu/build.sh).
 #
 # Usage: scripts/gpu/run.sh [STAGE...]     (default: every stage, in order)
+#   prepare      in parallel: the synthetic models (uniform and skewed
+#                routing) and the llama.cpp CUDA build
 #   info         GPU, driver, NVRTC, HBM copy bandwidth
 #   conformance  the backend conformance suite on the GPU (exact and fast)
 #   fixtures     every tiny fixture family: CUDA logits vs CPU exact logits
@@ -27,7 +29,7 @@ LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
-STAGES=${*:-info conformance fixtures bench llamacpp streamed}
+STAGES=${*:-prepare info conformance fixtures bench llamacpp streamed}
 t_all=$SECONDS
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -39,6 +41,15 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
         break
     fi
 done
+
+build_llamacpp() {
+    [ -x "$WORK/lcb/bin/llama-bench" ] && return 0
+    rm -rf "$WORK/llama.cpp" && tar xzf "$LLAMA_TGZ" -C "$WORK" || return 1
+    cmake -S "$WORK/llama.cpp" -B "$WORK/lcb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$WORK/lcb-configure.log" 2>&1 || { tail -20 "$WORK/lcb-configure.log"; return 1; }
+    cmake --build "$WORK/lcb" --target llama-bench -j 16 >"$WORK/lcb-build.log" 2>&1 || { tail -30 "$WORK/lcb-build.log"; return 1; }
+}
 
 synth20b() {
     if [ ! -d "$WORK/synth20b" ]; then
@@ -52,6 +63,14 @@ synth20b() {
 for s in $STAGES; do
     t0=$SECONDS
     case $s in
+    prepare)
+        stage "prepare: synthetic models and the llama.cpp build, in parallel"
+        ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
+        ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        build_llamacpp &
+        wait
+        ls "$WORK"
+        ;;
     info)
         stage "info"
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
@@ -74,7 +93,7 @@ PY
         stage "conformance"
         for t in "$BIN"/cuda-*; do
             echo "--- $t"
-            "$t" --nocapture --test-threads 1 2>&1 | tail -15
+            "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
         done
         ;;
     fixtures)
@@ -108,7 +127,36 @@ PY
         stage "bench: gpt-oss-20b shape, resident experts"
         synth20b || { echo "synth failed"; continue; }
         du -sh "$WORK/synth20b" "$WORK/synth20b.gguf"
-        "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r "$REPS" --numerics fast,exact
+        "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r "$REPS" --numerics fast
+        python3 - "$WORK/synth20b/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+a = m["arch"]
+moe = a["moe"]
+# A token reads every resident byte except the embedding table (one row),
+# and top_k experts of every MoE layer.
+emb = a["vocab_size"] * a["hidden_size"] * 34 // 32  # Q8_0 embedding
+stride = sum(p["length"] for p in m["experts"][0]["parts"])
+need = m["resident_bytes"] - emb + len(m["experts"]) * moe["top_k"] * stride
+print(f"bytes a token reads: {need / 1e9:.3f} GB (resident {m['resident_bytes'] / 1e9:.3f} GB less the embedding, + {moe['top_k']} × {stride / 1e6:.2f} MB experts × {len(m['experts'])} layers)")
+print(f"roofline at 4273 GB/s copy bandwidth: {4273e9 / need:.0f} tok/s")
+PY
+        ;;
+    llamacpp)
+        stage "llama.cpp (CUDA, sm_90) on the same GGUF"
+        build_llamacpp || { echo "llama.cpp build failed"; continue; }
+        LB="$WORK/lcb/bin/llama-bench"
+        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md
+        echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
+        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
+        "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        ;;
+    streamed)
+        stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"
+        for m in synth20b synth20b-skew; do
+            echo "--- $m"
+            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 512 --generate 128
+        done
         ;;
     *) echo "unknown stage $s" ;;
     esac

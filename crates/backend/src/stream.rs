@@ -160,6 +160,19 @@ pub trait Stream<D: Device>: Send {
     ) -> Result<(), BackendError>;
     /// `dst[i] += src[i]` for `i < len`.
     fn add(&mut self, dst: &mut D::Buf, src: &D::Buf, len: usize) -> Result<(), BackendError>;
+    /// Moves each of `n` rows along a unit vector `u` (`[d]`, `d` its
+    /// length): `x[t] += (alpha · (u · x[t]) + beta) · u`, the dot product
+    /// accumulated in f64. With `alpha = −1, beta = 0` it projects `u` out
+    /// of every row (ablation); with `alpha = −1, beta = c` it sets every
+    /// row's component along `u` to `c` (clamping). Steering uses it.
+    fn adjust_projection(
+        &mut self,
+        x: &mut D::Buf,
+        n: usize,
+        u: &D::Vector,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), BackendError>;
     /// `x[i] *= s` for `i < len`.
     fn scale(&mut self, x: &mut D::Buf, len: usize, s: f32) -> Result<(), BackendError>;
     /// `x[i] *= sigmoid(gate[i])` for `i < len`.

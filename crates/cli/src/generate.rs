@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use turbospark_backend::Device;
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_format::identity::default_chat_template;
@@ -33,8 +34,9 @@ use turbospark_text::{
 };
 
 use crate::experts::ExpertArgs;
-use crate::loading::{open_model, Backend};
+use crate::loading::DeviceArgs;
 use crate::numerics::{self, NumericsArg};
+use crate::probe::{CapturePositions, ProbeArgs};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -108,7 +110,11 @@ pub struct GenArgs {
     #[arg(long)]
     pub timings: bool,
     #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 impl GenArgs {
@@ -234,18 +240,20 @@ fn family_template(dir: &Path) -> Result<Option<ChatTemplate>> {
     })?))
 }
 
-/// Opens the install and builds the model on the CPU backend.
-pub fn load_model(a: &GenArgs) -> Result<Model<Backend>> {
-    open_model(
+/// Opens the install on the device `--backend` names and runs `task`.
+pub fn with_model<T: crate::loading::ModelTask>(a: &GenArgs, task: T) -> Result<T::Output> {
+    crate::loading::with_model(
         &a.model,
+        &a.device,
         a.threads,
         a.numerics.into(),
         &a.experts.options()?,
+        task,
     )
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.
-pub fn context_size(a: &GenArgs, model: &Model<Backend>) -> Result<usize> {
+pub fn context_size<D: Device>(a: &GenArgs, model: &Model<D>) -> Result<usize> {
     let max = model.spec().max_position;
     match a.context {
         Some(0) => bail!("--context must be at least 1"),
@@ -410,11 +418,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// A session with the list of tokens its KV cache holds.
-pub struct Generator<'m> {
-    pub session: Session<'m, Backend>,
+pub struct Generator<'m, D: Device> {
+    pub session: Session<'m, D>,
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
+    /// Which positions a residual capture keeps (`None`: no capture).
+    capture: Option<CapturePositions>,
 }
 
 /// What one generation produced.
@@ -427,14 +437,29 @@ pub struct Generation {
     pub stats: GenStats,
 }
 
-impl<'m> Generator<'m> {
-    pub fn new(model: &'m Model<Backend>, context: usize) -> Result<Self> {
+impl<'m, D: Device> Generator<'m, D> {
+    pub fn new(model: &'m Model<D>, context: usize) -> Result<Self> {
         let session = model.session(SessionOptions::new(context))?;
         Ok(Generator {
             session,
             cached: Vec::with_capacity(context),
             logits: vec![0.0; model.vocab_size()],
+            capture: None,
         })
+    }
+
+    /// A generator whose session has the capture and steering of `a`.
+    pub fn with_probes(model: &'m Model<D>, context: usize, a: &GenArgs) -> Result<Self> {
+        let mut g = Self::new(model, context)?;
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        g.capture = a.probe.apply(&mut g.session, model, &a.model, &numerics)?;
+        Ok(g)
+    }
+
+    /// Ends a residual capture, writing its file and sidecar.
+    pub fn finish_capture(&mut self) -> Result<()> {
+        self.capture = None;
+        Ok(self.session.finish_capture()?)
     }
 
     /// Forgets the conversation.
@@ -468,11 +493,17 @@ impl<'m> Generator<'m> {
             sampler.accept(t);
         }
 
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.prompt());
+        }
         self.session.phase_times_mut().reset();
         let t0 = Instant::now();
         self.session
             .forward(reused, fresh, Logits::Last(&mut self.logits))
             .context("prefill")?;
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.generated());
+        }
         let engine_prefill = *self.session.phase_times();
         self.session.phase_times_mut().reset();
         self.cached.extend_from_slice(fresh);

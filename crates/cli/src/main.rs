@@ -9,6 +9,7 @@ mod loading;
 mod npy;
 mod numerics;
 mod output;
+mod probe;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -61,6 +62,10 @@ enum Command {
     /// Chat on stdin: the conversation is kept (the KV cache is reused
     /// across turns); /reset forgets it, /exit leaves, Ctrl-C stops an answer.
     Chat(commands::chat::Args),
+    /// Build a control vector from paired positive and negative prompts
+    /// (mean difference or first principal component of their residuals),
+    /// written as llama.cpp's control-vector GGUF (`--control-vector`).
+    ControlVector(commands::control_vector::Args),
 }
 
 fn main() -> ExitCode {
@@ -74,6 +79,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => commands::bench::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
+        Command::ControlVector(a) => commands::control_vector::run(a),
     };
     match result {
         Ok(code) => code,

@@ -22,6 +22,7 @@
 //!                    [+ shared(a)] [+ dense_branch_post_norm(dense(a))]
 //!   h += ffn_post_norm(f)
 //!   h ·= layer_output_scale                        (scales the residual too)
+//!   h = steer(h) ; capture(h)                      (hooks, when set: crate::hooks)
 //! logits = softcap(multiplier · (output_norm(h) · W_out))   (W_out = token_embd if tied)
 //! ```
 
@@ -203,6 +204,14 @@ impl<D: Device> Session<'_, D> {
             if let Some(s) = lw.layer_output_scale {
                 self.stream.scale(&mut self.bufs.h, n * hidden, s)?;
             }
+            if self.hooks.active() {
+                let h = &mut self.bufs.h;
+                self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
+            }
+        }
+        if self.hooks.active() {
+            self.hooks
+                .end_chunk(&mut self.stream, pos, tokens, hidden)?;
         }
         if let Some((first, rows, out)) = head {
             self.head(first, rows, out)?;

@@ -8,6 +8,7 @@
 use crate::decoder::Buffers;
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
+use crate::hooks::{Hooks, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::timing::PhaseTimes;
@@ -56,6 +57,8 @@ pub struct Session<'m, D: Device> {
     pub(crate) experts: SessionExperts<D>,
     /// Wall time per phase of the forward passes so far.
     pub(crate) times: PhaseTimes,
+    /// Residual capture and steering (none by default).
+    pub(crate) hooks: Hooks<D>,
     /// The last token's logits for [`Session::decode`].
     last_logits: Vec<f32>,
     max_batch: usize,
@@ -90,6 +93,8 @@ impl<'m, D: Device> Session<'m, D> {
             max_keys,
             max_head_dim,
             max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
+            max_routes: spec.moe.as_ref().map_or(0, |m| m.top_k * max_batch),
+            max_expert_intermediate: spec.moe.as_ref().map_or(0, |m| m.expert_intermediate),
         })?;
         Ok(Session {
             model,
@@ -98,6 +103,7 @@ impl<'m, D: Device> Session<'m, D> {
             bufs: Buffers::new(device, spec, max_batch)?,
             experts,
             times: PhaseTimes::default(),
+            hooks: Hooks::default(),
             last_logits: vec![0.0; spec.vocab_size],
             max_batch,
         })
@@ -158,6 +164,51 @@ impl<'m, D: Device> Session<'m, D> {
 
     pub fn router_histogram_mut(&mut self) -> &mut RouterHistogram {
         &mut self.experts.histogram
+    }
+
+    /// Steers every later forward pass with control vectors (`None`:
+    /// stops steering); see [`crate::hooks`]. Checks the layer range and
+    /// the vectors against the model; on error the steering is unchanged.
+    pub fn set_steering(&mut self, steering: Option<&Steering>) -> Result<(), EngineError> {
+        let spec = &self.model.spec;
+        self.hooks.set_steering(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            steering,
+        )
+    }
+
+    /// Captures the residual stream after each of `layers` (decoder layer
+    /// indices from 0, HF `hidden_states[L + 1]`) in every later forward
+    /// pass, handing the rows of each pass to `sink` (see
+    /// [`crate::hooks`]). A capture already running is finished first.
+    pub fn set_capture(
+        &mut self,
+        layers: &[usize],
+        sink: Box<dyn ResidualSink>,
+    ) -> Result<(), EngineError> {
+        let spec = &self.model.spec;
+        self.hooks.set_capture(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            self.max_batch,
+            layers,
+            sink,
+        )
+    }
+
+    /// Pauses (`false`) or resumes (`true`) the capture, e.g. to keep only
+    /// the prompt's or only the generated tokens' rows.
+    pub fn set_capture_enabled(&mut self, on: bool) {
+        self.hooks.set_capture_enabled(on);
+    }
+
+    /// Ends the capture and finishes its sink (which may write a header or
+    /// a sidecar); does nothing without a capture.
+    pub fn finish_capture(&mut self) -> Result<(), EngineError> {
+        self.hooks.finish_capture()
     }
 
     /// Runs `tokens` at positions `position ..`, which must be the cache's

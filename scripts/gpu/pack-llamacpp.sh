@@ -15,6 +15,6 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 tar xzf "$SDIST" -C "$TMP"
 SRC=$(ls -d "$TMP"/llama_cpp_python-*/vendor/llama.cpp)
-rm -rf "$SRC"/{models,docs,media,benches,app,examples/llama.android,tools/server/public*,tools/server/webui,gguf-py/tests}
+rm -rf "$SRC"/{models,docs,media,benches,examples/llama.android,tools/server/public*,tools/server/webui,gguf-py/tests}
 tar czf "$OUT" -C "$(dirname "$SRC")" llama.cpp
 ls -la "$OUT" >&2

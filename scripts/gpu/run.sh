@@ -29,7 +29,7 @@ LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
-STAGES=${*:-prepare info conformance fixtures bench llamacpp streamed}
+STAGES=${*:-prepare info conformance bench llamacpp fixtures streamed}
 t_all=$SECONDS
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -106,6 +106,14 @@ PY
             "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
             toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
             "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpu.npy" --numerics exact --greedy 32 > "$WORK/$fam-cpu.txt" || { echo "$fam: cpu failed"; continue; }
+            # Token by token (recorded decode steps replayed) against the CPU's prefill.
+            if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-decode.npy" --numerics exact --decode > /dev/null; then
+                python3 -c "
+import numpy as np
+x, y = np.load('$WORK/$fam-cpu.npy').astype(np.float64), np.load('$WORK/$fam-cuda-decode.npy').astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+print(f'{\"$fam\":<14} {\"decode\":<6} {rel:12.2e} {\"-\":>12} {\"ok\" if rel <= 2e-3 else \"FAIL\"}')"
+            fi
             for mode in exact fast; do
                 if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$fam-cuda-$mode.txt"; then
                     python3 - "$WORK/$fam-cpu" "$WORK/$fam-cuda-$mode" "$fam" "$mode" <<'PY'
@@ -155,7 +163,7 @@ PY
         stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"
         for m in synth20b synth20b-skew; do
             echo "--- $m"
-            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 512 --generate 128
+            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
         done
         ;;
     *) echo "unknown stage $s" ;;

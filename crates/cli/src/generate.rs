@@ -451,6 +451,7 @@ impl<'m, D: Device> Generator<'m, D> {
     /// A generator whose session has the capture and steering of `a`.
     pub fn with_probes(model: &'m Model<D>, context: usize, a: &GenArgs) -> Result<Self> {
         let mut g = Self::new(model, context)?;
+        g.session.set_route_statistics(a.experts.counts_routes());
         let numerics = format!("{:?}", a.numerics).to_lowercase();
         g.capture = a.probe.apply(&mut g.session, model, &a.model, &numerics)?;
         Ok(g)

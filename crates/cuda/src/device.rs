@@ -9,7 +9,7 @@
 //! projection so that one launch reaches any of them.
 
 use crate::kernels::Kernels;
-use crate::memory::{runtime, DevMem, PinnedF32};
+use crate::memory::{DevMem, PinnedF32};
 use crate::stream::CudaStream;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector, Stacked};
 use crate::{nvrtc, CudaError};
@@ -269,15 +269,6 @@ impl Device for CudaDevice {
         let gate = self.stack(experts, |e| &e.gate, [inter, hidden])?;
         let up = self.stack(experts, |e| &e.up, [inter, hidden])?;
         let down = self.stack(experts, |e| &e.down, [hidden, inter])?;
-        if gate.format != up.format {
-            return Err(BackendError::Shape {
-                op: "upload_bank",
-                detail: format!(
-                    "gate ({}) and up ({}) projections in different formats",
-                    gate.format, up.format
-                ),
-            });
-        }
         Ok(CudaBank {
             slots: experts.len(),
             hidden,
@@ -323,19 +314,6 @@ impl Device for CudaDevice {
     }
 
     fn stream(&self, limits: &Limits) -> Result<CudaStream, BackendError> {
-        let stream = self.ctx.new_stream().map_err(runtime("stream"))?;
-        let act = DevMem::zeroed(
-            &self.ctx,
-            limits.max_routes * limits.max_expert_intermediate * 4,
-            "stream scratch",
-        )?;
-        Ok(CudaStream::new(
-            self.ctx.clone(),
-            stream,
-            self.kernels.clone(),
-            self.numerics,
-            act,
-            limits.max_routes * limits.max_expert_intermediate,
-        ))
+        CudaStream::new(self, limits)
     }
 }

@@ -13,11 +13,11 @@ use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, 
 use crate::memory::{runtime, DevMem, PinnedF32};
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
-use cudarc::driver::{result, CudaContext, CudaStream as RawStream};
+use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
-    check_len, routes_for, AttentionParams, BackendError, DType, ExpertTensors, MoeInput,
-    MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
+    check_len, routes_for, AttentionParams, BackendError, DType, Device, ExpertTensors, Limits,
+    MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 
@@ -35,6 +35,29 @@ pub struct CudaStream {
     /// Expert activations of one MoE call: `[max_routes, intermediate]` f32.
     act: DevMem,
     act_len: usize,
+    /// Routes grouped by slot (`[max_routes]` u32) and each slot's start
+    /// in that list (`[MAX_MASK_SLOTS + 1]` u32), for batched MoE calls.
+    order: DevMem,
+    offsets: DevMem,
+    /// A recorded decode step's `{token, position}` (two i32), which the
+    /// position-dependent kernels read while a step is recorded.
+    step: DevMem,
+    /// Whether ops are being recorded into a step.
+    recording: bool,
+    graph: Option<StepGraph>,
+}
+
+/// An instantiated CUDA graph of one decode step.
+struct StepGraph(sys::CUgraphExec);
+
+// SAFETY: a graph exec is a handle usable from any thread of its context.
+unsafe impl Send for StepGraph {}
+
+impl Drop for StepGraph {
+    fn drop(&mut self) {
+        // SAFETY: instantiated once by end_step, destroyed once here.
+        let _ = unsafe { result::graph::exec_destroy(self.0) };
+    }
 }
 
 fn shape(op: &'static str, detail: String) -> BackendError {
@@ -51,22 +74,47 @@ fn dtype_err(op: &'static str, what: &'static str, expected: DType, found: DType
 }
 
 impl CudaStream {
-    pub(crate) fn new(
-        ctx: Arc<CudaContext>,
-        stream: Arc<RawStream>,
-        k: Arc<Kernels>,
-        numerics: Numerics,
-        act: DevMem,
-        act_len: usize,
-    ) -> CudaStream {
-        CudaStream {
-            ctx,
+    /// A new stream on `dev` with scratch for `limits`.
+    pub(crate) fn new(dev: &CudaDevice, limits: &Limits) -> Result<CudaStream, BackendError> {
+        let ctx = dev.ctx.clone();
+        let stream = ctx.new_stream().map_err(runtime("stream"))?;
+        let act_len = limits.max_routes * limits.max_expert_intermediate;
+        let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
+        Ok(CudaStream {
             stream,
-            k,
-            numerics,
-            act,
+            k: dev.kernels.clone(),
+            numerics: dev.numerics(),
+            act: zeroed(act_len * 4)?,
             act_len,
+            order: zeroed(limits.max_routes * 4)?,
+            offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
+            step: zeroed(8)?,
+            recording: false,
+            graph: None,
+            ctx,
+        })
+    }
+
+    /// The step parameters' address while recording, else null.
+    fn step_ptr(&self) -> u64 {
+        if self.recording {
+            self.step.ptr
+        } else {
+            0
         }
+    }
+
+    /// Queues writing `{token, position}` into the step parameters.
+    fn set_step(&self, token: u32, position: usize) -> Result<(), BackendError> {
+        let pos = i32::try_from(position)
+            .map_err(|_| shape("decode step", format!("position {position} beyond i32")))?;
+        for (at, v) in [(0u64, token), (4, pos as u32)] {
+            // SAFETY: `step` holds two 4-byte words; the value travels by value.
+            unsafe { sys::cuMemsetD32Async(self.step.ptr + at, v, 1, self.raw().cu_stream()) }
+                .result()
+                .map_err(runtime("decode step"))?;
+        }
+        Ok(())
     }
 
     pub fn numerics(&self) -> Numerics {
@@ -111,6 +159,7 @@ impl CudaStream {
             up_bias: opt(&bank.up_bias),
             down_bias: opt(&bank.down_bias),
             gate_row_bytes: bank.gate.row_bytes as i64,
+            up_row_bytes: bank.up.row_bytes as i64,
             down_row_bytes: bank.down.row_bytes as i64,
             hidden: bank.hidden as i32,
             inter: bank.inter as i32,
@@ -140,6 +189,70 @@ fn activation(act: Activation) -> MoeAct {
 }
 
 impl Stream<CudaDevice> for CudaStream {
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    fn begin_step(&mut self, token: u32, position: usize) -> Result<(), BackendError> {
+        if self.recording {
+            return Err(shape(
+                "begin_step",
+                "a step is already being recorded".into(),
+            ));
+        }
+        self.bind("begin_step")?;
+        self.graph = None;
+        self.set_step(token, position)?;
+        // SAFETY: a valid stream of the bound context; capture ends in end_step.
+        unsafe {
+            result::stream::begin_capture(
+                self.raw().cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(runtime("begin_step"))?;
+        self.recording = true;
+        Ok(())
+    }
+
+    fn end_step(&mut self) -> Result<(), BackendError> {
+        if !self.recording {
+            return Err(shape("end_step", "no step is being recorded".into()));
+        }
+        self.recording = false;
+        self.bind("end_step")?;
+        // SAFETY: the stream is capturing (begin_step); ending it hands
+        // over the graph, destroyed below once instantiated.
+        let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }
+            .map_err(runtime("end_step"))?;
+        // SAFETY: `graph` is the valid graph just captured.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: destroyed once; the instantiated exec does not need it.
+        let _ = unsafe { result::graph::destroy(graph) };
+        let exec = StepGraph(exec.map_err(runtime("end_step"))?);
+        // SAFETY: a valid exec and stream.
+        unsafe { result::graph::launch(exec.0, self.raw().cu_stream()) }
+            .map_err(runtime("end_step"))?;
+        self.graph = Some(exec);
+        Ok(())
+    }
+
+    fn replay_step(&mut self, token: u32, position: usize) -> Result<bool, BackendError> {
+        let Some(exec) = self.graph.as_ref().map(|g| g.0) else {
+            return Ok(false);
+        };
+        self.bind("replay_step")?;
+        self.set_step(token, position)?;
+        // SAFETY: a valid exec (owned by self.graph) and stream.
+        unsafe { result::graph::launch(exec, self.raw().cu_stream()) }
+            .map_err(runtime("replay_step"))?;
+        Ok(true)
+    }
+
+    fn forget_step(&mut self) {
+        self.graph = None;
+    }
+
     fn synchronize(&mut self) -> Result<(), BackendError> {
         self.bind("synchronize")?;
         self.stream.synchronize().map_err(runtime("synchronize"))
@@ -365,6 +478,7 @@ impl Stream<CudaDevice> for CudaStream {
         }
         self.bind("embed")?;
         let f = self.k.embed.get(table.format);
+        let step = self.step_ptr();
         for (c, chunk) in tokens.chunks(kernels::MAX_EMBED_TOKENS).enumerate() {
             let mut ids = kernels::EmbedTokens {
                 ids: [0; kernels::MAX_EMBED_TOKENS],
@@ -379,7 +493,7 @@ impl Stream<CudaDevice> for CudaStream {
                 (chunk.len() as u32, 1, 1),
                 64,
                 0,
-                &mut args![table.mem.ptr, cols, rb, ids, n, at],
+                &mut args![table.mem.ptr, cols, rb, ids, n, at, step],
             )?;
         }
         Ok(())
@@ -523,11 +637,12 @@ impl Stream<CudaDevice> for CudaStream {
             head_dim as i32,
             first_pos as i32,
         );
+        let step = self.step_ptr();
         self.elementwise(
             "rope",
             &self.k.rope,
             n_tokens * n_heads * pairs,
-            &mut args![xp, nt, nh, hd, fp, p],
+            &mut args![xp, nt, nh, hd, fp, p, step],
         )
     }
 
@@ -559,11 +674,12 @@ impl Stream<CudaDevice> for CudaStream {
             first_pos as i32,
             capacity as i32,
         );
+        let step = self.step_ptr();
         self.elementwise(
             "kv_write",
             f,
             n_tokens * row_len,
-            &mut args![cache.mem.ptr, sp, n, r, fp, cap],
+            &mut args![cache.mem.ptr, sp, n, r, fp, cap, step],
         )
     }
 
@@ -620,7 +736,13 @@ impl Stream<CudaDevice> for CudaStream {
                 capacity: p.capacity,
             });
         }
-        let max_keys = newest - first_key(newest) + 1;
+        // A recorded step is replayed at later positions: room for every
+        // key the cache can hold.
+        let max_keys = if self.recording {
+            p.capacity
+        } else {
+            newest - first_key(newest) + 1
+        };
         let smem = (p.head_dim + max_keys) * 4;
         if smem > self.k.attention_smem {
             return Err(BackendError::ScratchTooSmall {
@@ -646,6 +768,7 @@ impl Stream<CudaDevice> for CudaStream {
             has_sinks: sinks.is_some() as i32,
         };
         let sp = sinks.map_or(0, |s| s.mem.ptr);
+        let step = self.step_ptr();
         self.bind("attention")?;
         launch(
             "attention",
@@ -654,7 +777,7 @@ impl Stream<CudaDevice> for CudaStream {
             (p.n_heads as u32, p.n_tokens as u32, 1),
             ATTN_THREADS,
             smem as u32,
-            &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op],
+            &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op, step],
         )
     }
 
@@ -875,23 +998,81 @@ impl Stream<CudaDevice> for CudaStream {
         let routes_n = (n * k) as u32;
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
+        let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
+            &[(bank.gate.format, 0)]
+        } else {
+            &[(bank.gate.format, 1), (bank.up.format, 2)]
+        };
+        let grouped =
+            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        if !grouped {
+            let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1);
+            for &(fmt, mode) in passes {
+                launch(
+                    "moe",
+                    self.k.moe_gate_up.get(fmt),
+                    self.raw(),
+                    grid,
+                    threads,
+                    0,
+                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, self.act.ptr, mode],
+                )?;
+            }
+            return launch(
+                "moe",
+                self.k.moe_down.get(bank.down.format),
+                self.raw(),
+                (hidden.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
+                threads,
+                0,
+                &mut args![self.act.ptr, routes.mem.ptr, mask, view, yp],
+            );
+        }
+        let (nr, slots) = ((n * k) as i32, bank.slots as i32);
         launch(
             "moe",
-            self.k.moe_gate_up.get(bank.gate.format),
+            &self.k.moe_group,
             self.raw(),
-            (inter.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
-            threads,
-            0,
-            &mut args![xp, routes.mem.ptr, kk, mask, view, a, self.act.ptr],
+            (1, 1, 1),
+            1024,
+            ((bank.slots + 1) * 4) as u32,
+            &mut args![
+                routes.mem.ptr,
+                nr,
+                slots,
+                mask,
+                self.order.ptr,
+                self.offsets.ptr
+            ],
         )?;
+        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
+        for &(fmt, mode) in passes {
+            launch(
+                "moe",
+                self.k.moe_gate_up_grouped.get(fmt),
+                self.raw(),
+                (
+                    inter.div_ceil(kernels::MM_WARPS) as u32,
+                    bank.slots as u32,
+                    1,
+                ),
+                threads,
+                0,
+                &mut args![xp, order, offsets, kk, view, a, self.act.ptr, mode],
+            )?;
+        }
         launch(
             "moe",
-            self.k.moe_down.get(bank.down.format),
+            self.k.moe_down_grouped.get(bank.down.format),
             self.raw(),
-            (hidden.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
+            (
+                hidden.div_ceil(kernels::MM_WARPS) as u32,
+                bank.slots as u32,
+                1,
+            ),
             threads,
             0,
-            &mut args![self.act.ptr, routes.mem.ptr, mask, view, yp],
+            &mut args![self.act.ptr, order, offsets, view, yp],
         )
     }
 

@@ -182,6 +182,57 @@ impl<D: Device> Session<'_, D> {
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
+        let recordable = tokens.len() == 1
+            && matches!(head, Some((0, 1, _)))
+            && !self.hooks.active()
+            && self.experts.device_only()
+            && self.stream.records_steps();
+        if recordable {
+            let start = Instant::now();
+            let token = tokens[0];
+            if !self.stream.replay_step(token, pos)? {
+                self.stream.begin_step(token, pos)?;
+                let recorded = self.step_ops(pos, tokens);
+                // A failed recording must not leave the stream recording.
+                let ended = self.stream.end_step();
+                recorded?;
+                ended?;
+            }
+            if let Some((_, _, out)) = head {
+                let vocab = self.model.spec.vocab_size;
+                self.stream.read(&self.bufs.logits, &mut out[..vocab])?;
+            }
+            self.times.lap(Phase::Step, start);
+            return Ok(());
+        }
+        self.layers_and_head(pos, tokens, head)
+    }
+
+    /// A recorded decode step: every op of one token's forward pass up to
+    /// its logits on the device (the read-back stays outside the step).
+    fn step_ops(&mut self, pos: usize, tokens: &[u32]) -> Result<(), EngineError> {
+        self.embed_and_layers(pos, tokens)?;
+        self.head_logits(0, 1)
+    }
+
+    /// The forward pass of a batch, op by op, with its phases timed.
+    fn layers_and_head(
+        &mut self,
+        pos: usize,
+        tokens: &[u32],
+        head: Option<(usize, usize, &mut [f32])>,
+    ) -> Result<(), EngineError> {
+        let t = self.embed_and_layers(pos, tokens)?;
+        if let Some((first, rows, out)) = head {
+            self.head(first, rows, out)?;
+            self.times.lap(Phase::Head, t);
+        }
+        Ok(())
+    }
+
+    /// Embedding, every layer and the hooks; returns when the last phase
+    /// ended.
+    fn embed_and_layers(&mut self, pos: usize, tokens: &[u32]) -> Result<Instant, EngineError> {
         let m = self.model;
         let spec = &m.spec;
         let n = tokens.len();
@@ -213,11 +264,7 @@ impl<D: Device> Session<'_, D> {
             self.hooks
                 .end_chunk(&mut self.stream, pos, tokens, hidden)?;
         }
-        if let Some((first, rows, out)) = head {
-            self.head(first, rows, out)?;
-            self.times.lap(Phase::Head, t);
-        }
-        Ok(())
+        Ok(t)
     }
 
     fn attention_block(
@@ -449,6 +496,16 @@ impl<D: Device> Session<'_, D> {
     /// Final norm, head, multiplier and soft-cap for batch rows
     /// `first .. first + rows`, read back into `out` (`[rows, vocab]`).
     fn head(&mut self, first: usize, rows: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        self.head_logits(first, rows)?;
+        let vocab = self.model.spec.vocab_size;
+        self.stream
+            .read(&self.bufs.logits, &mut out[..rows * vocab])?;
+        Ok(())
+    }
+
+    /// Final norm, head, multiplier and soft-cap of batch rows `first ..
+    /// first + rows` into the logits buffer.
+    fn head_logits(&mut self, first: usize, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st) = (&m.spec, &mut self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
@@ -469,7 +526,6 @@ impl<D: Device> Session<'_, D> {
         if let Some(cap) = spec.head.softcap {
             st.softcap(&mut b.logits, rows * vocab, cap)?;
         }
-        st.read(&b.logits, &mut out[..rows * vocab])?;
         Ok(())
     }
 }

@@ -78,6 +78,7 @@ impl ModelTask for Logits<'_> {
         let n = a.tokens.len();
         let vocab = model.vocab_size();
         let mut session = model.session(SessionOptions::new(n + a.greedy))?;
+        session.set_route_statistics(a.experts.counts_routes());
         let numerics = format!("{:?}", a.numerics).to_lowercase();
         a.probe.apply(&mut session, &model, &a.model, &numerics)?;
         let mut logits = vec![0f32; n * vocab];

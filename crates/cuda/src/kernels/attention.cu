@@ -32,8 +32,10 @@ __device__ __forceinline__ float kv_at(const void* cache, i64 i) {
 template <bool HALF>
 __device__ void attention_impl(const float* __restrict__ q, const void* __restrict__ kc,
                                const void* __restrict__ vc, AttnParams p,
-                               const float* __restrict__ sinks, float* __restrict__ out) {
+                               const float* __restrict__ sinks, float* __restrict__ out,
+                               const int* __restrict__ step) {
     extern __shared__ float sm[];
+    if (step) p.first_pos = step[1];
     __shared__ float red[32];
     int h = blockIdx.x, t = blockIdx.y;
     int hd = p.head_dim;
@@ -82,11 +84,13 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
 }
 
 extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
-                                         AttnParams p, const float* sinks, float* out) {
-    attention_impl<false>(q, kc, vc, p, sinks, out);
+                                         AttnParams p, const float* sinks, float* out,
+                                         const int* step) {
+    attention_impl<false>(q, kc, vc, p, sinks, out, step);
 }
 
 extern "C" __global__ void attention_f16(const float* q, const u16* kc, const u16* vc,
-                                         AttnParams p, const float* sinks, float* out) {
-    attention_impl<true>(q, kc, vc, p, sinks, out);
+                                         AttnParams p, const float* sinks, float* out,
+                                         const int* step) {
+    attention_impl<true>(q, kc, vc, p, sinks, out, step);
 }

@@ -317,3 +317,54 @@ __device__ __forceinline__ void coop_row_dot(const u8* row, int cols, const floa
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
+
+// One row's dot with the activations of up to T tokens whose rows start at
+// xs[0..nt] (any addresses): per token the same instructions, in the same
+// order, as coop_row_dot (Q8_0, MXFP4) or the unit loop of row_dot (other
+// formats) compute for a lone token, so a token's value does not depend on
+// the others. Every lane ends with the sums.
+template <int F, int T>
+__device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* const* xs, int nt,
+                                         float* acc) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    if (F == F_Q8_0 || F == F_MXFP4) {
+        int quarters = cols / 8;
+        for (int s = lane; s < quarters; s += 32) {
+            int b = s >> 2, q = s & 3;
+            float c[8];
+            quarter_codes<F>(row, b, q, c);
+            float d = quarter_scale<F>(row, b);
+            int xa, xb;
+            quarter_x<F>(q, &xa, &xb);
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t < nt) acc[t] = fmaf(dot8(c, xs[t] + b * 32, xa, xb), d, acc[t]);
+        }
+    } else {
+        int units = (cols + 31) / 32;
+        for (int u = lane; u < units; u += 32) {
+            float w[32];
+            load_unit<F>(row, u, cols, w);
+            int base = u * 32;
+            int len = min(32, cols - base);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t < nt) {
+                    const float* xp = xs[t] + base;
+                    float s = 0.0f;
+                    if (len == 32) {
+#pragma unroll
+                        for (int j = 0; j < 32; j++) s = fmaf(w[j], xp[j], s);
+                    } else {
+                        for (int j = 0; j < len; j++) s = fmaf(w[j], xp[j], s);
+                    }
+                    acc[t] += s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}

@@ -87,8 +87,11 @@ struct RopeParams {
 // x: [n_tokens, n_heads, head_dim]; one thread per (token, head, pair).
 // The angle is formed in f32 and its cosine and sine taken in f64, as the
 // host table does (RopeTable::cos_sin).
+// `step`, when set, holds a recorded decode step's {token, position}; the
+// position comes from there (here and in kv_write and attention).
 extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_dim, int first_pos,
-                                RopeParams p) {
+                                RopeParams p, const int* step) {
+    if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n_tokens * n_heads * p.pairs) {
         int pair = (int)(i % p.pairs);
         i64 th = i / p.pairs;
@@ -107,7 +110,8 @@ extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_di
 
 // Rows of `row_len` into cache rows (first_pos + t) % capacity.
 extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, int row_len,
-                                        int first_pos, int capacity) {
+                                        int first_pos, int capacity, const int* step) {
+    if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n * row_len) {
         int t = (int)(i / row_len), c = (int)(i % row_len);
         cache[(i64)((first_pos + t) % capacity) * row_len + c] = src[i];
@@ -115,7 +119,8 @@ extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, i
 }
 
 extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int row_len,
-                                        int first_pos, int capacity) {
+                                        int first_pos, int capacity, const int* step) {
+    if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n * row_len) {
         int t = (int)(i / row_len), c = (int)(i % row_len);
         cache[(i64)((first_pos + t) % capacity) * row_len + c] = f32_to_f16(src[i]);

@@ -101,12 +101,16 @@ struct EmbedTokens {
 };
 
 // out[t] = dequantized table row tokens[t]; one block per token.
+// `step`, when set, holds a recorded decode step's {token, position}: the
+// token comes from there rather than from `tokens` (n is 1).
 template <int F>
 __device__ void embed_impl(const u8* __restrict__ table, int cols, i64 row_bytes,
-                           EmbedTokens tokens, int n, float* __restrict__ out) {
+                           EmbedTokens tokens, int n, float* __restrict__ out,
+                           const int* __restrict__ step) {
     int t = blockIdx.x;
     if (t >= n) return;
-    const u8* row = table + (i64)tokens.ids[t] * row_bytes;
+    u32 id = step ? (u32)step[0] : tokens.ids[t];
+    const u8* row = table + (i64)id * row_bytes;
     int units = (cols + 31) / 32;
     for (int u = threadIdx.x; u < units; u += blockDim.x) {
         float w[32];
@@ -118,8 +122,8 @@ __device__ void embed_impl(const u8* __restrict__ table, int cols, i64 row_bytes
 
 #define EMBED(name, F)                                                                        \
     extern "C" __global__ void name(const u8* table, int cols, i64 row_bytes, EmbedTokens tok, \
-                                    int n, float* out) {                                       \
-        embed_impl<F>(table, cols, row_bytes, tok, n, out);                                    \
+                                    int n, float* out, const int* step) {                      \
+        embed_impl<F>(table, cols, row_bytes, tok, n, out, step);                              \
     }
 
 EMBED(embed_f32, F_F32)

@@ -14,8 +14,9 @@ struct BankView {
     const float* gate_bias;  // [slots, inter] or null
     const float* up_bias;
     const float* down_bias;  // [slots, hidden] or null
-    i64 gate_row_bytes;      // bytes of one row of `hidden` elements
-    i64 down_row_bytes;      // bytes of one row of `inter` elements
+    i64 gate_row_bytes;      // bytes of one gate row (`hidden` elements)
+    i64 up_row_bytes;        // bytes of one up row (`hidden` elements)
+    i64 down_row_bytes;      // bytes of one down row (`inter` elements)
     int hidden;
     int inter;
     int slots;
@@ -40,37 +41,21 @@ struct MoeAct {
 // A row's dot with one token, as matmul_impl computes it for one token.
 template <int F>
 __device__ __forceinline__ float row_dot(const u8* wr, int cols, const float* x) {
-    if (F == F_Q8_0 || F == F_MXFP4) {
-        float acc[1];
-        coop_row_dot<F, 1>(wr, cols, x, 0, 1, acc);
-        return acc[0];
-    }
-    int lane = threadIdx.x & 31;
-    int units = (cols + 31) / 32;
-    float acc = 0.0f;
-    for (int u = lane; u < units; u += 32) {
-        float w[32];
-        load_unit<F>(wr, u, cols, w);
-        int base = u * 32;
-        int len = min(32, cols - base);
-        const float* xp = x + base;
-        float s = 0.0f;
-        if (len == 32) {
-#pragma unroll
-            for (int j = 0; j < 32; j++) s = fmaf(w[j], xp[j], s);
-        } else {
-            for (int j = 0; j < len; j++) s = fmaf(w[j], xp[j], s);
-        }
-        acc += s;
-    }
-    return warp_sum(acc);
+    float acc[1];
+    const float* xs[1] = {x};
+    rows_dot<F, 1>(wr, cols, xs, 1, acc);
+    return acc[0];
 }
 
-// grid (ceil(inter / MM_WARPS), routes); warp = one intermediate row of one route.
+// grid (ceil(inter / MM_WARPS), routes); warp = one intermediate row of one
+// route. `mode` 0: gate and up (both in format F) and the activation;
+// when the two projections are stored in different formats, mode 1 writes
+// the gate projection into `act` and mode 2 (in the up projection's format)
+// combines it with the up projection: the same values either way.
 template <int F>
 __device__ void moe_gate_up_impl(const float* __restrict__ x, const RouteOut* __restrict__ routes,
                                  int k, SlotMask only, BankView b, MoeAct a,
-                                 float* __restrict__ act) {
+                                 float* __restrict__ act, int mode) {
     int i = blockIdx.y;
     int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     if (row >= b.inter) return;
@@ -78,12 +63,15 @@ __device__ void moe_gate_up_impl(const float* __restrict__ x, const RouteOut* __
     if (slot >= (u32)b.slots || skipped(only, slot)) return;
     const float* xt = x + (i64)(i / k) * b.hidden;
     i64 r = (i64)slot * b.inter + row;
-    float g = row_dot<F>(b.gate + r * b.gate_row_bytes, b.hidden, xt);
-    float u = row_dot<F>(b.up + r * b.gate_row_bytes, b.hidden, xt);
+    float g = 0.0f, u = 0.0f;
+    if (mode != 2) g = row_dot<F>(b.gate + r * b.gate_row_bytes, b.hidden, xt);
+    if (mode != 1) u = row_dot<F>(b.up + r * b.up_row_bytes, b.hidden, xt);
     if ((threadIdx.x & 31) == 0) {
-        if (b.gate_bias) g += b.gate_bias[r];
-        if (b.up_bias) u += b.up_bias[r];
-        act[(i64)i * b.inter + row] = glu_one(g, u, a.act, a.alpha, a.limit);
+        float* o = act + (i64)i * b.inter + row;
+        if (mode == 2) g = *o;
+        else if (b.gate_bias) g += b.gate_bias[r];
+        if (mode != 1 && b.up_bias) u += b.up_bias[r];
+        *o = mode == 1 ? g : glu_one(g, u, a.act, a.alpha, a.limit);
     }
 }
 
@@ -107,8 +95,8 @@ __device__ void moe_down_impl(const float* __restrict__ act, const RouteOut* __r
 #define MOE(fmt, F)                                                                            \
     extern "C" __global__ void moe_gate_up_##fmt(const float* x, const RouteOut* routes, int k, \
                                                  SlotMask only, BankView b, MoeAct a,         \
-                                                 float* act) {                                 \
-        moe_gate_up_impl<F>(x, routes, k, only, b, a, act);                                    \
+                                                 float* act, int mode) {                       \
+        moe_gate_up_impl<F>(x, routes, k, only, b, a, act, mode);                              \
     }                                                                                          \
     extern "C" __global__ void moe_down_##fmt(const float* act, const RouteOut* routes,       \
                                               SlotMask only, BankView b, float* y) {           \
@@ -141,3 +129,131 @@ extern "C" __global__ void moe_combine(const float* y, const RouteOut* routes, i
         out[i] = acc;
     }
 }
+
+// ---------------------------------------------------------------------
+// Batches: the routes grouped by slot, so each expert's weights are read
+// once per MOE_GROUP routes instead of once per route.
+//   moe_group: order[offsets[s] .. offsets[s + 1]] lists the routes of slot s
+//   (those `only` keeps); one block.
+//   moe_gate_up_grouped / moe_down_grouped: grid (rows / MM_WARPS, slots).
+// Each route's row is the same instructions as in moe_gate_up / moe_down
+// (rows_dot), so its bits are those of the route computed alone.
+
+#define MOE_GROUP 8
+
+extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int slots,
+                                     SlotMask only, u32* order, u32* offsets) {
+    extern __shared__ u32 cnt[];  // slots + 1
+    for (int s = threadIdx.x; s <= slots; s += blockDim.x) cnt[s] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_routes; i += blockDim.x) {
+        u32 s = routes[i].slot;
+        if (s < (u32)slots && !skipped(only, s)) atomicAdd(&cnt[s + 1], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int s = 1; s <= slots; s++) cnt[s] += cnt[s - 1];
+        for (int s = 0; s <= slots; s++) offsets[s] = cnt[s];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_routes; i += blockDim.x) {
+        u32 s = routes[i].slot;
+        if (s < (u32)slots && !skipped(only, s)) order[atomicAdd(&cnt[s], 1u)] = (u32)i;
+    }
+}
+
+template <int F>
+__device__ void moe_gate_up_grouped_impl(const float* __restrict__ x, const u32* __restrict__ order,
+                                         const u32* __restrict__ offsets, int k, BankView b,
+                                         MoeAct a, float* __restrict__ act, int mode) {
+    int slot = blockIdx.y;
+    int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (row >= b.inter) return;
+    i64 r = (i64)slot * b.inter + row;
+    const u8* gw = b.gate + r * b.gate_row_bytes;
+    const u8* uw = b.up + r * b.up_row_bytes;
+    u32 end = offsets[slot + 1];
+    for (u32 c = offsets[slot]; c < end; c += MOE_GROUP) {
+        int nt = (int)min((u32)MOE_GROUP, end - c);
+        const float* xs[MOE_GROUP];
+        u32 ids[MOE_GROUP];
+#pragma unroll
+        for (int t = 0; t < MOE_GROUP; t++) {
+            ids[t] = t < nt ? order[c + t] : 0;
+            xs[t] = x + (i64)(ids[t] / k) * b.hidden;
+        }
+        float g[MOE_GROUP], u[MOE_GROUP];
+        if (mode != 2) rows_dot<F, MOE_GROUP>(gw, b.hidden, xs, nt, g);
+        if (mode != 1) rows_dot<F, MOE_GROUP>(uw, b.hidden, xs, nt, u);
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int t = 0; t < MOE_GROUP; t++) {
+                if (t >= nt) break;
+                float* o = act + (i64)ids[t] * b.inter + row;
+                float gv = g[t], uv = u[t];
+                if (mode == 2) gv = *o;
+                else if (b.gate_bias) gv += b.gate_bias[r];
+                if (mode != 1 && b.up_bias) uv += b.up_bias[r];
+                *o = mode == 1 ? gv : glu_one(gv, uv, a.act, a.alpha, a.limit);
+            }
+        }
+    }
+}
+
+template <int F>
+__device__ void moe_down_grouped_impl(const float* __restrict__ act, const u32* __restrict__ order,
+                                      const u32* __restrict__ offsets, BankView b,
+                                      float* __restrict__ y) {
+    int slot = blockIdx.y;
+    int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    if (row >= b.hidden) return;
+    i64 r = (i64)slot * b.hidden + row;
+    const u8* dw = b.down + r * b.down_row_bytes;
+    u32 end = offsets[slot + 1];
+    for (u32 c = offsets[slot]; c < end; c += MOE_GROUP) {
+        int nt = (int)min((u32)MOE_GROUP, end - c);
+        const float* xs[MOE_GROUP];
+        u32 ids[MOE_GROUP];
+#pragma unroll
+        for (int t = 0; t < MOE_GROUP; t++) {
+            ids[t] = t < nt ? order[c + t] : 0;
+            xs[t] = act + (i64)ids[t] * b.inter;
+        }
+        float v[MOE_GROUP];
+        rows_dot<F, MOE_GROUP>(dw, b.inter, xs, nt, v);
+        if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+            for (int t = 0; t < MOE_GROUP; t++) {
+                if (t >= nt) break;
+                float o = v[t];
+                if (b.down_bias) o += b.down_bias[r];
+                y[(i64)ids[t] * b.hidden + row] = o;
+            }
+        }
+    }
+}
+
+#define MOE_GROUPED(fmt, F)                                                                    \
+    extern "C" __global__ void moe_gate_up_grouped_##fmt(const float* x, const u32* order,      \
+                                                         const u32* offsets, int k, BankView b, \
+                                                         MoeAct a, float* act, int mode) {      \
+        moe_gate_up_grouped_impl<F>(x, order, offsets, k, b, a, act, mode);                    \
+    }                                                                                           \
+    extern "C" __global__ void moe_down_grouped_##fmt(const float* act, const u32* order,       \
+                                                      const u32* offsets, BankView b,           \
+                                                      float* y) {                               \
+        moe_down_grouped_impl<F>(act, order, offsets, b, y);                                    \
+    }
+
+MOE_GROUPED(f32, F_F32)
+MOE_GROUPED(f16, F_F16)
+MOE_GROUPED(bf16, F_BF16)
+MOE_GROUPED(q8_0, F_Q8_0)
+MOE_GROUPED(q4_0, F_Q4_0)
+MOE_GROUPED(q4_1, F_Q4_1)
+MOE_GROUPED(q5_0, F_Q5_0)
+MOE_GROUPED(q5_1, F_Q5_1)
+MOE_GROUPED(q4_k, F_Q4_K)
+MOE_GROUPED(q5_k, F_Q5_K)
+MOE_GROUPED(q6_k, F_Q6_K)
+MOE_GROUPED(mxfp4, F_MXFP4)

@@ -186,6 +186,7 @@ fn measure<'m, D: Device>(
         context: n,
         max_batch: a.prefill_chunk.min(n),
     })?;
+    session.set_route_statistics(a.experts.counts_routes());
     let mut random = RandomTokens::new(model.vocab_size());
     let mut last = vec![0f32; model.vocab_size()];
     let reset = peak_rss_reset();

@@ -6,10 +6,11 @@
 //   out = Σ_j e^(s_j - m) / (Σ_j e^(s_j - m) + e^(sink_h - m)) · v_j.
 // Key j lives in cache row j % capacity.
 //
-// One block per (query head, token); a warp per key for the scores (lanes
-// over the head dimension, so each key row is read coalesced), the scores
-// in shared memory, then a thread per output dimension sums over the keys
-// in key order.
+// One block per (query head, token) of ATTN_THREADS threads; a thread per
+// key for the scores (kept in shared memory, then turned into weights),
+// then threads per output dimension sum the weighted values.
+
+#define ATTN_THREADS 128
 
 struct AttnParams {
     int first_pos;
@@ -49,14 +50,37 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
     __syncthreads();
     i64 row = (i64)p.n_kv_heads * hd;
     int kvh = h / (p.n_heads / p.n_kv_heads);
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int j = wp; j < nk; j += nw) {
+    // Scores: a thread per key, reading its key row with 16-byte loads
+    // (independent of each other) against the query in shared memory.
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd;
         float s = 0.0f;
-        for (int d = lane; d < hd; d += 32) s = fmaf(qs[d], kv_at<HALF>(kc, at + d), s);
-        s = warp_sum(s) * p.scale;
+        if (HALF && (hd & 7) == 0) {
+            const uint4* kp = (const uint4*)((const u16*)kc + at);
+            for (int d = 0; d < hd; d += 8) {
+                uint4 v = kp[d >> 3];
+                u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s = fmaf(qs[d + 2 * e], f16_to_f32((u16)(w[e] & 0xFFFF)), s);
+                    s = fmaf(qs[d + 2 * e + 1], f16_to_f32((u16)(w[e] >> 16)), s);
+                }
+            }
+        } else if (!HALF && (hd & 3) == 0) {
+            const float4* kp = (const float4*)((const float*)kc + at);
+            for (int d = 0; d < hd; d += 4) {
+                float4 v = kp[d >> 2];
+                s = fmaf(qs[d], v.x, s);
+                s = fmaf(qs[d + 1], v.y, s);
+                s = fmaf(qs[d + 2], v.z, s);
+                s = fmaf(qs[d + 3], v.w, s);
+            }
+        } else {
+            for (int d = 0; d < hd; d++) s = fmaf(qs[d], kv_at<HALF>(kc, at + d), s);
+        }
+        s *= p.scale;
         if (p.softcap > 0.0f) s = tanhf(s / p.softcap) * p.softcap;
-        if (lane == 0) sc[j] = s;
+        sc[j] = s;
     }
     __syncthreads();
     float sink = p.has_sinks ? sinks[h] : -INFINITY;
@@ -72,14 +96,45 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
     float denom = block_sum(local, red);
     if (p.has_sinks) denom += expf(sink - m);
     __syncthreads();
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) sc[j] = sc[j] / denom;
+    __syncthreads();
+    // Values: `groups` sets of threads, set g summing keys g, g + groups, ...
+    // for one output dimension each; the sets' sums then meet in set order.
+    __shared__ float part[ATTN_THREADS];
     float* oh = out + ((i64)t * p.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    int groups = hd <= (int)blockDim.x ? (int)blockDim.x / hd : 1;
+    int g = threadIdx.x / hd;
+    for (int d0 = 0; d0 < hd; d0 += blockDim.x) {
+        int d = d0 + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
         float acc = 0.0f;
-        for (int j = 0; j < nk; j++) {
-            i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd + d;
-            acc = fmaf(sc[j] / denom, kv_at<HALF>(vc, at), acc);
+        if (g < groups && d < hd) {
+            i64 base = (i64)kvh * hd + d;
+            int j = g;
+            for (; j + 3 * groups < nk; j += 4 * groups) {
+                float v0 = kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base);
+                float v1 = kv_at<HALF>(vc, (i64)((lo + j + groups) % p.capacity) * row + base);
+                float v2 = kv_at<HALF>(vc, (i64)((lo + j + 2 * groups) % p.capacity) * row + base);
+                float v3 = kv_at<HALF>(vc, (i64)((lo + j + 3 * groups) % p.capacity) * row + base);
+                acc = fmaf(sc[j], v0, acc);
+                acc = fmaf(sc[j + groups], v1, acc);
+                acc = fmaf(sc[j + 2 * groups], v2, acc);
+                acc = fmaf(sc[j + 3 * groups], v3, acc);
+            }
+            for (; j < nk; j += groups)
+                acc = fmaf(sc[j], kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base), acc);
         }
-        oh[d] = acc;
+        if (groups > 1) {
+            part[threadIdx.x] = acc;
+            __syncthreads();
+            if (g == 0) {
+                float o = part[d];
+                for (int k = 1; k < groups; k++) o += part[k * hd + d];
+                oh[d] = o;
+            }
+            __syncthreads();
+        } else if (d < hd) {
+            oh[d] = acc;
+        }
     }
 }
 

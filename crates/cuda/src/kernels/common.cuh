@@ -227,8 +227,10 @@ __device__ __forceinline__ void load_unit(const u8* row, int u, int cols, float*
 // contiguous run of bytes. A quarter is 8 elements: for Q8_0 elements
 // 8q..8q+7; for MXFP4 the low nibbles of bytes 4q..4q+3 (elements
 // 4q..4q+3) and their high nibbles (elements 16+4q..16+4q+3).
-// quarter_dot returns Σ code·x over the quarter; the block scale is
-// applied by the caller.
+// Per quarter, Σ code·x is formed first and the block scale applied to it.
+
+// Quarters a lane loads before using any (memory-level parallelism).
+#define QUNROLL 4
 
 // MXFP4 codes doubled (KVALUES), as bytes of two words per half.
 #define MXFP4_LO0 0x03020100u
@@ -241,28 +243,51 @@ __device__ __forceinline__ float mxfp4_code(u32 c) {
     return (float)(signed char)(b & 0xFF);
 }
 
+// The raw bytes of quarter q of block b: its 8 code bytes (Q8_0) or 4
+// code bytes (MXFP4, in lo), loaded before any is decoded so that a lane
+// has several loads in flight.
+struct QuarterRaw {
+    u32 lo, hi;
+    u32 scale;
+};
+
 template <int F>
-__device__ __forceinline__ float quarter_scale(const u8* row, int b) {
-    if (F == F_Q8_0) return f16_to_f32(ld_u16(row + (i64)b * 34));
-    return e8m0_half(row[(i64)b * 17]);
+__device__ __forceinline__ QuarterRaw quarter_load(const u8* row, int b, int q) {
+    QuarterRaw r;
+    if (F == F_Q8_0) {
+        const u8* blk = row + (i64)b * 34;
+        const u16* p = (const u16*)(blk + 2 + 8 * q);  // 2-byte aligned
+        r.lo = (u32)p[0] | ((u32)p[1] << 16);
+        r.hi = (u32)p[2] | ((u32)p[3] << 16);
+        r.scale = ld_u16(blk);
+    } else {
+        const u8* blk = row + (i64)b * 17;
+        r.lo = ld_u32(blk + 1 + 4 * q);
+        r.hi = 0;
+        r.scale = blk[0];
+    }
+    return r;
 }
 
-// Decodes the 8 codes of quarter q of block b into c[8].
 template <int F>
-__device__ __forceinline__ void quarter_codes(const u8* row, int b, int q, float* c) {
+__device__ __forceinline__ float quarter_d(const QuarterRaw& r) {
+    if (F == F_Q8_0) return f16_to_f32((u16)r.scale);
+    return e8m0_half((u8)r.scale);
+}
+
+// The 8 codes of a loaded quarter, in the order quarter_x lays out x.
+template <int F>
+__device__ __forceinline__ void quarter_decode(const QuarterRaw& r, float* c) {
     if (F == F_Q8_0) {
-        const u16* p = (const u16*)(row + (i64)b * 34 + 2 + 8 * q);  // 2-byte aligned
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            u16 v = p[j];
-            c[2 * j] = (float)(signed char)(v & 0xFF);
-            c[2 * j + 1] = (float)(signed char)(v >> 8);
+            c[j] = (float)(signed char)((r.lo >> (8 * j)) & 0xFF);
+            c[4 + j] = (float)(signed char)((r.hi >> (8 * j)) & 0xFF);
         }
     } else {
-        const u8* p = row + (i64)b * 17 + 1 + 4 * q;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            u32 v = p[j];
+            u32 v = (r.lo >> (8 * j)) & 0xFF;
             c[j] = mxfp4_code(v & 15);
             c[4 + j] = mxfp4_code(v >> 4);
         }
@@ -294,35 +319,10 @@ __device__ __forceinline__ float dot8(const float* c, const float* x, int a, int
     return s;
 }
 
-// One row's dot with T tokens' activations (x rows of `cols`), for
-// Q8_0/MXFP4 rows of `cols` (a multiple of 32 with 16-byte aligned x rows).
-template <int F, int T>
-__device__ __forceinline__ void coop_row_dot(const u8* row, int cols, const float* x, i64 x_stride,
-                                             int n, float* acc) {
-    int lane = threadIdx.x & 31;
-    int quarters = cols / 8;
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = 0.0f;
-    for (int s = lane; s < quarters; s += 32) {
-        int b = s >> 2, q = s & 3;
-        float c[8];
-        quarter_codes<F>(row, b, q, c);
-        float d = quarter_scale<F>(row, b);
-        int xa, xb;
-        quarter_x<F>(q, &xa, &xb);
-#pragma unroll
-        for (int t = 0; t < T; t++)
-            if (t < n) acc[t] = fmaf(dot8(c, x + t * x_stride + b * 32, xa, xb), d, acc[t]);
-    }
-#pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
-}
-
 // One row's dot with the activations of up to T tokens whose rows start at
 // xs[0..nt] (any addresses): per token the same instructions, in the same
-// order, as coop_row_dot (Q8_0, MXFP4) or the unit loop of row_dot (other
-// formats) compute for a lone token, so a token's value does not depend on
-// the others. Every lane ends with the sums.
+// order whatever the other tokens, so a token's value does not depend on
+// them. Every lane ends with the sums.
 template <int F, int T>
 __device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* const* xs, int nt,
                                          float* acc) {
@@ -330,17 +330,31 @@ __device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* c
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
     if (F == F_Q8_0 || F == F_MXFP4) {
+        // Each lane takes quarters lane, lane + 32, ... in that order,
+        // QUNROLL at a time: all their bytes are loaded, then used.
         int quarters = cols / 8;
-        for (int s = lane; s < quarters; s += 32) {
-            int b = s >> 2, q = s & 3;
-            float c[8];
-            quarter_codes<F>(row, b, q, c);
-            float d = quarter_scale<F>(row, b);
-            int xa, xb;
-            quarter_x<F>(q, &xa, &xb);
+        for (int s0 = lane; s0 < quarters; s0 += 32 * QUNROLL) {
+            QuarterRaw raw[QUNROLL];
 #pragma unroll
-            for (int t = 0; t < T; t++)
-                if (t < nt) acc[t] = fmaf(dot8(c, xs[t] + b * 32, xa, xb), d, acc[t]);
+            for (int u = 0; u < QUNROLL; u++) {
+                int s = s0 + 32 * u;
+                if (s < quarters) raw[u] = quarter_load<F>(row, s >> 2, s & 3);
+            }
+#pragma unroll
+            for (int u = 0; u < QUNROLL; u++) {
+                int s = s0 + 32 * u;
+                if (s < quarters) {
+                    int b = s >> 2, q = s & 3;
+                    float c[8];
+                    quarter_decode<F>(raw[u], c);
+                    float d = quarter_d<F>(raw[u]);
+                    int xa, xb;
+                    quarter_x<F>(q, &xa, &xb);
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        if (t < nt) acc[t] = fmaf(dot8(c, xs[t] + b * 32, xa, xb), d, acc[t]);
+                }
+            }
         }
     } else {
         int units = (cols + 31) / 32;

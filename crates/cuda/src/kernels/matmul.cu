@@ -59,8 +59,10 @@ __device__ void matmul_coop(const u8* __restrict__ W, int rows, int cols, i64 ro
     int t0 = blockIdx.y * MM_TOKENS;
     if (row >= rows) return;
     float acc[MM_TOKENS];
-    coop_row_dot<F, MM_TOKENS>(W + (i64)row * row_bytes, cols, x + (i64)t0 * cols, cols, n - t0,
-                               acc);
+    const float* xs[MM_TOKENS];
+#pragma unroll
+    for (int t = 0; t < MM_TOKENS; t++) xs[t] = x + (i64)(t0 + t) * cols;
+    rows_dot<F, MM_TOKENS>(W + (i64)row * row_bytes, cols, xs, min(n - t0, MM_TOKENS), acc);
     if (lane == 0) {
 #pragma unroll
         for (int t = 0; t < MM_TOKENS; t++)

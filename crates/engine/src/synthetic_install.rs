@@ -45,8 +45,14 @@ pub struct SynthOptions {
 /// Progress of [`write_synthetic_install`].
 #[derive(Debug, Clone, Copy)]
 pub enum SynthEvent {
-    /// Resident tensors written so far, of `total`.
-    Resident { done: usize, total: usize },
+    /// Resident tensors written so far, of `total`, and their bytes, of
+    /// `total_bytes` (both 0 when the writer does not count bytes).
+    Resident {
+        done: usize,
+        total: usize,
+        bytes: u64,
+        total_bytes: u64,
+    },
     /// Expert bytes written so far, of `total`.
     Experts { bytes: u64, total: u64 },
     /// Bytes hashed for the manifest so far, of about `total`.
@@ -258,6 +264,8 @@ pub fn write_synthetic_install(
         progress(SynthEvent::Resident {
             done,
             total: resident.len(),
+            bytes: 0,
+            total_bytes: 0,
         });
         Ok(())
     })?;

@@ -141,7 +141,10 @@ impl InstallLayout {
             source: e,
         })?;
         let raw: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| json(path, e))?;
-        match raw.get("turbospark_layout").and_then(serde_json::Value::as_u64) {
+        match raw
+            .get("turbospark_layout")
+            .and_then(serde_json::Value::as_u64)
+        {
             Some(v) if v == u64::from(LAYOUT_VERSION) => {}
             Some(v) => {
                 return Err(bad(
@@ -156,6 +159,7 @@ impl InstallLayout {
                 ))
             }
         }
+        check_formats(&raw)?;
         let layout: InstallLayout = serde_json::from_value(raw).map_err(|e| json(path, e))?;
         layout.validate(path)?;
         Ok(layout)
@@ -297,7 +301,10 @@ impl InstallLayout {
                 if p.offset % RESIDENT_ALIGN != 0 {
                     return Err(bad(
                         path,
-                        format!("{name}: part {} at a misaligned offset {}", p.name, p.offset),
+                        format!(
+                            "{name}: part {} at a misaligned offset {}",
+                            p.name, p.offset
+                        ),
                     ));
                 }
             }
@@ -324,7 +331,12 @@ impl InstallLayout {
                 ));
             }
         }
-        let reserved = [MANIFEST_FILE, RESIDENT_FILE, RESIDENT_INDEX_FILE, EXPERTS_DIR];
+        let reserved = [
+            MANIFEST_FILE,
+            RESIDENT_FILE,
+            RESIDENT_INDEX_FILE,
+            EXPERTS_DIR,
+        ];
         let mut side = HashSet::new();
         for f in &self.side_files {
             let plain = !f.path.is_empty()
@@ -355,6 +367,38 @@ impl InstallLayout {
     pub fn weight_bytes(&self) -> u64 {
         self.resident_bytes + self.experts.iter().map(ExpertLayer::file_len).sum::<u64>()
     }
+}
+
+/// Names the tensor whose element format this build does not know, before
+/// the whole layout is parsed (whose error would not say which).
+fn check_formats(raw: &serde_json::Value) -> Result<(), EngineError> {
+    let resident = raw["resident"].as_array().into_iter().flatten().map(|t| {
+        let name = t["name"].as_str().unwrap_or("?").to_string();
+        (name, &t["dtype"])
+    });
+    let parts = raw["experts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| {
+            l["parts"].as_array().into_iter().flatten().map(move |p| {
+                let name = format!(
+                    "blk.{}.experts.{}",
+                    l["layer"],
+                    p["name"].as_str().unwrap_or("?")
+                );
+                (name, &p["dtype"])
+            })
+        });
+    for (tensor, dtype) in resident.chain(parts) {
+        if serde_json::from_value::<QuantFormat>(dtype.clone()).is_err() {
+            return Err(EngineError::Format(FormatError::UnsupportedDtype {
+                tensor,
+                dtype: dtype.to_string(),
+            }));
+        }
+    }
+    Ok(())
 }
 
 fn json(path: &Path, e: serde_json::Error) -> EngineError {
@@ -433,6 +477,15 @@ pub fn write_like_install(
     let resident_path = PathBuf::from(RESIDENT_FILE);
 
     let mut random = RandomTensors::new(opts.seed, QuantFormat::F32);
+    let tensors = layout.resident.len();
+    let mut resident_progress = |done: usize, bytes: u64| {
+        progress(SynthEvent::Resident {
+            done,
+            total: tensors,
+            bytes,
+            total_bytes: layout.resident_bytes,
+        })
+    };
     for (done, t) in layout.resident.iter().enumerate() {
         let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
         let (rows, row_len) = rows_of(&shape);
@@ -440,38 +493,37 @@ pub fn write_like_install(
         // Errors inside the writer's fill callback are carried out here, so
         // that an encoding error keeps its own message.
         let mut failure: Option<EngineError> = None;
-        writer.add_resident_with(&t.name, t.dtype, t.shape.clone(), t.length, |w| {
-            let mut values = vec![0.0f32; rows_per_chunk.min(rows) * row_len];
-            let mut row = 0;
-            while row < rows {
-                let n = rows_per_chunk.min(rows - row) * row_len;
-                let chunk = &mut values[..n];
-                random.fill(&t.name, &shape, chunk);
-                if let Some(s) = opts.router_skew {
-                    skew_router(&t.name, chunk, s, opts.seed);
-                }
-                let bytes = match encode_rows(&t.name, chunk, row_len, t.dtype) {
-                    Ok(b) => b,
-                    Err(e) => {
-                        failure = Some(e);
-                        return Err(FormatError::BadTensor {
-                            tensor: t.name.clone(),
-                            detail: "could not be encoded".into(),
-                        });
+        writer
+            .add_resident_with(&t.name, t.dtype, t.shape.clone(), t.length, |w| {
+                let mut values = vec![0.0f32; rows_per_chunk.min(rows) * row_len];
+                let mut row = 0;
+                while row < rows {
+                    let n = rows_per_chunk.min(rows - row) * row_len;
+                    let chunk = &mut values[..n];
+                    random.fill(&t.name, &shape, chunk);
+                    if let Some(s) = opts.router_skew {
+                        skew_router(&t.name, chunk, s, opts.seed);
                     }
-                };
-                w.write_all(&bytes)
-                    .map_err(|e| FormatError::io(&resident_path, e))?;
-                row += n / row_len;
-            }
-            Ok(())
-        })
-        .map_err(|e| failure.take().unwrap_or(EngineError::Format(e)))?;
+                    let bytes = match encode_rows(&t.name, chunk, row_len, t.dtype) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            failure = Some(e);
+                            return Err(FormatError::BadTensor {
+                                tensor: t.name.clone(),
+                                detail: "could not be encoded".into(),
+                            });
+                        }
+                    };
+                    w.write_all(&bytes)
+                        .map_err(|e| FormatError::io(&resident_path, e))?;
+                    row += n / row_len;
+                    resident_progress(done, t.offset + (t.length / rows as u64) * row as u64);
+                }
+                Ok(())
+            })
+            .map_err(|e| failure.take().unwrap_or(EngineError::Format(e)))?;
         note(role_of(&t.name), t.dtype);
-        progress(SynthEvent::Resident {
-            done: done + 1,
-            total: layout.resident.len(),
-        });
+        resident_progress(done + 1, t.offset + t.length);
     }
 
     let total: u64 = layout.experts.iter().map(ExpertLayer::file_len).sum();
@@ -482,7 +534,8 @@ pub fn write_like_install(
         }
         writer.add_expert_layer(l.clone())?;
         let generate = |e: usize| -> Result<Vec<Vec<u8>>, EngineError> {
-            let mut random = RandomTensors::new(expert_seed(opts.seed, l.layer, e), QuantFormat::F32);
+            let mut random =
+                RandomTensors::new(expert_seed(opts.seed, l.layer, e), QuantFormat::F32);
             l.parts
                 .iter()
                 .map(|p| {
@@ -520,7 +573,12 @@ pub fn write_like_install(
         generation: layout.generation.clone(),
         skipped: layout.skipped.clone(),
     };
-    let hash_total = layout.weight_bytes();
+    let hash_total = layout.weight_bytes()
+        + layout
+            .side_files
+            .iter()
+            .map(|f| f.text.len() as u64)
+            .sum::<u64>();
     Ok(writer.finish(parts, quant, &mut |bytes| {
         progress(SynthEvent::Hashing {
             bytes,

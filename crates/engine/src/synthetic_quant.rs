@@ -122,7 +122,9 @@ fn pack_32(codes: &[u8; 32], bits: u32, qh: Option<&mut [u8]>, qs: &mut [u8]) {
 /// Q4_0 / Q5_0: `[d, (qh,) qs]`, `w = (q − 2^(bits−1)) · d`.
 fn symmetric_block(x: &[f32], out: &mut [u8], bits: u32) {
     let half_range = 1i32 << (bits - 1);
-    let extreme = x.iter().fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let extreme = x
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
     let d = put_f16(out, 0, extreme / -(half_range as f32));
     let mut codes = [0u8; 32];
     for (c, &v) in codes.iter_mut().zip(x) {

@@ -47,7 +47,9 @@ enum Command {
     /// fast one (--numerics).
     Logits(commands::logits::Args),
     /// Write a random gpt-oss-shaped install (MXFP4 experts) of any size,
-    /// for benchmarking expert streaming without a checkpoint.
+    /// for benchmarking expert streaming without a checkpoint; or, with
+    /// --like, one with exactly the layout of another install (or of its
+    /// layout file, --save-layout).
     Synth(commands::synth::Args),
     /// Prefill and decode speed of any install, as llama-bench measures
     /// them (`-p 512 -n 128 -r 5 -t N`: tok/s mean ± sd, peak memory; a

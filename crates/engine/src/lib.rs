@@ -17,6 +17,9 @@
 //! - [`synthetic_install`]: a random install of any spec on disk.
 //! - [`synthetic_gguf`]: the same random gpt-oss weights as a GGUF file
 //!   llama.cpp loads.
+//! - [`synthetic_like`]: random weights in exactly the layout of another
+//!   install, or of its layout file ([`synthetic_quant`]: encoders for
+//!   every tensor format).
 //! - [`timing`]: wall time per phase of the forward pass.
 //! - [`hooks`]: residual-stream capture and steering with control vectors
 //!   ([`control_vector`]: llama.cpp's file format, and building one).
@@ -38,6 +41,8 @@ pub mod source;
 pub mod synthetic;
 pub mod synthetic_gguf;
 pub mod synthetic_install;
+pub mod synthetic_like;
+pub mod synthetic_quant;
 pub mod timing;
 pub mod weights;
 

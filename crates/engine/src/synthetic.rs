@@ -114,7 +114,15 @@ impl RandomTensors {
     /// The next tensor `name` of `shape` as f32 values, before encoding
     /// (the draw [`RandomTensors::tensor`] makes).
     pub fn values(&mut self, name: &str, shape: &[usize]) -> Vec<f32> {
-        let n: usize = shape.iter().product();
+        let mut out = vec![0.0; shape.iter().product()];
+        self.fill(name, shape, &mut out);
+        out
+    }
+
+    /// Draws the next `out.len()` values of tensor `name` of `shape`. A
+    /// tensor drawn in consecutive pieces gets the values
+    /// [`RandomTensors::values`] returns, in order.
+    pub fn fill(&mut self, name: &str, shape: &[usize], out: &mut [f32]) {
         let (scale, offset) = match shape {
             [_, _] if name == "token_embd.weight" => (1.0, 0.0),
             [_, cols] => (1.0 / (*cols as f32).sqrt(), 0.0),
@@ -122,9 +130,9 @@ impl RandomTensors {
             _ if name.contains("sinks") => (1.0, 0.0),
             _ => (0.2, 0.0),
         };
-        (0..n)
-            .map(|_| self.rng.uniform() * scale + offset)
-            .collect()
+        for v in out {
+            *v = self.rng.uniform() * scale + offset;
+        }
     }
 }
 

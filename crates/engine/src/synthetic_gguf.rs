@@ -224,6 +224,8 @@ pub fn write_synthetic_gguf(
         progress(SynthEvent::Resident {
             done,
             total: resident.len(),
+            bytes: 0,
+            total_bytes: 0,
         });
         Ok(())
     })?;

@@ -45,8 +45,14 @@ pub struct SynthOptions {
 /// Progress of [`write_synthetic_install`].
 #[derive(Debug, Clone, Copy)]
 pub enum SynthEvent {
-    /// Resident tensors written so far, of `total`.
-    Resident { done: usize, total: usize },
+    /// Resident tensors written so far, of `total`, and their bytes, of
+    /// `total_bytes` (both 0 when the writer does not count bytes).
+    Resident {
+        done: usize,
+        total: usize,
+        bytes: u64,
+        total_bytes: u64,
+    },
     /// Expert bytes written so far, of `total`.
     Experts { bytes: u64, total: u64 },
     /// Bytes hashed for the manifest so far, of about `total`.
@@ -54,7 +60,7 @@ pub enum SynthEvent {
 }
 
 /// The seed of one expert's stream.
-fn expert_seed(seed: u64, layer: usize, expert: usize) -> u64 {
+pub(crate) fn expert_seed(seed: u64, layer: usize, expert: usize) -> u64 {
     seed ^ ((layer as u64 + 1) << 40) ^ ((expert as u64 + 1) << 20) ^ 0x5EED
 }
 
@@ -132,7 +138,12 @@ pub(crate) fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
 /// Refuses a router skew that is not a Zipf exponent, or that `spec` has no
 /// router bias to carry.
 pub(crate) fn check_router_skew(spec: &ArchSpec, opts: &SynthOptions) -> Result<(), EngineError> {
-    let Some(s) = opts.router_skew else {
+    check_skew(spec, opts.router_skew)
+}
+
+/// As [`check_router_skew`], for a skew `router_skew`.
+pub(crate) fn check_skew(spec: &ArchSpec, router_skew: Option<f64>) -> Result<(), EngineError> {
+    let Some(s) = router_skew else {
         return Ok(());
     };
     if !(s.is_finite() && s >= 0.0) {
@@ -161,14 +172,26 @@ pub(crate) fn generate_experts(
     opts: &SynthOptions,
     sink: &mut dyn FnMut(usize, Vec<Vec<u8>>) -> Result<(), EngineError>,
 ) -> Result<(), EngineError> {
-    let threads = opts.threads.max(1);
+    let generate = |e: usize| expert_parts(layout, opts.seed, e, opts.expert_format);
+    generate_experts_with(layout.num_experts, opts.threads, &generate, sink)
+}
+
+/// Experts `0..num_experts` made by `generate`, `threads` at a time, handed
+/// to `sink` in expert order.
+pub(crate) fn generate_experts_with(
+    num_experts: usize,
+    threads: usize,
+    generate: &(dyn Fn(usize) -> Result<Vec<Vec<u8>>, EngineError> + Sync),
+    sink: &mut dyn FnMut(usize, Vec<Vec<u8>>) -> Result<(), EngineError>,
+) -> Result<(), EngineError> {
+    let threads = threads.max(1);
     let mut first = 0;
-    while first < layout.num_experts {
-        let batch: Vec<usize> = (first..layout.num_experts.min(first + threads)).collect();
+    while first < num_experts {
+        let batch: Vec<usize> = (first..num_experts.min(first + threads)).collect();
         let generated: Vec<Result<Vec<Vec<u8>>, EngineError>> = std::thread::scope(|s| {
             let handles: Vec<_> = batch
                 .iter()
-                .map(|&e| s.spawn(move || expert_parts(layout, opts.seed, e, opts.expert_format)))
+                .map(|&e| s.spawn(move || generate(e)))
                 .collect();
             handles
                 .into_iter()
@@ -241,6 +264,8 @@ pub fn write_synthetic_install(
         progress(SynthEvent::Resident {
             done,
             total: resident.len(),
+            bytes: 0,
+            total_bytes: 0,
         });
         Ok(())
     })?;

@@ -4,6 +4,11 @@
 //! dimensions (24 layers of 32 experts, top-4, hidden 2880: about 9.5 GiB
 //! of experts) with a smaller vocabulary.
 //!
+//! With `--like SRC` the install has exactly the layout of another: SRC is
+//! an install or a layout file that `--save-layout FILE.json` wrote from
+//! one (`turbospark_engine::synthetic_like`), so a model's shape can be
+//! built where its weights are not available.
+//!
 //! With `--gguf FILE` the weights are first written as a GGUF file that
 //! llama.cpp loads (`turbospark_engine::synthetic_gguf`), and the install
 //! is made from that file by `turbospark convert`'s converter, so llama.cpp
@@ -13,19 +18,45 @@
 use crate::progress::{human_bytes, Progress};
 use anyhow::{bail, Context, Result};
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 use turbospark_core::QuantFormat;
 use turbospark_engine::synthetic_gguf::write_synthetic_gguf;
 use turbospark_engine::synthetic_install::{write_synthetic_install, SynthEvent, SynthOptions};
+use turbospark_engine::synthetic_like::{write_like_install, InstallLayout, LikeOptions};
 use turbospark_format::convert::{convert, ConvertEvent, ConvertOptions};
 use turbospark_format::install::Manifest;
+
+/// The gpt-oss dimension options, which `--like` replaces.
+const DIMENSIONS: [&str; 9] = [
+    "layers",
+    "experts",
+    "top_k",
+    "hidden",
+    "expert_intermediate",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "vocab",
+];
 
 #[derive(clap::Args)]
 pub struct Args {
     /// The install directory to create.
-    pub dst: PathBuf,
+    #[arg(required_unless_present = "save_layout")]
+    pub dst: Option<PathBuf>,
+    /// Copy the layout of SRC, an install or a layout file: its family and
+    /// architecture, every tensor's name, shape and format, its expert
+    /// files, tokenizer, chat template and generation defaults; only the
+    /// weights are random.
+    #[arg(long, value_name = "SRC", conflicts_with_all = DIMENSIONS, conflicts_with = "gguf")]
+    pub like: Option<PathBuf>,
+    /// Write the layout of `--like`'s install to FILE.json (a few MiB: no
+    /// weights), from which `--like FILE.json` builds the same layout on
+    /// another machine.
+    #[arg(long, value_name = "FILE.json", requires = "like")]
+    pub save_layout: Option<PathBuf>,
     #[arg(long, default_value_t = 24)]
     pub layers: usize,
     /// Routed experts per layer.
@@ -124,9 +155,14 @@ fn write_with_progress<T>(
     let mut expert_bar: Option<Progress> = None;
     let mut hash_bar: Option<Progress> = None;
     let out = write(&mut |ev| match ev {
-        SynthEvent::Resident { done, total } => resident_bar
-            .get_or_insert_with(|| Progress::new("resident", total, 0, a.quiet))
-            .update(done, 0),
+        SynthEvent::Resident {
+            done,
+            total,
+            bytes,
+            total_bytes,
+        } => resident_bar
+            .get_or_insert_with(|| Progress::new("resident", total, total_bytes, a.quiet))
+            .update(done, bytes),
         SynthEvent::Experts { bytes, total } => expert_bar
             .get_or_insert_with(|| Progress::new("experts ", 0, total, a.quiet))
             .update(0, bytes),
@@ -143,12 +179,81 @@ fn write_with_progress<T>(
     Ok(out)
 }
 
+/// `--like SRC`: saves the layout and writes the install, as asked.
+fn run_like(a: &Args, src: &Path) -> Result<ExitCode> {
+    let layout = InstallLayout::load(src)
+        .with_context(|| format!("reading the layout of {}", src.display()))?;
+    if let Some(file) = &a.save_layout {
+        if file.exists() && !a.force {
+            bail!(
+                "{} already exists (use --force to replace it)",
+                file.display()
+            );
+        }
+        layout
+            .save(file)
+            .with_context(|| format!("writing {}", file.display()))?;
+        if !a.quiet {
+            eprintln!(
+                "wrote {} (the layout of {}: {} {}, {} resident tensors, {} expert files, {} of weights)",
+                file.display(),
+                src.display(),
+                layout.arch.family,
+                layout.source.name,
+                layout.resident.len(),
+                layout.experts.len(),
+                human_bytes(layout.weight_bytes())
+            );
+        }
+    }
+    let Some(dst) = &a.dst else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    if let (Ok(d), Ok(s)) = (dst.canonicalize(), src.canonicalize()) {
+        if d == s {
+            bail!(
+                "{} is the source of the layout; choose another destination",
+                dst.display()
+            );
+        }
+    }
+    let opts = LikeOptions {
+        seed: a.seed,
+        threads: threads(a),
+        force: a.force,
+        router_skew: a.router_skew.filter(|&s| s != 0.0),
+    };
+    let start = Instant::now();
+    let manifest = write_with_progress(a, |sink| {
+        write_like_install(&layout, dst, &opts, sink)
+            .with_context(|| format!("writing {}", dst.display()))
+    })?;
+    if !a.quiet {
+        eprintln!(
+            "wrote {} (synthetic {} like {}: {} resident, {} in {} expert files) in {:.1}s",
+            dst.display(),
+            manifest.arch.family,
+            layout.source.name,
+            human_bytes(manifest.resident_bytes),
+            human_bytes(manifest.expert_bytes()),
+            manifest.experts.len(),
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn threads(a: &Args) -> usize {
+    a.threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// Converts the synthetic GGUF into the install, with a progress bar.
-fn convert_with_progress(gguf: &std::path::Path, a: &Args) -> Result<Manifest> {
+fn convert_with_progress(gguf: &Path, dst: &Path, a: &Args) -> Result<Manifest> {
     let mut bar: Option<Progress> = None;
     let manifest = convert(
         gguf,
-        &a.dst,
+        dst,
         ConvertOptions { force: a.force },
         &mut |ev| match ev {
             ConvertEvent::Planned { tensors, bytes } => {
@@ -162,7 +267,7 @@ fn convert_with_progress(gguf: &std::path::Path, a: &Args) -> Result<Manifest> {
             ConvertEvent::Hashing { .. } => {}
         },
     )
-    .with_context(|| format!("converting {} into {}", gguf.display(), a.dst.display()))?;
+    .with_context(|| format!("converting {} into {}", gguf.display(), dst.display()))?;
     if let Some(b) = bar.as_mut() {
         b.finish();
     }
@@ -170,27 +275,30 @@ fn convert_with_progress(gguf: &std::path::Path, a: &Args) -> Result<Manifest> {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    if let Some(src) = &a.like {
+        return run_like(&a, src);
+    }
+    let Some(dst) = &a.dst else {
+        bail!("synth needs a destination directory");
+    };
     let spec = turbospark_format::spec::hf::spec_from_hf_config(&config(&a))
         .context("the requested dimensions do not make a valid gpt-oss model")?;
-    let threads = a
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let opts = SynthOptions {
         seed: a.seed,
         resident_format: QuantFormat::Q8_0,
         expert_format: QuantFormat::Mxfp4,
-        threads,
+        threads: threads(&a),
         force: a.force,
         router_skew: a.router_skew.filter(|&s| s != 0.0),
     };
     let start = Instant::now();
     let manifest = match &a.gguf {
         None => write_with_progress(&a, |sink| {
-            write_synthetic_install(&spec, &a.dst, &opts, sink)
-                .with_context(|| format!("writing {}", a.dst.display()))
+            write_synthetic_install(&spec, dst, &opts, sink)
+                .with_context(|| format!("writing {}", dst.display()))
         })?,
         Some(gguf) => {
-            for path in [gguf, &a.dst] {
+            for path in [gguf, dst] {
                 if path.exists() && !a.force {
                     bail!(
                         "{} already exists (use --force to replace it)",
@@ -206,16 +314,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 eprintln!(
                     "wrote {}; converting it into {}",
                     gguf.display(),
-                    a.dst.display()
+                    dst.display()
                 );
             }
-            convert_with_progress(gguf, &a)?
+            convert_with_progress(gguf, dst, &a)?
         }
     };
     if !a.quiet {
         eprintln!(
             "wrote {} (synthetic gpt_oss: {} resident, {} in {} expert files, stride {}) in {:.1}s",
-            a.dst.display(),
+            dst.display(),
             human_bytes(manifest.resident_bytes),
             human_bytes(manifest.expert_bytes()),
             manifest.experts.len(),

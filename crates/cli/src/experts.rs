@@ -77,9 +77,11 @@ pub struct ExpertArgs {
     /// for. A number with `--experts auto` means streamed.
     #[arg(long, value_parser = parse_slots, default_value = "auto")]
     pub expert_slots: SlotCount,
-    /// GiB the weights may take (resident tensors plus expert slots); the
-    /// default is the memory available now.
-    #[arg(long, value_name = "GIB")]
+    /// GiB the weights may take on the compute device (resident tensors
+    /// plus expert slots): host memory with --backend cpu, GPU memory with
+    /// --backend cuda (alias --gpu-memory-budget). The default is the
+    /// device's memory available now.
+    #[arg(long, value_name = "GIB", visible_alias = "gpu-memory-budget")]
     pub memory_budget: Option<f64>,
     #[command(flatten)]
     pub cache: CacheArgs,

@@ -11,6 +11,9 @@ use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::{ExpertOptions, Model};
 use turbospark_format::install::Install;
 
+#[cfg(feature = "cuda")]
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// `--backend` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum BackendArg {
@@ -83,6 +86,16 @@ pub fn with_model<T: ModelTask>(
             #[cfg(feature = "cuda")]
             {
                 let gpu = cuda_device(device.gpu, numerics)?;
+                if let (Some(budget), Some(total)) = (experts.memory_budget, gpu.memory().total) {
+                    if budget > total {
+                        anyhow::bail!(
+                            "--gpu-memory-budget asks for {:.2} GiB but {} has {:.2} GiB",
+                            budget as f64 / GIB,
+                            gpu.gpu_name(),
+                            total as f64 / GIB
+                        );
+                    }
+                }
                 task.run(open_model(dir, gpu, experts)?)
             }
             #[cfg(not(feature = "cuda"))]

@@ -39,7 +39,12 @@ impl<D: Device> Model<D> {
         device: D,
         experts: &ExpertOptions,
     ) -> Result<Self, EngineError> {
-        let store = ExpertStore::open(install, experts)?;
+        // The weights live in the device's memory (host memory on the CPU).
+        let available = device
+            .memory()
+            .free
+            .or_else(crate::experts::available_memory);
+        let store = ExpertStore::open(install, experts, available)?;
         let backing = match store.residency() {
             Residency::Resident => ExpertBacking::Read,
             Residency::Mapped => ExpertBacking::Mapped,

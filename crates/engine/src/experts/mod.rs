@@ -452,10 +452,15 @@ impl ExpertStore {
         }
     }
 
-    /// Decides how to hold `install`'s experts and, when streamed, opens and
-    /// checks their files.
-    pub fn open(install: &Install, opts: &ExpertOptions) -> Result<ExpertStore, ExpertError> {
-        let plan = plan(&Footprint::of_install(install), opts, available_memory())?;
+    /// Decides how to hold `install`'s experts on a device with `available`
+    /// bytes free (the budget when `opts` sets none) and, when streamed,
+    /// opens and checks their files.
+    pub fn open(
+        install: &Install,
+        opts: &ExpertOptions,
+        available: Option<u64>,
+    ) -> Result<ExpertStore, ExpertError> {
+        let plan = plan(&Footprint::of_install(install), opts, available)?;
         let mut files = Vec::new();
         if plan.residency == Residency::Streamed {
             for layout in &install.manifest.experts {

@@ -185,7 +185,7 @@ impl<D: Device> Session<'_, D> {
         let recordable = tokens.len() == 1
             && matches!(head, Some((0, 1, _)))
             && !self.hooks.active()
-            && self.experts.device_only()
+            && (self.model.spec.moe.is_none() || self.experts.device_only())
             && self.stream.records_steps();
         if recordable {
             let start = Instant::now();

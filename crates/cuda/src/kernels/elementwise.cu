@@ -47,22 +47,29 @@ extern "C" __global__ void glu(float* gate, const float* up, i64 len, int act, f
     GRID_STRIDE(i, len) gate[i] = glu_one(gate[i], up[i], act, alpha, limit);
 }
 
-#define NORM_PLAIN 0
-#define NORM_CENTERED 1
-#define NORM_NONE 2
-
-// One block per row; the mean of squares is accumulated in f64.
-extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, const float* w) {
+// Sum of a double over the block (blockDim.x a multiple of 32); every
+// thread gets it.
+__device__ double block_sum_f64(double s) {
     __shared__ double red[32];
-    float* row = x + (i64)blockIdx.x * dim;
-    double s = 0.0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
     int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
     if (lane == 0) red[wp] = s;
     __syncthreads();
     double t = lane < nw ? red[lane] : 0.0;
     for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    return t;
+}
+
+#define NORM_PLAIN 0
+#define NORM_CENTERED 1
+#define NORM_NONE 2
+
+// One block per row; the mean of squares is accumulated in f64.
+extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, const float* w) {
+    float* row = x + (i64)blockIdx.x * dim;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
+    double t = block_sum_f64(s);
     float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = __fmul_rn(row[i], inv);
@@ -135,16 +142,10 @@ extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
 // f64. One block per row.
 extern "C" __global__ void adjust_projection(float* x, const float* u, int d, float alpha,
                                              float beta) {
-    __shared__ double red[32];
     float* row = x + (i64)blockIdx.x * d;
     double s = 0.0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)row[i] * (double)u[i];
-    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
-    if (lane == 0) red[wp] = s;
-    __syncthreads();
-    double t = lane < nw ? red[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    double t = block_sum_f64(s);
     float c = (float)((double)alpha * t + (double)beta);
     for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = fmaf(c, u[i], row[i]);
 }

@@ -141,6 +141,21 @@ extern "C" __global__ void moe_combine(const float* y, const RouteOut* routes, i
 
 #define MOE_GROUP 8
 
+// The routes of chunk `c` of a slot's list (up to `end`) and the rows of
+// `src` (`width` wide, indexed by token when `per_token`, else by route)
+// they read; returns how many the chunk holds.
+__device__ __forceinline__ int moe_chunk(const u32* order, u32 c, u32 end, int k, bool per_token,
+                                         const float* src, int width, u32* ids,
+                                         const float** xs) {
+    int nt = (int)min((u32)MOE_GROUP, end - c);
+#pragma unroll
+    for (int t = 0; t < MOE_GROUP; t++) {
+        ids[t] = t < nt ? order[c + t] : 0;
+        xs[t] = src + (i64)(per_token ? ids[t] / k : ids[t]) * width;
+    }
+    return nt;
+}
+
 extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int slots,
                                      SlotMask only, u32* order, u32* offsets) {
     extern __shared__ u32 cnt[];  // slots + 1
@@ -174,14 +189,9 @@ __device__ void moe_gate_up_grouped_impl(const float* __restrict__ x, const u32*
     const u8* uw = b.up + r * b.up_row_bytes;
     u32 end = offsets[slot + 1];
     for (u32 c = offsets[slot]; c < end; c += MOE_GROUP) {
-        int nt = (int)min((u32)MOE_GROUP, end - c);
         const float* xs[MOE_GROUP];
         u32 ids[MOE_GROUP];
-#pragma unroll
-        for (int t = 0; t < MOE_GROUP; t++) {
-            ids[t] = t < nt ? order[c + t] : 0;
-            xs[t] = x + (i64)(ids[t] / k) * b.hidden;
-        }
+        int nt = moe_chunk(order, c, end, k, true, x, b.hidden, ids, xs);
         float g[MOE_GROUP], u[MOE_GROUP];
         if (mode != 2) rows_dot<F, MOE_GROUP>(gw, b.hidden, xs, nt, g);
         if (mode != 1) rows_dot<F, MOE_GROUP>(uw, b.hidden, xs, nt, u);
@@ -211,14 +221,9 @@ __device__ void moe_down_grouped_impl(const float* __restrict__ act, const u32* 
     const u8* dw = b.down + r * b.down_row_bytes;
     u32 end = offsets[slot + 1];
     for (u32 c = offsets[slot]; c < end; c += MOE_GROUP) {
-        int nt = (int)min((u32)MOE_GROUP, end - c);
         const float* xs[MOE_GROUP];
         u32 ids[MOE_GROUP];
-#pragma unroll
-        for (int t = 0; t < MOE_GROUP; t++) {
-            ids[t] = t < nt ? order[c + t] : 0;
-            xs[t] = act + (i64)ids[t] * b.inter;
-        }
+        int nt = moe_chunk(order, c, end, 1, false, act, b.inter, ids, xs);
         float v[MOE_GROUP];
         rows_dot<F, MOE_GROUP>(dw, b.inter, xs, nt, v);
         if ((threadIdx.x & 31) == 0) {

@@ -26,6 +26,7 @@
 //! ```
 
 use crate::experts::routed::RoutedInput;
+use crate::kv::KvCache;
 use crate::session::Session;
 use crate::timing::Phase;
 use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
@@ -67,6 +68,35 @@ pub(crate) struct Buffers<D: Device> {
     moe: Option<MoeScratch<D::Buf>>,
     /// `[T, vocab]`
     logits: D::Buf,
+    /// One row of q, k, v and attention output, for rows that attend to
+    /// caches of their own ([`At::Rows`]).
+    row: RowScratch<D>,
+}
+
+/// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
+/// and attention output `[n_heads · head_dim]`.
+struct RowScratch<D: Device> {
+    q: D::Buf,
+    k: D::Buf,
+    v: D::Buf,
+    att: D::Buf,
+}
+
+/// Where the tokens of a pass sit and which KV cache each attends to.
+pub(crate) enum At<'a, 'b, D: Device> {
+    /// Consecutive positions from the given one, in the session's own cache.
+    Own(usize),
+    /// Row `i` is the next position of `rows[i].kv`, a sequence of its own:
+    /// rope, cache write and attention are per row, everything else is one
+    /// batched op over all rows.
+    Rows(&'a mut [BatchRow<'b, D>]),
+}
+
+/// One sequence of a batched decode step: its cache and the token fed at
+/// the cache's next position.
+pub struct BatchRow<'k, D: Device> {
+    pub kv: &'k mut KvCache<D>,
+    pub token: u32,
 }
 
 fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
@@ -132,6 +162,12 @@ impl<D: Device> Buffers<D> {
             moe_in: spec.moe.as_ref().map(|_| alloc(t * h)).transpose()?,
             moe,
             logits: alloc(t * spec.vocab_size)?,
+            row: RowScratch {
+                q: alloc(qd)?,
+                k: alloc(kvd)?,
+                v: alloc(kvd)?,
+                att: alloc(qd)?,
+            },
         })
     }
 }
@@ -172,12 +208,12 @@ fn add_bias<D: Device>(
 }
 
 impl<D: Device> Session<'_, D> {
-    /// Runs one batch of at most `max_batch` tokens at `pos` (inputs already
-    /// checked) and, if asked, writes the logits of `rows` rows starting at
-    /// batch row `first` into `out`.
+    /// Runs one batch of at most `max_batch` tokens placed as `at` says
+    /// (inputs already checked) and, if asked, writes the logits of `rows`
+    /// rows starting at batch row `first` into `out`.
     pub(crate) fn run_chunk(
         &mut self,
-        pos: usize,
+        at: &mut At<'_, '_, D>,
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
@@ -197,7 +233,7 @@ impl<D: Device> Session<'_, D> {
         }
         let mut t = self.times.lap(Phase::Embed, start);
         for (l, lw) in m.weights.layers.iter().enumerate() {
-            self.attention_block(l, lw, pos, n)?;
+            self.attention_block(l, lw, at, n)?;
             t = self.times.lap(Phase::Attention, t);
             t = self.ffn_block(l, lw, n, t)?;
             if let Some(s) = lw.layer_output_scale {
@@ -215,7 +251,7 @@ impl<D: Device> Session<'_, D> {
         &mut self,
         l: usize,
         lw: &LayerWeights<D>,
-        pos: usize,
+        at: &mut At<'_, '_, D>,
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
@@ -253,6 +289,37 @@ impl<D: Device> Session<'_, D> {
         if let Some(ns) = norms.v {
             st.rms_norm(&mut b.v, n * nkv, hd, ns, lw.attn_v_norm.as_ref())?;
         }
+        match at {
+            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+        }
+        let (st, b) = (&mut self.stream, &mut self.bufs);
+        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
+            st.matmul(wg, &b.a, n, g)?;
+            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+        }
+        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
+        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
+        if let Some(ns) = norms.attn_post {
+            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
+        }
+        st.add(&mut b.h, &b.o, n * hidden)?;
+        Ok(())
+    }
+
+    /// Rope, cache write and attention of layer `l` for `n` tokens at
+    /// consecutive positions from `pos` in the session's own cache.
+    fn attend_own(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        pos: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
         if let Some(rope) = &m.ropes[l] {
             st.rope(&mut b.q, n, nh, hd, pos, rope)?;
             st.rope(&mut b.k, n, nkv, hd, pos, rope)?;
@@ -279,16 +346,58 @@ impl<D: Device> Session<'_, D> {
             lw.attn_sinks.as_ref(),
             &mut b.att,
         )?;
-        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
-            st.matmul(wg, &b.a, n, g)?;
-            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+        Ok(())
+    }
+
+    /// Rope, cache write and attention of layer `l` for rows that are
+    /// sequences of their own: row `i` is at `rows[i].kv`'s next position and
+    /// attends to that cache only. Each row is computed exactly as a
+    /// one-token pass of its sequence alone would compute it.
+    fn attend_rows(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        rows: &mut [BatchRow<'_, D>],
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let r = &mut b.row;
+        for (i, row) in rows.iter_mut().enumerate() {
+            let pos = row.kv.position();
+            st.copy(&b.q, i * qd, &mut r.q, 0, qd)?;
+            st.copy(&b.k, i * kvd, &mut r.k, 0, kvd)?;
+            st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
+            if let Some(rope) = &m.ropes[l] {
+                st.rope(&mut r.q, 1, nh, hd, pos, rope)?;
+                st.rope(&mut r.k, 1, nkv, hd, pos, rope)?;
+            }
+            let kv = &mut row.kv.layers[l];
+            st.kv_write(&mut kv.k, &r.k, 1, kv.row, pos, kv.capacity)?;
+            st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
+            let params = AttentionParams {
+                n_tokens: 1,
+                first_pos: pos,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                capacity: kv.capacity,
+                window: ls.window,
+                scale: spec.attention.scale,
+                softcap: spec.attention.softcap,
+            };
+            st.attention(
+                &r.q,
+                &kv.k,
+                &kv.v,
+                &params,
+                lw.attn_sinks.as_ref(),
+                &mut r.att,
+            )?;
+            st.copy(&r.att, 0, &mut b.att, i * qd, qd)?;
         }
-        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
-        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
-        if let Some(ns) = norms.attn_post {
-            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
-        }
-        st.add(&mut b.h, &b.o, n * hidden)?;
         Ok(())
     }
 

@@ -44,5 +44,6 @@ pub use experts::{
 };
 pub use kv::KvCache;
 pub use model::Model;
+pub use decoder::BatchRow;
 pub use session::{Logits, Session, SessionOptions};
 pub use source::{InstallSource, WeightSource};

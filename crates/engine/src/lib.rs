@@ -37,6 +37,7 @@ pub mod synthetic_install;
 pub mod timing;
 pub mod weights;
 
+pub use decoder::BatchRow;
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
@@ -44,6 +45,5 @@ pub use experts::{
 };
 pub use kv::KvCache;
 pub use model::Model;
-pub use decoder::BatchRow;
 pub use session::{Logits, Session, SessionOptions};
 pub use source::{InstallSource, WeightSource};

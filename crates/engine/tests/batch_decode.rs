@@ -64,7 +64,10 @@ fn batched_decode_equals_each_sequence_alone() {
             // Batched: one worker session, a cache per sequence; a
             // sequence joins (prefill) at its step and leaves when done.
             let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
-            let mut caches: Vec<_> = PROMPTS.iter().map(|_| worker.new_cache().unwrap()).collect();
+            let mut caches: Vec<_> = PROMPTS
+                .iter()
+                .map(|_| worker.new_cache().unwrap())
+                .collect();
             let mut steps_done = [0usize; 3];
             let mut logits = vec![0f32; PROMPTS.len() * vocab];
             for step in 0..STEPS + 2 {
@@ -78,7 +81,10 @@ fn batched_decode_equals_each_sequence_alone() {
                                 Logits::Last(&mut last),
                             )
                             .unwrap();
-                        assert_eq!(last, alone[seq][0], "{family} {numerics:?}: prefill of {seq}");
+                        assert_eq!(
+                            last, alone[seq][0],
+                            "{family} {numerics:?}: prefill of {seq}"
+                        );
                     }
                 }
                 let members: Vec<usize> = (0..PROMPTS.len())
@@ -142,7 +148,13 @@ fn batched_decode_checks_its_inputs() {
     assert_eq!(a.position(), 0);
     // A logits buffer of the wrong size.
     let err = worker
-        .decode_batch(&mut [BatchRow { kv: &mut a, token: 1 }], &mut logits)
+        .decode_batch(
+            &mut [BatchRow {
+                kv: &mut a,
+                token: 1,
+            }],
+            &mut logits,
+        )
         .unwrap_err();
     assert!(matches!(err, EngineError::LogitsBuffer { .. }), "{err}");
     // A cache of another shape.
@@ -161,7 +173,13 @@ fn batched_decode_checks_its_inputs() {
     // A full cache.
     worker.forward_in(&mut a, &[1; 8], Logits::None).unwrap();
     let err = worker
-        .decode_batch(&mut [BatchRow { kv: &mut a, token: 1 }], &mut logits[..vocab])
+        .decode_batch(
+            &mut [BatchRow {
+                kv: &mut a,
+                token: 1,
+            }],
+            &mut logits[..vocab],
+        )
         .unwrap_err();
     assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
 }

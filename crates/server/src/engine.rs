@@ -256,7 +256,10 @@ pub fn run<D: Device>(
         let mut members: Vec<usize> = Vec::with_capacity(seqs.len());
         for (i, s) in seqs.iter_mut().enumerate() {
             if let Some(token) = s.next {
-                rows.push(BatchRow { kv: &mut s.kv, token });
+                rows.push(BatchRow {
+                    kv: &mut s.kv,
+                    token,
+                });
                 members.push(i);
             }
         }

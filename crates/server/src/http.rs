@@ -110,12 +110,19 @@ fn check_key(state: &AppState, headers: &HeaderMap, dialect: Dialect) -> Result<
     }
 }
 
-async fn read_body(state: &AppState, req: HttpRequest, dialect: Dialect) -> Result<Bytes, ApiError> {
+async fn read_body(
+    state: &AppState,
+    req: HttpRequest,
+    dialect: Dialect,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             dialect,
             ErrorKind::TooLarge,
-            format!("the request body is over the limit of {} bytes", state.max_body),
+            format!(
+                "the request body is over the limit of {} bytes",
+                state.max_body
+            ),
         )
     };
     if let Some(len) = req
@@ -212,14 +219,20 @@ async fn start(state: &Shared, req: HttpRequest, endpoint: Endpoint) -> Result<R
             return Err(ApiError::new(
                 dialect,
                 ErrorKind::NotFound,
-                format!("the model `{m}` does not exist; this server has `{}`", state.model_id),
+                format!(
+                    "the model `{m}` does not exist; this server has `{}`",
+                    state.model_id
+                ),
             )
             .with_param("model"));
         }
     }
     let prompt = prompt_tokens(state, &request.input, dialect)?;
     if prompt.is_empty() {
-        return Err(ApiError::invalid(dialect, "the prompt is empty (no tokens)"));
+        return Err(ApiError::invalid(
+            dialect,
+            "the prompt is empty (no tokens)",
+        ));
     }
     if prompt.len() >= state.context {
         return Err(ApiError::new(
@@ -276,7 +289,11 @@ async fn start(state: &Shared, req: HttpRequest, endpoint: Endpoint) -> Result<R
         }
         Err(TrySendError::Disconnected(_)) => {
             state.metrics.dequeued();
-            return Err(ApiError::new(dialect, ErrorKind::Unavailable, "the server is shutting down"));
+            return Err(ApiError::new(
+                dialect,
+                ErrorKind::Unavailable,
+                "the server is shutting down",
+            ));
         }
     }
     state.metrics.prompt(prompt_tokens);
@@ -323,9 +340,9 @@ fn prompt_tokens(state: &AppState, input: &Input, dialect: Dialect) -> Result<Ve
                 eos_token: tok.eos().and_then(|e| tok.token_text(e)),
                 ..ChatOptions::default()
             };
-            let text = template
-                .render(messages, &opts)
-                .map_err(|e| ApiError::invalid(dialect, format!("rendering the chat template: {e}")))?;
+            let text = template.render(messages, &opts).map_err(|e| {
+                ApiError::invalid(dialect, format!("rendering the chat template: {e}"))
+            })?;
             let has_bos = bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
             tok.encode(&text, !has_bos)
                 .map_err(|e| ApiError::invalid(dialect, format!("tokenizing the prompt: {e}")))
@@ -337,12 +354,19 @@ fn timed_out(dialect: Dialect, state: &AppState) -> ApiError {
     ApiError::new(
         dialect,
         ErrorKind::Timeout,
-        format!("the request ran past the server's limit of {} s", state.timeout.as_secs()),
+        format!(
+            "the request ran past the server's limit of {} s",
+            state.timeout.as_secs()
+        ),
     )
 }
 
 /// Waits for the whole answer and returns it in one body.
-async fn whole_response(state: &Shared, mut a: Accepted, endpoint: Endpoint) -> Result<Response, ApiError> {
+async fn whole_response(
+    state: &Shared,
+    mut a: Accepted,
+    endpoint: Endpoint,
+) -> Result<Response, ApiError> {
     let dialect = endpoint.dialect();
     let mut text = String::new();
     let (finish, completion_tokens) = loop {
@@ -457,8 +481,14 @@ fn stream_response(state: Shared, a: Accepted, endpoint: Endpoint) -> Response {
     });
     let mut r = Response::new(Body::from_stream(ReceiverStream::new(rx)));
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, "text/event-stream".parse().expect("static header"));
-    h.insert(header::CACHE_CONTROL, "no-cache".parse().expect("static header"));
+    h.insert(
+        header::CONTENT_TYPE,
+        "text/event-stream".parse().expect("static header"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        "no-cache".parse().expect("static header"),
+    );
     r
 }
 
@@ -499,7 +529,9 @@ impl Framer<'_> {
 
     fn opening(&self) -> Vec<Bytes> {
         match self.endpoint {
-            Endpoint::Chat => vec![data(&self.chunk(json!({"role": "assistant", "content": ""}), None))],
+            Endpoint::Chat => vec![data(
+                &self.chunk(json!({"role": "assistant", "content": ""}), None),
+            )],
             Endpoint::Completion => vec![],
             Endpoint::Messages => vec![
                 event(
@@ -546,7 +578,10 @@ impl Framer<'_> {
                     let (reason, seq) = anthropic_finish(&finish);
                     (
                         vec![
-                            event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
+                            event(
+                                "content_block_stop",
+                                &json!({"type": "content_block_stop", "index": 0}),
+                            ),
                             event(
                                 "message_delta",
                                 &json!({"type": "message_delta",
@@ -569,9 +604,16 @@ impl Framer<'_> {
                     (out, true)
                 }
             }
-            Some(Event::TimedOut) => (vec![self.error(&timed_out(self.endpoint.dialect(), self.state))], true),
+            Some(Event::TimedOut) => (
+                vec![self.error(&timed_out(self.endpoint.dialect(), self.state))],
+                true,
+            ),
             Some(Event::Failed(e)) => (
-                vec![self.error(&ApiError::new(self.endpoint.dialect(), ErrorKind::Internal, e))],
+                vec![self.error(&ApiError::new(
+                    self.endpoint.dialect(),
+                    ErrorKind::Internal,
+                    e,
+                ))],
                 true,
             ),
             None => (
@@ -640,7 +682,14 @@ async fn fallback(State(state): State<Shared>, method: Method, uri: axum::http::
     } else {
         Dialect::OpenAi
     };
-    let known = ["/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/models", "/health", "/metrics"];
+    let known = [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/models",
+        "/health",
+        "/metrics",
+    ];
     let e = if known.contains(&uri.path()) {
         ApiError::new(
             dialect,
@@ -648,7 +697,11 @@ async fn fallback(State(state): State<Shared>, method: Method, uri: axum::http::
             format!("{method} is not allowed on {}", uri.path()),
         )
     } else {
-        ApiError::new(dialect, ErrorKind::NotFound, format!("no such endpoint: {method} {}", uri.path()))
+        ApiError::new(
+            dialect,
+            ErrorKind::NotFound,
+            format!("no such endpoint: {method} {}", uri.path()),
+        )
     };
     let r = e.into_response();
     state.metrics.request("other", r.status().as_u16());

@@ -154,7 +154,10 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, kind: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+            );
         };
         let _ = writeln!(
             out,
@@ -168,14 +171,62 @@ impl Metrics {
             );
         }
         let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(&mut out, "turbospark_prompt_tokens_total", "Prompt tokens of admitted requests.", "counter", ld(&self.prompt_tokens));
-        counter(&mut out, "turbospark_generated_tokens_total", "Tokens sampled.", "counter", ld(&self.generated_tokens));
-        counter(&mut out, "turbospark_queue_depth", "Requests waiting for a place.", "gauge", ld(&self.queued));
-        counter(&mut out, "turbospark_active_sequences", "Sequences holding a place (prefill or decode).", "gauge", ld(&self.active));
-        counter(&mut out, "turbospark_cancelled_total", "Sequences ended because the client went away.", "counter", ld(&self.cancelled));
-        counter(&mut out, "turbospark_timed_out_total", "Sequences ended by the request timeout.", "counter", ld(&self.timed_out));
-        counter(&mut out, "turbospark_decode_steps_total", "Batched decode passes.", "counter", ld(&self.decode_steps));
-        counter(&mut out, "turbospark_decode_rows_total", "Sequence rows over all decode passes.", "counter", ld(&self.decode_rows));
+        counter(
+            &mut out,
+            "turbospark_prompt_tokens_total",
+            "Prompt tokens of admitted requests.",
+            "counter",
+            ld(&self.prompt_tokens),
+        );
+        counter(
+            &mut out,
+            "turbospark_generated_tokens_total",
+            "Tokens sampled.",
+            "counter",
+            ld(&self.generated_tokens),
+        );
+        counter(
+            &mut out,
+            "turbospark_queue_depth",
+            "Requests waiting for a place.",
+            "gauge",
+            ld(&self.queued),
+        );
+        counter(
+            &mut out,
+            "turbospark_active_sequences",
+            "Sequences holding a place (prefill or decode).",
+            "gauge",
+            ld(&self.active),
+        );
+        counter(
+            &mut out,
+            "turbospark_cancelled_total",
+            "Sequences ended because the client went away.",
+            "counter",
+            ld(&self.cancelled),
+        );
+        counter(
+            &mut out,
+            "turbospark_timed_out_total",
+            "Sequences ended by the request timeout.",
+            "counter",
+            ld(&self.timed_out),
+        );
+        counter(
+            &mut out,
+            "turbospark_decode_steps_total",
+            "Batched decode passes.",
+            "counter",
+            ld(&self.decode_steps),
+        );
+        counter(
+            &mut out,
+            "turbospark_decode_rows_total",
+            "Sequence rows over all decode passes.",
+            "counter",
+            ld(&self.decode_rows),
+        );
         lock(&self.ttft).render(
             &mut out,
             "turbospark_time_to_first_token_seconds",
@@ -193,7 +244,13 @@ impl Metrics {
              # TYPE turbospark_expert_cache_hit_rate gauge\nturbospark_expert_cache_hit_rate {}",
             e.hit_rate()
         );
-        counter(&mut out, "turbospark_expert_bytes_read_total", "Routed-expert bytes read from storage.", "counter", e.bytes_read);
+        counter(
+            &mut out,
+            "turbospark_expert_bytes_read_total",
+            "Routed-expert bytes read from storage.",
+            "counter",
+            e.bytes_read,
+        );
         out
     }
 }

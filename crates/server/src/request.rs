@@ -210,19 +210,16 @@ const MAX_STOPS: usize = 16;
 
 fn parse<'a, T: Deserialize<'a>>(dialect: Dialect, body: &'a [u8]) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::invalid(dialect, "the request body is empty; a JSON object is expected"));
+        return Err(ApiError::invalid(
+            dialect,
+            "the request body is empty; a JSON object is expected",
+        ));
     }
     serde_json::from_slice(body)
         .map_err(|e| ApiError::invalid(dialect, format!("invalid request body: {e}")))
 }
 
-fn check_range(
-    dialect: Dialect,
-    name: &str,
-    v: f32,
-    lo: f32,
-    hi: f32,
-) -> Result<f32, ApiError> {
+fn check_range(dialect: Dialect, name: &str, v: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
     if v.is_finite() && (lo..=hi).contains(&v) {
         Ok(v)
     } else {
@@ -240,7 +237,10 @@ impl Request {
         if s.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid(d, "only `n` = 1 is supported").with_param("n"));
         }
-        if s.logprobs.as_ref().is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false)) {
+        if s.logprobs
+            .as_ref()
+            .is_some_and(|v| !v.is_null() && v != &serde_json::Value::Bool(false))
+        {
             return Err(ApiError::invalid(d, "`logprobs` is not supported").with_param("logprobs"));
         }
         if s.tools.as_ref().is_some_and(|v| !v.is_null()) {
@@ -248,7 +248,9 @@ impl Request {
         }
         let max_tokens = s.max_completion_tokens.or(s.max_tokens);
         if max_tokens == Some(0) {
-            return Err(ApiError::invalid(d, "`max_tokens` must be at least 1").with_param("max_tokens"));
+            return Err(
+                ApiError::invalid(d, "`max_tokens` must be at least 1").with_param("max_tokens")
+            );
         }
         let stops = s.stop.map(OneOrMany::into_vec).unwrap_or_default();
         check_stops(d, &stops, "stop")?;
@@ -264,9 +266,27 @@ impl Request {
             top_p: check_range(d, "top_p", s.top_p.unwrap_or(1.0), 0.0, 1.0)?,
             top_k: s.top_k.unwrap_or(0),
             min_p: check_range(d, "min_p", s.min_p.unwrap_or(0.0), 0.0, 1.0)?,
-            presence_penalty: check_range(d, "presence_penalty", s.presence_penalty.unwrap_or(0.0), -2.0, 2.0)?,
-            frequency_penalty: check_range(d, "frequency_penalty", s.frequency_penalty.unwrap_or(0.0), -2.0, 2.0)?,
-            repeat_penalty: check_range(d, "repeat_penalty", s.repeat_penalty.unwrap_or(1.0), 0.0, 10.0)?,
+            presence_penalty: check_range(
+                d,
+                "presence_penalty",
+                s.presence_penalty.unwrap_or(0.0),
+                -2.0,
+                2.0,
+            )?,
+            frequency_penalty: check_range(
+                d,
+                "frequency_penalty",
+                s.frequency_penalty.unwrap_or(0.0),
+                -2.0,
+                2.0,
+            )?,
+            repeat_penalty: check_range(
+                d,
+                "repeat_penalty",
+                s.repeat_penalty.unwrap_or(1.0),
+                0.0,
+                10.0,
+            )?,
             seed: s.seed,
             max_tokens,
             stops,
@@ -343,7 +363,10 @@ impl Request {
                     ))
                 }
             };
-            messages.push(Message::new(role, m.content.into_text(d, &format!("messages.{i}.content"))?));
+            messages.push(Message::new(
+                role,
+                m.content.into_text(d, &format!("messages.{i}.content"))?,
+            ));
         }
         let stops = b.stop_sequences.unwrap_or_default();
         check_stops(d, &stops, "stop_sequences")?;
@@ -375,7 +398,9 @@ fn check_stops(d: Dialect, stops: &[String], field: &str) -> Result<(), ApiError
         .with_param(field));
     }
     if stops.iter().any(String::is_empty) {
-        return Err(ApiError::invalid(d, format!("`{field}` has an empty string")).with_param(field));
+        return Err(
+            ApiError::invalid(d, format!("`{field}` has an empty string")).with_param(field),
+        );
     }
     Ok(())
 }

@@ -240,7 +240,15 @@ fn chat(user: &str, max: usize, stream: bool) -> serde_json::Value {
 #[test]
 fn clients_curl_and_faults() {
     let Some(dir) = install() else { return };
-    let cases_spec: [(&str, Option<&str>, Option<&str>, Option<&str>, usize); 3] = [
+    // (name, system, user, raw prompt, max tokens)
+    type Case<'a> = (
+        &'a str,
+        Option<&'a str>,
+        Option<&'a str>,
+        Option<&'a str>,
+        usize,
+    );
+    let cases_spec: [Case<'_>; 3] = [
         (
             "paris",
             None,

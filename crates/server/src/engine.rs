@@ -134,6 +134,7 @@ pub fn run<D: Device>(
     let mut logits = vec![0f32; parallel * vocab];
     let mut seqs: Vec<Seq<'_, D>> = Vec::with_capacity(parallel);
     let mut open = true;
+    let mut step: u64 = 0;
 
     loop {
         // 1. Admit.
@@ -196,6 +197,7 @@ pub fn run<D: Device>(
         }
         metrics.set_active(seqs.len());
         if seqs.is_empty() {
+            metrics.idle();
             if !open || cancel_all.load(Ordering::Relaxed) {
                 return Ok(());
             }
@@ -285,6 +287,10 @@ pub fn run<D: Device>(
             retire(&mut seqs, &mut caches);
         }
         metrics.set_experts(&worker_stats(&worker));
+        step += 1;
+        if step % 16 == 0 {
+            metrics.set_expert_use(worker.router_histogram().layers());
+        }
     }
 }
 
@@ -307,6 +313,51 @@ fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<KvCache<D>>) {
     }
 }
 
+/// One token: sampled from `logits`, its text sent; `Some` when the
+/// sequence ends with it (or before it, at `max_tokens`), else the token
+/// is `s.next`, to be fed back.
+fn sample_one<D: Device>(
+    s: &mut Seq<'_, D>,
+    logits: &mut [f32],
+    tok: &Tokenizer,
+    metrics: &Metrics,
+) -> Result<Option<Finish>, String> {
+    if s.generated >= s.job.params.max_tokens {
+        return Ok(Some(Finish::MaxTokens));
+    }
+    let token = s.sampler.sample(logits).map_err(|e| e.to_string())?;
+    s.sampler.accept(token);
+    s.generated += 1;
+    metrics.generated(1);
+    if s.first_token.is_none() {
+        let now = Instant::now();
+        s.first_token = Some(now);
+        metrics.time_to_first_token(now - s.started);
+    }
+    if tok.is_eog(token) {
+        return Ok(Some(Finish::Eos));
+    }
+    let mut piece = String::new();
+    s.detok
+        .push_to(token, &mut piece)
+        .map_err(|e| e.to_string())?;
+    if !piece.is_empty() {
+        let _ = s.job.events.send(Event::Text(piece));
+    }
+    if s.detok.is_stopped() {
+        let stop = s.detok.stop_string().unwrap_or_default().to_string();
+        return Ok(Some(Finish::Stop(stop)));
+    }
+    if s.generated >= s.job.params.max_tokens {
+        return Ok(Some(Finish::MaxTokens));
+    }
+    if s.kv.position() >= s.kv.context() {
+        return Ok(Some(Finish::ContextFull));
+    }
+    s.next = Some(token);
+    Ok(None)
+}
+
 /// Samples from `logits` (the sequence's newest), streams the text and
 /// decides whether the sequence goes on: `s.next` is the token to feed, or
 /// `None` when it ended (the end is sent).
@@ -317,47 +368,13 @@ fn step_sampled<D: Device>(
     metrics: &Metrics,
 ) {
     s.next = None;
-    let finish = loop {
-        if s.generated >= s.job.params.max_tokens {
-            break Finish::MaxTokens;
-        }
-        let token = match s.sampler.sample(logits) {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = s.job.events.send(Event::Failed(e.to_string()));
-                return;
-            }
-        };
-        s.sampler.accept(token);
-        s.generated += 1;
-        metrics.generated(1);
-        if s.first_token.is_none() {
-            let now = Instant::now();
-            s.first_token = Some(now);
-            metrics.time_to_first_token(now - s.started);
-        }
-        if tok.is_eog(token) {
-            break Finish::Eos;
-        }
-        let mut piece = String::new();
-        if let Err(e) = s.detok.push_to(token, &mut piece) {
-            let _ = s.job.events.send(Event::Failed(e.to_string()));
+    let finish = match sample_one(s, logits, tok, metrics) {
+        Ok(Some(finish)) => finish,
+        Ok(None) => return,
+        Err(e) => {
+            let _ = s.job.events.send(Event::Failed(e));
             return;
         }
-        if !piece.is_empty() {
-            let _ = s.job.events.send(Event::Text(piece));
-        }
-        if s.detok.is_stopped() {
-            break Finish::Stop(s.detok.stop_string().unwrap_or_default().to_string());
-        }
-        if s.generated >= s.job.params.max_tokens {
-            break Finish::MaxTokens;
-        }
-        if s.kv.position() >= s.kv.context() {
-            break Finish::ContextFull;
-        }
-        s.next = Some(token);
-        return;
     };
     let rest = s.detok.finish();
     if !rest.is_empty() {

@@ -10,6 +10,8 @@
 //!   `content_block_start`, `ping`, `content_block_delta`…,
 //!   `content_block_stop`, `message_delta`, `message_stop`.
 //! - `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus text).
+//! - `GET /`: a chat page (embedded, nothing fetched from elsewhere) that
+//!   streams answers and polls `GET /stats` (JSON) for its live panel.
 //!
 //! The key (when set) is accepted as `Authorization: Bearer KEY` and as
 //! `x-api-key: KEY`; `/health` needs none. The HTTP side only parses,
@@ -67,6 +69,8 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route("/stats", get(stats))
+        .route("/", get(page))
         .fallback(fallback)
         .method_not_allowed_fallback(fallback)
         .with_state(state)
@@ -674,6 +678,27 @@ async fn metrics(State(state): State<Shared>, headers: HeaderMap) -> Response {
         state.metrics.render(),
     )
         .into_response()
+}
+
+/// The chat page: one HTML file with its script and style inline, nothing
+/// fetched from elsewhere.
+async fn page() -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("page.html"),
+    )
+        .into_response()
+}
+
+/// The page's live panel: decode speed, sequences, expert cache.
+async fn stats(State(state): State<Shared>, headers: HeaderMap) -> Response {
+    if let Err(e) = check_key(&state, &headers, Dialect::OpenAi) {
+        return e.into_response();
+    }
+    let mut v = state.metrics.snapshot();
+    v["model"] = json!(state.model_id);
+    json_response(StatusCode::OK, &v)
 }
 
 async fn fallback(State(state): State<Shared>, method: Method, uri: axum::http::Uri) -> Response {

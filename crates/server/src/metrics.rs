@@ -72,6 +72,10 @@ pub struct Metrics {
     ttft: Mutex<Histogram>,
     decode_rate: Mutex<Histogram>,
     experts: Mutex<LayerStats>,
+    /// Decode tokens per second over recent steps (exponentially weighted).
+    recent_rate: Mutex<f64>,
+    /// `(layer, selections per expert)` of each MoE layer.
+    expert_use: Mutex<Vec<(usize, Vec<u64>)>>,
 }
 
 impl Default for Metrics {
@@ -89,6 +93,8 @@ impl Default for Metrics {
             ttft: Mutex::new(Histogram::new(TTFT_BOUNDS)),
             decode_rate: Mutex::new(Histogram::new(RATE_BOUNDS)),
             experts: Mutex::new(LayerStats::default()),
+            recent_rate: Mutex::new(0.0),
+            expert_use: Mutex::new(Vec::new()),
         }
     }
 }
@@ -136,9 +142,38 @@ impl Metrics {
     pub fn timed_out(&self) {
         self.timed_out.fetch_add(1, Ordering::Relaxed);
     }
-    pub fn decode_step(&self, rows: usize, _took: Duration) {
+    pub fn decode_step(&self, rows: usize, took: Duration) {
         self.decode_steps.fetch_add(1, Ordering::Relaxed);
         self.decode_rows.fetch_add(rows as u64, Ordering::Relaxed);
+        let secs = took.as_secs_f64();
+        if secs > 0.0 {
+            let mut r = lock(&self.recent_rate);
+            *r = 0.8 * *r + 0.2 * (rows as f64 / secs);
+        }
+    }
+    /// The decode rate falls to zero while nothing decodes.
+    pub fn idle(&self) {
+        *lock(&self.recent_rate) = 0.0;
+    }
+    pub fn set_expert_use(&self, layers: &[(usize, Vec<u64>)]) {
+        let mut u = lock(&self.expert_use);
+        u.clear();
+        u.extend_from_slice(layers);
+    }
+
+    /// What the page's live panel shows.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let e = *lock(&self.experts);
+        serde_json::json!({
+            "active_sequences": self.active(),
+            "queue_depth": self.queue_depth(),
+            "generated_tokens": self.generated_tokens.load(Ordering::Relaxed),
+            "decode_tok_per_s": *lock(&self.recent_rate),
+            "expert_requests": e.requests,
+            "expert_hit_rate": e.hit_rate(),
+            "expert_bytes_read": e.bytes_read,
+            "expert_use": *lock(&self.expert_use),
+        })
     }
     pub fn time_to_first_token(&self, d: Duration) {
         lock(&self.ttft).observe(d.as_secs_f64());

@@ -79,7 +79,9 @@ for c in cases:
     check(f"{n}: chat stream usage", chunks[-1].usage is not None and not chunks[-1].choices
           and chunks[-1].usage.completion_tokens == u.completion_tokens, chunks[-1])
 
-    kw = dict(model=model, max_tokens=c["max_tokens"], temperature=0,
+    # Recent clients no longer take `temperature` as an argument; it goes in
+    # the body as the Messages API documents it.
+    kw = dict(model=model, max_tokens=c["max_tokens"], extra_body={"temperature": 0},
               messages=[{"role": "user", "content": c["user"]}])
     if c["system"]:
         kw["system"] = c["system"]
@@ -106,7 +108,8 @@ r = oa.chat.completions.create(model=model, messages=msgs, temperature=0,
                                max_tokens=c["max_tokens"], stop=[stop])
 check("chat stop string", (r.choices[0].message.content, r.choices[0].finish_reason)
       == (prefix, "stop"), (r.choices[0].message.content, prefix))
-kw = dict(model=model, max_tokens=c["max_tokens"], temperature=0, stop_sequences=[stop],
+kw = dict(model=model, max_tokens=c["max_tokens"], extra_body={"temperature": 0},
+          stop_sequences=[stop],
           messages=[{"role": "user", "content": c["user"]}])
 if c["system"]:
     kw["system"] = c["system"]
@@ -125,7 +128,7 @@ try:
         model=model, max_tokens=4, messages=[{"role": "user", "content": "hi"}])
     check("anthropic bad key", False, "no error")
 except anthropic.AuthenticationError as e:
-    check("anthropic bad key", e.status_code == 401 and e.body["type"] == "authentication_error", e.body)
+    check("anthropic bad key", e.status_code == 401 and e.body["error"]["type"] == "authentication_error", e.body)
 try:
     oa.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
     check("openai unknown model", False, "no error")

@@ -63,6 +63,7 @@ impl Server {
     fn start(dir: &Path, extra: &[&str]) -> Server {
         let mut child = Command::new(BIN)
             .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
+            .args(["--model-name", "smollm2"])
             .args(["--numerics", "exact", "--context", "1024", "--threads", "2"])
             .args(extra)
             .env_remove("TURBOSPARK_API_KEY")
@@ -179,7 +180,10 @@ fn run_answer(
     } else {
         "length"
     };
-    (String::from_utf8(out.stdout).unwrap(), finish.into())
+    // `run` ends the answer with a newline of its own.
+    let mut text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text.pop(), Some('\n'), "{text:?}");
+    (text, finish.into())
 }
 
 /// The venv with the official clients, made once from PyPI; `None` (after
@@ -595,4 +599,51 @@ fn full_queue_is_429_and_sigterm_exits_cleanly() {
             );
         }
     }
+}
+
+/// Headless Chromium (Debian's `chromium`), or `None` after saying why.
+fn chromium() -> Option<&'static str> {
+    ["chromium", "chromium-browser"].into_iter().find(|b| {
+        Command::new(b)
+            .arg("--version")
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+    .or_else(|| {
+        eprintln!("skipped the page test: chromium is not installed (apt-get install chromium)");
+        None
+    })
+}
+
+#[test]
+fn page_streams_an_answer_in_headless_chromium() {
+    let Some(dir) = install() else { return };
+    let Some(browser) = chromium() else { return };
+    let server = Server::start(dir, &[]);
+    let (status, head, page) = http(server.addr, "GET", "/", &[], b"");
+    assert_eq!(status, 200);
+    assert!(head.contains("text/html"), "{head}");
+    assert!(!page.contains("http://") && !page.contains("https://"), "the page fetches from elsewhere");
+    let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-page.png");
+    let _ = std::fs::remove_file(&shot);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/serve/page_check.py");
+    let question = "What is the capital of France?";
+    let out = Command::new("python3")
+        .arg(script)
+        .args([browser, &format!("{}/?temperature=0", server.url()), question])
+        .arg(&shot)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "page check failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let state: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let want = run_answer(dir, None, Some(question), None, 256).0;
+    assert_eq!(state["answer"], want.as_str(), "{state}");
+    assert_eq!(state["panel_live"], true, "{state}");
+    assert!(shot.is_file(), "no screenshot");
+    println!("page: {state}; screenshot: {}", shot.display());
 }

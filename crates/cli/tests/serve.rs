@@ -603,16 +603,20 @@ fn full_queue_is_429_and_sigterm_exits_cleanly() {
 
 /// Headless Chromium (Debian's `chromium`), or `None` after saying why.
 fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser"].into_iter().find(|b| {
-        Command::new(b)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    })
-    .or_else(|| {
-        eprintln!("skipped the page test: chromium is not installed (apt-get install chromium)");
-        None
-    })
+    ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|b| {
+            Command::new(b)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .or_else(|| {
+            eprintln!(
+                "skipped the page test: chromium is not installed (apt-get install chromium)"
+            );
+            None
+        })
 }
 
 #[test]
@@ -623,14 +627,21 @@ fn page_streams_an_answer_in_headless_chromium() {
     let (status, head, page) = http(server.addr, "GET", "/", &[], b"");
     assert_eq!(status, 200);
     assert!(head.contains("text/html"), "{head}");
-    assert!(!page.contains("http://") && !page.contains("https://"), "the page fetches from elsewhere");
+    assert!(
+        !page.contains("http://") && !page.contains("https://"),
+        "the page fetches from elsewhere"
+    );
     let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-page.png");
     let _ = std::fs::remove_file(&shot);
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/serve/page_check.py");
     let question = "What is the capital of France?";
     let out = Command::new("python3")
         .arg(script)
-        .args([browser, &format!("{}/?temperature=0", server.url()), question])
+        .args([
+            browser,
+            &format!("{}/?temperature=0", server.url()),
+            question,
+        ])
         .arg(&shot)
         .output()
         .unwrap();

@@ -6,9 +6,10 @@
 //! 1. admits queued jobs into free places (blocking only when nothing runs);
 //! 2. ends sequences whose client went away (the receiving half of their
 //!    event channel is closed) or whose deadline passed, freeing their place;
-//! 3. runs one prefill chunk of at most [`PREFILL_CHUNK`] tokens for the
-//!    oldest sequence still reading its prompt (so a long prompt delays the
-//!    others by one chunk per step, not by its whole length);
+//! 3. runs prefill chunks of at most [`PREFILL_CHUNK`] tokens for the
+//!    sequences still reading their prompts, oldest first, up to
+//!    [`PREFILL_BUDGET`] tokens (so a long prompt delays the others by a few
+//!    chunks per step, not by its whole length);
 //! 4. decodes one token for every sequence past its prompt, all in one
 //!    forward pass ([`Session::decode_batch`]): the rows share each weight
 //!    read, while attention is per sequence over its own cache.
@@ -37,6 +38,12 @@ use crate::ServerError;
 /// Prompt tokens one prefill step runs; also the chunk `turbospark run`
 /// prefills in (the session's default batch), so the arithmetic is the same.
 pub const PREFILL_CHUNK: usize = 64;
+
+/// Prompt tokens prefilled per step at most (whole chunks, so one chunk
+/// may take it past): several short prompts that arrive together start
+/// within one step, while a long prompt still yields to the decoding
+/// sequences every few chunks.
+pub const PREFILL_BUDGET: usize = 4 * PREFILL_CHUNK;
 
 /// What a request asks the engine to generate.
 #[derive(Debug, Clone)]
@@ -213,7 +220,7 @@ pub fn run<D: Device>(
             let gone = s.job.events.is_closed() || cancel;
             let late = now >= s.job.deadline;
             if gone || late {
-                let s = seqs.swap_remove(i);
+                let s = seqs.remove(i);
                 if late && !gone {
                     let _ = s.job.events.send(Event::TimedOut);
                     metrics.timed_out();
@@ -226,9 +233,17 @@ pub fn run<D: Device>(
             }
         }
 
-        // 3. One prefill chunk.
-        if let Some(s) = seqs.iter_mut().find(|s| s.prefilled < s.job.prompt.len()) {
+        // 3. Prefill chunks, oldest sequence first, up to the step's budget.
+        let mut budget = PREFILL_BUDGET;
+        for s in seqs.iter_mut() {
+            if budget == 0 {
+                break;
+            }
+            if s.prefilled >= s.job.prompt.len() {
+                continue;
+            }
             let end = (s.prefilled + PREFILL_CHUNK).min(s.job.prompt.len());
+            budget = budget.saturating_sub(end - s.prefilled);
             let chunk = &s.job.prompt[s.prefilled..end];
             let last = end == s.job.prompt.len();
             let out = &mut logits[..vocab];
@@ -306,7 +321,7 @@ fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<KvCache<D>>) {
         let s = &seqs[i];
         let reading = s.prefilled < s.job.prompt.len();
         if s.next.is_none() && !reading {
-            caches.push(seqs.swap_remove(i).kv);
+            caches.push(seqs.remove(i).kv);
         } else {
             i += 1;
         }

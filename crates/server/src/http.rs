@@ -32,6 +32,7 @@ use axum::Router;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
 use turbospark_text::{ChatOptions, ChatTemplate, SamplerConfig, Tokenizer};
 
 use crate::engine::{Event, Finish, GenParams, Job};
@@ -139,19 +140,19 @@ async fn read_body(
             return Err(too_large());
         }
     }
-    axum::body::to_bytes(req.into_body(), state.max_body)
-        .await
-        .map_err(|e| {
-            // A length-limit error, or the client broke the body off.
-            let over = std::error::Error::source(&e)
-                .is_some_and(|s| s.to_string().contains("length limit"))
-                || e.to_string().contains("length limit");
-            if over {
-                too_large()
-            } else {
-                ApiError::invalid(dialect, format!("reading the request body: {e}"))
-            }
-        })
+    // Read frame by frame so that a body without a length (chunked) stops
+    // being read as soon as it passes the limit.
+    let mut frames = req.into_body().into_data_stream();
+    let mut body = Vec::new();
+    while let Some(frame) = frames.next().await {
+        let frame = frame
+            .map_err(|e| ApiError::invalid(dialect, format!("reading the request body: {e}")))?;
+        if body.len() + frame.len() > state.max_body {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&frame);
+    }
+    Ok(Bytes::from(body))
 }
 
 /// Which endpoint a generation request came to.

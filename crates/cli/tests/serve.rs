@@ -13,7 +13,12 @@
 //!   bodies, bad keys, clients that disconnect mid-stream; after each the
 //!   server answers a normal request and `/metrics` shows no sequence left;
 //! - concurrent requests, decoded in one batch, each equal to its answer alone;
-//! - a full queue (429 with Retry-After) and SIGTERM during load (exit 0).
+//! - a full queue (429 with Retry-After), the per-request timeout (408, or an
+//!   error frame in a stream) and SIGTERM during load (exit 0);
+//! - the chat page at `/` in headless Chromium (scripts/serve/page_check.py,
+//!   over the DevTools protocol): it streams the greedy answer `run` gives
+//!   and its live panel updates; the screenshot is left in the target's
+//!   tmp directory (`serve-page.png`). Skipped, saying why, without chromium.
 //!
 //! Skipped, saying why, when the model is not cached (scripts/fetch-models.sh
 //! smollm2), unless `TURBOSPARK_REQUIRE_MODELS` is set.
@@ -657,4 +662,32 @@ fn page_streams_an_answer_in_headless_chromium() {
     assert_eq!(state["panel_live"], true, "{state}");
     assert!(shot.is_file(), "no screenshot");
     println!("page: {state}; screenshot: {}", shot.display());
+}
+
+#[test]
+fn request_past_the_timeout_is_408_in_each_api_shape() {
+    let Some(dir) = install() else { return };
+    let server = Server::start(dir, &["--timeout", "1"]);
+    let addr = server.addr;
+    let long = "Write a very long story about a dragon and a knight.";
+    let (status, v) = post_json(addr, "/v1/chat/completions", &chat(long, 1000, false));
+    assert_eq!(status, 408, "{v}");
+    assert_eq!(v["error"]["type"], "timeout", "{v}");
+    let body = serde_json::json!({"model": "smollm2", "max_tokens": 1000,
+                                  "messages": [{"role": "user", "content": long}]});
+    let (status, v) = post_json(addr, "/v1/messages", &body);
+    assert_eq!(status, 408, "{v}");
+    assert_eq!(v["error"]["type"], "timeout_error", "{v}");
+    // A stream that runs out of time ends with an error frame.
+    let (status, _, sse) = http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &auth(),
+        chat(long, 1000, true).to_string().as_bytes(),
+    );
+    assert_eq!(status, 200);
+    assert!(sse.contains("\"timeout\""), "{sse}");
+    wait_idle(addr);
+    assert!(metric(addr, "turbospark_timed_out_total ") >= 3.0);
 }

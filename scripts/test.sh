@@ -23,5 +23,18 @@ if [ "${TURBOSPARK_SKIP_FETCH:-0}" != 1 ]; then
     stage "fetch real models and the llama.cpp sdist" fetch_models smollm2 gemma3 qwen25 llamacpp
     export TURBOSPARK_REQUIRE_MODELS=1
 fi
+# NVRTC (CUDA's runtime compiler, from PyPI) lets the CUDA crate's test
+# compile every kernel for sm_80 and sm_90 on this GPU-less machine.
+nvrtc_dir="${TURBOSPARK_CACHE:-$HOME/.cache/turbospark}/nvrtc-13.0"
+install_nvrtc() {
+    if [ ! -e "$nvrtc_dir/nvidia/cu13/lib/libnvrtc.so.13" ]; then
+        local spec="nvidia-cuda-nvrtc==13.0.*"
+        python3 -m pip install --quiet --no-deps --target "$nvrtc_dir" "$spec" ||
+            python3 -m pip install --quiet --no-deps --break-system-packages --target "$nvrtc_dir" "$spec" ||
+            { echo "NVRTC could not be installed: the kernel compile test will skip"; return 0; }
+    fi
+    export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+}
+stage "install NVRTC 13.0 (pip)" install_nvrtc
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt
 echo "all stages passed in ${SECONDS}s"

@@ -31,7 +31,7 @@ JOBS="${JOBS:-$(nproc)}"
 CMAKE_PIN="cmake==4.4.5"
 NINJA_PIN="ninja==1.13.2"
 
-TARGETS=(llama-completion llama-simple llama-eval-callback llama-bench llama-tokenize llama-perplexity)
+TARGETS=(llama-completion llama-simple llama-eval-callback llama-bench llama-tokenize llama-perplexity llama-cvector-generator)
 CMAKE_FLAGS=(
   -DCMAKE_BUILD_TYPE=Release
   -DGGML_NATIVE=ON

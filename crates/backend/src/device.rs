@@ -20,6 +20,13 @@ pub struct Limits {
     pub max_head_dim: usize,
     /// Most experts one router chooses among (0 without routing).
     pub max_experts: usize,
+    /// Most routes (token, rank) one MoE call computes: `max_tokens ·
+    /// top_k` (0 without routed experts). With
+    /// [`Limits::max_expert_intermediate`] it sizes the stream's own
+    /// expert activations on backends that compute every route at once.
+    pub max_routes: usize,
+    /// Widest expert intermediate (0 without routed experts).
+    pub max_expert_intermediate: usize,
 }
 
 /// A device's memory, as far as it knows.

@@ -89,4 +89,15 @@ pub enum BackendError {
     /// The device (or the host's thread pool) could not be set up.
     #[error("backend setup: {0}")]
     Device(String),
+    /// The device has too little free memory for an allocation.
+    #[error("{what}: needs {need} bytes of device memory, {free} are free")]
+    OutOfMemory {
+        what: &'static str,
+        need: u64,
+        free: u64,
+    },
+    /// The device failed while running queued work (a fault inside a
+    /// kernel, a lost device); its state is undefined afterwards.
+    #[error("{op}: the device reported {detail}")]
+    Runtime { op: &'static str, detail: String },
 }

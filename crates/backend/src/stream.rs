@@ -52,6 +52,42 @@ pub trait Stream<D: Device>: Send {
     /// Waits until every queued op and copy has completed.
     fn synchronize(&mut self) -> Result<(), BackendError>;
 
+    /// Whether this stream can record a decode step (one token, every
+    /// op on the device, no host round trip) once and replay it for later
+    /// tokens ([`Stream::replay_step`]). A GPU stream does (a CUDA graph);
+    /// the CPU does not.
+    fn records_steps(&self) -> bool {
+        false
+    }
+    /// Starts recording the decode step of `token` at `position`: the ops
+    /// queued until [`Stream::end_step`] run (as usual) and are kept, with
+    /// the token and position they were given bound to the step's
+    /// parameters rather than to these values, so that a replay at another
+    /// token and position computes what the same calls would. Only ops
+    /// that need no host data beyond their arguments may be queued while
+    /// recording (no `write`, `read`, `write_routes`, `fill_slot`).
+    fn begin_step(&mut self, token: u32, position: usize) -> Result<(), BackendError> {
+        let _ = (token, position);
+        Err(BackendError::Device(
+            "this backend does not record decode steps".into(),
+        ))
+    }
+    /// Ends the recording started by [`Stream::begin_step`] and queues the
+    /// recorded step.
+    fn end_step(&mut self) -> Result<(), BackendError> {
+        Err(BackendError::Device(
+            "this backend does not record decode steps".into(),
+        ))
+    }
+    /// Queues the recorded step for `token` at `position`; `false` (and
+    /// nothing queued) when no step is recorded.
+    fn replay_step(&mut self, token: u32, position: usize) -> Result<bool, BackendError> {
+        let _ = (token, position);
+        Ok(false)
+    }
+    /// Forgets the recorded step (the next decode records a new one).
+    fn forget_step(&mut self) {}
+
     /// Queues a copy of `src` into the start of `dst` (an f32 buffer).
     fn write(&mut self, dst: &mut D::Buf, src: &[f32]) -> Result<(), BackendError>;
     /// Queues a copy of the first `len` elements of `src` into `dst`, valid
@@ -160,6 +196,19 @@ pub trait Stream<D: Device>: Send {
     ) -> Result<(), BackendError>;
     /// `dst[i] += src[i]` for `i < len`.
     fn add(&mut self, dst: &mut D::Buf, src: &D::Buf, len: usize) -> Result<(), BackendError>;
+    /// Moves each of `n` rows along a unit vector `u` (`[d]`, `d` its
+    /// length): `x[t] += (alpha · (u · x[t]) + beta) · u`, the dot product
+    /// accumulated in f64. With `alpha = −1, beta = 0` it projects `u` out
+    /// of every row (ablation); with `alpha = −1, beta = c` it sets every
+    /// row's component along `u` to `c` (clamping). Steering uses it.
+    fn adjust_projection(
+        &mut self,
+        x: &mut D::Buf,
+        n: usize,
+        u: &D::Vector,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), BackendError>;
     /// `x[i] *= s` for `i < len`.
     fn scale(&mut self, x: &mut D::Buf, len: usize, s: f32) -> Result<(), BackendError>;
     /// `x[i] *= sigmoid(gate[i])` for `i < len`.

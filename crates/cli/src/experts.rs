@@ -117,6 +117,13 @@ impl ExpertArgs {
     }
 
     /// Prints the statistics and writes the histogram, as asked.
+    /// Whether the session must count routes (`--stats`, `--router-hist`):
+    /// counting reads every MoE layer's routes back to the host, which a
+    /// resident layer otherwise never does.
+    pub fn counts_routes(&self) -> bool {
+        self.stats || self.router_hist.is_some()
+    }
+
     pub fn report(&self, stats: &ExpertStats, hist: &RouterHistogram) -> Result<()> {
         if self.stats {
             eprint!("{stats}");

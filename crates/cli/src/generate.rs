@@ -23,15 +23,20 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use turbospark_backend::Device;
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
+use turbospark_format::identity::default_chat_template;
+use turbospark_format::install::reader::read_manifest;
+use turbospark_text::builtin_templates::{builtin_template, builtin_template_names};
 use turbospark_text::{
     ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
 
 use crate::experts::ExpertArgs;
-use crate::loading::{open_model, Backend};
+use crate::loading::DeviceArgs;
 use crate::numerics::{self, NumericsArg};
+use crate::probe::{CapturePositions, ProbeArgs};
 
 /// Default cap on the context when `--context` is not given: the model's
 /// `max_position` can be far larger than a KV cache one wants by default.
@@ -81,9 +86,11 @@ pub struct GenArgs {
     /// Stop when this text is generated (not printed); repeatable.
     #[arg(long = "stop")]
     pub stops: Vec<String>,
-    /// A Jinja chat template file to use instead of the install's.
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
+    /// A Jinja chat template file, or the name of a built-in template
+    /// (gemma, chatml, mistral, glm4), to use instead of the install's.
+    /// Without it, an install that has none uses its family's built-in one.
+    #[arg(long, value_name = "FILE|NAME")]
+    pub chat_template: Option<String>,
     /// KV cache positions (prompt + answer). Default: the model's maximum
     /// position, capped at 4096.
     #[arg(long)]
@@ -103,7 +110,11 @@ pub struct GenArgs {
     #[arg(long)]
     pub timings: bool,
     #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 impl GenArgs {
@@ -135,22 +146,20 @@ pub struct Text {
 }
 
 impl Text {
-    /// Loads the tokenizer of `dir` and the chat template: `template_file`
-    /// when given, else the install's, else none.
-    pub fn load(dir: &Path, template_file: Option<&Path>) -> Result<Text> {
+    /// Loads the tokenizer of `dir` and the chat template: `template` (a
+    /// file, else a built-in name) when given, else the install's, else the
+    /// family's built-in one (said on stderr), else none.
+    pub fn load(dir: &Path, template: Option<&str>) -> Result<Text> {
         let tokenizer = Tokenizer::from_install_dir(dir)
             .with_context(|| format!("loading the tokenizer of {}", dir.display()))?;
-        let template = match template_file {
-            Some(f) => {
-                let src = std::fs::read_to_string(f)
-                    .with_context(|| format!("reading chat template {}", f.display()))?;
-                Some(
-                    ChatTemplate::new(src)
-                        .with_context(|| format!("compiling chat template {}", f.display()))?,
-                )
-            }
-            None => ChatTemplate::from_install_dir(dir)
-                .with_context(|| format!("loading the chat template of {}", dir.display()))?,
+        let template = match template {
+            Some(arg) => Some(template_from_arg(arg)?),
+            None => match ChatTemplate::from_install_dir(dir)
+                .with_context(|| format!("loading the chat template of {}", dir.display()))?
+            {
+                Some(t) => Some(t),
+                None => family_template(dir)?,
+            },
         };
         Ok(Text {
             tokenizer,
@@ -159,13 +168,15 @@ impl Text {
     }
 
     /// The template, or an error that says what to do without one.
+    /// (Reached only for families without a built-in template.)
     pub fn require_template(&self, dir: &Path) -> Result<&ChatTemplate> {
         match &self.template {
             Some(t) => Ok(t),
             None => bail!(
-                "install {} has no chat template; pass --chat-template FILE, or --raw to \
-                 feed the prompt text as it is",
-                dir.display()
+                "install {} has no chat template and its family has no built-in one; pass \
+                 --chat-template FILE or one of {}, or --raw to feed the prompt text as it is",
+                dir.display(),
+                builtin_template_names()
             ),
         }
     }
@@ -195,18 +206,54 @@ impl Text {
     }
 }
 
-/// Opens the install and builds the model on the CPU backend.
-pub fn load_model(a: &GenArgs) -> Result<Model<Backend>> {
-    open_model(
+/// `--chat-template`: an existing file, else a built-in template's name.
+fn template_from_arg(arg: &str) -> Result<ChatTemplate> {
+    let path = Path::new(arg);
+    let src = if path.is_file() {
+        std::fs::read_to_string(path).with_context(|| format!("reading chat template {arg}"))?
+    } else if let Some(src) = builtin_template(arg) {
+        src.to_string()
+    } else {
+        bail!(
+            "--chat-template {arg}: no such file, and not a built-in template ({})",
+            builtin_template_names()
+        );
+    };
+    ChatTemplate::new(src).with_context(|| format!("compiling chat template {arg}"))
+}
+
+/// The built-in template of the install's family, with a note on stderr.
+fn family_template(dir: &Path) -> Result<Option<ChatTemplate>> {
+    let manifest = read_manifest(dir)?;
+    let family = manifest.arch.family;
+    let Some(name) = default_chat_template(family) else {
+        return Ok(None);
+    };
+    eprintln!(
+        "note: {} has no chat template; using the built-in {name} template of the {family} \
+         family (--chat-template FILE|NAME to choose another)",
+        dir.display()
+    );
+    let src = builtin_template(name).context("the family's built-in template is missing")?;
+    Ok(Some(ChatTemplate::new(src).with_context(|| {
+        format!("compiling the built-in {name} template")
+    })?))
+}
+
+/// Opens the install on the device `--backend` names and runs `task`.
+pub fn with_model<T: crate::loading::ModelTask>(a: &GenArgs, task: T) -> Result<T::Output> {
+    crate::loading::with_model(
         &a.model,
+        &a.device,
         a.threads,
         a.numerics.into(),
         &a.experts.options()?,
+        task,
     )
 }
 
 /// The context a session gets: `--context`, else `max_position` capped.
-pub fn context_size(a: &GenArgs, model: &Model<Backend>) -> Result<usize> {
+pub fn context_size<D: Device>(a: &GenArgs, model: &Model<D>) -> Result<usize> {
     let max = model.spec().max_position;
     match a.context {
         Some(0) => bail!("--context must be at least 1"),
@@ -371,11 +418,13 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 /// A session with the list of tokens its KV cache holds.
-pub struct Generator<'m> {
-    pub session: Session<'m, Backend>,
+pub struct Generator<'m, D: Device> {
+    pub session: Session<'m, D>,
     /// Tokens in the KV cache, in order.
     pub cached: Vec<u32>,
     logits: Vec<f32>,
+    /// Which positions a residual capture keeps (`None`: no capture).
+    capture: Option<CapturePositions>,
 }
 
 /// What one generation produced.
@@ -388,14 +437,30 @@ pub struct Generation {
     pub stats: GenStats,
 }
 
-impl<'m> Generator<'m> {
-    pub fn new(model: &'m Model<Backend>, context: usize) -> Result<Self> {
+impl<'m, D: Device> Generator<'m, D> {
+    pub fn new(model: &'m Model<D>, context: usize) -> Result<Self> {
         let session = model.session(SessionOptions::new(context))?;
         Ok(Generator {
             session,
             cached: Vec::with_capacity(context),
             logits: vec![0.0; model.vocab_size()],
+            capture: None,
         })
+    }
+
+    /// A generator whose session has the capture and steering of `a`.
+    pub fn with_probes(model: &'m Model<D>, context: usize, a: &GenArgs) -> Result<Self> {
+        let mut g = Self::new(model, context)?;
+        g.session.set_route_statistics(a.experts.counts_routes());
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        g.capture = a.probe.apply(&mut g.session, model, &a.model, &numerics)?;
+        Ok(g)
+    }
+
+    /// Ends a residual capture, writing its file and sidecar.
+    pub fn finish_capture(&mut self) -> Result<()> {
+        self.capture = None;
+        Ok(self.session.finish_capture()?)
     }
 
     /// Forgets the conversation.
@@ -429,11 +494,17 @@ impl<'m> Generator<'m> {
             sampler.accept(t);
         }
 
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.prompt());
+        }
         self.session.phase_times_mut().reset();
         let t0 = Instant::now();
         self.session
             .forward(reused, fresh, Logits::Last(&mut self.logits))
             .context("prefill")?;
+        if let Some(c) = self.capture {
+            self.session.set_capture_enabled(c.generated());
+        }
         let engine_prefill = *self.session.phase_times();
         self.session.phase_times_mut().reset();
         self.cached.extend_from_slice(fresh);

@@ -9,6 +9,7 @@ mod loading;
 mod npy;
 mod numerics;
 mod output;
+mod probe;
 mod progress;
 
 use clap::{Parser, Subcommand};
@@ -66,6 +67,10 @@ enum Command {
     /// streaming or whole, with continuous batching of up to --parallel
     /// sequences; /health and /metrics (Prometheus).
     Serve(commands::serve::Args),
+    /// Build a control vector from paired positive and negative prompts
+    /// (mean difference or first principal component of their residuals),
+    /// written as llama.cpp's control-vector GGUF (`--control-vector`).
+    ControlVector(commands::control_vector::Args),
 }
 
 fn main() -> ExitCode {
@@ -80,6 +85,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::ControlVector(a) => commands::control_vector::run(a),
     };
     match result {
         Ok(code) => code,

@@ -95,6 +95,22 @@ pub(crate) fn softcap(x: &mut [f32], cap: f32) {
     }
 }
 
+/// `x[t] += (alpha · (u · x[t]) + beta) · u` for each row of `u.len()`,
+/// the dot product accumulated in f64.
+pub(crate) fn adjust_projection(x: &mut [f32], u: &[f32], alpha: f32, beta: f32) {
+    for row in x.chunks_exact_mut(u.len()) {
+        let dot: f64 = row
+            .iter()
+            .zip(u)
+            .map(|(&a, &b)| f64::from(a) * f64::from(b))
+            .sum();
+        let c = (f64::from(alpha) * dot + f64::from(beta)) as f32;
+        for (v, &b) in row.iter_mut().zip(u) {
+            *v += c * b;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

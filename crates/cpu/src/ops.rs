@@ -435,6 +435,24 @@ impl Stream<CpuDevice> for CpuStream {
         Ok(())
     }
 
+    fn adjust_projection(
+        &mut self,
+        x: &mut CpuBuf,
+        n: usize,
+        u: &CpuVector,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let x = x.f32s_mut("adjust_projection", "x")?;
+        let d = u.data.len();
+        check_len("adjust_projection", "x", x.len(), n * d)?;
+        if d == 0 {
+            return Ok(());
+        }
+        elementwise::adjust_projection(&mut x[..n * d], &u.data, alpha, beta);
+        Ok(())
+    }
+
     fn scale(&mut self, x: &mut CpuBuf, len: usize, s: f32) -> Result<(), BackendError> {
         let x = x.f32s_mut("scale", "x")?;
         check_len("scale", "x", x.len(), len)?;

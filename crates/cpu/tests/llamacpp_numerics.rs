@@ -647,6 +647,7 @@ fn stream(be: &CpuDevice) -> CpuStream {
         max_keys: 16,
         max_head_dim: 16,
         max_experts: 0,
+        ..Limits::default()
     })
     .unwrap()
 }

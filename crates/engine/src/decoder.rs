@@ -22,6 +22,7 @@
 //!                    [+ shared(a)] [+ dense_branch_post_norm(dense(a))]
 //!   h += ffn_post_norm(f)
 //!   h ·= layer_output_scale                        (scales the residual too)
+//!   h = steer(h) ; capture(h)                      (hooks, when set: crate::hooks)
 //! logits = softcap(multiplier · (output_norm(h) · W_out))   (W_out = token_embd if tied)
 //! ```
 
@@ -208,15 +209,85 @@ fn add_bias<D: Device>(
 }
 
 impl<D: Device> Session<'_, D> {
-    /// Runs one batch of at most `max_batch` tokens placed as `at` says
-    /// (inputs already checked) and, if asked, writes the logits of `rows`
-    /// rows starting at batch row `first` into `out`.
+    /// Runs one batch of at most `max_batch` tokens at `pos` (inputs already
+    /// checked) and, if asked, writes the logits of `rows` rows starting at
+    /// batch row `first` into `out`.
     pub(crate) fn run_chunk(
+        &mut self,
+        pos: usize,
+        tokens: &[u32],
+        head: Option<(usize, usize, &mut [f32])>,
+    ) -> Result<(), EngineError> {
+        let recordable = tokens.len() == 1
+            && matches!(head, Some((0, 1, _)))
+            && !self.hooks.active()
+            && self.experts.device_only()
+            && self.stream.records_steps();
+        if recordable {
+            let start = Instant::now();
+            let token = tokens[0];
+            if !self.stream.replay_step(token, pos)? {
+                self.stream.begin_step(token, pos)?;
+                let recorded = self.step_ops(pos, tokens);
+                // A failed recording must not leave the stream recording.
+                let ended = self.stream.end_step();
+                recorded?;
+                ended?;
+            }
+            if let Some((_, _, out)) = head {
+                let vocab = self.model.spec.vocab_size;
+                self.stream.read(&self.bufs.logits, &mut out[..vocab])?;
+            }
+            self.times.lap(Phase::Step, start);
+            return Ok(());
+        }
+        self.layers_and_head(&mut At::Own(pos), tokens, head)
+    }
+
+    /// One decode step of several sequences (inputs already checked): row
+    /// `i` is `tokens[i]` at the next position of `rows[i].kv`; the logits
+    /// of every row go to `out` (`[rows, vocab]`). Never a recorded step:
+    /// which caches a step reads changes from step to step.
+    pub(crate) fn run_rows(
+        &mut self,
+        rows: &mut [BatchRow<'_, D>],
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let n = tokens.len();
+        self.layers_and_head(&mut At::Rows(rows), tokens, Some((0, n, out)))
+    }
+
+    /// A recorded decode step: every op of one token's forward pass up to
+    /// its logits on the device (the read-back stays outside the step).
+    fn step_ops(&mut self, pos: usize, tokens: &[u32]) -> Result<(), EngineError> {
+        self.embed_and_layers(&mut At::Own(pos), tokens)?;
+        self.head_logits(0, 1)
+    }
+
+    /// The forward pass of a batch, op by op, with its phases timed.
+    fn layers_and_head(
         &mut self,
         at: &mut At<'_, '_, D>,
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
+        let t = self.embed_and_layers(at, tokens)?;
+        if let Some((first, rows, out)) = head {
+            self.head(first, rows, out)?;
+            self.times.lap(Phase::Head, t);
+        }
+        Ok(())
+    }
+
+    /// Embedding, every layer and the hooks; returns when the last phase
+    /// ended. Hooks run only for a sequence's own tokens ([`At::Own`]);
+    /// [`Session::decode_batch`] refuses to run while they are set.
+    fn embed_and_layers(
+        &mut self,
+        at: &mut At<'_, '_, D>,
+        tokens: &[u32],
+    ) -> Result<Instant, EngineError> {
         let m = self.model;
         let spec = &m.spec;
         let n = tokens.len();
@@ -232,6 +303,11 @@ impl<D: Device> Session<'_, D> {
             st.rms_norm(&mut b.h, n, hidden, norm, None)?;
         }
         let mut t = self.times.lap(Phase::Embed, start);
+        // Hooks follow one sequence's positions.
+        let hooks = match at {
+            At::Own(pos) if self.hooks.active() => Some(*pos),
+            _ => None,
+        };
         for (l, lw) in m.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, at, n)?;
             t = self.times.lap(Phase::Attention, t);
@@ -239,12 +315,16 @@ impl<D: Device> Session<'_, D> {
             if let Some(s) = lw.layer_output_scale {
                 self.stream.scale(&mut self.bufs.h, n * hidden, s)?;
             }
+            if hooks.is_some() {
+                let h = &mut self.bufs.h;
+                self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
+            }
         }
-        if let Some((first, rows, out)) = head {
-            self.head(first, rows, out)?;
-            self.times.lap(Phase::Head, t);
+        if let Some(pos) = hooks {
+            self.hooks
+                .end_chunk(&mut self.stream, pos, tokens, hidden)?;
         }
-        Ok(())
+        Ok(t)
     }
 
     fn attention_block(
@@ -549,6 +629,16 @@ impl<D: Device> Session<'_, D> {
     /// Final norm, head, multiplier and soft-cap for batch rows
     /// `first .. first + rows`, read back into `out` (`[rows, vocab]`).
     fn head(&mut self, first: usize, rows: usize, out: &mut [f32]) -> Result<(), EngineError> {
+        self.head_logits(first, rows)?;
+        let vocab = self.model.spec.vocab_size;
+        self.stream
+            .read(&self.bufs.logits, &mut out[..rows * vocab])?;
+        Ok(())
+    }
+
+    /// Final norm, head, multiplier and soft-cap of batch rows `first ..
+    /// first + rows` into the logits buffer.
+    fn head_logits(&mut self, first: usize, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st) = (&m.spec, &mut self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
@@ -569,7 +659,6 @@ impl<D: Device> Session<'_, D> {
         if let Some(cap) = spec.head.softcap {
             st.softcap(&mut b.logits, rows * vocab, cap)?;
         }
-        st.read(&b.logits, &mut out[..rows * vocab])?;
         Ok(())
     }
 }

@@ -58,6 +58,40 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
+    /// A steering layer range outside the model (llama.cpp's
+    /// `--control-vector-layer-range A B`, inclusive).
+    #[error(
+        "control vector layer range {start}..={end} is not within the model's layers 0..={}",
+        n_layers.saturating_sub(1)
+    )]
+    SteeringLayerRange {
+        start: usize,
+        end: usize,
+        n_layers: usize,
+    },
+    /// A control vector of another model's width.
+    #[error(
+        "the control vector has {found} elements per layer, the model's hidden size is {hidden}"
+    )]
+    ControlVectorWidth { found: usize, hidden: usize },
+    /// A control vector for a layer the model does not have.
+    #[error(
+        "the control vector has a direction for layer {layer}, the model has {n_layers} layers"
+    )]
+    ControlVectorLayer { layer: usize, n_layers: usize },
+    #[error(transparent)]
+    ControlVector(#[from] crate::control_vector::ControlVectorError),
+    /// A captured layer the model does not have.
+    #[error("cannot capture layer {layer}: the model has {n_layers} layers")]
+    CaptureLayer { layer: usize, n_layers: usize },
+    #[error("layer {layer} is listed twice for capture")]
+    CaptureRepeat { layer: usize },
+    /// Writing captured residuals failed.
+    #[error("writing captured residuals: {source}")]
+    CaptureSink {
+        #[source]
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Backend(#[from] BackendError),
     #[error(transparent)]

@@ -18,14 +18,18 @@
 //! - [`synthetic_gguf`]: the same random gpt-oss weights as a GGUF file
 //!   llama.cpp loads.
 //! - [`timing`]: wall time per phase of the forward pass.
+//! - [`hooks`]: residual-stream capture and steering with control vectors
+//!   ([`control_vector`]: llama.cpp's file format, and building one).
 //!
 //! Decoding `N` tokens one at a time gives the same logits as a prefill of
 //! the same `N` tokens: every op computes a row the same way whatever the
 //! batch, and routed experts are summed in router-rank order.
 
+pub mod control_vector;
 mod decoder;
 pub mod error;
 pub mod experts;
+pub mod hooks;
 pub mod kv;
 pub mod model;
 pub mod router_skew;
@@ -37,12 +41,14 @@ pub mod synthetic_install;
 pub mod timing;
 pub mod weights;
 
+pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
 pub use decoder::BatchRow;
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
     RouterHistogram, SlotCount,
 };
+pub use hooks::{CapturedRows, ResidualSink, SteerMode, Steering};
 pub use kv::KvCache;
 pub use model::Model;
 pub use session::{Logits, Session, SessionOptions};

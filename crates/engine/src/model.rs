@@ -8,8 +8,8 @@ use crate::session::{Session, SessionOptions};
 use crate::source::{ExpertBacking, InstallSource, WeightSource};
 use crate::weights::Weights;
 use crate::EngineError;
-use turbospark_backend::{Device, RopeTable, RouterSpec};
-use turbospark_core::arch::ArchSpec;
+use turbospark_backend::{Device, Numerics, RopeTable, RouterSpec};
+use turbospark_core::arch::{ArchSpec, RopeScaling, RopeSpec};
 use turbospark_format::install::Install;
 
 pub struct Model<D: Device> {
@@ -85,10 +85,11 @@ impl<D: Device> Model<D> {
         let router = spec.moe.as_ref().map(RouterSpec::of).transpose()?;
         let streamed = experts.residency() == Residency::Streamed;
         let weights = Weights::load_with(&spec, src, &device, !streamed)?;
+        let numerics = device.numerics();
         let ropes = spec
             .layers
             .iter()
-            .map(|l| l.rope.as_ref().map(RopeTable::new))
+            .map(|l| l.rope.map(|r| RopeTable::new(&rope_in(r, numerics))))
             .collect();
         Ok(Model {
             spec,
@@ -122,4 +123,16 @@ impl<D: Device> Model<D> {
     pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
         Session::new(self, options)
     }
+}
+
+/// The rope a numerics mode computes: ggml rounds YaRN's correction range
+/// to whole dimensions whatever the model says (`ggml_rope_yarn_corr_dims`),
+/// so llama.cpp's arithmetic truncates it even for gpt-oss, whose HF config
+/// does not.
+fn rope_in(mut rope: RopeSpec, numerics: Numerics) -> RopeSpec {
+    if let (Numerics::LlamaCpp, RopeScaling::Yarn { truncate, .. }) = (numerics, &mut rope.scaling)
+    {
+        *truncate = true;
+    }
+    rope
 }

@@ -15,9 +15,10 @@
 //! in a batch gets the logits it would get alone (bit for bit where the
 //! device's numerics are batch-invariant, as the CPU's are).
 
-use crate::decoder::{At, BatchRow, Buffers};
+use crate::decoder::{BatchRow, Buffers};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
+use crate::hooks::{Hooks, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::timing::PhaseTimes;
@@ -66,6 +67,8 @@ pub struct Session<'m, D: Device> {
     pub(crate) experts: SessionExperts<D>,
     /// Wall time per phase of the forward passes so far.
     pub(crate) times: PhaseTimes,
+    /// Residual capture and steering (none by default).
+    pub(crate) hooks: Hooks<D>,
     /// The last token's logits for [`Session::decode`].
     last_logits: Vec<f32>,
     /// The tokens of a [`Session::decode_batch`] step `[max_batch]`.
@@ -102,6 +105,8 @@ impl<'m, D: Device> Session<'m, D> {
             max_keys,
             max_head_dim,
             max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
+            max_routes: spec.moe.as_ref().map_or(0, |m| m.top_k * max_batch),
+            max_expert_intermediate: spec.moe.as_ref().map_or(0, |m| m.expert_intermediate),
         })?;
         Ok(Session {
             model,
@@ -110,6 +115,7 @@ impl<'m, D: Device> Session<'m, D> {
             bufs: Buffers::new(device, spec, max_batch)?,
             experts,
             times: PhaseTimes::default(),
+            hooks: Hooks::default(),
             last_logits: vec![0.0; spec.vocab_size],
             batch_tokens: Vec::with_capacity(max_batch),
             max_batch,
@@ -179,6 +185,51 @@ impl<'m, D: Device> Session<'m, D> {
         &mut self.experts.histogram
     }
 
+    /// Steers every later forward pass with control vectors (`None`:
+    /// stops steering); see [`crate::hooks`]. Checks the layer range and
+    /// the vectors against the model; on error the steering is unchanged.
+    pub fn set_steering(&mut self, steering: Option<&Steering>) -> Result<(), EngineError> {
+        let spec = &self.model.spec;
+        self.hooks.set_steering(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            steering,
+        )
+    }
+
+    /// Captures the residual stream after each of `layers` (decoder layer
+    /// indices from 0, HF `hidden_states[L + 1]`) in every later forward
+    /// pass, handing the rows of each pass to `sink` (see
+    /// [`crate::hooks`]). A capture already running is finished first.
+    pub fn set_capture(
+        &mut self,
+        layers: &[usize],
+        sink: Box<dyn ResidualSink>,
+    ) -> Result<(), EngineError> {
+        let spec = &self.model.spec;
+        self.hooks.set_capture(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            self.max_batch,
+            layers,
+            sink,
+        )
+    }
+
+    /// Pauses (`false`) or resumes (`true`) the capture, e.g. to keep only
+    /// the prompt's or only the generated tokens' rows.
+    pub fn set_capture_enabled(&mut self, on: bool) {
+        self.hooks.set_capture_enabled(on);
+    }
+
+    /// Ends the capture and finishes its sink (which may write a header or
+    /// a sidecar); does nothing without a capture.
+    pub fn finish_capture(&mut self) -> Result<(), EngineError> {
+        self.hooks.finish_capture()
+    }
+
     /// Runs `tokens` at positions `position ..`, which must be the cache's
     /// next position, and writes the logits asked for. Inputs are checked
     /// before any work: on error the session is unchanged.
@@ -235,7 +286,7 @@ impl<'m, D: Device> Session<'m, D> {
                     Some((0, chunk.len(), &mut out[at..at + chunk.len() * vocab]))
                 }
             };
-            self.run_chunk(&mut At::Own(pos), chunk, head)?;
+            self.run_chunk(pos, chunk, head)?;
             self.kv.advance(chunk.len());
         }
         Ok(())
@@ -302,6 +353,13 @@ impl<'m, D: Device> Session<'m, D> {
         if n == 0 {
             return Err(EngineError::EmptyInput);
         }
+        if self.hooks.active() {
+            return Err(EngineError::BadOptions {
+                detail: "residual capture and steering follow one sequence; \
+                         decode_batch does not run while they are set"
+                    .into(),
+            });
+        }
         if n > self.max_batch {
             return Err(EngineError::BadOptions {
                 detail: format!(
@@ -332,7 +390,7 @@ impl<'m, D: Device> Session<'m, D> {
         let mut tokens = std::mem::take(&mut self.batch_tokens);
         tokens.clear();
         tokens.extend(rows.iter().map(|r| r.token));
-        let result = self.run_chunk(&mut At::Rows(rows), &tokens, Some((0, n, logits)));
+        let result = self.run_rows(rows, &tokens, logits);
         self.batch_tokens = tokens;
         result?;
         for row in rows.iter_mut() {

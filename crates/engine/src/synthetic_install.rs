@@ -275,6 +275,7 @@ pub fn write_synthetic_install(
         tokenizer: None,
         chat_template: None,
         generation: GenerationDefaults::default(),
+        skipped: Vec::new(),
     };
     let hash_total = resident_bytes + total;
     Ok(writer.finish(parts, quant, &mut |bytes| {

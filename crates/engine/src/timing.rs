@@ -2,7 +2,8 @@
 //! calls: embedding, attention blocks, dense FFNs (dense layers and the
 //! shared / parallel dense branches of MoE layers), routers (router matmul,
 //! read-back and top-k), routed experts (fetching misses and computing) and
-//! the head (final norm, output matrix, read-back of the logits).
+//! the head (final norm, output matrix, read-back of the logits), and
+//! decode steps a device replays whole.
 //!
 //! Backends whose ops complete before they return (the CPU backend) give
 //! each phase its true cost; an asynchronous backend would need to
@@ -22,16 +23,20 @@ pub enum Phase {
     Router,
     Experts,
     Head,
+    /// A whole decode step recorded once and replayed by the device (see
+    /// `Stream::replay_step`): its phases are not told apart.
+    Step,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 6] = [
+    pub const ALL: [Phase; 7] = [
         Phase::Embed,
         Phase::Attention,
         Phase::DenseFfn,
         Phase::Router,
         Phase::Experts,
         Phase::Head,
+        Phase::Step,
     ];
 
     pub fn name(self) -> &'static str {
@@ -42,6 +47,7 @@ impl Phase {
             Phase::Router => "router",
             Phase::Experts => "routed experts",
             Phase::Head => "head",
+            Phase::Step => "replayed decode step",
         }
     }
 }
@@ -49,7 +55,7 @@ impl Phase {
 /// Accumulated wall time per [`Phase`].
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PhaseTimes {
-    nanos: [u64; 6],
+    nanos: [u64; 7],
 }
 
 impl PhaseTimes {
@@ -71,7 +77,7 @@ impl PhaseTimes {
     }
 
     pub fn reset(&mut self) {
-        self.nanos = [0; 6];
+        self.nanos = [0; 7];
     }
 }
 

@@ -18,6 +18,11 @@ pub struct Identity {
     /// Layer tensors this family's GGUF files name differently from the
     /// canonical names: `(canonical, gguf)` suffixes after `blk.{L}.`.
     pub gguf_renames: &'static [(&'static str, &'static str)],
+    /// The built-in chat template (`turbospark_text::builtin_templates`)
+    /// used when a checkpoint carries none; `None` where the family's
+    /// checkpoints disagree (llama: Llama 2, Llama 3 and ChatML models) or
+    /// its format is not built in.
+    pub default_chat_template: Option<&'static str>,
 }
 
 pub const IDENTITIES: [Identity; 9] = [
@@ -26,36 +31,42 @@ pub const IDENTITIES: [Identity; 9] = [
         hf_model_types: &["llama", "mistral"],
         gguf_architectures: &["llama"],
         gguf_renames: &[],
+        default_chat_template: None,
     },
     Identity {
         family: Family::Qwen2,
         hf_model_types: &["qwen2"],
         gguf_architectures: &["qwen2"],
         gguf_renames: &[],
+        default_chat_template: Some("chatml"),
     },
     Identity {
         family: Family::Gemma3,
         hf_model_types: &["gemma3_text", "gemma3"],
         gguf_architectures: &["gemma3"],
         gguf_renames: &[],
+        default_chat_template: Some("gemma"),
     },
     Identity {
         family: Family::MuseGlimmer,
         hf_model_types: &["muse_glimmer_text", "muse_glimmer"],
-        gguf_architectures: &["muse_glimmer"],
+        gguf_architectures: &["muse-glimmer", "muse_glimmer"],
         gguf_renames: &[],
+        default_chat_template: None,
     },
     Identity {
         family: Family::Mixtral,
         hf_model_types: &["mixtral"],
         gguf_architectures: &[],
         gguf_renames: &[],
+        default_chat_template: Some("mistral"),
     },
     Identity {
         family: Family::Qwen3Moe,
         hf_model_types: &["qwen3_moe"],
         gguf_architectures: &["qwen3moe"],
         gguf_renames: &[],
+        default_chat_template: Some("chatml"),
     },
     Identity {
         family: Family::GptOss,
@@ -63,18 +74,25 @@ pub const IDENTITIES: [Identity; 9] = [
         gguf_architectures: &["gpt-oss"],
         // llama.cpp's gpt-oss names the pre-FFN norm ATTN_POST_NORM.
         gguf_renames: &[("ffn_norm.weight", "post_attention_norm.weight")],
+        default_chat_template: None,
     },
     Identity {
         family: Family::Gemma4,
         hf_model_types: &["gemma4_text", "gemma4"],
         gguf_architectures: &["gemma4"],
-        gguf_renames: &[],
+        // llama.cpp applies the router's per-expert scale to the expert
+        // outputs, so its converter files it with the down projections.
+        gguf_renames: &[("ffn_gate_inp.expert_scale", "ffn_down_exps.scale")],
+        default_chat_template: None,
     },
     Identity {
         family: Family::Glm4Moe,
         hf_model_types: &["glm4_moe"],
         gguf_architectures: &["glm4moe"],
-        gguf_renames: &[],
+        // llama.cpp's glm4moe, like its gpt-oss, names the pre-FFN norm
+        // ATTN_POST_NORM.
+        gguf_renames: &[("ffn_norm.weight", "post_attention_norm.weight")],
+        default_chat_template: Some("glm4"),
     },
 ];
 
@@ -134,6 +152,14 @@ fn rename_layer_tensor(
     name.to_string()
 }
 
+/// The built-in chat template name of `family`, if it has one.
+pub fn default_chat_template(family: Family) -> Option<&'static str> {
+    IDENTITIES
+        .iter()
+        .find(|i| i.family == family)
+        .and_then(|i| i.default_chat_template)
+}
+
 /// Comma-separated list of accepted HF model types, for error messages.
 pub fn supported_hf_model_types() -> String {
     IDENTITIES
@@ -188,6 +214,24 @@ mod tests {
                 assert!(seen.insert(*t), "{t} listed twice");
             }
         }
+    }
+
+    #[test]
+    fn llama_cpp_names_of_glm4moe_and_gemma4_tensors() {
+        assert_eq!(
+            canonical_from_gguf(Family::Glm4Moe, "blk.1.post_attention_norm.weight"),
+            "blk.1.ffn_norm.weight"
+        );
+        assert_eq!(
+            canonical_from_gguf(Family::Gemma4, "blk.1.ffn_down_exps.scale"),
+            "blk.1.ffn_gate_inp.expert_scale"
+        );
+        assert_eq!(
+            family_for_gguf("muse-glimmer", 0),
+            Some(Family::MuseGlimmer)
+        );
+        assert_eq!(default_chat_template(Family::Gemma3), Some("gemma"));
+        assert_eq!(default_chat_template(Family::Llama), None);
     }
 
     #[test]

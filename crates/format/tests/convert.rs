@@ -453,3 +453,73 @@ fn leftovers_of_a_killed_convert_are_removed_by_the_next_one() {
     run_convert(&src, &tmp.path().join("install"), false).unwrap();
     assert_eq!(entries(tmp.path()), vec!["install", "m.gguf"]);
 }
+
+/// A Mixtral language model wrapped as a conditional-generation checkpoint:
+/// `model.language_model.*` beside a vision tower, a projector and MTP
+/// layers.
+fn mixtral_with_towers() -> Vec<(String, Vec<u64>)> {
+    let mut t: Vec<(String, Vec<u64>)> = mixtral_tensors()
+        .into_iter()
+        .map(|(n, s)| match n.strip_prefix("model.") {
+            Some(rest) => (format!("model.language_model.{rest}"), s),
+            None => (n, s),
+        })
+        .collect();
+    t.push(("model.vision_tower.patch_embed.weight".into(), vec![8, 12]));
+    t.push((
+        "model.vision_tower.blocks.0.attn.qkv.weight".into(),
+        vec![24, 8],
+    ));
+    t.push((
+        "model.multi_modal_projector.linear.weight".into(),
+        vec![HIDDEN, 8],
+    ));
+    t.push((
+        "mtp.layers.0.eh_proj.weight".into(),
+        vec![HIDDEN, 2 * HIDDEN],
+    ));
+    t
+}
+
+#[test]
+fn towers_projectors_and_mtp_layers_are_skipped_and_reported() {
+    let src = TempDir::new("conv-towers");
+    write_hf(&src, &mixtral_config(), &mixtral_with_towers());
+    let out = TempDir::new("conv-towers-out");
+    let dst = out.path().join("x");
+    let manifest = convert(src.path(), &dst, ConvertOptions::default(), &mut |_| {}).unwrap();
+    let skipped: Vec<(&str, usize, u64)> = manifest
+        .skipped
+        .iter()
+        .map(|s| (s.part.as_str(), s.tensors, s.bytes))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            ("vision tower", 2, 4 * (8 * 12 + 24 * 8)),
+            ("multimodal projector", 1, 4 * HIDDEN * 8),
+            ("multi-token prediction layers", 1, 4 * HIDDEN * 2 * HIDDEN),
+        ]
+    );
+    // The manifest on disk says the same, and the language model is whole.
+    let install = Install::open(&dst).unwrap();
+    assert_eq!(install.manifest.skipped, manifest.skipped);
+    assert!(verify_install(&dst, &mut |_, _| {}).unwrap().all_ok());
+}
+
+#[test]
+fn a_stray_tensor_beside_the_towers_is_still_refused() {
+    let src = TempDir::new("conv-stray");
+    let mut tensors = mixtral_with_towers();
+    tensors.push(("model.mystery_tower.weight".into(), vec![4]));
+    write_hf(&src, &mixtral_config(), &tensors);
+    let out = TempDir::new("conv-stray-out");
+    let err = run_convert(src.path(), &out.path().join("x"), false).unwrap_err();
+    match &err {
+        FormatError::UnexpectedTensor { tensor, .. } => {
+            assert_eq!(tensor, "model.mystery_tower.weight")
+        }
+        other => panic!("expected an unexpected-tensor error, got {other}"),
+    }
+    assert!(entries(out.path()).is_empty());
+}

@@ -24,7 +24,6 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -407,39 +406,4 @@ fn step_sampled<D: Device>(
         prompt_tokens: s.job.prompt.len(),
         completion_tokens: s.generated,
     });
-}
-
-/// Starts the scheduler on a thread of its own; returns its handle. The
-/// model is built on that thread by `load` (a model borrows nothing from
-/// the caller and never crosses the async runtime).
-pub fn spawn<D, F>(
-    load: F,
-    tok: Arc<Tokenizer>,
-    cfg: EngineConfig,
-    jobs: Receiver<Job>,
-    metrics: Arc<Metrics>,
-    cancel_all: Arc<AtomicBool>,
-    ready: std::sync::mpsc::Sender<Result<(), String>>,
-) -> Result<std::thread::JoinHandle<Result<(), ServerError>>, ServerError>
-where
-    D: Device,
-    F: FnOnce() -> Result<Model<D>, String> + Send + 'static,
-{
-    std::thread::Builder::new()
-        .name("turbospark-engine".into())
-        .spawn(move || {
-            let model = match load() {
-                Ok(m) => m,
-                Err(e) => {
-                    let _ = ready.send(Err(e.clone()));
-                    return Err(ServerError::Load(e));
-                }
-            };
-            let _ = ready.send(Ok(()));
-            run(&model, &tok, cfg, jobs, &metrics, &cancel_all)
-        })
-        .map_err(|source| ServerError::Io {
-            what: "starting the engine thread".into(),
-            source,
-        })
 }

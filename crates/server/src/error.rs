@@ -21,12 +21,10 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    #[error("loading the model: {0}")]
-    Load(String),
     #[error(transparent)]
     Engine(#[from] EngineError),
-    #[error("the engine thread stopped unexpectedly")]
-    EngineGone,
+    #[error("the HTTP thread stopped unexpectedly")]
+    HttpGone,
     #[error("invalid option: {0}")]
     Options(String),
 }

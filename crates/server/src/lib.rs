@@ -4,8 +4,8 @@
 //! - [`http`]: the endpoints (axum on a tokio runtime), API key, body limit,
 //!   responses whole or as server-sent events; requests are parsed by
 //!   [`request`] and fail in their API's error shape ([`error`]).
-//! - [`engine`]: the scheduler, on a thread of its own, that owns the model
-//!   and decodes up to `parallel` sequences together in one forward pass
+//! - [`engine`]: the scheduler, on the thread that loaded the model (never
+//!   on the async runtime), that decodes up to `parallel` sequences together in one forward pass
 //!   per step, each over its own KV cache.
 //! - [`metrics`]: counters and histograms, exposed as Prometheus text.
 //!
@@ -50,23 +50,21 @@ pub struct ServeConfig {
     pub grace: Duration,
 }
 
-/// Serves until `shutdown` resolves (or SIGINT/SIGTERM, see
+/// Serves `model` until `shutdown` resolves (or SIGINT/SIGTERM, see
 /// [`shutdown_signal`]): stops accepting, lets in-flight requests finish for
-/// up to `grace`, cancels what is left, and returns once the scheduler has
-/// stopped. `load` builds the model on the scheduler's thread; `ready` is
-/// called with the bound address once the server accepts connections.
-pub fn serve<D, F>(
+/// up to `grace`, cancels what is left, and returns once both sides have
+/// stopped. The scheduler runs on the calling thread (the one that loaded
+/// the model, so a device bound to it stays there); HTTP runs on a thread of
+/// its own with a small tokio runtime. `ready` is called with the bound
+/// address once the server accepts connections.
+pub fn serve<D: Device>(
     cfg: ServeConfig,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
-    load: F,
+    model: Model<D>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-    ready: impl FnOnce(SocketAddr) + Send,
-) -> Result<(), ServerError>
-where
-    D: Device,
-    F: FnOnce() -> Result<Model<D>, String> + Send + 'static,
-{
+    ready: impl FnOnce(SocketAddr) + Send + 'static,
+) -> Result<(), ServerError> {
     if cfg.engine.parallel == 0 || cfg.queue == 0 || cfg.engine.context < 2 {
         return Err(ServerError::Options(format!(
             "--parallel ({}) and --queue ({}) must be at least 1, --context ({}) at least 2",
@@ -77,29 +75,13 @@ where
     let metrics = Arc::new(metrics::Metrics::default());
     let cancel_all = Arc::new(AtomicBool::new(false));
     let (jobs_tx, jobs_rx) = std::sync::mpsc::sync_channel(cfg.queue);
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let engine = engine::spawn(
-        load,
-        tokenizer.clone(),
-        cfg.engine,
-        jobs_rx,
-        metrics.clone(),
-        cancel_all.clone(),
-        ready_tx,
-    )?;
-    match ready_rx.recv() {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(ServerError::Load(e)),
-        Err(_) => return Err(ServerError::EngineGone),
-    }
-
     let state = Arc::new(http::AppState {
         model_id: cfg.model_id,
-        tokenizer,
+        tokenizer: tokenizer.clone(),
         template,
         context: cfg.engine.context,
         jobs: jobs_tx,
-        metrics,
+        metrics: metrics.clone(),
         api_key: cfg.api_key,
         max_body: cfg.max_body,
         timeout: cfg.timeout,
@@ -109,6 +91,68 @@ where
             .unwrap_or(0),
         next_id: AtomicU64::new(1),
     });
+    let (bound_tx, bound_rx) = std::sync::mpsc::channel();
+    let (addr, grace, cancel) = (cfg.addr, cfg.grace, cancel_all.clone());
+    // Stops the HTTP side when the scheduler fails.
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stop_http = stop.clone();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = stop_http.notified() => {}
+        }
+    };
+    let http_thread = std::thread::Builder::new()
+        .name("turbospark-http".into())
+        .spawn(move || -> Result<(), ServerError> {
+            let result = serve_http(state, addr, grace, &cancel, shutdown, |local| {
+                let _ = bound_tx.send(Ok(local));
+                ready(local);
+            });
+            if let Err(e) = &result {
+                let _ = bound_tx.send(Err(e.to_string()));
+            }
+            // The router (and with it the job sender) is gone: the
+            // scheduler ends once its sequences are done; cancel any left.
+            cancel.store(true, Ordering::Relaxed);
+            result
+        })
+        .map_err(|source| ServerError::Io {
+            what: "starting the HTTP thread".into(),
+            source,
+        })?;
+    let engine_result = match bound_rx.recv() {
+        Ok(Ok(_)) => engine::run(
+            &model,
+            &tokenizer,
+            cfg.engine,
+            jobs_rx,
+            &metrics,
+            &cancel_all,
+        ),
+        // Binding failed: the HTTP thread's own error says why.
+        Ok(Err(_)) | Err(_) => Ok(()),
+    };
+    if engine_result.is_err() {
+        // Nothing can be served any more: stop accepting.
+        cancel_all.store(true, Ordering::Relaxed);
+        stop.notify_one();
+    }
+    let http_result = http_thread.join().map_err(|_| ServerError::HttpGone)?;
+    http_result?;
+    engine_result
+}
+
+/// The HTTP side: binds, serves until `shutdown`, then lets in-flight
+/// requests run for `grace` before `cancel` ends every sequence.
+fn serve_http(
+    state: Arc<http::AppState>,
+    addr: SocketAddr,
+    grace: Duration,
+    cancel: &Arc<AtomicBool>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    ready: impl FnOnce(SocketAddr),
+) -> Result<(), ServerError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -117,13 +161,12 @@ where
             what: "starting the async runtime".into(),
             source,
         })?;
-    let grace = cfg.grace;
-    let cancel = cancel_all.clone();
+    let cancel = cancel.clone();
     let served = runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(cfg.addr)
+        let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Io {
-                what: format!("binding {}", cfg.addr),
+                what: format!("binding {addr}"),
                 source,
             })?;
         let local = listener.local_addr().map_err(|source| ServerError::Io {
@@ -149,13 +192,8 @@ where
                 source,
             })
     });
-    // The router (and with it the job sender) is gone: the scheduler ends
-    // once its sequences are done; cancel any left.
-    cancel_all.store(true, Ordering::Relaxed);
     runtime.shutdown_timeout(Duration::from_secs(1));
-    let engine_result = engine.join().map_err(|_| ServerError::EngineGone)?;
-    served?;
-    engine_result
+    served
 }
 
 /// Resolves on SIGINT or SIGTERM (Ctrl-C only where there are no Unix

@@ -11,6 +11,7 @@
 //!   over raw logits, without sorting the vocabulary.
 
 mod bpe;
+pub mod builtin_templates;
 pub mod chat;
 pub mod detok;
 pub mod error;

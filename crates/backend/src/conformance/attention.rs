@@ -98,6 +98,7 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
             max_keys: capacity,
             max_head_dim: c.hd,
             max_experts: 0,
+            ..Limits::default()
         };
         let mut h = Harness::new(dev, limits)?;
         let mut kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
@@ -151,6 +152,7 @@ fn check_evicted<D: Device>(dev: &D) -> Result<(), ConformanceError> {
         max_keys: 16,
         max_head_dim: 4,
         max_experts: 0,
+        ..Limits::default()
     };
     let mut h = Harness::new(dev, limits)?;
     let q = h.zeros(8 * 4)?;

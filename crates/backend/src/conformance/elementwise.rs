@@ -186,6 +186,68 @@ pub fn check_scale<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
     compare_rel(OP, "all", &got, &want, tol.elementwise)
 }
 
+/// Ablation (`alpha = −1, beta = 0`), clamping (`−1, c`) and a general
+/// affine change of each row's component along a unit vector; the ablated
+/// rows must then have no component left along it.
+pub fn check_adjust_projection<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "adjust_projection";
+    let (n, d) = (5, 37);
+    let mut rng = Rng(19);
+    let x = rng.scaled(n * d, 4.0);
+    let raw = rng.vec(d);
+    let norm = raw
+        .iter()
+        .map(|&v| f64::from(v) * f64::from(v))
+        .sum::<f64>()
+        .sqrt();
+    let u: Vec<f32> = raw.iter().map(|&v| (f64::from(v) / norm) as f32).collect();
+    let uv = dev
+        .upload_vector(&f32_tensor("direction", vec![d], &u))
+        .at(OP, "upload")?;
+    let mut h = Harness::new(dev, Limits::default())?;
+    for (alpha, beta) in [(-1.0f32, 0.0f32), (-1.0, 2.5), (0.5, -1.25)] {
+        let case = format!("{n}×{d}, alpha {alpha}, beta {beta}");
+        let mut xb = h.buf(&x)?;
+        h.st.adjust_projection(&mut xb, n, &uv, alpha, beta)
+            .at(OP, &case)?;
+        let got = h.get(&xb, n * d)?;
+        let want: Vec<f64> = x
+            .chunks_exact(d)
+            .flat_map(|row| {
+                let (dot, _) = reference::dot(row, &u);
+                let c = f64::from(alpha) * dot + f64::from(beta);
+                row.iter()
+                    .zip(&u)
+                    .map(move |(&v, &b)| f64::from(v) + c * f64::from(b))
+            })
+            .collect();
+        compare_rel(OP, &case, &got, &want, tol.elementwise)?;
+        if alpha == -1.0 {
+            for (t, row) in got.chunks_exact(d).enumerate() {
+                let (dot, mag) = reference::dot(row, &u);
+                if (dot - f64::from(beta)).abs() > tol.matmul * (1.0 + mag) {
+                    return Err(property(
+                        OP,
+                        &case,
+                        format!("row {t} keeps a component {dot} along u, {beta} was asked"),
+                    ));
+                }
+            }
+        }
+    }
+    let mut xb = h.buf(&x)?;
+    if h.st
+        .adjust_projection(&mut xb, n + 1, &uv, -1.0, 0.0)
+        .is_ok()
+    {
+        return Err(property(OP, "6 rows", "wrote past the buffer".into()));
+    }
+    Ok(())
+}
+
 pub fn check_mul_sigmoid<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "mul_sigmoid";
     let mut h = Harness::new(dev, Limits::default())?;

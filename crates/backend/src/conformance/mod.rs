@@ -27,8 +27,8 @@ use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{check_attention, check_kv_write};
 pub use elementwise::{
-    check_add, check_add_bias, check_glu, check_mul_sigmoid, check_rms_norm, check_rope,
-    check_scale, check_softcap,
+    check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
+    check_rms_norm, check_rope, check_scale, check_softcap,
 };
 pub use linear::{check_buffers, check_embed, check_matmul};
 pub use moe::{check_moe, check_route};
@@ -44,7 +44,8 @@ pub struct Tolerances {
     /// not promise it).
     pub batch_invariant: bool,
     pub matmul: f64,
-    /// add, scale, bias, norms, rope, soft-cap, sigmoid gate.
+    /// add, scale, bias, norms, rope, soft-cap, sigmoid gate, projection
+    /// adjustment.
     pub elementwise: f64,
     /// The activations of `glu`.
     pub activation: f64,
@@ -129,6 +130,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_glu(device, tol)?;
     check_add(device, tol)?;
     check_scale(device, tol)?;
+    check_adjust_projection(device, tol)?;
     check_mul_sigmoid(device, tol)?;
     check_softcap(device, tol)?;
     check_route(device, tol)?;

@@ -187,6 +187,8 @@ pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
     let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
     let limits = Limits {
         max_tokens: TOKENS,
+        max_routes: TOKENS * TOP_K,
+        max_expert_intermediate: INTER,
         ..Limits::default()
     };
     let mut h = Harness::new(dev, limits)?;

@@ -57,6 +57,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         b.finish();
     }
     let manifest = manifest?;
+    // Always said, quiet or not: the install holds less than the source.
+    for s in &manifest.skipped {
+        eprintln!(
+            "skipped the {} ({} tensors, {}): not part of the language model",
+            s.part,
+            s.tensors,
+            human_bytes(s.bytes)
+        );
+    }
     if !a.quiet {
         eprintln!(
             "wrote {} ({} {}, {} resident, {} in {} expert files) in {:.1}s",

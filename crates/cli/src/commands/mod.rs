@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod control_vector;
 pub mod convert;
 pub mod inspect;
 pub mod logits;

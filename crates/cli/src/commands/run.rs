@@ -11,7 +11,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use turbospark_text::{Message, Sampler};
 
-use crate::generate::{check_prompt_fits, context_size, load_model, GenArgs, Generator, Text};
+use crate::generate::{check_prompt_fits, context_size, with_model, GenArgs, Generator, Text};
+use crate::loading::ModelTask;
+use turbospark_backend::Device;
+use turbospark_engine::Model;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -82,38 +85,70 @@ pub fn run(a: Args) -> Result<ExitCode> {
         eprintln!("prompt ids: {}", join_ids(&tokens));
     }
 
-    let model = load_model(g)?;
-    let context = context_size(g, &model)?;
-    check_prompt_fits(tokens.len(), context)?;
-    let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
-    let mut generator = Generator::new(&model, context)?;
-    let stdout = std::io::stdout();
-    let mut out = stdout.lock();
-    let mut gen = generator.generate(
-        &tokens,
-        &text.tokenizer,
-        &mut sampler,
-        &g.stops,
-        g.max_tokens,
-        None,
-        &mut out,
+    with_model(
+        g,
+        Answer {
+            args: &a,
+            text: &text,
+            tokens: &tokens,
+            prompt_secs,
+        },
     )?;
-    use std::io::Write;
-    writeln!(out).ok();
-    drop(out);
-    g.experts.report(
-        generator.session.expert_stats(),
-        generator.session.router_histogram(),
-    )?;
-    if a.print_token_ids {
-        eprintln!("ids: {}", join_ids(&gen.ids));
-    }
-    gen.stats.phases.prompt = prompt_secs;
-    eprintln!("{}", gen.stats.summary());
-    if g.timings {
-        eprintln!("{}", gen.stats.timings());
-    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Generating the answer, on whichever device holds the model.
+struct Answer<'a> {
+    args: &'a Args,
+    text: &'a Text,
+    tokens: &'a [u32],
+    prompt_secs: f64,
+}
+
+impl ModelTask for Answer<'_> {
+    type Output = ();
+
+    fn run<D: Device>(self, model: Model<D>) -> Result<()> {
+        let Answer {
+            args: a,
+            text,
+            tokens,
+            prompt_secs,
+        } = self;
+        let g = &a.gen;
+        let context = context_size(g, &model)?;
+        check_prompt_fits(tokens.len(), context)?;
+        let mut sampler = Sampler::new(g.sampler_config(), model.vocab_size())?;
+        let mut generator = Generator::with_probes(&model, context, g)?;
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        let mut gen = generator.generate(
+            tokens,
+            &text.tokenizer,
+            &mut sampler,
+            &g.stops,
+            g.max_tokens,
+            None,
+            &mut out,
+        )?;
+        use std::io::Write;
+        writeln!(out).ok();
+        drop(out);
+        generator.finish_capture()?;
+        g.experts.report(
+            generator.session.expert_stats(),
+            generator.session.router_histogram(),
+        )?;
+        if a.print_token_ids {
+            eprintln!("ids: {}", join_ids(&gen.ids));
+        }
+        gen.stats.phases.prompt = prompt_secs;
+        eprintln!("{}", gen.stats.summary());
+        if g.timings {
+            eprintln!("{}", gen.stats.timings());
+        }
+        Ok(())
+    }
 }
 
 fn join_ids(ids: &[u32]) -> String {

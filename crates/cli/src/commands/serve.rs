@@ -1,8 +1,9 @@
 //! `turbospark serve --model DIR`: the OpenAI- and Anthropic-compatible
 //! HTTP server (crate `turbospark-server`). This module only turns the
 //! options into a [`ServeConfig`], loads the tokenizer and chat template,
-//! and hands the server a closure that opens the model the way every other
-//! command does ([`crate::loading::open_model`]).
+//! opens the model on the device `--backend` names the way every other
+//! command does ([`crate::loading::with_model`]), and hands it to the
+//! server, whose scheduler then runs on this thread.
 
 use anyhow::{bail, Context, Result};
 use std::net::{IpAddr, SocketAddr};
@@ -10,11 +11,13 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use turbospark_backend::Device;
+use turbospark_engine::Model;
 use turbospark_server::{EngineConfig, ServeConfig};
 
 use crate::experts::ExpertArgs;
 use crate::generate::{Text, DEFAULT_CONTEXT_CAP};
-use crate::loading::open_model;
+use crate::loading::{with_model, DeviceArgs, ModelTask};
 use crate::numerics::{self, NumericsArg};
 
 #[derive(clap::Args, Debug)]
@@ -55,9 +58,10 @@ pub struct Args {
     /// After SIGINT/SIGTERM, seconds in-flight requests may still run.
     #[arg(long, default_value_t = 10)]
     pub grace: u64,
-    /// A Jinja chat template file to use instead of the install's.
-    #[arg(long, value_name = "FILE")]
-    pub chat_template: Option<PathBuf>,
+    /// A Jinja chat template file, or a built-in template's name, to use
+    /// instead of the install's.
+    #[arg(long, value_name = "FILE|NAME")]
+    pub chat_template: Option<String>,
     /// Compute threads (default: one per core).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -65,7 +69,40 @@ pub struct Args {
     #[arg(long, value_enum, default_value = "fast", long_help = numerics::HELP)]
     pub numerics: NumericsArg,
     #[command(flatten)]
+    pub device: DeviceArgs,
+    #[command(flatten)]
     pub experts: ExpertArgs,
+}
+
+/// The server, once the model is open.
+struct Serve {
+    cfg: ServeConfig,
+    text: Text,
+}
+
+impl ModelTask for Serve {
+    type Output = ();
+    fn run<D: Device>(self, model: Model<D>) -> Result<()> {
+        let (id, parallel, context) = (
+            self.cfg.model_id.clone(),
+            self.cfg.engine.parallel,
+            self.cfg.engine.context,
+        );
+        turbospark_server::serve(
+            self.cfg,
+            self.text.tokenizer,
+            self.text.template,
+            model,
+            turbospark_server::shutdown_signal(),
+            move |addr| {
+                eprintln!(
+                    "serving {id} on http://{addr} ({parallel} parallel sequences of \
+                     {context} positions); Ctrl-C stops"
+                );
+            },
+        )
+        .context("serve")
+    }
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -102,7 +139,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let cfg = ServeConfig {
         addr: SocketAddr::new(a.host, a.port),
-        model_id: model_id.clone(),
+        model_id,
         api_key,
         engine: EngineConfig {
             parallel: a.parallel,
@@ -113,24 +150,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         timeout: Duration::from_secs(a.timeout),
         grace: Duration::from_secs(a.grace),
     };
-    let (dir, threads, numerics) = (a.model.clone(), a.threads, a.numerics.into());
     let experts = a.experts.options()?;
-    let load = move || open_model(&dir, threads, numerics, &experts).map_err(|e| format!("{e:#}"));
-    let parallel = a.parallel;
-    turbospark_server::serve(
-        cfg,
-        text.tokenizer,
-        text.template,
-        load,
-        turbospark_server::shutdown_signal(),
-        move |addr| {
-            eprintln!(
-                "serving {model_id} on http://{addr} ({parallel} parallel sequences of \
-                 {context} positions); Ctrl-C stops"
-            );
-        },
-    )
-    .context("serve")?;
+    with_model(
+        &a.model,
+        &a.device,
+        a.threads,
+        a.numerics.into(),
+        &experts,
+        Serve { cfg, text },
+    )?;
     eprintln!("server stopped");
     Ok(ExitCode::SUCCESS)
 }

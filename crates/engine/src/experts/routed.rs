@@ -418,6 +418,12 @@ impl<D: Device> SessionExperts<D> {
 
     /// `out[t] = Σ_r w[t, r] · expert[t, r](x[t])`, summed in rank order,
     /// for the `n_tokens` rows of `input` (see the module docs).
+    /// Whether every MoE step stays on the device (resident experts, no
+    /// route counting), so that a decode step can be recorded and replayed.
+    pub(crate) fn device_only(&self) -> bool {
+        self.streamed.is_none() && !self.observe
+    }
+
     pub(crate) fn run(
         &mut self,
         st: &mut D::Stream,

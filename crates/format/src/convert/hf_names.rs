@@ -33,9 +33,64 @@ pub enum Target {
     GateUpBiasInterleaved { layer: usize },
     /// gpt-oss down bias `[E, H]`.
     DownBiasStack { layer: usize },
-    /// Not part of inference (rotary caches, multi-token-prediction layers,
-    /// vision towers).
+    /// Not a weight (rotary caches).
     Ignored,
+    /// A known part of the checkpoint beside the language model, which
+    /// convert skips and reports.
+    Skipped(SkippedPart),
+}
+
+/// A part of a checkpoint that is not the language model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum SkippedPart {
+    VisionTower,
+    AudioTower,
+    MultimodalProjector,
+    /// Multi-token-prediction (speculative) layers.
+    MultiTokenPrediction,
+}
+
+impl SkippedPart {
+    /// The name the manifest and `convert`'s report use.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SkippedPart::VisionTower => "vision tower",
+            SkippedPart::AudioTower => "audio tower",
+            SkippedPart::MultimodalProjector => "multimodal projector",
+            SkippedPart::MultiTokenPrediction => "multi-token prediction layers",
+        }
+    }
+}
+
+/// Tensor-name prefixes of the parts `*ForConditionalGeneration`
+/// checkpoints carry beside the language model (HF transformers 5.24.0:
+/// Gemma 3 `vision_tower` + `multi_modal_projector`, Gemma 4 `vision_tower`
+/// / `audio_tower` + `embed_vision` / `embed_audio`, Qwen3.5 `visual` and
+/// `mtp`, Muse Glimmer `vision_tower` + `vision_adapter` +
+/// `vision_projection`).
+const SKIPPED_PREFIXES: [(&str, SkippedPart); 12] = [
+    ("vision_tower.", SkippedPart::VisionTower),
+    ("visual.", SkippedPart::VisionTower),
+    ("vision_model.", SkippedPart::VisionTower),
+    ("audio_tower.", SkippedPart::AudioTower),
+    ("audio_model.", SkippedPart::AudioTower),
+    ("multi_modal_projector.", SkippedPart::MultimodalProjector),
+    ("embed_vision.", SkippedPart::MultimodalProjector),
+    ("embed_audio.", SkippedPart::MultimodalProjector),
+    ("vision_adapter.", SkippedPart::MultimodalProjector),
+    ("vision_projection.", SkippedPart::MultimodalProjector),
+    ("mm_projector.", SkippedPart::MultimodalProjector),
+    ("mtp.", SkippedPart::MultiTokenPrediction),
+];
+
+/// The skipped part an HF tensor belongs to, under the top level or
+/// `model.`.
+fn skipped_part(name: &str) -> Option<SkippedPart> {
+    let rest = name.strip_prefix("model.").unwrap_or(name);
+    SKIPPED_PREFIXES
+        .iter()
+        .find(|(p, _)| rest.starts_with(p))
+        .map(|&(_, part)| part)
 }
 
 const PREFIXES: [&str; 3] = ["model.language_model.", "language_model.model.", "model."];
@@ -55,11 +110,10 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
     if name == "lm_head.weight" {
         return Some(Target::Resident("output.weight".into()));
     }
-    if name.starts_with("model.vision_tower.")
-        || name.starts_with("model.multi_modal_projector.")
-        || name.starts_with("vision_tower.")
-        || name.ends_with("rotary_emb.inv_freq")
-    {
+    if let Some(part) = skipped_part(name) {
+        return Some(Target::Skipped(part));
+    }
+    if name.ends_with("rotary_emb.inv_freq") {
         return Some(Target::Ignored);
     }
     let rest = strip_prefix(name)?;
@@ -74,7 +128,8 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
     if layer >= num_layers {
         // GLM-4.5 checkpoints carry multi-token-prediction layers past the
         // decoder stack; inference does not use them.
-        return (family == Family::Glm4Moe).then_some(Target::Ignored);
+        return (family == Family::Glm4Moe)
+            .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
     }
     let res = |s: &str| Some(Target::Resident(format!("blk.{layer}.{s}")));
     let sandwich = is_sandwich(family);
@@ -215,7 +270,53 @@ mod tests {
         );
         assert_eq!(
             map_hf_name(Family::Glm4Moe, "model.layers.9.input_layernorm.weight", 2),
-            Some(Target::Ignored)
+            Some(Target::Skipped(SkippedPart::MultiTokenPrediction))
+        );
+    }
+
+    #[test]
+    fn towers_and_projectors_are_named_parts() {
+        let part = |name: &str| match map_hf_name(Family::Gemma3, name, 2) {
+            Some(Target::Skipped(p)) => Some(p),
+            _ => None,
+        };
+        assert_eq!(
+            part("model.vision_tower.vision_model.embeddings.patch_embedding.weight"),
+            Some(SkippedPart::VisionTower)
+        );
+        assert_eq!(
+            part("model.visual.blocks.0.attn.qkv.weight"),
+            Some(SkippedPart::VisionTower)
+        );
+        assert_eq!(
+            part("model.audio_tower.layers.0.weight"),
+            Some(SkippedPart::AudioTower)
+        );
+        assert_eq!(
+            part("model.multi_modal_projector.mm_input_projection_weight"),
+            Some(SkippedPart::MultimodalProjector)
+        );
+        assert_eq!(
+            part("model.embed_vision.embedding_projection.weight"),
+            Some(SkippedPart::MultimodalProjector)
+        );
+        assert_eq!(
+            part("mtp.fc.weight"),
+            Some(SkippedPart::MultiTokenPrediction)
+        );
+        // The language model of a conditional-generation checkpoint maps as usual.
+        assert_eq!(
+            map_hf_name(
+                Family::Gemma3,
+                "model.language_model.layers.1.input_layernorm.weight",
+                2
+            ),
+            Some(Target::Resident("blk.1.attn_norm.weight".into()))
+        );
+        // Anything else stays unknown.
+        assert_eq!(
+            map_hf_name(Family::Gemma3, "model.mystery_tower.weight", 2),
+            None
         );
     }
 }

@@ -19,7 +19,7 @@ mod source;
 use crate::error::FormatError;
 use crate::install::*;
 use crate::roles::{expected_expert_parts, expected_resident, role_of};
-use hf_names::Target;
+use hf_names::{SkippedPart, Target};
 use source::{Source, SrcTensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
@@ -73,6 +73,7 @@ pub fn convert(
 
     // Plan: map every source tensor.
     let mut steps = Vec::new();
+    let mut skipped: BTreeMap<SkippedPart, (usize, u64)> = BTreeMap::new();
     let names = source.tensor_names();
     let name_set: HashSet<&str> = names.iter().map(String::as_str).collect();
     for name in &names {
@@ -83,6 +84,11 @@ pub fn convert(
                 family: family.clone(),
             })?;
         match target {
+            Target::Skipped(part) => {
+                let e = skipped.entry(part).or_default();
+                e.0 += 1;
+                e.1 += source.tensor(name)?.bytes.len() as u64;
+            }
             Target::Ignored | Target::Mxfp4Scales => continue,
             Target::Resident(ref t) if t == "output.weight" && spec.head.tied => continue,
             Target::Mxfp4GateUp { .. } | Target::Mxfp4Down { .. } => {
@@ -237,6 +243,14 @@ pub fn convert(
             tokenizer: side.tokenizer,
             chat_template: side.chat_template,
             generation: side.generation,
+            skipped: skipped
+                .into_iter()
+                .map(|(part, (tensors, bytes))| SkippedSource {
+                    part: part.name().to_string(),
+                    tensors,
+                    bytes,
+                })
+                .collect(),
         },
         quant,
         &mut |b| {
@@ -331,7 +345,9 @@ fn parts_of_step(
             stacked(2)?;
             vec![("down.bias", t.format()?, vec![s[1]])]
         }
-        Target::Resident(_) | Target::Ignored | Target::Mxfp4Scales => vec![],
+        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {
+            vec![]
+        }
     })
 }
 
@@ -344,7 +360,7 @@ fn step_layer(t: &Target) -> Option<usize> {
         | Target::Mxfp4Down { layer }
         | Target::GateUpBiasInterleaved { layer }
         | Target::DownBiasStack { layer } => Some(layer),
-        Target::Resident(_) | Target::Ignored | Target::Mxfp4Scales => None,
+        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => None,
     }
 }
 
@@ -533,7 +549,7 @@ fn write_expert_step(
                 }
             }
         }
-        Target::Resident(_) | Target::Ignored | Target::Mxfp4Scales => {}
+        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {}
     }
     Ok(t.bytes.len() as u64)
 }
@@ -574,6 +590,7 @@ pub fn inspect_source(path: &Path) -> Result<SourceSummary, FormatError> {
         let placement = match source.map_name(&spec, &name) {
             None => "unmapped",
             Some(Target::Ignored) => "ignored",
+            Some(Target::Skipped(_)) => "skipped",
             Some(Target::Resident(_)) => "resident",
             Some(_) => "expert",
         };

@@ -1,7 +1,7 @@
 //! A conversion source: one GGUF file, or an HF directory of safetensors
 //! shards with its `config.json`, behind one tensor-listing interface.
 
-use super::hf_names::{map_hf_name, Target};
+use super::hf_names::{map_hf_name, SkippedPart, Target};
 use crate::error::{FormatError, IoContext};
 use crate::gguf::{GgufFile, GgufValue};
 use crate::identity::canonical_from_gguf;
@@ -99,24 +99,64 @@ impl GgufMeta for GgufFile {
     fn meta_array_len(&self, key: &str) -> Option<usize> {
         self.get(key).and_then(GgufValue::as_array).map(|a| a.len())
     }
+    fn meta_u64s(&self, key: &str) -> Option<Vec<u64>> {
+        self.get(key)
+            .and_then(GgufValue::as_array)
+            .and_then(|a| a.to_u64_vec())
+    }
+    fn meta_bools(&self, key: &str) -> Option<Vec<bool>> {
+        match self.get(key).and_then(GgufValue::as_array)? {
+            crate::gguf::GgufArray::Bool(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
     fn has_tensor(&self, name: &str) -> bool {
         self.tensor(name).is_some()
+    }
+    fn tensor_f32s(&self, name: &str) -> Option<Vec<f32>> {
+        let t = self.tensor(name)?;
+        if t.format() != Some(QuantFormat::F32) {
+            return None;
+        }
+        Some(
+            self.tensor_bytes(t)
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        )
     }
 }
 
 /// GGUF tensor names are canonical (but for the family's renames in the
 /// identity table); routed experts are the `ffn_{gate,up,down}_exps`
-/// tensors stacked over experts.
-fn map_gguf_name(family: Family, name: &str) -> Option<Target> {
+/// tensors stacked over experts, or `ffn_gate_up_exps` with gate and up
+/// fused (gate rows first, as llama.cpp's `build_moe_ffn` splits it).
+/// `rope_freqs.weight` is part of the spec when the spec consumed it
+/// (Gemma 4's proportional rope); layers past the decoder stack are
+/// multi-token-prediction layers (llama.cpp's `nextn_predict_layers`).
+fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
     if name == "rope_freqs.weight" {
-        return None;
+        let consumed = spec.layers.iter().any(|l| {
+            matches!(
+                l.rope.map(|r| r.scaling),
+                Some(turbospark_core::arch::RopeScaling::Proportional { .. })
+            )
+        });
+        return consumed.then_some(Target::Ignored);
     }
-    let name = canonical_from_gguf(family, name);
+    let name = canonical_from_gguf(spec.family, name);
     let Some(rest) = name.strip_prefix("blk.") else {
         return Some(Target::Resident(name));
     };
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    if layer >= spec.num_layers() {
+        return (spec.family == Family::Glm4Moe)
+            .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
+    }
+    if tail == "ffn_gate_up_exps.weight" {
+        return Some(Target::ExpertGateUpHalves { layer });
+    }
     match GGUF_EXPERT_STACKS.iter().find(|(_, stack)| *stack == tail) {
         Some(&(part, _)) => Some(Target::ExpertStack { layer, part }),
         None => Some(Target::Resident(name.clone())),
@@ -187,7 +227,7 @@ impl Source {
 
     pub fn map_name(&self, spec: &ArchSpec, name: &str) -> Option<Target> {
         match self {
-            Source::Gguf(_) => map_gguf_name(spec.family, name),
+            Source::Gguf(_) => map_gguf_name(spec, name),
             Source::Hf { .. } => map_hf_name(spec.family, name, spec.num_layers()),
         }
     }

@@ -120,6 +120,21 @@ pub struct Manifest {
     pub generation: GenerationDefaults,
     /// Every other file of the install with its size and hash.
     pub files: Vec<FileEntry>,
+    /// Parts of the source that are not the language model (vision or
+    /// audio towers, projectors, multi-token-prediction layers) and were
+    /// left out.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<SkippedSource>,
+}
+
+/// A part of the source checkpoint that convert left out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedSource {
+    /// `vision tower`, `audio tower`, `multimodal projector` or
+    /// `multi-token prediction layers`.
+    pub part: String,
+    pub tensors: usize,
+    pub bytes: u64,
 }
 
 impl Manifest {

@@ -23,6 +23,7 @@ pub struct ManifestParts {
     pub tokenizer: Option<String>,
     pub chat_template: Option<String>,
     pub generation: GenerationDefaults,
+    pub skipped: Vec<SkippedSource>,
 }
 
 pub struct InstallWriter {
@@ -252,6 +253,7 @@ impl InstallWriter {
             chat_template: parts.chat_template,
             generation: parts.generation,
             files,
+            skipped: parts.skipped,
         };
         let mpath = self.tmp_dir.join(MANIFEST_FILE);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|e| FormatError::Json {

@@ -101,6 +101,8 @@ pub struct Args {
     pub resident: bool,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    #[command(flatten)]
+    pub device: crate::loading::DeviceArgs,
 }
 
 impl Args {

@@ -23,19 +23,25 @@
 use super::model_desc::ModelDesc;
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
-use crate::loading::{device, Backend};
+use crate::loading::{with_model, BackendArg, ModelTask};
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_backend::Device;
 use turbospark_cpu::Numerics;
 use turbospark_engine::{Logits, Model, Session, SessionOptions};
 use turbospark_format::install::Install;
 
-/// The backend every row names (llama-bench's `backends` field).
-const BACKEND: &str = "CPU";
+/// The backend a row names, as llama-bench's `backends` field does.
+fn backend_label(name: &str) -> &'static str {
+    match name {
+        "cuda" => "CUDA",
+        _ => "CPU",
+    }
+}
 
 /// One test: a prefill of `n_prompt` tokens or `n_gen` decode steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +116,8 @@ impl RandomTokens {
 
 /// Runs `test` once from an empty cache; returns the seconds its forward
 /// passes took. `steps` limits a decode test (the warm-up runs one).
-fn run_once(
-    session: &mut Session<'_, Backend>,
+fn run_once<D: Device>(
+    session: &mut Session<'_, D>,
     test: Test,
     steps: usize,
     random: &mut RandomTokens,
@@ -140,6 +146,8 @@ fn run_once(
 /// The result of one test at one thread count and arithmetic.
 pub struct Measurement {
     pub test: Test,
+    /// llama-bench's backend name (`CPU`, `CUDA`).
+    pub backend: &'static str,
     pub threads: usize,
     pub numerics: Numerics,
     /// tok/s of each repetition.
@@ -166,18 +174,19 @@ impl Measurement {
 
 /// Measures `test` on `model`: a session sized for it, a warm-up, the
 /// repetitions.
-fn measure<'m>(
-    model: &'m Model<Backend>,
+fn measure<'m, D: Device>(
+    model: &'m Model<D>,
     test: Test,
     threads: usize,
     numerics: Numerics,
     a: &Args,
-) -> Result<(Measurement, Session<'m, Backend>)> {
+) -> Result<(Measurement, Session<'m, D>)> {
     let n = test.tokens();
     let mut session = model.session(SessionOptions {
         context: n,
         max_batch: a.prefill_chunk.min(n),
     })?;
+    session.set_route_statistics(a.experts.counts_routes());
     let mut random = RandomTokens::new(model.vocab_size());
     let mut last = vec![0f32; model.vocab_size()];
     let reset = peak_rss_reset();
@@ -199,6 +208,7 @@ fn measure<'m>(
     }
     let m = Measurement {
         test,
+        backend: backend_label(model.device().name()),
         threads,
         numerics,
         samples,
@@ -215,7 +225,7 @@ pub fn json_line(desc: &ModelDesc, m: &Measurement, a: &Args, experts: Option<&s
         "model_type": desc.kind,
         "model_size": desc.bytes,
         "model_n_params": desc.params,
-        "backend": BACKEND,
+        "backend": m.backend,
         "threads": m.threads,
         "numerics": m.numerics.name(),
         "experts": experts,
@@ -293,7 +303,7 @@ pub fn table_line(desc: &ModelDesc, m: &Measurement) -> String {
         desc.kind.clone(),
         size_cell(desc.bytes),
         params_cell(desc.params),
-        BACKEND.to_string(),
+        m.backend.to_string(),
         m.threads.to_string(),
         m.numerics.name().to_string(),
         m.test.name(),
@@ -324,35 +334,72 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     } else {
         a.threads.clone()
     };
-    let stdout = std::io::stdout();
     if !a.json {
         println!("{}", table_header());
     }
+    // Thread counts only matter on the CPU.
+    let threads = if a.device.backend == BackendArg::Cpu {
+        threads
+    } else {
+        vec![threads[0]]
+    };
     for &t in &threads {
         for &numerics in &a.numerics {
-            let model = Model::open(&install, device(Some(t), numerics.into())?, &expert_opts)
-                .with_context(|| format!("loading {}", a.model.display()))?;
-            let experts = model.spec().moe.is_some().then(|| {
-                let plan = model.expert_store().plan();
-                eprintln!("{plan}");
-                plan.residency.to_string()
-            });
-            for &test in &tests {
-                let (m, session) = measure(&model, test, t, numerics.into(), a)?;
-                let line = if a.json {
-                    json_line(&desc, &m, a, experts.as_deref())
-                } else {
-                    table_line(&desc, &m)
-                };
-                let mut out = stdout.lock();
-                writeln!(out, "{line}")?;
-                out.flush()?;
-                a.experts
-                    .report(session.expert_stats(), session.router_histogram())?;
-            }
+            let task = Speed {
+                a,
+                desc: &desc,
+                tests: &tests,
+                threads: t,
+                numerics: numerics.into(),
+            };
+            with_model(
+                &a.model,
+                &a.device,
+                Some(t),
+                numerics.into(),
+                &expert_opts,
+                task,
+            )?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every test at one thread count and arithmetic, on a loaded model.
+struct Speed<'a> {
+    a: &'a Args,
+    desc: &'a ModelDesc,
+    tests: &'a [Test],
+    threads: usize,
+    numerics: Numerics,
+}
+
+impl ModelTask for Speed<'_> {
+    type Output = ();
+
+    fn run<D: Device>(self, model: Model<D>) -> Result<()> {
+        let a = self.a;
+        let experts = model.spec().moe.is_some().then(|| {
+            let plan = model.expert_store().plan();
+            eprintln!("{plan}");
+            plan.residency.to_string()
+        });
+        let stdout = std::io::stdout();
+        for &test in self.tests {
+            let (m, session) = measure(&model, test, self.threads, self.numerics, a)?;
+            let line = if a.json {
+                json_line(self.desc, &m, a, experts.as_deref())
+            } else {
+                table_line(self.desc, &m)
+            };
+            let mut out = stdout.lock();
+            writeln!(out, "{line}")?;
+            out.flush()?;
+            a.experts
+                .report(session.expert_stats(), session.router_histogram())?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -374,6 +421,7 @@ mod tests {
     fn mean_and_sample_sd() {
         let m = Measurement {
             test: Test::Gen(1),
+            backend: "CPU",
             threads: 1,
             numerics: Numerics::Fast,
             samples: vec![2.0, 4.0, 6.0],

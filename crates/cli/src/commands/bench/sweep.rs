@@ -20,11 +20,12 @@
 
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
-use crate::loading::device;
+use crate::loading::{with_model, ModelTask};
 use crate::progress::human_bytes;
 use anyhow::{bail, Context, Result};
 use std::process::ExitCode;
 use std::time::Instant;
+use turbospark_backend::Device;
 use turbospark_cpu::Numerics;
 use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{
@@ -76,8 +77,32 @@ struct Sweep {
     numerics: Numerics,
 }
 
-fn run_one(a: &Sweep, install: &Install, opts: &ExpertOptions) -> Result<Row> {
-    let model = Model::open(install, device(a.threads, a.numerics)?, opts)?;
+fn run_one(a: &Sweep, args: &Args, install: &Install, opts: &ExpertOptions) -> Result<Row> {
+    with_model(
+        &args.model,
+        &args.device,
+        a.threads,
+        a.numerics,
+        opts,
+        OneConfig { a, install },
+    )
+}
+
+/// One expert configuration's prefill and decode, on a loaded model.
+struct OneConfig<'a> {
+    a: &'a Sweep,
+    install: &'a Install,
+}
+
+impl ModelTask for OneConfig<'_> {
+    type Output = Row;
+
+    fn run<D: Device>(self, model: Model<D>) -> Result<Row> {
+        measure_config(self.a, self.install, &model)
+    }
+}
+
+fn measure_config<D: Device>(a: &Sweep, install: &Install, model: &Model<D>) -> Result<Row> {
     let plan = model.expert_store().plan().clone();
     let vocab = model.vocab_size();
     let prompt: Vec<u32> = (0..a.prompt)
@@ -220,7 +245,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let mut all_ok = true;
     let mut histogram = None;
     for opts in &configs {
-        let r = run_one(&a, &install, opts)?;
+        let r = run_one(&a, args, &install, opts)?;
         let ok = match (r.peak, r.bound) {
             (Some(p), Some(b)) => {
                 all_ok &= p <= b;

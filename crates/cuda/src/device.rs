@@ -1,0 +1,319 @@
+//! [`CudaDevice`]: one NVIDIA GPU behind the backend seam.
+//!
+//! Creating a device checks, in order, that the driver library loads, that
+//! the GPU exists, and that NVRTC loads; then compiles the kernels for the
+//! GPU's compute capability (or takes them from the disk cache, see
+//! [`crate::nvrtc`]). Uploads copy weights into device memory, so after
+//! loading the host pages of an install are no longer read
+//! ([`Device::copies_weights`]). Expert banks stack a layer's experts per
+//! projection so that one launch reaches any of them.
+
+use crate::kernels::Kernels;
+use crate::memory::{DevMem, PinnedF32};
+use crate::stream::CudaStream;
+use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector, Stacked};
+use crate::{nvrtc, CudaError};
+use cudarc::driver::CudaContext;
+use std::sync::Arc;
+use turbospark_backend::{
+    BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics,
+};
+use turbospark_core::quant::{dequantize_row, row_bytes, QuantError};
+
+/// One CUDA GPU (see the module docs).
+pub struct CudaDevice {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) kernels: Arc<Kernels>,
+    numerics: Numerics,
+    name: String,
+    capability: (i32, i32),
+}
+
+impl CudaDevice {
+    /// GPU `ordinal`, computing with `numerics`: [`Numerics::Exact`] keeps
+    /// the KV cache in f32, [`Numerics::Fast`] in f16. The CUDA backend
+    /// does not reproduce llama.cpp's CPU arithmetic, so
+    /// [`Numerics::LlamaCpp`] is refused.
+    pub fn new(ordinal: usize, numerics: Numerics) -> Result<CudaDevice, CudaError> {
+        if numerics == Numerics::LlamaCpp {
+            return Err(CudaError::Numerics(numerics));
+        }
+        // SAFETY: only tries to open the driver library by its known names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(CudaError::NoDriver);
+        }
+        let count = CudaContext::device_count().map_err(CudaError::driver("counting devices"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(CudaError::NoDevice {
+                ordinal,
+                count: count.max(0) as usize,
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(CudaError::driver("creating a context"))?;
+        // Every buffer is used on one stream, or ordered explicitly with
+        // events: the context's per-buffer event tracking is not needed.
+        // SAFETY: no CudaSlice of cudarc's safe API is used by this crate.
+        unsafe { ctx.disable_event_tracking() };
+        let capability = ctx
+            .compute_capability()
+            .map_err(CudaError::driver("reading the compute capability"))?;
+        let name = ctx.name().map_err(CudaError::driver("reading the name"))?;
+        let ptx = nvrtc::compile_cached(capability.0, capability.1)?;
+        let kernels = Arc::new(Kernels::load(&ctx, ptx)?);
+        Ok(CudaDevice {
+            ctx,
+            kernels,
+            numerics,
+            name,
+            capability,
+        })
+    }
+
+    /// The GPU's name as the driver reports it.
+    pub fn gpu_name(&self) -> &str {
+        &self.name
+    }
+
+    /// `(major, minor)` compute capability.
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    fn quant_err(t: &HostTensor) -> impl Fn(QuantError) -> BackendError + '_ {
+        move |source| BackendError::Quant {
+            name: t.name.clone(),
+            source,
+        }
+    }
+
+    /// `[rows, cols]` and row bytes of a 2-D tensor, checked against its bytes.
+    fn matrix_layout(t: &HostTensor) -> Result<(usize, usize, usize), BackendError> {
+        let &[rows, cols] = t.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: t.name.clone(),
+                expected: 2,
+                shape: t.shape.clone(),
+            });
+        };
+        let rb = row_bytes(t.format, cols).map_err(Self::quant_err(t))?;
+        let total = rows.checked_mul(rb);
+        if total != Some(t.bytes.len()) {
+            return Err(Self::quant_err(t)(QuantError::LengthMismatch {
+                format: t.format,
+                elements: rows.saturating_mul(cols),
+                expected_bytes: total.unwrap_or(usize::MAX),
+                got_bytes: t.bytes.len(),
+            }));
+        }
+        Ok((rows, cols, rb))
+    }
+
+    /// A 1-D tensor widened to f32 on the host.
+    fn vector_values(t: &HostTensor) -> Result<Vec<f32>, BackendError> {
+        let &[len] = t.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: t.name.clone(),
+                expected: 1,
+                shape: t.shape.clone(),
+            });
+        };
+        let mut v = vec![0f32; len];
+        dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(Self::quant_err(t))?;
+        Ok(v)
+    }
+
+    fn f32_mem(&self, v: &[f32], what: &'static str) -> Result<DevMem, BackendError> {
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        DevMem::from_host(&self.ctx, &bytes, what)
+    }
+
+    /// Stacks one projection of every expert.
+    fn stack(
+        &self,
+        experts: &[ExpertTensors],
+        pick: fn(&ExpertTensors) -> &HostTensor,
+        shape: [usize; 2],
+    ) -> Result<Stacked, BackendError> {
+        let first = pick(&experts[0]);
+        let (_, _, rb) = Self::matrix_layout(first)?;
+        let slot_bytes = shape[0] * rb;
+        let mem = DevMem::zeroed(&self.ctx, slot_bytes * experts.len(), "upload_bank")?;
+        for (s, e) in experts.iter().enumerate() {
+            let t = pick(e);
+            let (rows, cols, _) = Self::matrix_layout(t)?;
+            if [rows, cols] != shape || t.format != first.format {
+                return Err(BackendError::Shape {
+                    op: "upload_bank",
+                    detail: format!(
+                        "{} is {:?} {}, the bank's experts are {shape:?} {}",
+                        t.name, t.shape, t.format, first.format
+                    ),
+                });
+            }
+            mem.upload_at(s * slot_bytes, t.bytes.as_slice(), "upload_bank")?;
+        }
+        Ok(Stacked {
+            format: first.format,
+            rows: shape[0],
+            row_bytes: rb,
+            mem,
+        })
+    }
+
+    /// Stacks one bias of every expert (all or none have it).
+    fn stack_bias(
+        &self,
+        experts: &[ExpertTensors],
+        pick: fn(&ExpertTensors) -> Option<&HostTensor>,
+        len: usize,
+    ) -> Result<Option<DevMem>, BackendError> {
+        if experts.iter().all(|e| pick(e).is_none()) {
+            return Ok(None);
+        }
+        let mut all = Vec::with_capacity(experts.len() * len);
+        for e in experts {
+            let t = pick(e).ok_or_else(|| BackendError::Shape {
+                op: "upload_bank",
+                detail: format!("{} has no bias where other experts do", e.gate.name),
+            })?;
+            let v = Self::vector_values(t)?;
+            if v.len() != len {
+                return Err(BackendError::Shape {
+                    op: "upload_bank",
+                    detail: format!("bias {} has {} elements, expected {len}", t.name, v.len()),
+                });
+            }
+            all.extend(v);
+        }
+        self.f32_mem(&all, "upload_bank").map(Some)
+    }
+}
+
+impl Device for CudaDevice {
+    type Buf = CudaBuf;
+    type Matrix = CudaMatrix;
+    type Vector = CudaVector;
+    type Bank = CudaBank;
+    type Routes = CudaRoutes;
+    type HostBuf = PinnedF32;
+    type Stream = CudaStream;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    fn memory(&self) -> MemoryInfo {
+        match self.ctx.mem_get_info() {
+            Ok((free, total)) => MemoryInfo {
+                total: Some(total as u64),
+                free: Some(free as u64),
+            },
+            Err(_) => MemoryInfo::default(),
+        }
+    }
+
+    fn supports(&self, dtype: DType) -> bool {
+        matches!(dtype, DType::F32 | DType::F16)
+    }
+
+    fn kv_dtype(&self) -> DType {
+        match self.numerics {
+            Numerics::Exact => DType::F32,
+            _ => DType::F16,
+        }
+    }
+
+    fn copies_weights(&self) -> bool {
+        true
+    }
+
+    fn upload_matrix(&self, t: &HostTensor) -> Result<CudaMatrix, BackendError> {
+        let (rows, cols, rb) = Self::matrix_layout(t)?;
+        Ok(CudaMatrix {
+            format: t.format,
+            rows,
+            cols,
+            row_bytes: rb,
+            mem: DevMem::from_host(&self.ctx, t.bytes.as_slice(), "upload_matrix")?,
+        })
+    }
+
+    fn upload_vector(&self, t: &HostTensor) -> Result<CudaVector, BackendError> {
+        let v = Self::vector_values(t)?;
+        Ok(CudaVector {
+            len: v.len(),
+            mem: self.f32_mem(&v, "upload_vector")?,
+        })
+    }
+
+    fn matrix_shape(&self, m: &CudaMatrix) -> [usize; 2] {
+        [m.rows, m.cols]
+    }
+
+    fn vector_len(&self, v: &CudaVector) -> usize {
+        v.len
+    }
+
+    fn upload_bank(&self, experts: &[ExpertTensors]) -> Result<CudaBank, BackendError> {
+        let Some(first) = experts.first() else {
+            return Err(BackendError::Shape {
+                op: "upload_bank",
+                detail: "a bank of no experts".into(),
+            });
+        };
+        let (inter, hidden, _) = Self::matrix_layout(&first.gate)?;
+        let gate = self.stack(experts, |e| &e.gate, [inter, hidden])?;
+        let up = self.stack(experts, |e| &e.up, [inter, hidden])?;
+        let down = self.stack(experts, |e| &e.down, [hidden, inter])?;
+        Ok(CudaBank {
+            slots: experts.len(),
+            hidden,
+            inter,
+            gate,
+            up,
+            down,
+            gate_bias: self.stack_bias(experts, |e| e.gate_bias.as_ref(), inter)?,
+            up_bias: self.stack_bias(experts, |e| e.up_bias.as_ref(), inter)?,
+            down_bias: self.stack_bias(experts, |e| e.down_bias.as_ref(), hidden)?,
+        })
+    }
+
+    fn alloc(&self, dtype: DType, len: usize) -> Result<CudaBuf, BackendError> {
+        if !self.supports(dtype) {
+            return Err(BackendError::UnsupportedDType {
+                backend: self.name(),
+                dtype,
+            });
+        }
+        let bytes = dtype.bytes_for(len).ok_or(BackendError::Shape {
+            op: "alloc",
+            detail: format!("{len} elements of {dtype}"),
+        })?;
+        Ok(CudaBuf {
+            dtype,
+            len,
+            mem: DevMem::zeroed(&self.ctx, bytes, "alloc")?,
+        })
+    }
+
+    fn alloc_routes(&self, max_tokens: usize, top_k: usize) -> Result<CudaRoutes, BackendError> {
+        Ok(CudaRoutes {
+            max_tokens,
+            top_k,
+            mem: DevMem::zeroed(&self.ctx, max_tokens * top_k * 8, "alloc_routes")?,
+            max_slot: 0,
+        })
+    }
+
+    fn alloc_host(&self, len: usize) -> Result<PinnedF32, BackendError> {
+        PinnedF32::new(&self.ctx, len)
+    }
+
+    fn stream(&self, limits: &Limits) -> Result<CudaStream, BackendError> {
+        CudaStream::new(self, limits)
+    }
+}

@@ -1,0 +1,262 @@
+//! The compiled kernels of one device, looked up once by name, and the
+//! parameter structs passed to them by value (each mirrors a struct of
+//! the CUDA source, field for field).
+
+use crate::CudaError;
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::ffi::c_void;
+use std::sync::Arc;
+use turbospark_backend::BackendError;
+use turbospark_core::QuantFormat;
+
+/// One kernel per weight format, indexed by `QuantFormat::ALL` order
+/// (the `F_*` ids of common.cuh).
+pub(crate) struct PerFormat([CudaFunction; 12]);
+
+impl PerFormat {
+    fn load(m: &Arc<CudaModule>, prefix: &str) -> Result<PerFormat, CudaError> {
+        let f = |fmt: QuantFormat| {
+            m.load_function(&format!("{prefix}_{}", fmt.name()))
+                .map_err(CudaError::driver("loading a kernel"))
+        };
+        let all = QuantFormat::ALL;
+        Ok(PerFormat([
+            f(all[0])?,
+            f(all[1])?,
+            f(all[2])?,
+            f(all[3])?,
+            f(all[4])?,
+            f(all[5])?,
+            f(all[6])?,
+            f(all[7])?,
+            f(all[8])?,
+            f(all[9])?,
+            f(all[10])?,
+            f(all[11])?,
+        ]))
+    }
+
+    pub(crate) fn get(&self, fmt: QuantFormat) -> &CudaFunction {
+        let i = QuantFormat::ALL
+            .iter()
+            .position(|&f| f == fmt)
+            .unwrap_or_default();
+        &self.0[i]
+    }
+}
+
+/// Every kernel of the module.
+pub(crate) struct Kernels {
+    pub matmul: PerFormat,
+    pub embed: PerFormat,
+    pub moe_gate_up: PerFormat,
+    pub moe_down: PerFormat,
+    pub moe_gate_up_grouped: PerFormat,
+    pub moe_down_grouped: PerFormat,
+    pub moe_group: CudaFunction,
+    pub add_bias: CudaFunction,
+    pub add: CudaFunction,
+    pub scale: CudaFunction,
+    pub mul_sigmoid: CudaFunction,
+    pub softcap: CudaFunction,
+    pub glu: CudaFunction,
+    pub rms_norm: CudaFunction,
+    pub adjust_projection: CudaFunction,
+    pub rope: CudaFunction,
+    pub kv_write_f32: CudaFunction,
+    pub kv_write_f16: CudaFunction,
+    pub widen_f16: CudaFunction,
+    pub attention_f32: CudaFunction,
+    pub attention_f16: CudaFunction,
+    pub route: CudaFunction,
+    pub moe_combine: CudaFunction,
+    /// Shared memory an attention block may use (bytes).
+    pub attention_smem: usize,
+}
+
+impl Kernels {
+    pub(crate) fn load(ctx: &Arc<CudaContext>, ptx: String) -> Result<Kernels, CudaError> {
+        let m = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .map_err(CudaError::driver("loading the kernel module"))?;
+        let f = |name: &str| {
+            m.load_function(name)
+                .map_err(CudaError::driver("loading a kernel"))
+        };
+        let attention_f32 = f("attention_f32")?;
+        let attention_f16 = f("attention_f16")?;
+        // Attention keeps a query's scores in shared memory: allow the
+        // device's whole opt-in amount.
+        let optin = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(CudaError::driver("reading the shared-memory limit"))?;
+        let attention_smem = (optin.max(48 * 1024) - 1024) as usize;
+        for k in [&attention_f32, &attention_f16] {
+            k.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                attention_smem as i32,
+            )
+            .map_err(CudaError::driver("raising attention's shared memory"))?;
+        }
+        Ok(Kernels {
+            matmul: PerFormat::load(&m, "matmul")?,
+            embed: PerFormat::load(&m, "embed")?,
+            moe_gate_up: PerFormat::load(&m, "moe_gate_up")?,
+            moe_down: PerFormat::load(&m, "moe_down")?,
+            moe_gate_up_grouped: PerFormat::load(&m, "moe_gate_up_grouped")?,
+            moe_down_grouped: PerFormat::load(&m, "moe_down_grouped")?,
+            moe_group: f("moe_group")?,
+            add_bias: f("add_bias")?,
+            add: f("add")?,
+            scale: f("scale")?,
+            mul_sigmoid: f("mul_sigmoid")?,
+            softcap: f("softcap")?,
+            glu: f("glu")?,
+            rms_norm: f("rms_norm")?,
+            adjust_projection: f("adjust_projection")?,
+            rope: f("rope")?,
+            kv_write_f32: f("kv_write_f32")?,
+            kv_write_f16: f("kv_write_f16")?,
+            widen_f16: f("widen_f16")?,
+            attention_f32,
+            attention_f16,
+            route: f("route")?,
+            moe_combine: f("moe_combine")?,
+            attention_smem,
+        })
+    }
+}
+
+/// Pointers to a launch's arguments, in the kernel's parameter order.
+/// Every argument must outlive the launch call (a statement that builds
+/// the array and launches keeps its temporaries alive).
+macro_rules! args {
+    ($($a:expr),* $(,)?) => {
+        [$(&$a as *const _ as *mut std::ffi::c_void),*]
+    };
+}
+pub(crate) use args;
+
+/// Launches `f` on `stream` with a 1-D block of `block` threads.
+pub(crate) fn launch(
+    op: &'static str,
+    f: &CudaFunction,
+    stream: &CudaStream,
+    grid: (u32, u32, u32),
+    block: u32,
+    smem: u32,
+    args: &mut [*mut c_void],
+) -> Result<(), BackendError> {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        return Ok(());
+    }
+    // SAFETY: `args` point at values of the kernel's parameter types (each
+    // call site passes them in the order of the kernel's signature, with
+    // the `#[repr(C)]` mirrors below for structs), alive until the launch
+    // has copied them; every device pointer among them was checked by the
+    // op to cover what the kernel reads and writes.
+    unsafe {
+        result::launch_kernel(
+            f.cu_function(),
+            grid,
+            (block, 1, 1),
+            smem,
+            stream.cu_stream(),
+            args,
+        )
+    }
+    .map_err(crate::memory::runtime(op))
+}
+
+/// Blocks of `threads` for a grid-stride loop over `n` elements.
+pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
+    let b = n.div_ceil(threads as usize).clamp(1, 65535 * 8) as u32;
+    (if n == 0 { 0 } else { b }, 1, 1)
+}
+
+pub(crate) const MAX_ROPE_PAIRS: usize = 256;
+pub(crate) const MAX_EMBED_TOKENS: usize = 256;
+pub(crate) const MAX_ROUTE_EXPERTS: usize = 512;
+pub(crate) const MAX_TOP_K: usize = 32;
+pub(crate) const MAX_GROUPS: usize = 64;
+/// Rows per block of the matmul and MoE kernels (`MM_WARPS`).
+pub(crate) const MM_WARPS: usize = 8;
+/// Tokens per block of the matmul kernel (`MM_TOKENS`).
+pub(crate) const MM_TOKENS: usize = 4;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RopeParams {
+    pub inv_freq: [f32; MAX_ROPE_PAIRS],
+    pub attention_factor: f32,
+    pub pairs: i32,
+    pub kind: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct EmbedTokens {
+    pub ids: [u32; MAX_EMBED_TOKENS],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct AttnParams {
+    pub first_pos: i32,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub capacity: i32,
+    pub window: i32,
+    pub scale: f32,
+    pub softcap: f32,
+    pub has_sinks: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct RouterParams {
+    pub kind: i32,
+    pub num_experts: i32,
+    pub top_k: i32,
+    pub renormalize: i32,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub scaling: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct BankView {
+    pub gate: u64,
+    pub up: u64,
+    pub down: u64,
+    pub gate_bias: u64,
+    pub up_bias: u64,
+    pub down_bias: u64,
+    pub gate_row_bytes: i64,
+    pub up_row_bytes: i64,
+    pub down_row_bytes: i64,
+    pub hidden: i32,
+    pub inter: i32,
+    pub slots: i32,
+}
+
+pub(crate) const MAX_MASK_SLOTS: usize = 512;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct SlotMask {
+    pub bits: [u32; MAX_MASK_SLOTS / 32],
+    pub on: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct MoeAct {
+    pub act: i32,
+    pub alpha: f32,
+    pub limit: f32,
+}

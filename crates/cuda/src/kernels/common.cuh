@@ -1,0 +1,370 @@
+// Shared helpers of every turbospark CUDA kernel: half-precision
+// conversion, warp and block reductions, and the weight formats' decoders.
+//
+// The sources are concatenated in one translation unit (see kernels.rs)
+// and compiled by NVRTC without the toolkit's headers, so half-precision
+// conversions are written with PTX `cvt` rather than <cuda_fp16.h>.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+#define WARP 32
+#define FULL_MASK 0xffffffffu
+#define INFINITY __int_as_float(0x7f800000)
+
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// Round to nearest even, as the CPU's `half::f16::from_f32` does.
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_to_f32(u16 h) {
+    return __uint_as_float(((u32)h) << 16);
+}
+
+__device__ __forceinline__ u16 ld_u16(const u8* p) {
+    return (u16)p[0] | ((u16)p[1] << 8);
+}
+
+__device__ __forceinline__ u32 ld_u32(const u8* p) {
+    return (u32)p[0] | ((u32)p[1] << 8) | ((u32)p[2] << 16) | ((u32)p[3] << 24);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    // A fixed butterfly: every lane ends with the same bits, whatever the launch.
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); `red`
+// holds 32 floats of shared memory. Every thread gets the result.
+__device__ float block_sum(float v, float* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ float block_max(float v, float* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : -INFINITY;
+    return warp_max(t);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// ---------------------------------------------------------------------
+// Weight formats (ggml block layouts, `ggml-common.h`). Every format is
+// read in units of 32 consecutive elements of a row: a whole block for
+// Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/MXFP4, a 32-element sub-block of a 256-element
+// super-block for Q4_K/Q5_K/Q6_K, and 32 plain values for F32/F16/BF16
+// (the last unit of a float row may be partial: `cols` bounds it).
+// The format ids are `QuantFormat`'s order (see formats.rs).
+
+#define F_F32 0
+#define F_F16 1
+#define F_BF16 2
+#define F_Q8_0 3
+#define F_Q4_0 4
+#define F_Q4_1 5
+#define F_Q5_0 6
+#define F_Q5_1 7
+#define F_Q4_K 8
+#define F_Q5_K 9
+#define F_Q6_K 10
+#define F_MXFP4 11
+
+// `2^(e - 128)` from bits, as GGML_E8M0_TO_FP32_HALF.
+__device__ __forceinline__ float e8m0_half(u8 e) {
+    return e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float(((u32)e - 1u) << 23);
+}
+
+__device__ __forceinline__ void k4_scale_min(const u8* sc, int j, int* s, int* m) {
+    if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+    } else {
+        *s = (sc[j + 4] & 0x0F) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+    }
+}
+
+// Products and sums are rounded separately (no fused multiply-add), as the
+// reference dequantization computes them, so `embed` is exact.
+// Decodes unit `u` of `row` into w[0..32] (zeros past `cols` for float rows).
+template <int F>
+__device__ __forceinline__ void load_unit(const u8* row, int u, int cols, float* w) {
+    if (F == F_F32 || F == F_F16 || F == F_BF16) {
+        int base = u * 32;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            int i = base + j;
+            float v = 0.0f;
+            if (i < cols) {
+                if (F == F_F32) v = ((const float*)row)[i];
+                else if (F == F_F16) v = f16_to_f32(((const u16*)row)[i]);
+                else v = bf16_to_f32(((const u16*)row)[i]);
+            }
+            w[j] = v;
+        }
+    } else if (F == F_Q8_0) {
+        const u8* b = row + (i64)u * 34;
+        float d = f16_to_f32(ld_u16(b));
+#pragma unroll
+        for (int j = 0; j < 32; j++) w[j] = (float)(signed char)b[2 + j] * d;
+    } else if (F == F_Q4_0) {
+        const u8* b = row + (i64)u * 18;
+        float d = f16_to_f32(ld_u16(b));
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u8 q = b[2 + j];
+            w[j] = (float)((int)(q & 15) - 8) * d;
+            w[j + 16] = (float)((int)(q >> 4) - 8) * d;
+        }
+    } else if (F == F_Q4_1) {
+        const u8* b = row + (i64)u * 20;
+        float d = f16_to_f32(ld_u16(b)), m = f16_to_f32(ld_u16(b + 2));
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u8 q = b[4 + j];
+            w[j] = __fadd_rn(__fmul_rn((float)(q & 15), d), m);
+            w[j + 16] = __fadd_rn(__fmul_rn((float)(q >> 4), d), m);
+        }
+    } else if (F == F_Q5_0) {
+        const u8* b = row + (i64)u * 22;
+        float d = f16_to_f32(ld_u16(b));
+        u32 qh = ld_u32(b + 2);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u8 q = b[6 + j];
+            int lo = (q & 15) | (((qh >> j) & 1) << 4);
+            int hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = (float)(lo - 16) * d;
+            w[j + 16] = (float)(hi - 16) * d;
+        }
+    } else if (F == F_Q5_1) {
+        const u8* b = row + (i64)u * 24;
+        float d = f16_to_f32(ld_u16(b)), m = f16_to_f32(ld_u16(b + 2));
+        u32 qh = ld_u32(b + 4);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u8 q = b[8 + j];
+            int lo = (q & 15) | (((qh >> j) & 1) << 4);
+            int hi = (q >> 4) | (((qh >> (j + 16)) & 1) << 4);
+            w[j] = __fadd_rn(__fmul_rn((float)lo, d), m);
+            w[j + 16] = __fadd_rn(__fmul_rn((float)hi, d), m);
+        }
+    } else if (F == F_Q4_K || F == F_Q5_K) {
+        const int bytes = F == F_Q4_K ? 144 : 176;
+        const u8* b = row + (i64)(u >> 3) * bytes;
+        int s = u & 7;
+        float d = f16_to_f32(ld_u16(b)), dmin = f16_to_f32(ld_u16(b + 2));
+        int sc, mn;
+        k4_scale_min(b + 4, s, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        const u8* qs = b + (F == F_Q4_K ? 16 : 48) + 32 * (s >> 1);
+        int shift = 4 * (s & 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (qs[l] >> shift) & 15;
+            if (F == F_Q5_K) q |= ((b[16 + l] >> s) & 1) << 4;
+            w[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+        }
+    } else if (F == F_Q6_K) {
+        const u8* b = row + (i64)(u >> 3) * 210;
+        int s = u & 7;  // 32-element quarter: h = s / 4, k = s % 4
+        int h = s >> 2, k = s & 3;
+        float d = f16_to_f32(ld_u16(b + 208));
+        const signed char* scales = (const signed char*)(b + 192);
+        float d0 = d * (float)scales[2 * s], d1 = d * (float)scales[2 * s + 1];
+        const u8* ql = b + 64 * h + 32 * (k & 1);
+        const u8* qh = b + 128 + 32 * h;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int lo = k < 2 ? (ql[l] & 15) : (ql[l] >> 4);
+            int hi = (qh[l] >> (2 * k)) & 3;
+            int q = (lo | (hi << 4)) - 32;
+            w[l] = (l < 16 ? d0 : d1) * (float)q;
+        }
+    } else if (F == F_MXFP4) {
+        const u8* b = row + (i64)u * 17;
+        float d = e8m0_half(b[0]);
+        const signed char kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            u8 q = b[1 + j];
+            w[j] = (float)kv[q & 15] * d;
+            w[j + 16] = (float)kv[q >> 4] * d;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------
+// Lane-cooperative decoding for the formats whose blocks are 32 elements
+// with one scale (Q8_0, MXFP4): a warp reads 8 consecutive blocks per step,
+// lane l taking a quarter of block l / 4, so the warp's loads cover one
+// contiguous run of bytes. A quarter is 8 elements: for Q8_0 elements
+// 8q..8q+7; for MXFP4 the low nibbles of bytes 4q..4q+3 (elements
+// 4q..4q+3) and their high nibbles (elements 16+4q..16+4q+3).
+// quarter_dot returns Σ code·x over the quarter; the block scale is
+// applied by the caller.
+
+// MXFP4 codes doubled (KVALUES), as bytes of two words per half.
+#define MXFP4_LO0 0x03020100u
+#define MXFP4_LO1 0x0C080604u
+#define MXFP4_HI0 0xFDFEFF00u
+#define MXFP4_HI1 0xF4F8FAFCu
+
+__device__ __forceinline__ float mxfp4_code(u32 c) {
+    u32 b = c < 8 ? __byte_perm(MXFP4_LO0, MXFP4_LO1, c) : __byte_perm(MXFP4_HI0, MXFP4_HI1, c - 8);
+    return (float)(signed char)(b & 0xFF);
+}
+
+template <int F>
+__device__ __forceinline__ float quarter_scale(const u8* row, int b) {
+    if (F == F_Q8_0) return f16_to_f32(ld_u16(row + (i64)b * 34));
+    return e8m0_half(row[(i64)b * 17]);
+}
+
+// Decodes the 8 codes of quarter q of block b into c[8].
+template <int F>
+__device__ __forceinline__ void quarter_codes(const u8* row, int b, int q, float* c) {
+    if (F == F_Q8_0) {
+        const u16* p = (const u16*)(row + (i64)b * 34 + 2 + 8 * q);  // 2-byte aligned
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u16 v = p[j];
+            c[2 * j] = (float)(signed char)(v & 0xFF);
+            c[2 * j + 1] = (float)(signed char)(v >> 8);
+        }
+    } else {
+        const u8* p = row + (i64)b * 17 + 1 + 4 * q;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 v = p[j];
+            c[j] = mxfp4_code(v & 15);
+            c[4 + j] = mxfp4_code(v >> 4);
+        }
+    }
+}
+
+// The x offsets (within the block) of a quarter's two runs of 4.
+template <int F>
+__device__ __forceinline__ void quarter_x(int q, int* a, int* b) {
+    if (F == F_Q8_0) {
+        *a = 8 * q;
+        *b = 8 * q + 4;
+    } else {
+        *a = 4 * q;
+        *b = 16 + 4 * q;
+    }
+}
+
+__device__ __forceinline__ float dot8(const float* c, const float* x, int a, int b) {
+    float4 u = *(const float4*)(x + a), v = *(const float4*)(x + b);
+    float s = c[0] * u.x;
+    s = fmaf(c[1], u.y, s);
+    s = fmaf(c[2], u.z, s);
+    s = fmaf(c[3], u.w, s);
+    s = fmaf(c[4], v.x, s);
+    s = fmaf(c[5], v.y, s);
+    s = fmaf(c[6], v.z, s);
+    s = fmaf(c[7], v.w, s);
+    return s;
+}
+
+// One row's dot with T tokens' activations (x rows of `cols`), for
+// Q8_0/MXFP4 rows of `cols` (a multiple of 32 with 16-byte aligned x rows).
+template <int F, int T>
+__device__ __forceinline__ void coop_row_dot(const u8* row, int cols, const float* x, i64 x_stride,
+                                             int n, float* acc) {
+    int lane = threadIdx.x & 31;
+    int quarters = cols / 8;
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    for (int s = lane; s < quarters; s += 32) {
+        int b = s >> 2, q = s & 3;
+        float c[8];
+        quarter_codes<F>(row, b, q, c);
+        float d = quarter_scale<F>(row, b);
+        int xa, xb;
+        quarter_x<F>(q, &xa, &xb);
+#pragma unroll
+        for (int t = 0; t < T; t++)
+            if (t < n) acc[t] = fmaf(dot8(c, x + t * x_stride + b * 32, xa, xb), d, acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}
+
+// One row's dot with the activations of up to T tokens whose rows start at
+// xs[0..nt] (any addresses): per token the same instructions, in the same
+// order, as coop_row_dot (Q8_0, MXFP4) or the unit loop of row_dot (other
+// formats) compute for a lone token, so a token's value does not depend on
+// the others. Every lane ends with the sums.
+template <int F, int T>
+__device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* const* xs, int nt,
+                                         float* acc) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = 0.0f;
+    if (F == F_Q8_0 || F == F_MXFP4) {
+        int quarters = cols / 8;
+        for (int s = lane; s < quarters; s += 32) {
+            int b = s >> 2, q = s & 3;
+            float c[8];
+            quarter_codes<F>(row, b, q, c);
+            float d = quarter_scale<F>(row, b);
+            int xa, xb;
+            quarter_x<F>(q, &xa, &xb);
+#pragma unroll
+            for (int t = 0; t < T; t++)
+                if (t < nt) acc[t] = fmaf(dot8(c, xs[t] + b * 32, xa, xb), d, acc[t]);
+        }
+    } else {
+        int units = (cols + 31) / 32;
+        for (int u = lane; u < units; u += 32) {
+            float w[32];
+            load_unit<F>(row, u, cols, w);
+            int base = u * 32;
+            int len = min(32, cols - base);
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t < nt) {
+                    const float* xp = xs[t] + base;
+                    float s = 0.0f;
+                    if (len == 32) {
+#pragma unroll
+                        for (int j = 0; j < 32; j++) s = fmaf(w[j], xp[j], s);
+                    } else {
+                        for (int j = 0; j < len; j++) s = fmaf(w[j], xp[j], s);
+                    }
+                    acc[t] += s;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
+}

@@ -1,0 +1,150 @@
+// Element-wise ops, RMS norm, rotary embedding and the KV cache write.
+// The math and conventions follow the CPU backend's `elementwise.rs` and
+// `rope.rs` (HF LlamaRMSNorm / Gemma3RMSNorm, apply_rotary_pos_emb, the
+// gated activations of Llama, Gemma and gpt-oss).
+
+#define ACT_SWIGLU 0
+#define ACT_GELU_TANH 1
+#define ACT_CLAMPED_SWIGLU 2
+
+#define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+extern "C" __global__ void add_bias(float* x, const float* bias, int n, int d) {
+    GRID_STRIDE(i, (i64)n * d) x[i] += bias[i % d];
+}
+
+extern "C" __global__ void add(float* dst, const float* src, i64 len) {
+    GRID_STRIDE(i, len) dst[i] += src[i];
+}
+
+extern "C" __global__ void scale(float* x, i64 len, float s) {
+    GRID_STRIDE(i, len) x[i] *= s;
+}
+
+extern "C" __global__ void mul_sigmoid(float* x, const float* gate, i64 len) {
+    GRID_STRIDE(i, len) x[i] *= sigmoidf_(gate[i]);
+}
+
+extern "C" __global__ void softcap(float* x, i64 len, float cap) {
+    GRID_STRIDE(i, len) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+__device__ __forceinline__ float glu_one(float g, float u, int act, float alpha, float limit) {
+    if (act == ACT_SWIGLU) return g * sigmoidf_(g) * u;
+    if (act == ACT_GELU_TANH) {
+        const float k = 0.7978846f;
+        float inner = k * (g + 0.044715f * g * g * g);
+        return 0.5f * g * (1.0f + tanhf(inner)) * u;
+    }
+    // gpt-oss: comparisons rather than fminf/fmaxf so that NaN propagates.
+    float x = g > limit ? limit : g;
+    float v = u > limit ? limit : (u < -limit ? -limit : u);
+    return (v + 1.0f) * (x * sigmoidf_(alpha * x));
+}
+
+extern "C" __global__ void glu(float* gate, const float* up, i64 len, int act, float alpha,
+                               float limit) {
+    GRID_STRIDE(i, len) gate[i] = glu_one(gate[i], up[i], act, alpha, limit);
+}
+
+#define NORM_PLAIN 0
+#define NORM_CENTERED 1
+#define NORM_NONE 2
+
+// One block per row; the mean of squares is accumulated in f64.
+extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, const float* w) {
+    __shared__ double red[32];
+    float* row = x + (i64)blockIdx.x * dim;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if (lane == 0) red[wp] = s;
+    __syncthreads();
+    double t = lane < nw ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = __fmul_rn(row[i], inv);
+        if (mode == NORM_PLAIN) v = __fmul_rn(v, w[i]);
+        else if (mode == NORM_CENTERED) v = __fmul_rn(v, 1.0f + w[i]);
+        row[i] = v;
+    }
+}
+
+#define ROPE_MAX_PAIRS 256
+#define ROPE_NEOX 0
+#define ROPE_INTERLEAVED 1
+
+// The rotary table, by value (see EmbedTokens for why).
+struct RopeParams {
+    float inv_freq[ROPE_MAX_PAIRS];
+    float attention_factor;
+    int pairs;
+    int kind;
+};
+
+// x: [n_tokens, n_heads, head_dim]; one thread per (token, head, pair).
+// The angle is formed in f32 and its cosine and sine taken in f64, as the
+// host table does (RopeTable::cos_sin).
+// `step`, when set, holds a recorded decode step's {token, position}; the
+// position comes from there (here and in kv_write and attention).
+extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_dim, int first_pos,
+                                RopeParams p, const int* step) {
+    if (step) first_pos = step[1];
+    GRID_STRIDE(i, (i64)n_tokens * n_heads * p.pairs) {
+        int pair = (int)(i % p.pairs);
+        i64 th = i / p.pairs;
+        int t = (int)(th / n_heads);
+        float* head = x + th * head_dim;
+        float angle = (float)(first_pos + t) * p.inv_freq[pair];
+        double af = (double)p.attention_factor;
+        float c = (float)(cos((double)angle) * af), s = (float)(sin((double)angle) * af);
+        int a = p.kind == ROPE_NEOX ? pair : 2 * pair;
+        int b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
+        float xa = head[a], xb = head[b];
+        head[a] = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
+        head[b] = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+    }
+}
+
+// Rows of `row_len` into cache rows (first_pos + t) % capacity.
+extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, int row_len,
+                                        int first_pos, int capacity, const int* step) {
+    if (step) first_pos = step[1];
+    GRID_STRIDE(i, (i64)n * row_len) {
+        int t = (int)(i / row_len), c = (int)(i % row_len);
+        cache[(i64)((first_pos + t) % capacity) * row_len + c] = src[i];
+    }
+}
+
+extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int row_len,
+                                        int first_pos, int capacity, const int* step) {
+    if (step) first_pos = step[1];
+    GRID_STRIDE(i, (i64)n * row_len) {
+        int t = (int)(i / row_len), c = (int)(i % row_len);
+        cache[(i64)((first_pos + t) % capacity) * row_len + c] = f32_to_f16(src[i]);
+    }
+}
+
+extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
+    GRID_STRIDE(i, len) dst[i] = f16_to_f32(src[i]);
+}
+
+// x[t] += (alpha · (u · x[t]) + beta) · u for each row of `d`; the dot in
+// f64. One block per row.
+extern "C" __global__ void adjust_projection(float* x, const float* u, int d, float alpha,
+                                             float beta) {
+    __shared__ double red[32];
+    float* row = x + (i64)blockIdx.x * d;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)row[i] * (double)u[i];
+    int lane = threadIdx.x & 31, wp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(FULL_MASK, s, o);
+    if (lane == 0) red[wp] = s;
+    __syncthreads();
+    double t = lane < nw ? red[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(FULL_MASK, t, o);
+    float c = (float)((double)alpha * t + (double)beta);
+    for (int i = threadIdx.x; i < d; i += blockDim.x) row[i] = fmaf(c, u[i], row[i]);
+}

@@ -1,0 +1,140 @@
+// Matrix products against weights in their storage format:
+// `out[t, o] = Σ_i W[o, i] · x[t, i]`, and `embed` (dequantized rows).
+//
+// One warp computes one output row for up to MM_TOKENS tokens: lane `l`
+// decodes units l, l + 32, … of the row once and dots each with every
+// token's activations; the lanes' partial sums meet in a fixed butterfly
+// (warp_sum). A token's result is computed by the same instructions in the
+// same order whatever else shares the batch, so a row's bits do not depend
+// on the batch (the conformance suite checks it).
+
+#define MM_TOKENS 4
+#define MM_WARPS 8
+
+template <int F>
+__device__ void matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
+                            const float* __restrict__ x, int n, float* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int t0 = blockIdx.y * MM_TOKENS;
+    if (row >= rows) return;
+    const u8* wr = W + (i64)row * row_bytes;
+    int units = (cols + 31) / 32;
+    float acc[MM_TOKENS];
+#pragma unroll
+    for (int t = 0; t < MM_TOKENS; t++) acc[t] = 0.0f;
+    for (int u = lane; u < units; u += 32) {
+        float w[32];
+        load_unit<F>(wr, u, cols, w);
+        int base = u * 32;
+        int len = min(32, cols - base);
+#pragma unroll
+        for (int t = 0; t < MM_TOKENS; t++) {
+            if (t0 + t < n) {
+                const float* xp = x + (i64)(t0 + t) * cols + base;
+                float s = 0.0f;
+                if (len == 32) {
+#pragma unroll
+                    for (int j = 0; j < 32; j++) s = fmaf(w[j], xp[j], s);
+                } else {
+                    for (int j = 0; j < len; j++) s = fmaf(w[j], xp[j], s);
+                }
+                acc[t] += s;
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < MM_TOKENS; t++) {
+        float s = warp_sum(acc[t]);
+        if (lane == 0 && t0 + t < n) out[(i64)(t0 + t) * rows + row] = s;
+    }
+}
+
+// Q8_0 and MXFP4 rows: lane-cooperative blocks (common.cuh).
+template <int F>
+__device__ void matmul_coop(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
+                            const float* __restrict__ x, int n, float* __restrict__ out) {
+    int lane = threadIdx.x & 31;
+    int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
+    int t0 = blockIdx.y * MM_TOKENS;
+    if (row >= rows) return;
+    float acc[MM_TOKENS];
+    coop_row_dot<F, MM_TOKENS>(W + (i64)row * row_bytes, cols, x + (i64)t0 * cols, cols, n - t0,
+                               acc);
+    if (lane == 0) {
+#pragma unroll
+        for (int t = 0; t < MM_TOKENS; t++)
+            if (t0 + t < n) out[(i64)(t0 + t) * rows + row] = acc[t];
+    }
+}
+
+#define MATMUL(name, F)                                                                      \
+    extern "C" __global__ void name(const u8* W, int rows, int cols, i64 row_bytes,          \
+                                    const float* x, int n, float* out) {                     \
+        matmul_impl<F>(W, rows, cols, row_bytes, x, n, out);                                 \
+    }
+
+MATMUL(matmul_f32, F_F32)
+MATMUL(matmul_f16, F_F16)
+MATMUL(matmul_bf16, F_BF16)
+extern "C" __global__ void matmul_q8_0(const u8* W, int rows, int cols, i64 row_bytes,
+                                       const float* x, int n, float* out) {
+    matmul_coop<F_Q8_0>(W, rows, cols, row_bytes, x, n, out);
+}
+MATMUL(matmul_q4_0, F_Q4_0)
+MATMUL(matmul_q4_1, F_Q4_1)
+MATMUL(matmul_q5_0, F_Q5_0)
+MATMUL(matmul_q5_1, F_Q5_1)
+MATMUL(matmul_q4_k, F_Q4_K)
+MATMUL(matmul_q5_k, F_Q5_K)
+MATMUL(matmul_q6_k, F_Q6_K)
+extern "C" __global__ void matmul_mxfp4(const u8* W, int rows, int cols, i64 row_bytes,
+                                        const float* x, int n, float* out) {
+    matmul_coop<F_MXFP4>(W, rows, cols, row_bytes, x, n, out);
+}
+
+// Tokens of an embedding lookup, passed by value so that no host buffer
+// must outlive the launch (and a captured graph holds its own copy).
+#define EMBED_MAX 256
+struct EmbedTokens {
+    u32 ids[EMBED_MAX];
+};
+
+// out[t] = dequantized table row tokens[t]; one block per token.
+// `step`, when set, holds a recorded decode step's {token, position}: the
+// token comes from there rather than from `tokens` (n is 1).
+template <int F>
+__device__ void embed_impl(const u8* __restrict__ table, int cols, i64 row_bytes,
+                           EmbedTokens tokens, int n, float* __restrict__ out,
+                           const int* __restrict__ step) {
+    int t = blockIdx.x;
+    if (t >= n) return;
+    u32 id = step ? (u32)step[0] : tokens.ids[t];
+    const u8* row = table + (i64)id * row_bytes;
+    int units = (cols + 31) / 32;
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        float w[32];
+        load_unit<F>(row, u, cols, w);
+        int base = u * 32;
+        for (int j = 0; j < 32 && base + j < cols; j++) out[(i64)t * cols + base + j] = w[j];
+    }
+}
+
+#define EMBED(name, F)                                                                        \
+    extern "C" __global__ void name(const u8* table, int cols, i64 row_bytes, EmbedTokens tok, \
+                                    int n, float* out, const int* step) {                      \
+        embed_impl<F>(table, cols, row_bytes, tok, n, out, step);                              \
+    }
+
+EMBED(embed_f32, F_F32)
+EMBED(embed_f16, F_F16)
+EMBED(embed_bf16, F_BF16)
+EMBED(embed_q8_0, F_Q8_0)
+EMBED(embed_q4_0, F_Q4_0)
+EMBED(embed_q4_1, F_Q4_1)
+EMBED(embed_q5_0, F_Q5_0)
+EMBED(embed_q5_1, F_Q5_1)
+EMBED(embed_q4_k, F_Q4_K)
+EMBED(embed_q5_k, F_Q5_K)
+EMBED(embed_q6_k, F_Q6_K)
+EMBED(embed_mxfp4, F_MXFP4)

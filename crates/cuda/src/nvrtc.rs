@@ -1,0 +1,121 @@
+//! The kernels' CUDA C source and its compilation by NVRTC, cached on disk.
+//!
+//! The sources under `kernels/` form one translation unit, compiled at run
+//! time for the device's compute capability (`compute_XY` PTX, which the
+//! driver turns into machine code when the module loads). The PTX is kept
+//! under `$TURBOSPARK_CACHE/cuda` (default `~/.cache/turbospark/cuda`),
+//! keyed by a hash of the source, the target and NVRTC's version, so a
+//! second start skips the compiler.
+
+use crate::CudaError;
+use sha2::{Digest, Sha256};
+use std::path::PathBuf;
+
+/// The kernel sources, in the order they are concatenated.
+const SOURCES: [(&str, &str); 6] = [
+    ("common.cuh", include_str!("kernels/common.cuh")),
+    ("matmul.cu", include_str!("kernels/matmul.cu")),
+    ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("attention.cu", include_str!("kernels/attention.cu")),
+    ("route.cu", include_str!("kernels/route.cu")),
+    ("moe.cu", include_str!("kernels/moe.cu")),
+];
+
+/// The whole translation unit, with `#line` markers so that compiler
+/// messages name the original file.
+pub fn source() -> String {
+    let mut s = String::new();
+    for (name, text) in SOURCES {
+        s.push_str(&format!("#line 1 \"{name}\"\n"));
+        s.push_str(text);
+        s.push('\n');
+    }
+    s
+}
+
+/// Whether NVRTC can be loaded.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to open the shared library by its known names.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// NVRTC's version, `(major, minor)`.
+pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: the library is loaded (checked above); nvrtcVersion writes two ints.
+    let status = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if status != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(CudaError::Compile {
+            arch: String::new(),
+            log: format!("nvrtcVersion: {status:?}"),
+        });
+    }
+    Ok((major, minor))
+}
+
+/// PTX for `compute_{major}{minor}`, compiled now.
+pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let arch = format!("compute_{major}{minor}");
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
+            arch: arch.clone(),
+            log: compile_log(e),
+        })?;
+    Ok(ptx.to_src())
+}
+
+fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
+    match e {
+        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// PTX for `compute_{major}{minor}`, from the disk cache when it holds it.
+pub fn compile_cached(major: i32, minor: i32) -> Result<String, CudaError> {
+    let (vmaj, vmin) = nvrtc_version()?;
+    let mut h = Sha256::new();
+    h.update(source().as_bytes());
+    h.update(format!("compute_{major}{minor} nvrtc {vmaj}.{vmin}").as_bytes());
+    let key: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key}.ptx")));
+    if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(text);
+    }
+    let ptx = compile(major, minor)?;
+    if let Some(path) = path {
+        // A cache that cannot be written only costs the next start a compile.
+        let _ = write_atomically(&path, &ptx);
+    }
+    Ok(ptx)
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = match std::env::var_os("TURBOSPARK_CACHE") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/turbospark"),
+    };
+    Some(base.join("cuda"))
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,1106 @@
+//! [`CudaStream`]: one session's queue of kernels on a CUDA stream.
+//!
+//! Every op checks its buffers on the host, then launches its kernel(s)
+//! and returns: device work completes in order, after the call.
+//! Host data an op needs (tokens, the rotary table, a slot mask) travels
+//! by value in the kernel's parameters, so nothing on the host must
+//! outlive the call. Host↔device copies of pageable memory are staged by
+//! the driver before the call returns. [`Stream::read`],
+//! [`Stream::read_routes`] and [`Stream::synchronize`] wait for the queue;
+//! a fault inside a kernel surfaces there as [`BackendError::Runtime`].
+
+use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
+use crate::memory::{runtime, DevMem, PinnedF32};
+use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
+use crate::CudaDevice;
+use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
+use std::sync::Arc;
+use turbospark_backend::{
+    check_len, routes_for, AttentionParams, BackendError, DType, Device, ExpertTensors, Limits,
+    MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
+};
+use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
+
+/// Threads of the element-wise kernels' blocks.
+const THREADS: u32 = 256;
+/// Threads of an attention block.
+const ATTN_THREADS: u32 = 128;
+
+/// A CUDA stream with the scratch of one session (see the module docs).
+pub struct CudaStream {
+    ctx: Arc<CudaContext>,
+    stream: Arc<RawStream>,
+    k: Arc<Kernels>,
+    numerics: Numerics,
+    /// Expert activations of one MoE call: `[max_routes, intermediate]` f32.
+    act: DevMem,
+    act_len: usize,
+    /// Routes grouped by slot (`[max_routes]` u32) and each slot's start
+    /// in that list (`[MAX_MASK_SLOTS + 1]` u32), for batched MoE calls.
+    order: DevMem,
+    offsets: DevMem,
+    /// A recorded decode step's `{token, position}` (two i32), which the
+    /// position-dependent kernels read while a step is recorded.
+    step: DevMem,
+    /// Whether ops are being recorded into a step.
+    recording: bool,
+    graph: Option<StepGraph>,
+}
+
+/// An instantiated CUDA graph of one decode step.
+struct StepGraph(sys::CUgraphExec);
+
+// SAFETY: a graph exec is a handle usable from any thread of its context.
+unsafe impl Send for StepGraph {}
+
+impl Drop for StepGraph {
+    fn drop(&mut self) {
+        // SAFETY: instantiated once by end_step, destroyed once here.
+        let _ = unsafe { result::graph::exec_destroy(self.0) };
+    }
+}
+
+fn shape(op: &'static str, detail: String) -> BackendError {
+    BackendError::Shape { op, detail }
+}
+
+fn dtype_err(op: &'static str, what: &'static str, expected: DType, found: DType) -> BackendError {
+    BackendError::DType {
+        op,
+        what,
+        expected,
+        found,
+    }
+}
+
+impl CudaStream {
+    /// A new stream on `dev` with scratch for `limits`.
+    pub(crate) fn new(dev: &CudaDevice, limits: &Limits) -> Result<CudaStream, BackendError> {
+        let ctx = dev.ctx.clone();
+        let stream = ctx.new_stream().map_err(runtime("stream"))?;
+        let act_len = limits.max_routes * limits.max_expert_intermediate;
+        let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
+        Ok(CudaStream {
+            stream,
+            k: dev.kernels.clone(),
+            numerics: dev.numerics(),
+            act: zeroed(act_len * 4)?,
+            act_len,
+            order: zeroed(limits.max_routes * 4)?,
+            offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
+            step: zeroed(8)?,
+            recording: false,
+            graph: None,
+            ctx,
+        })
+    }
+
+    /// The step parameters' address while recording, else null.
+    fn step_ptr(&self) -> u64 {
+        if self.recording {
+            self.step.ptr
+        } else {
+            0
+        }
+    }
+
+    /// Queues writing `{token, position}` into the step parameters.
+    fn set_step(&self, token: u32, position: usize) -> Result<(), BackendError> {
+        let pos = i32::try_from(position)
+            .map_err(|_| shape("decode step", format!("position {position} beyond i32")))?;
+        for (at, v) in [(0u64, token), (4, pos as u32)] {
+            // SAFETY: `step` holds two 4-byte words; the value travels by value.
+            unsafe { sys::cuMemsetD32Async(self.step.ptr + at, v, 1, self.raw().cu_stream()) }
+                .result()
+                .map_err(runtime("decode step"))?;
+        }
+        Ok(())
+    }
+
+    pub fn numerics(&self) -> Numerics {
+        self.numerics
+    }
+
+    fn bind(&self, op: &'static str) -> Result<(), BackendError> {
+        self.ctx.bind_to_thread().map_err(runtime(op))
+    }
+
+    fn raw(&self) -> &RawStream {
+        &self.stream
+    }
+
+    /// Launches a grid-stride element-wise kernel over `n` elements.
+    fn elementwise(
+        &self,
+        op: &'static str,
+        f: &cudarc::driver::CudaFunction,
+        n: usize,
+        args: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), BackendError> {
+        self.bind(op)?;
+        launch(
+            op,
+            f,
+            self.raw(),
+            kernels::blocks_for(n, THREADS),
+            THREADS,
+            0,
+            args,
+        )
+    }
+
+    fn bank_view(bank: &CudaBank) -> BankView {
+        let opt = |m: &Option<DevMem>| m.as_ref().map_or(0, |m| m.ptr);
+        BankView {
+            gate: bank.gate.mem.ptr,
+            up: bank.up.mem.ptr,
+            down: bank.down.mem.ptr,
+            gate_bias: opt(&bank.gate_bias),
+            up_bias: opt(&bank.up_bias),
+            down_bias: opt(&bank.down_bias),
+            gate_row_bytes: bank.gate.row_bytes as i64,
+            up_row_bytes: bank.up.row_bytes as i64,
+            down_row_bytes: bank.down.row_bytes as i64,
+            hidden: bank.hidden as i32,
+            inter: bank.inter as i32,
+            slots: bank.slots as i32,
+        }
+    }
+}
+
+fn activation(act: Activation) -> MoeAct {
+    match act {
+        Activation::Swiglu => MoeAct {
+            act: 0,
+            alpha: 0.0,
+            limit: 0.0,
+        },
+        Activation::GeluTanh => MoeAct {
+            act: 1,
+            alpha: 0.0,
+            limit: 0.0,
+        },
+        Activation::ClampedSwiglu { alpha, limit } => MoeAct {
+            act: 2,
+            alpha,
+            limit,
+        },
+    }
+}
+
+impl Stream<CudaDevice> for CudaStream {
+    fn records_steps(&self) -> bool {
+        true
+    }
+
+    fn begin_step(&mut self, token: u32, position: usize) -> Result<(), BackendError> {
+        if self.recording {
+            return Err(shape(
+                "begin_step",
+                "a step is already being recorded".into(),
+            ));
+        }
+        self.bind("begin_step")?;
+        self.graph = None;
+        self.set_step(token, position)?;
+        // SAFETY: a valid stream of the bound context; capture ends in end_step.
+        unsafe {
+            result::stream::begin_capture(
+                self.raw().cu_stream(),
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )
+        }
+        .map_err(runtime("begin_step"))?;
+        self.recording = true;
+        Ok(())
+    }
+
+    fn end_step(&mut self) -> Result<(), BackendError> {
+        if !self.recording {
+            return Err(shape("end_step", "no step is being recorded".into()));
+        }
+        self.recording = false;
+        self.bind("end_step")?;
+        // SAFETY: the stream is capturing (begin_step); ending it hands
+        // over the graph, destroyed below once instantiated.
+        let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }
+            .map_err(runtime("end_step"))?;
+        // SAFETY: `graph` is the valid graph just captured.
+        let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+        // SAFETY: destroyed once; the instantiated exec does not need it.
+        let _ = unsafe { result::graph::destroy(graph) };
+        let exec = StepGraph(exec.map_err(runtime("end_step"))?);
+        // SAFETY: a valid exec and stream.
+        unsafe { result::graph::launch(exec.0, self.raw().cu_stream()) }
+            .map_err(runtime("end_step"))?;
+        self.graph = Some(exec);
+        Ok(())
+    }
+
+    fn replay_step(&mut self, token: u32, position: usize) -> Result<bool, BackendError> {
+        let Some(exec) = self.graph.as_ref().map(|g| g.0) else {
+            return Ok(false);
+        };
+        self.bind("replay_step")?;
+        self.set_step(token, position)?;
+        // SAFETY: a valid exec (owned by self.graph) and stream.
+        unsafe { result::graph::launch(exec, self.raw().cu_stream()) }
+            .map_err(runtime("replay_step"))?;
+        Ok(true)
+    }
+
+    fn forget_step(&mut self) {
+        self.graph = None;
+    }
+
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.bind("synchronize")?;
+        self.stream.synchronize().map_err(runtime("synchronize"))
+    }
+
+    fn write(&mut self, dst: &mut CudaBuf, src: &[f32]) -> Result<(), BackendError> {
+        let ptr = dst.f32_ptr("write", "dst", src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.bind("write")?;
+        // SAFETY: `dst` holds at least `src.len()` floats (checked); the
+        // driver stages pageable host memory before returning.
+        unsafe { result::memcpy_htod_async(ptr, src, self.raw().cu_stream()) }
+            .map_err(runtime("write"))
+    }
+
+    fn read_async(
+        &mut self,
+        src: &CudaBuf,
+        len: usize,
+        dst: &mut PinnedF32,
+    ) -> Result<(), BackendError> {
+        let ptr = src.f32_ptr("read_async", "src", len)?;
+        check_len("read_async", "dst", dst.len(), len)?;
+        if len == 0 {
+            return Ok(());
+        }
+        self.bind("read_async")?;
+        // SAFETY: `dst` is pinned memory of at least `len` floats, owned
+        // by the caller until the synchronize that makes it valid.
+        let host = unsafe { std::slice::from_raw_parts_mut(dst.as_mut_ptr(), len) };
+        // SAFETY: `src` holds at least `len` floats (checked).
+        unsafe { result::memcpy_dtoh_async(host, ptr, self.raw().cu_stream()) }
+            .map_err(runtime("read_async"))
+    }
+
+    fn read(&mut self, src: &CudaBuf, dst: &mut [f32]) -> Result<(), BackendError> {
+        check_len("read", "src", src.len, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind("read")?;
+        let from = match src.dtype {
+            DType::F32 => None,
+            DType::F16 => {
+                // A rare path (tests read the KV cache): widen into a
+                // temporary buffer.
+                let tmp = DevMem::zeroed(&self.ctx, dst.len() * 4, "read")?;
+                let n = dst.len() as i64;
+                self.elementwise(
+                    "read",
+                    &self.k.widen_f16,
+                    dst.len(),
+                    &mut args![src.mem.ptr, tmp.ptr, n],
+                )?;
+                Some(tmp)
+            }
+            other => return Err(dtype_err("read", "src", DType::F32, other)),
+        };
+        let ptr = from.as_ref().map_or(src.mem.ptr, |m| m.ptr);
+        // SAFETY: `ptr` holds at least `dst.len()` floats (checked).
+        unsafe { result::memcpy_dtoh_async(dst, ptr, self.raw().cu_stream()) }
+            .map_err(runtime("read"))?;
+        self.synchronize()
+    }
+
+    fn copy(
+        &mut self,
+        src: &CudaBuf,
+        src_at: usize,
+        dst: &mut CudaBuf,
+        dst_at: usize,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        if src.dtype != dst.dtype {
+            return Err(dtype_err("copy", "dst", src.dtype, dst.dtype));
+        }
+        check_len("copy", "src", src.len, src_at.saturating_add(len))?;
+        check_len("copy", "dst", dst.len, dst_at.saturating_add(len))?;
+        let bytes = |n: usize| {
+            src.dtype.bytes_for(n).ok_or(shape(
+                "copy",
+                format!("{n} elements of {} are not whole blocks", src.dtype),
+            ))
+        };
+        let (from, to, n) = (bytes(src_at)?, bytes(dst_at)?, bytes(len)?);
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind("copy")?;
+        // SAFETY: both ranges lie inside their buffers (checked above).
+        unsafe {
+            result::memcpy_dtod_async(
+                dst.mem.ptr + to as u64,
+                src.mem.ptr + from as u64,
+                n,
+                self.raw().cu_stream(),
+            )
+        }
+        .map_err(runtime("copy"))
+    }
+
+    fn write_routes(&mut self, dst: &mut CudaRoutes, src: &[Route]) -> Result<(), BackendError> {
+        check_len("write_routes", "dst", dst.max_tokens * dst.top_k, src.len())?;
+        if src.is_empty() {
+            return Ok(());
+        }
+        dst.max_slot = src.iter().map(|r| r.slot).max().unwrap_or(0);
+        self.bind("write_routes")?;
+        // SAFETY: Route is #[repr(C)] (u32, f32), the kernels' RouteOut;
+        // `dst` holds at least `src.len()` of them (checked).
+        unsafe { result::memcpy_htod_async(dst.mem.ptr, src, self.raw().cu_stream()) }
+            .map_err(runtime("write_routes"))
+    }
+
+    fn read_routes(&mut self, src: &CudaRoutes, dst: &mut [Route]) -> Result<(), BackendError> {
+        check_len("read_routes", "src", src.max_tokens * src.top_k, dst.len())?;
+        if dst.is_empty() {
+            return Ok(());
+        }
+        self.bind("read_routes")?;
+        // SAFETY: as in write_routes.
+        unsafe { result::memcpy_dtoh_async(dst, src.mem.ptr, self.raw().cu_stream()) }
+            .map_err(runtime("read_routes"))?;
+        self.synchronize()
+    }
+
+    fn fill_slot(
+        &mut self,
+        bank: &mut CudaBank,
+        slot: usize,
+        expert: &ExpertTensors,
+    ) -> Result<(), BackendError> {
+        if slot >= bank.slots {
+            return Err(BackendError::BadRoute {
+                slot,
+                available: bank.slots,
+            });
+        }
+        self.bind("fill_slot")?;
+        for (stacked, t) in [
+            (&bank.gate, &expert.gate),
+            (&bank.up, &expert.up),
+            (&bank.down, &expert.down),
+        ] {
+            let n = stacked.slot_bytes();
+            if t.format != stacked.format || t.bytes.len() != n {
+                return Err(shape(
+                    "fill_slot",
+                    format!(
+                        "{} ({}, {} bytes) does not fit a slot of {} bytes of {}",
+                        t.name,
+                        t.format,
+                        t.bytes.len(),
+                        n,
+                        stacked.format
+                    ),
+                ));
+            }
+            // SAFETY: the slot's byte range lies inside the stacked
+            // projection (slot < slots, n = its slot size).
+            unsafe {
+                result::memcpy_htod_async(
+                    stacked.mem.ptr + (slot * n) as u64,
+                    t.bytes.as_slice(),
+                    self.raw().cu_stream(),
+                )
+            }
+            .map_err(runtime("fill_slot"))?;
+        }
+        for (mem, t, len) in [
+            (&bank.gate_bias, &expert.gate_bias, bank.inter),
+            (&bank.up_bias, &expert.up_bias, bank.inter),
+            (&bank.down_bias, &expert.down_bias, bank.hidden),
+        ] {
+            match (mem, t) {
+                (Some(mem), Some(t)) => {
+                    let mut v = vec![0f32; len];
+                    turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v)
+                        .map_err(|source| BackendError::Quant {
+                            name: t.name.clone(),
+                            source,
+                        })?;
+                    // SAFETY: slot < slots and each slot holds `len` floats.
+                    unsafe {
+                        result::memcpy_htod_async(
+                            mem.ptr + (slot * len * 4) as u64,
+                            &v[..],
+                            self.raw().cu_stream(),
+                        )
+                    }
+                    .map_err(runtime("fill_slot"))?;
+                }
+                (None, None) => {}
+                _ => {
+                    return Err(shape(
+                        "fill_slot",
+                        format!(
+                            "{} has other biases than the bank's experts",
+                            expert.gate.name
+                        ),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn embed(
+        &mut self,
+        table: &CudaMatrix,
+        tokens: &[u32],
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let d = table.cols;
+        let out_ptr = out.f32_ptr("embed", "out", tokens.len() * d)?;
+        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= table.rows) {
+            return Err(shape(
+                "embed",
+                format!("token {tok} outside the {}-row table", table.rows),
+            ));
+        }
+        self.bind("embed")?;
+        let f = self.k.embed.get(table.format);
+        let step = self.step_ptr();
+        for (c, chunk) in tokens.chunks(kernels::MAX_EMBED_TOKENS).enumerate() {
+            let mut ids = kernels::EmbedTokens {
+                ids: [0; kernels::MAX_EMBED_TOKENS],
+            };
+            ids.ids[..chunk.len()].copy_from_slice(chunk);
+            let at = out_ptr + (c * kernels::MAX_EMBED_TOKENS * d * 4) as u64;
+            let (cols, rb, n) = (d as i32, table.row_bytes as i64, chunk.len() as i32);
+            launch(
+                "embed",
+                f,
+                self.raw(),
+                (chunk.len() as u32, 1, 1),
+                64,
+                0,
+                &mut args![table.mem.ptr, cols, rb, ids, n, at, step],
+            )?;
+        }
+        Ok(())
+    }
+
+    fn matmul(
+        &mut self,
+        w: &CudaMatrix,
+        x: &CudaBuf,
+        n: usize,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("matmul", "x", n * w.cols)?;
+        let op = out.f32_ptr("matmul", "out", n * w.rows)?;
+        if n == 0 || w.rows == 0 {
+            return Ok(());
+        }
+        self.bind("matmul")?;
+        let grid = (
+            w.rows.div_ceil(kernels::MM_WARPS) as u32,
+            n.div_ceil(kernels::MM_TOKENS) as u32,
+            1,
+        );
+        let (rows, cols, rb, nn) = (w.rows as i32, w.cols as i32, w.row_bytes as i64, n as i32);
+        launch(
+            "matmul",
+            self.k.matmul.get(w.format),
+            self.raw(),
+            grid,
+            (kernels::MM_WARPS * 32) as u32,
+            0,
+            &mut args![w.mem.ptr, rows, cols, rb, xp, nn, op],
+        )
+    }
+
+    fn add_bias(
+        &mut self,
+        x: &mut CudaBuf,
+        bias: &CudaVector,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let d = bias.len;
+        let xp = x.f32_ptr("add_bias", "x", n * d)?;
+        let (nn, dd) = (n as i32, d as i32);
+        self.elementwise(
+            "add_bias",
+            &self.k.add_bias,
+            n * d,
+            &mut args![xp, bias.mem.ptr, nn, dd],
+        )
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &mut CudaBuf,
+        rows: usize,
+        dim: usize,
+        spec: NormSpec,
+        weight: Option<&CudaVector>,
+    ) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("rms_norm", "x", rows * dim)?;
+        let w = match (spec.has_weight(), weight) {
+            (true, Some(w)) if w.len == dim => w.mem.ptr,
+            (false, None) => 0,
+            (true, w) => {
+                return Err(shape(
+                    "rms_norm",
+                    format!(
+                        "a {:?} norm of width {dim} needs a {dim}-element weight, got {:?}",
+                        spec.scale,
+                        w.map(|w| w.len)
+                    ),
+                ))
+            }
+            (false, Some(_)) => {
+                return Err(shape("rms_norm", "a no-scale norm takes no weight".into()))
+            }
+        };
+        if rows == 0 || dim == 0 {
+            return Ok(());
+        }
+        let mode: i32 = match (spec.scale, w) {
+            (_, 0) => 2,
+            (NormScale::Centered, _) => 1,
+            _ => 0,
+        };
+        self.bind("rms_norm")?;
+        let (d, eps) = (dim as i32, spec.eps);
+        launch(
+            "rms_norm",
+            &self.k.rms_norm,
+            self.raw(),
+            (rows as u32, 1, 1),
+            256,
+            0,
+            &mut args![xp, d, eps, mode, w],
+        )
+    }
+
+    fn rope(
+        &mut self,
+        x: &mut CudaBuf,
+        n_tokens: usize,
+        n_heads: usize,
+        head_dim: usize,
+        first_pos: usize,
+        table: &RopeTable,
+    ) -> Result<(), BackendError> {
+        if table.rotary_dim > head_dim || table.rotary_dim != 2 * table.pairs() {
+            return Err(shape(
+                "rope",
+                format!(
+                    "{} rotary dims ({} pairs) on a {head_dim}-wide head",
+                    table.rotary_dim,
+                    table.pairs()
+                ),
+            ));
+        }
+        let pairs = table.pairs();
+        if pairs > kernels::MAX_ROPE_PAIRS {
+            return Err(BackendError::ScratchTooSmall {
+                op: "rope",
+                need: pairs,
+                have: kernels::MAX_ROPE_PAIRS,
+            });
+        }
+        let xp = x.f32_ptr("rope", "x", n_tokens * n_heads * head_dim)?;
+        let mut p = RopeParams {
+            inv_freq: [0.0; kernels::MAX_ROPE_PAIRS],
+            attention_factor: table.attention_factor,
+            pairs: pairs as i32,
+            kind: match table.kind {
+                RopeKind::Neox => 0,
+                RopeKind::Interleaved => 1,
+            },
+        };
+        p.inv_freq[..pairs].copy_from_slice(&table.inv_freq);
+        let (nt, nh, hd, fp) = (
+            n_tokens as i32,
+            n_heads as i32,
+            head_dim as i32,
+            first_pos as i32,
+        );
+        let step = self.step_ptr();
+        self.elementwise(
+            "rope",
+            &self.k.rope,
+            n_tokens * n_heads * pairs,
+            &mut args![xp, nt, nh, hd, fp, p, step],
+        )
+    }
+
+    fn kv_write(
+        &mut self,
+        cache: &mut CudaBuf,
+        src: &CudaBuf,
+        n_tokens: usize,
+        row_len: usize,
+        first_pos: usize,
+        capacity: usize,
+    ) -> Result<(), BackendError> {
+        if n_tokens > capacity {
+            return Err(shape(
+                "kv_write",
+                format!("{n_tokens} rows into a {capacity}-row cache"),
+            ));
+        }
+        let sp = src.f32_ptr("kv_write", "src", n_tokens * row_len)?;
+        check_len("kv_write", "cache", cache.len, capacity * row_len)?;
+        let f = match cache.dtype {
+            DType::F32 => &self.k.kv_write_f32,
+            DType::F16 => &self.k.kv_write_f16,
+            other => return Err(dtype_err("kv_write", "cache", DType::F16, other)),
+        };
+        let (n, r, fp, cap) = (
+            n_tokens as i32,
+            row_len as i32,
+            first_pos as i32,
+            capacity as i32,
+        );
+        let step = self.step_ptr();
+        self.elementwise(
+            "kv_write",
+            f,
+            n_tokens * row_len,
+            &mut args![cache.mem.ptr, sp, n, r, fp, cap, step],
+        )
+    }
+
+    fn attention(
+        &mut self,
+        q: &CudaBuf,
+        k_cache: &CudaBuf,
+        v_cache: &CudaBuf,
+        p: &AttentionParams,
+        sinks: Option<&CudaVector>,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        if p.n_tokens == 0 {
+            return Ok(());
+        }
+        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 || p.capacity == 0
+        {
+            return Err(shape(
+                "attention",
+                format!(
+                    "{} heads over {} kv heads of {} dims, capacity {}",
+                    p.n_heads, p.n_kv_heads, p.head_dim, p.capacity
+                ),
+            ));
+        }
+        let q_len = p.n_tokens * p.n_heads * p.head_dim;
+        let cache_len = p.capacity * p.n_kv_heads * p.head_dim;
+        let qp = q.f32_ptr("attention", "q", q_len)?;
+        let op = out.f32_ptr("attention", "out", q_len)?;
+        if k_cache.dtype != v_cache.dtype {
+            return Err(dtype_err(
+                "attention",
+                "v_cache",
+                k_cache.dtype,
+                v_cache.dtype,
+            ));
+        }
+        check_len("attention", "k_cache", k_cache.len, cache_len)?;
+        check_len("attention", "v_cache", v_cache.len, cache_len)?;
+        if let Some(s) = sinks {
+            check_len("attention", "sinks", s.len, p.n_heads)?;
+        }
+        let first_key = |pos: usize| match p.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        };
+        let newest = p.first_pos + p.n_tokens - 1;
+        let oldest = first_key(p.first_pos);
+        if newest - oldest + 1 > p.capacity {
+            return Err(BackendError::KeysEvicted {
+                position: p.first_pos,
+                oldest,
+                newest,
+                capacity: p.capacity,
+            });
+        }
+        // A recorded step is replayed at later positions: room for every
+        // key the cache can hold.
+        let max_keys = if self.recording {
+            p.capacity
+        } else {
+            newest - first_key(newest) + 1
+        };
+        let smem = (p.head_dim + max_keys) * 4;
+        if smem > self.k.attention_smem {
+            return Err(BackendError::ScratchTooSmall {
+                op: "attention",
+                need: max_keys,
+                have: self.k.attention_smem / 4 - p.head_dim,
+            });
+        }
+        let f = match k_cache.dtype {
+            DType::F32 => &self.k.attention_f32,
+            DType::F16 => &self.k.attention_f16,
+            other => return Err(dtype_err("attention", "k_cache", DType::F16, other)),
+        };
+        let params = AttnParams {
+            first_pos: p.first_pos as i32,
+            n_heads: p.n_heads as i32,
+            n_kv_heads: p.n_kv_heads as i32,
+            head_dim: p.head_dim as i32,
+            capacity: p.capacity as i32,
+            window: p.window.map_or(0, |w| w as i32),
+            scale: p.scale,
+            softcap: p.softcap.unwrap_or(0.0),
+            has_sinks: sinks.is_some() as i32,
+        };
+        let sp = sinks.map_or(0, |s| s.mem.ptr);
+        let step = self.step_ptr();
+        self.bind("attention")?;
+        launch(
+            "attention",
+            f,
+            self.raw(),
+            (p.n_heads as u32, p.n_tokens as u32, 1),
+            ATTN_THREADS,
+            smem as u32,
+            &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op, step],
+        )
+    }
+
+    fn glu(
+        &mut self,
+        gate: &mut CudaBuf,
+        up: &CudaBuf,
+        len: usize,
+        act: Activation,
+    ) -> Result<(), BackendError> {
+        let gp = gate.f32_ptr("glu", "gate", len)?;
+        let upp = up.f32_ptr("glu", "up", len)?;
+        let a = activation(act);
+        let n = len as i64;
+        self.elementwise(
+            "glu",
+            &self.k.glu,
+            len,
+            &mut args![gp, upp, n, a.act, a.alpha, a.limit],
+        )
+    }
+
+    fn add(&mut self, dst: &mut CudaBuf, src: &CudaBuf, len: usize) -> Result<(), BackendError> {
+        let dp = dst.f32_ptr("add", "dst", len)?;
+        let sp = src.f32_ptr("add", "src", len)?;
+        let n = len as i64;
+        self.elementwise("add", &self.k.add, len, &mut args![dp, sp, n])
+    }
+
+    fn adjust_projection(
+        &mut self,
+        x: &mut CudaBuf,
+        n: usize,
+        u: &CudaVector,
+        alpha: f32,
+        beta: f32,
+    ) -> Result<(), BackendError> {
+        let d = u.len;
+        let xp = x.f32_ptr("adjust_projection", "x", n * d)?;
+        if n == 0 || d == 0 {
+            return Ok(());
+        }
+        self.bind("adjust_projection")?;
+        let dd = d as i32;
+        launch(
+            "adjust_projection",
+            &self.k.adjust_projection,
+            self.raw(),
+            (n as u32, 1, 1),
+            256,
+            0,
+            &mut args![xp, u.mem.ptr, dd, alpha, beta],
+        )
+    }
+
+    fn scale(&mut self, x: &mut CudaBuf, len: usize, s: f32) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("scale", "x", len)?;
+        let n = len as i64;
+        self.elementwise("scale", &self.k.scale, len, &mut args![xp, n, s])
+    }
+
+    fn mul_sigmoid(
+        &mut self,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        len: usize,
+    ) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("mul_sigmoid", "x", len)?;
+        let gp = gate.f32_ptr("mul_sigmoid", "gate", len)?;
+        let n = len as i64;
+        self.elementwise(
+            "mul_sigmoid",
+            &self.k.mul_sigmoid,
+            len,
+            &mut args![xp, gp, n],
+        )
+    }
+
+    fn softcap(&mut self, x: &mut CudaBuf, len: usize, cap: f32) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("softcap", "x", len)?;
+        let n = len as i64;
+        self.elementwise("softcap", &self.k.softcap, len, &mut args![xp, n, cap])
+    }
+
+    fn route(
+        &mut self,
+        logits: &CudaBuf,
+        n_tokens: usize,
+        router: &RouterSpec,
+        tables: RouterTables<'_, CudaVector>,
+        out: &mut CudaRoutes,
+    ) -> Result<(), BackendError> {
+        let (e, k) = (router.num_experts(), router.top_k());
+        let lp = logits.f32_ptr("route", "logits", n_tokens * e)?;
+        if routes_for("route", out, n_tokens)? != k {
+            return Err(shape(
+                "route",
+                format!("routes of {} per token for a top-{k} router", out.top_k),
+            ));
+        }
+        for (what, t) in [
+            ("correction", tables.correction),
+            ("expert_scale", tables.expert_scale),
+        ] {
+            if let Some(t) = t {
+                check_len("route", what, t.len, e)?;
+            }
+        }
+        if e > kernels::MAX_ROUTE_EXPERTS
+            || k > kernels::MAX_TOP_K
+            || router.groups() > kernels::MAX_GROUPS
+        {
+            return Err(BackendError::Router {
+                num_experts: e,
+                top_k: k,
+                problem: "more experts, ranks or groups than the CUDA router handles (512, 32, 64)",
+            });
+        }
+        let mut p = kernels::RouterParams {
+            kind: 0,
+            num_experts: e as i32,
+            top_k: k as i32,
+            renormalize: 0,
+            n_group: 0,
+            topk_group: 0,
+            scaling: 1.0,
+        };
+        match router.kind() {
+            RouterKind::SoftmaxTopK { renormalize } => p.renormalize = renormalize as i32,
+            RouterKind::TopKSoftmax => p.kind = 1,
+            RouterKind::SigmoidGrouped {
+                n_group,
+                topk_group,
+                renormalize,
+                scaling,
+            } => {
+                p.kind = 2;
+                p.n_group = n_group as i32;
+                p.topk_group = topk_group as i32;
+                p.renormalize = renormalize as i32;
+                p.scaling = scaling;
+            }
+            RouterKind::Gemma4 => p.kind = 3,
+        }
+        let cp = tables.correction.map_or(0, |v| v.mem.ptr);
+        let sp = tables.expert_scale.map_or(0, |v| v.mem.ptr);
+        let n = n_tokens as i32;
+        out.max_slot = (e - 1) as u32;
+        self.bind("route")?;
+        launch(
+            "route",
+            &self.k.route,
+            self.raw(),
+            (n_tokens.div_ceil(64) as u32, 1, 1),
+            64,
+            0,
+            &mut args![lp, n, p, cp, sp, out.mem.ptr],
+        )
+    }
+
+    fn moe_experts(
+        &mut self,
+        input: MoeInput<'_, CudaDevice>,
+        scratch: &mut MoeScratch<CudaBuf>,
+        only: Option<&[bool]>,
+    ) -> Result<(), BackendError> {
+        let MoeInput {
+            x,
+            n_tokens: n,
+            routes,
+            bank,
+            activation: act,
+        } = input;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = routes_for("moe", routes, n)?;
+        let (hidden, inter) = (bank.hidden, bank.inter);
+        let xp = x.f32_ptr("moe", "x", n * hidden)?;
+        let yp = scratch.y.f32_ptr("moe", "scratch.y", n * k * hidden)?;
+        if self.act_len < n * k * inter {
+            return Err(BackendError::ScratchTooSmall {
+                op: "moe",
+                need: n * k * inter,
+                have: self.act_len,
+            });
+        }
+        let mut mask = kernels::SlotMask {
+            bits: [0; kernels::MAX_MASK_SLOTS / 32],
+            on: 0,
+        };
+        if let Some(only) = only {
+            check_len("moe", "only", only.len(), bank.slots)?;
+            if bank.slots > kernels::MAX_MASK_SLOTS {
+                return Err(shape(
+                    "moe",
+                    format!(
+                        "a slot mask over {} slots (at most {})",
+                        bank.slots,
+                        kernels::MAX_MASK_SLOTS
+                    ),
+                ));
+            }
+            mask.on = 1;
+            for (s, _) in only[..bank.slots].iter().enumerate().filter(|(_, &o)| o) {
+                mask.bits[s / 32] |= 1 << (s % 32);
+            }
+        }
+        if routes.max_slot as usize >= bank.slots {
+            return Err(BackendError::BadRoute {
+                slot: routes.max_slot as usize,
+                available: bank.slots,
+            });
+        }
+        let view = Self::bank_view(bank);
+        let a = activation(act);
+        let kk = k as i32;
+        let routes_n = (n * k) as u32;
+        self.bind("moe")?;
+        let threads = (kernels::MM_WARPS * 32) as u32;
+        let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
+            &[(bank.gate.format, 0)]
+        } else {
+            &[(bank.gate.format, 1), (bank.up.format, 2)]
+        };
+        let grouped =
+            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        if !grouped {
+            let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1);
+            for &(fmt, mode) in passes {
+                launch(
+                    "moe",
+                    self.k.moe_gate_up.get(fmt),
+                    self.raw(),
+                    grid,
+                    threads,
+                    0,
+                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, self.act.ptr, mode],
+                )?;
+            }
+            return launch(
+                "moe",
+                self.k.moe_down.get(bank.down.format),
+                self.raw(),
+                (hidden.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
+                threads,
+                0,
+                &mut args![self.act.ptr, routes.mem.ptr, mask, view, yp],
+            );
+        }
+        let (nr, slots) = ((n * k) as i32, bank.slots as i32);
+        launch(
+            "moe",
+            &self.k.moe_group,
+            self.raw(),
+            (1, 1, 1),
+            1024,
+            ((bank.slots + 1) * 4) as u32,
+            &mut args![
+                routes.mem.ptr,
+                nr,
+                slots,
+                mask,
+                self.order.ptr,
+                self.offsets.ptr
+            ],
+        )?;
+        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
+        for &(fmt, mode) in passes {
+            launch(
+                "moe",
+                self.k.moe_gate_up_grouped.get(fmt),
+                self.raw(),
+                (
+                    inter.div_ceil(kernels::MM_WARPS) as u32,
+                    bank.slots as u32,
+                    1,
+                ),
+                threads,
+                0,
+                &mut args![xp, order, offsets, kk, view, a, self.act.ptr, mode],
+            )?;
+        }
+        launch(
+            "moe",
+            self.k.moe_down_grouped.get(bank.down.format),
+            self.raw(),
+            (
+                hidden.div_ceil(kernels::MM_WARPS) as u32,
+                bank.slots as u32,
+                1,
+            ),
+            threads,
+            0,
+            &mut args![self.act.ptr, order, offsets, view, yp],
+        )
+    }
+
+    fn moe_combine(
+        &mut self,
+        n_tokens: usize,
+        hidden: usize,
+        routes: &CudaRoutes,
+        scratch: &MoeScratch<CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        if n_tokens == 0 || hidden == 0 {
+            return Ok(());
+        }
+        let k = routes_for("moe", routes, n_tokens)?;
+        if k == 0 {
+            return Err(shape("moe", format!("no routes for {n_tokens} tokens")));
+        }
+        let yp = scratch
+            .y
+            .f32_ptr("moe", "scratch.y", n_tokens * k * hidden)?;
+        let op = out.f32_ptr("moe", "out", n_tokens * hidden)?;
+        let (n, kk, h) = (n_tokens as i32, k as i32, hidden as i32);
+        self.elementwise(
+            "moe",
+            &self.k.moe_combine,
+            n_tokens * hidden,
+            &mut args![yp, routes.mem.ptr, n, kk, h, op],
+        )
+    }
+}

@@ -1,0 +1,52 @@
+//! The backend conformance suite on the GPU, in exact and fast numerics.
+//! Skips with a message on machines without an NVIDIA driver, GPU or NVRTC.
+
+use turbospark_backend::conformance::{check_all, Tolerances};
+use turbospark_backend::Numerics;
+use turbospark_cuda::{CudaDevice, CudaError};
+
+fn device(numerics: Numerics) -> Option<CudaDevice> {
+    match CudaDevice::new(0, numerics) {
+        Ok(d) => Some(d),
+        Err(e @ (CudaError::NoDriver | CudaError::NoDevice { .. } | CudaError::NoNvrtc)) => {
+            eprintln!("skipped: {e}");
+            None
+        }
+        Err(e) => panic!("CUDA device setup failed: {e}"),
+    }
+}
+
+#[test]
+fn exact_numerics_conform() {
+    let Some(dev) = device(Numerics::Exact) else {
+        return;
+    };
+    eprintln!(
+        "device: {} (sm_{}{})",
+        dev.gpu_name(),
+        dev.capability().0,
+        dev.capability().1
+    );
+    if let Err(e) = check_all(&dev, &Tolerances::for_numerics(Numerics::Exact)) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn fast_numerics_conform() {
+    let Some(dev) = device(Numerics::Fast) else {
+        return;
+    };
+    if let Err(e) = check_all(&dev, &Tolerances::for_numerics(Numerics::Fast)) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn llama_cpp_numerics_are_refused() {
+    match CudaDevice::new(0, Numerics::LlamaCpp) {
+        Err(CudaError::Numerics(Numerics::LlamaCpp)) => {}
+        Err(e) => panic!("expected a numerics error, got {e}"),
+        Ok(_) => panic!("the CUDA backend accepted llama.cpp numerics"),
+    }
+}

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# run.sh — the GPU tests and benchmarks, in one call, on a machine with an
+# NVIDIA GPU (the device machine: nothing is fetched, everything it needs
+# travels with the repository; see scripts/gpu/build.sh).
+#
+# Usage: scripts/gpu/run.sh [STAGE...]     (default: every stage, in order)
+#   prepare      in parallel: the synthetic models (uniform and skewed
+#                routing) and the llama.cpp CUDA build
+#   info         GPU, driver, NVRTC, HBM copy bandwidth
+#   conformance  the backend conformance suite on the GPU (exact and fast)
+#   fixtures     every tiny fixture family: CUDA logits vs CPU exact logits
+#                (max |Δ| / max |logit|) and 32 greedy tokens, CUDA exact and fast
+#   bench        gpt-oss-20b-shaped synthetic model (synth --gguf): our
+#                pp512 / tg128 with resident experts, and the roofline
+#   llamacpp     builds llama.cpp with CUDA for sm_90 from the packed sources
+#                and races it on the same GGUF (resident, and --n-cpu-moe)
+#   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
+#                uniform and skewed routing
+#
+# Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
+#   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
+#   .devcarry/llama.cpp-cuda.tgz, made by scripts/gpu/pack-llamacpp.sh),
+#   REPS (benchmark repetitions, default 3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-.devcarry/bin}
+WORK=${WORK:-/tmp/ts-gpu}
+LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
+REPS=${REPS:-3}
+TS="$BIN/turbospark"
+mkdir -p "$WORK"
+STAGES=${*:-prepare info conformance bench llamacpp fixtures streamed}
+t_all=$SECONDS
+stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
+
+# NVRTC: the CUDA toolkit's, else the one pip installed beside PyTorch.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+    $(python3 -c 'import site; print(" ".join(p + "/nvidia/cu13/lib" for p in site.getsitepackages()))' 2>/dev/null); do
+    if [ -e "$d/libnvrtc.so.13" ] || ls "$d"/libnvrtc.so* >/dev/null 2>&1; then
+        export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+        break
+    fi
+done
+
+build_llamacpp() {
+    [ -x "$WORK/lcb/bin/llama-bench" ] && return 0
+    rm -rf "$WORK/llama.cpp" && tar xzf "$LLAMA_TGZ" -C "$WORK" || return 1
+    cmake -S "$WORK/llama.cpp" -B "$WORK/lcb" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+        -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >"$WORK/lcb-configure.log" 2>&1 || { tail -20 "$WORK/lcb-configure.log"; return 1; }
+    cmake --build "$WORK/lcb" --target llama-bench -j 16 >"$WORK/lcb-build.log" 2>&1 || { tail -30 "$WORK/lcb-build.log"; return 1; }
+}
+
+synth20b() {
+    if [ ! -d "$WORK/synth20b" ]; then
+        "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
+    fi
+    if [ ! -d "$WORK/synth20b-skew" ]; then
+        "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
+    fi
+}
+
+for s in $STAGES; do
+    t0=$SECONDS
+    case $s in
+    prepare)
+        stage "prepare: synthetic models and the llama.cpp build, in parallel"
+        ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
+        ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        build_llamacpp &
+        wait
+        ls "$WORK"
+        ;;
+    info)
+        stage "info"
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+        echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+        python3 - <<'PY'
+import torch, time
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
+y = torch.empty_like(x)
+for _ in range(3): y.copy_(x)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20): y.copy_(x)
+e.record(); torch.cuda.synchronize()
+ms = s.elapsed_time(e) / 20
+print(f"copy bandwidth: {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write of {x.numel() >> 20} MiB in {ms:.3f} ms)")
+PY
+        ;;
+    conformance)
+        stage "conformance"
+        for t in "$BIN"/cuda-*; do
+            echo "--- $t"
+            "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
+        done
+        ;;
+    fixtures)
+        stage "fixtures: CUDA vs CPU exact"
+        printf '%-14s %-6s %12s %12s %s\n' family mode "max|Δ|/max" "greedy32" ""
+        for dir in tests/fixtures/tiny/*/; do
+            fam=$(basename "$dir")
+            [ -f "$dir/config.json" ] || continue
+            inst="$WORK/fx-$fam"
+            "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
+            toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
+            "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpu.npy" --numerics exact --greedy 32 > "$WORK/$fam-cpu.txt" || { echo "$fam: cpu failed"; continue; }
+            # Token by token (recorded decode steps replayed) against the CPU's prefill.
+            if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-decode.npy" --numerics exact --decode > /dev/null; then
+                python3 -c "
+import numpy as np
+x, y = np.load('$WORK/$fam-cpu.npy').astype(np.float64), np.load('$WORK/$fam-cuda-decode.npy').astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+print(f'{\"$fam\":<14} {\"decode\":<6} {rel:12.2e} {\"-\":>12} {\"ok\" if rel <= 2e-3 else \"FAIL\"}')"
+            fi
+            for mode in exact fast; do
+                if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$fam-cuda-$mode.txt"; then
+                    python3 - "$WORK/$fam-cpu" "$WORK/$fam-cuda-$mode" "$fam" "$mode" <<'PY'
+import sys, numpy as np
+a, b, fam, mode = sys.argv[1:5]
+x, y = np.load(a + ".npy").astype(np.float64), np.load(b + ".npy").astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
+ok = rel <= 2e-3 and ga == gb
+print(f"{fam:<14} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if ok else 'FAIL'}")
+PY
+                else
+                    echo "$fam $mode: cuda failed"
+                fi
+            done
+        done
+        ;;
+    bench)
+        stage "bench: gpt-oss-20b shape, resident experts"
+        synth20b || { echo "synth failed"; continue; }
+        du -sh "$WORK/synth20b" "$WORK/synth20b.gguf"
+        "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r "$REPS" --numerics fast
+        python3 - "$WORK/synth20b/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+a = m["arch"]
+moe = a["moe"]
+# A token reads every resident byte except the embedding table (one row),
+# and top_k experts of every MoE layer.
+emb = a["vocab_size"] * a["hidden_size"] * 34 // 32  # Q8_0 embedding
+stride = sum(p["length"] for p in m["experts"][0]["parts"])
+need = m["resident_bytes"] - emb + len(m["experts"]) * moe["top_k"] * stride
+print(f"bytes a token reads: {need / 1e9:.3f} GB (resident {m['resident_bytes'] / 1e9:.3f} GB less the embedding, + {moe['top_k']} × {stride / 1e6:.2f} MB experts × {len(m['experts'])} layers)")
+print(f"roofline at 4273 GB/s copy bandwidth: {4273e9 / need:.0f} tok/s")
+PY
+        ;;
+    llamacpp)
+        stage "llama.cpp (CUDA, sm_90) on the same GGUF"
+        build_llamacpp || { echo "llama.cpp build failed"; continue; }
+        LB="$WORK/lcb/bin/llama-bench"
+        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md
+        echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
+        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
+        "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        ;;
+    streamed)
+        stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"
+        for m in synth20b synth20b-skew; do
+            echo "--- $m"
+            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
+        done
+        ;;
+    *) echo "unknown stage $s" ;;
+    esac
+    echo "<== $s: $((SECONDS - t0)) s"
+done
+echo "all stages: $((SECONDS - t_all)) s"

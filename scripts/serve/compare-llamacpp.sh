@@ -47,7 +47,7 @@ python3 scripts/serve/load.py http://127.0.0.1:18631 --clients "$CLIENTS" --requ
 kill "${PIDS[0]}"; wait "${PIDS[0]}" 2>/dev/null || true
 
 "$LS" -m "$GGUF" --port 18632 -np "$CLIENTS" -t "$THREADS" -c $((CLIENTS * 1024)) \
-    --no-webui 2>"$WORK/ls.log" &
+    2>"$WORK/ls.log" &
 PIDS+=($!)
 wait_up http://127.0.0.1:18632
 # llama.cpp's batched arithmetic is not batch-invariant: its answers under

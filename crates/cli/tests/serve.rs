@@ -543,7 +543,7 @@ fn full_queue_is_429_and_sigterm_exits_cleanly() {
         let hs: Vec<_> = (0..6)
             .map(|i| {
                 s.spawn(move || {
-                    std::thread::sleep(Duration::from_millis(100 * i));
+                    std::thread::sleep(Duration::from_millis(10 * i));
                     let body = chat("Count from one to fifty.", 48, false).to_string();
                     let (st, head, _) =
                         http(addr, "POST", "/v1/chat/completions", &[], body.as_bytes());

@@ -1,6 +1,6 @@
 //! `turbospark`: convert, inspect and verify model installs; compute logits;
-//! generate text; write synthetic installs; benchmark speed and expert
-//! streaming.
+//! generate text; serve it over HTTP; write synthetic installs; benchmark
+//! speed and expert streaming.
 
 mod commands;
 mod experts;
@@ -64,6 +64,11 @@ enum Command {
     /// Chat on stdin: the conversation is kept (the KV cache is reused
     /// across turns); /reset forgets it, /exit leaves, Ctrl-C stops an answer.
     Chat(commands::chat::Args),
+    /// Serve the model over HTTP: OpenAI (/v1/chat/completions,
+    /// /v1/completions, /v1/models) and Anthropic (/v1/messages) APIs,
+    /// streaming or whole, with continuous batching of up to --parallel
+    /// sequences; /health and /metrics (Prometheus).
+    Serve(commands::serve::Args),
     /// Build a control vector from paired positive and negative prompts
     /// (mean difference or first principal component of their residuals),
     /// written as llama.cpp's control-vector GGUF (`--control-vector`).
@@ -81,6 +86,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => commands::bench::run(a),
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
+        Command::Serve(a) => commands::serve::run(a),
         Command::ControlVector(a) => commands::control_vector::run(a),
     };
     match result {

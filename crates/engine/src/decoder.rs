@@ -27,6 +27,7 @@
 //! ```
 
 use crate::experts::routed::RoutedInput;
+use crate::kv::KvCache;
 use crate::session::Session;
 use crate::timing::Phase;
 use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
@@ -68,6 +69,35 @@ pub(crate) struct Buffers<D: Device> {
     moe: Option<MoeScratch<D::Buf>>,
     /// `[T, vocab]`
     logits: D::Buf,
+    /// One row of q, k, v and attention output, for rows that attend to
+    /// caches of their own ([`At::Rows`]).
+    row: RowScratch<D>,
+}
+
+/// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
+/// and attention output `[n_heads · head_dim]`.
+struct RowScratch<D: Device> {
+    q: D::Buf,
+    k: D::Buf,
+    v: D::Buf,
+    att: D::Buf,
+}
+
+/// Where the tokens of a pass sit and which KV cache each attends to.
+pub(crate) enum At<'a, 'b, D: Device> {
+    /// Consecutive positions from the given one, in the session's own cache.
+    Own(usize),
+    /// Row `i` is the next position of `rows[i].kv`, a sequence of its own:
+    /// rope, cache write and attention are per row, everything else is one
+    /// batched op over all rows.
+    Rows(&'a mut [BatchRow<'b, D>]),
+}
+
+/// One sequence of a batched decode step: its cache and the token fed at
+/// the cache's next position.
+pub struct BatchRow<'k, D: Device> {
+    pub kv: &'k mut KvCache<D>,
+    pub token: u32,
 }
 
 fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
@@ -133,6 +163,12 @@ impl<D: Device> Buffers<D> {
             moe_in: spec.moe.as_ref().map(|_| alloc(t * h)).transpose()?,
             moe,
             logits: alloc(t * spec.vocab_size)?,
+            row: RowScratch {
+                q: alloc(qd)?,
+                k: alloc(kvd)?,
+                v: alloc(kvd)?,
+                att: alloc(qd)?,
+            },
         })
     }
 }
@@ -205,24 +241,38 @@ impl<D: Device> Session<'_, D> {
             self.times.lap(Phase::Step, start);
             return Ok(());
         }
-        self.layers_and_head(pos, tokens, head)
+        self.layers_and_head(&mut At::Own(pos), tokens, head)
+    }
+
+    /// One decode step of several sequences (inputs already checked): row
+    /// `i` is `tokens[i]` at the next position of `rows[i].kv`; the logits
+    /// of every row go to `out` (`[rows, vocab]`). Never a recorded step:
+    /// which caches a step reads changes from step to step.
+    pub(crate) fn run_rows(
+        &mut self,
+        rows: &mut [BatchRow<'_, D>],
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let n = tokens.len();
+        self.layers_and_head(&mut At::Rows(rows), tokens, Some((0, n, out)))
     }
 
     /// A recorded decode step: every op of one token's forward pass up to
     /// its logits on the device (the read-back stays outside the step).
     fn step_ops(&mut self, pos: usize, tokens: &[u32]) -> Result<(), EngineError> {
-        self.embed_and_layers(pos, tokens)?;
+        self.embed_and_layers(&mut At::Own(pos), tokens)?;
         self.head_logits(0, 1)
     }
 
     /// The forward pass of a batch, op by op, with its phases timed.
     fn layers_and_head(
         &mut self,
-        pos: usize,
+        at: &mut At<'_, '_, D>,
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
-        let t = self.embed_and_layers(pos, tokens)?;
+        let t = self.embed_and_layers(at, tokens)?;
         if let Some((first, rows, out)) = head {
             self.head(first, rows, out)?;
             self.times.lap(Phase::Head, t);
@@ -231,8 +281,13 @@ impl<D: Device> Session<'_, D> {
     }
 
     /// Embedding, every layer and the hooks; returns when the last phase
-    /// ended.
-    fn embed_and_layers(&mut self, pos: usize, tokens: &[u32]) -> Result<Instant, EngineError> {
+    /// ended. Hooks run only for a sequence's own tokens ([`At::Own`]);
+    /// [`Session::decode_batch`] refuses to run while they are set.
+    fn embed_and_layers(
+        &mut self,
+        at: &mut At<'_, '_, D>,
+        tokens: &[u32],
+    ) -> Result<Instant, EngineError> {
         let m = self.model;
         let spec = &m.spec;
         let n = tokens.len();
@@ -248,19 +303,24 @@ impl<D: Device> Session<'_, D> {
             st.rms_norm(&mut b.h, n, hidden, norm, None)?;
         }
         let mut t = self.times.lap(Phase::Embed, start);
+        // Hooks follow one sequence's positions.
+        let hooks = match at {
+            At::Own(pos) if self.hooks.active() => Some(*pos),
+            _ => None,
+        };
         for (l, lw) in m.weights.layers.iter().enumerate() {
-            self.attention_block(l, lw, pos, n)?;
+            self.attention_block(l, lw, at, n)?;
             t = self.times.lap(Phase::Attention, t);
             t = self.ffn_block(l, lw, n, t)?;
             if let Some(s) = lw.layer_output_scale {
                 self.stream.scale(&mut self.bufs.h, n * hidden, s)?;
             }
-            if self.hooks.active() {
+            if hooks.is_some() {
                 let h = &mut self.bufs.h;
                 self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
             }
         }
-        if self.hooks.active() {
+        if let Some(pos) = hooks {
             self.hooks
                 .end_chunk(&mut self.stream, pos, tokens, hidden)?;
         }
@@ -271,7 +331,7 @@ impl<D: Device> Session<'_, D> {
         &mut self,
         l: usize,
         lw: &LayerWeights<D>,
-        pos: usize,
+        at: &mut At<'_, '_, D>,
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
@@ -309,6 +369,37 @@ impl<D: Device> Session<'_, D> {
         if let Some(ns) = norms.v {
             st.rms_norm(&mut b.v, n * nkv, hd, ns, lw.attn_v_norm.as_ref())?;
         }
+        match at {
+            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+        }
+        let (st, b) = (&mut self.stream, &mut self.bufs);
+        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
+            st.matmul(wg, &b.a, n, g)?;
+            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+        }
+        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
+        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
+        if let Some(ns) = norms.attn_post {
+            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
+        }
+        st.add(&mut b.h, &b.o, n * hidden)?;
+        Ok(())
+    }
+
+    /// Rope, cache write and attention of layer `l` for `n` tokens at
+    /// consecutive positions from `pos` in the session's own cache.
+    fn attend_own(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        pos: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
         if let Some(rope) = &m.ropes[l] {
             st.rope(&mut b.q, n, nh, hd, pos, rope)?;
             st.rope(&mut b.k, n, nkv, hd, pos, rope)?;
@@ -335,16 +426,58 @@ impl<D: Device> Session<'_, D> {
             lw.attn_sinks.as_ref(),
             &mut b.att,
         )?;
-        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
-            st.matmul(wg, &b.a, n, g)?;
-            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+        Ok(())
+    }
+
+    /// Rope, cache write and attention of layer `l` for rows that are
+    /// sequences of their own: row `i` is at `rows[i].kv`'s next position and
+    /// attends to that cache only. Each row is computed exactly as a
+    /// one-token pass of its sequence alone would compute it.
+    fn attend_rows(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        rows: &mut [BatchRow<'_, D>],
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let r = &mut b.row;
+        for (i, row) in rows.iter_mut().enumerate() {
+            let pos = row.kv.position();
+            st.copy(&b.q, i * qd, &mut r.q, 0, qd)?;
+            st.copy(&b.k, i * kvd, &mut r.k, 0, kvd)?;
+            st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
+            if let Some(rope) = &m.ropes[l] {
+                st.rope(&mut r.q, 1, nh, hd, pos, rope)?;
+                st.rope(&mut r.k, 1, nkv, hd, pos, rope)?;
+            }
+            let kv = &mut row.kv.layers[l];
+            st.kv_write(&mut kv.k, &r.k, 1, kv.row, pos, kv.capacity)?;
+            st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
+            let params = AttentionParams {
+                n_tokens: 1,
+                first_pos: pos,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                capacity: kv.capacity,
+                window: ls.window,
+                scale: spec.attention.scale,
+                softcap: spec.attention.softcap,
+            };
+            st.attention(
+                &r.q,
+                &kv.k,
+                &kv.v,
+                &params,
+                lw.attn_sinks.as_ref(),
+                &mut r.att,
+            )?;
+            st.copy(&r.att, 0, &mut b.att, i * qd, qd)?;
         }
-        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
-        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
-        if let Some(ns) = norms.attn_post {
-            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
-        }
-        st.add(&mut b.h, &b.o, n * hidden)?;
         Ok(())
     }
 

@@ -47,6 +47,7 @@ pub mod timing;
 pub mod weights;
 
 pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
+pub use decoder::BatchRow;
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,

@@ -4,8 +4,18 @@
 //! [`Session::forward`] runs tokens at the cache's next position (a prompt
 //! at once: prefill; one token: decode) and returns raw logits; nothing on
 //! that path allocates.
+//!
+//! A session can also compute other sequences whose KV caches it does not
+//! own ([`Session::new_cache`]): [`Session::forward_in`] runs a prompt (or
+//! a chunk of one) into such a cache, and [`Session::decode_batch`] decodes
+//! one token for each of several sequences in one pass, every matmul over
+//! all rows at once (the rows share each weight read) while rope, cache
+//! write and attention stay per sequence, over its own cache. Every op
+//! computes a row the same way whatever the batch, so a sequence decoded
+//! in a batch gets the logits it would get alone (bit for bit where the
+//! device's numerics are batch-invariant, as the CPU's are).
 
-use crate::decoder::Buffers;
+use crate::decoder::{BatchRow, Buffers};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
 use crate::hooks::{Hooks, ResidualSink, Steering};
@@ -61,6 +71,8 @@ pub struct Session<'m, D: Device> {
     pub(crate) hooks: Hooks<D>,
     /// The last token's logits for [`Session::decode`].
     last_logits: Vec<f32>,
+    /// The tokens of a [`Session::decode_batch`] step `[max_batch]`.
+    batch_tokens: Vec<u32>,
     max_batch: usize,
 }
 
@@ -105,6 +117,7 @@ impl<'m, D: Device> Session<'m, D> {
             times: PhaseTimes::default(),
             hooks: Hooks::default(),
             last_logits: vec![0.0; spec.vocab_size],
+            batch_tokens: Vec::with_capacity(max_batch),
             max_batch,
         })
     }
@@ -116,6 +129,12 @@ impl<'m, D: Device> Session<'m, D> {
 
     pub fn context(&self) -> usize {
         self.kv.context()
+    }
+
+    /// Most tokens one pass processes (and most rows of a
+    /// [`Session::decode_batch`] step).
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
     }
 
     pub fn kv(&self) -> &KvCache<D> {
@@ -269,6 +288,113 @@ impl<'m, D: Device> Session<'m, D> {
             };
             self.run_chunk(pos, chunk, head)?;
             self.kv.advance(chunk.len());
+        }
+        Ok(())
+    }
+
+    /// A KV cache for a sequence this session computes through
+    /// [`Session::forward_in`] and [`Session::decode_batch`]: the same
+    /// context and ring sizes as the session's own.
+    pub fn new_cache(&self) -> Result<KvCache<D>, EngineError> {
+        KvCache::new(
+            &self.model.device,
+            &self.model.spec,
+            self.kv.context(),
+            self.max_batch,
+        )
+    }
+
+    /// Checks that `kv` is shaped like this session's own cache.
+    fn check_cache(&self, kv: &KvCache<D>) -> Result<(), EngineError> {
+        let same = kv.context() == self.kv.context()
+            && kv.layers.len() == self.kv.layers.len()
+            && kv
+                .layers
+                .iter()
+                .zip(&self.kv.layers)
+                .all(|(a, b)| a.capacity == b.capacity && a.row == b.row);
+        if same {
+            Ok(())
+        } else {
+            Err(EngineError::BadOptions {
+                detail: "a KV cache not made by this session's new_cache".into(),
+            })
+        }
+    }
+
+    /// [`Session::forward`] for the sequence whose cache is `kv` (made by
+    /// [`Session::new_cache`]), at its next position; this session's own
+    /// cache is left as it was.
+    pub fn forward_in(
+        &mut self,
+        kv: &mut KvCache<D>,
+        tokens: &[u32],
+        logits: Logits<'_>,
+    ) -> Result<(), EngineError> {
+        self.check_cache(kv)?;
+        std::mem::swap(&mut self.kv, kv);
+        let result = self.forward(self.kv.position(), tokens, logits);
+        std::mem::swap(&mut self.kv, kv);
+        result
+    }
+
+    /// One decode step of several sequences in one pass: row `i` feeds
+    /// `rows[i].token` at the next position of `rows[i].kv` (a cache made by
+    /// [`Session::new_cache`]) and gets its logits in `logits[i · vocab ..]`
+    /// (`[rows.len(), vocab]`). At most `max_batch` rows. Inputs are checked
+    /// before any work: on error every cache is unchanged.
+    pub fn decode_batch(
+        &mut self,
+        rows: &mut [BatchRow<'_, D>],
+        logits: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let vocab = self.model.spec.vocab_size;
+        let n = rows.len();
+        if n == 0 {
+            return Err(EngineError::EmptyInput);
+        }
+        if self.hooks.active() {
+            return Err(EngineError::BadOptions {
+                detail: "residual capture and steering follow one sequence; \
+                         decode_batch does not run while they are set"
+                    .into(),
+            });
+        }
+        if n > self.max_batch {
+            return Err(EngineError::BadOptions {
+                detail: format!(
+                    "{n} sequences in one decode step, the session's max_batch is {}",
+                    self.max_batch
+                ),
+            });
+        }
+        if logits.len() != n * vocab {
+            return Err(EngineError::LogitsBuffer {
+                need: n * vocab,
+                have: logits.len(),
+                rows: n,
+                vocab,
+            });
+        }
+        for (index, row) in rows.iter().enumerate() {
+            if row.token as usize >= vocab {
+                return Err(EngineError::TokenOutOfVocab {
+                    token: row.token,
+                    index,
+                    vocab,
+                });
+            }
+            self.check_cache(row.kv)?;
+            row.kv.check_append(row.kv.position(), 1)?;
+        }
+        let mut tokens = std::mem::take(&mut self.batch_tokens);
+        tokens.clear();
+        tokens.extend(rows.iter().map(|r| r.token));
+        let result = self.run_rows(rows, &tokens, logits);
+        self.batch_tokens = tokens;
+        result?;
+        for row in rows.iter_mut() {
+            row.kv.advance(1);
         }
         Ok(())
     }

@@ -7,5 +7,6 @@ pub mod convert;
 pub mod inspect;
 pub mod logits;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod verify;

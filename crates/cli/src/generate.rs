@@ -558,10 +558,12 @@ impl<'m, D: Device> Generator<'m, D> {
         Ok(g)
     }
 
-    /// Ends a residual capture, writing its file and sidecar.
-    pub fn finish_capture(&mut self) -> Result<()> {
+    /// Ends a residual capture, writing its file and sidecar, and writes
+    /// the FFN census, as `a` asks.
+    pub fn finish_probes(&mut self, a: &GenArgs) -> Result<()> {
         self.capture = None;
-        Ok(self.session.finish_capture()?)
+        let numerics = format!("{:?}", a.numerics).to_lowercase();
+        a.probe.finish(&mut self.session, &a.model, &numerics)
     }
 
     /// Forgets the conversation.

@@ -2,6 +2,7 @@
 //! generate text; write synthetic installs; benchmark speed and expert
 //! streaming.
 
+mod census;
 mod commands;
 mod experts;
 mod generate;

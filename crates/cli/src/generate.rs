@@ -456,7 +456,12 @@ impl TimingTable {
         engine: &PhaseTimes,
         extra: &[(&str, f64)],
     ) {
-        self.row(&format!("{name} ({tokens} tokens)"), wall, Some(tokens), Some(wall));
+        self.row(
+            &format!("{name} ({tokens} tokens)"),
+            wall,
+            Some(tokens),
+            Some(wall),
+        );
         let mut claimed = 0.0;
         for ph in Phase::ALL {
             let s = engine.get(ph).as_secs_f64();
@@ -774,7 +779,9 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("expert cache, prefill"), "{text}");
-        assert!(text.lines().any(|l| l.starts_with("wall") && ms(l) == 131.0));
+        assert!(text
+            .lines()
+            .any(|l| l.starts_with("wall") && ms(l) == 131.0));
     }
 
     #[test]

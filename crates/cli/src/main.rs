@@ -69,6 +69,10 @@ enum Command {
     /// (mean difference or first principal component of their residuals),
     /// written as llama.cpp's control-vector GGUF (`--control-vector`).
     ControlVector(commands::control_vector::Args),
+    /// Draw a router histogram (`--router-hist`) as a per-layer ×
+    /// per-expert heatmap, or an expert-slot sweep (`bench --sweep
+    /// --json`) as hit rate and decode tok/s against slot count (SVG).
+    Plot(commands::plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +87,7 @@ fn main() -> ExitCode {
         Command::Run(a) => commands::run::run(a),
         Command::Chat(a) => commands::chat::run(a),
         Command::ControlVector(a) => commands::control_vector::run(a),
+        Command::Plot(a) => commands::plot::run(a),
     };
     match result {
         Ok(code) => code,

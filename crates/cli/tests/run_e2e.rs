@@ -120,7 +120,12 @@ fn greedy_answer_names_paris() {
         .collect();
     assert!(!table.is_empty(), "no timings table: {err}");
     let ms = |line: &str| -> f64 {
-        line[26..].split_whitespace().next().unwrap().parse().unwrap()
+        line[26..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
     };
     for (section, tokens) in [("prefill", None), ("decode", Some(generated - 1))] {
         let head = table
@@ -128,7 +133,11 @@ fn greedy_answer_names_paris() {
             .position(|l| l.starts_with(section))
             .unwrap_or_else(|| panic!("no {section} row: {err}"));
         if let Some(n) = tokens {
-            assert!(table[head].contains(&format!("({n} tokens)")), "{}", table[head]);
+            assert!(
+                table[head].contains(&format!("({n} tokens)")),
+                "{}",
+                table[head]
+            );
         }
         let rows: Vec<&str> = table[head + 1..]
             .iter()
@@ -138,7 +147,10 @@ fn greedy_answer_names_paris() {
         let names: Vec<&str> = rows.iter().map(|r| r[..26].trim()).collect();
         // SmolLM2 is dense: no router, no routed experts.
         for phase in ["attention", "dense FFN", "head", "unaccounted"] {
-            assert!(names.contains(&phase), "{phase} missing in {section}: {names:?}");
+            assert!(
+                names.contains(&phase),
+                "{phase} missing in {section}: {names:?}"
+            );
         }
         assert!(!names.contains(&"router"), "{names:?}");
         if section == "decode" {

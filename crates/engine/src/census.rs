@@ -224,15 +224,20 @@ impl<D: Device> CensusState<D> {
     ) -> Result<Self, EngineError> {
         if thresholds.is_empty() || thresholds.iter().any(|t| !(t.is_finite() && *t > 0.0)) {
             return Err(EngineError::BadOptions {
-                detail: format!("FFN census thresholds must be positive numbers, got {thresholds:?}"),
+                detail: format!(
+                    "FFN census thresholds must be positive numbers, got {thresholds:?}"
+                ),
             });
         }
         let mut thresholds = thresholds.to_vec();
         thresholds.sort_by(f32::total_cmp);
         thresholds.dedup();
-        let dense = spec
-            .intermediate_size
-            .max(spec.moe.as_ref().and_then(|m| m.shared_intermediate).unwrap_or(0));
+        let dense = spec.intermediate_size.max(
+            spec.moe
+                .as_ref()
+                .and_then(|m| m.shared_intermediate)
+                .unwrap_or(0),
+        );
         let (inter, routed) = match &spec.moe {
             Some(m) => {
                 let len = max_batch * m.top_k * m.expert_intermediate;
@@ -285,7 +290,11 @@ impl<D: Device> CensusState<D> {
         let inter = self.inter.as_mut().ok_or(EngineError::NotImplemented {
             feature: "an FFN census of routed experts in a model without MoE layers",
         })?;
-        let (n, width, groups) = (input.n_tokens, input.bank.intermediate(), input.bank.slots());
+        let (n, width, groups) = (
+            input.n_tokens,
+            input.bank.intermediate(),
+            input.bank.slots(),
+        );
         st.moe_intermediate(input, scratch, inter)?;
         let k = self.top_k;
         let routes = &mut self.routes[..n * k];

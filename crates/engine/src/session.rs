@@ -215,9 +215,10 @@ impl<'m, D: Device> Session<'m, D> {
             self.hooks.set_census(None);
             return Ok(());
         };
-        let streamed = self.model.weights.layers.iter().any(|l| {
-            matches!(&l.ffn, crate::weights::FfnWeights::Moe(mw) if mw.experts.is_none())
-        });
+        let streamed =
+            self.model.weights.layers.iter().any(
+                |l| matches!(&l.ffn, crate::weights::FfnWeights::Moe(mw) if mw.experts.is_none()),
+            );
         if streamed {
             return Err(EngineError::BadOptions {
                 detail: "an FFN census of routed experts needs them resident or mapped \

@@ -71,7 +71,10 @@ fn ffn_input(spec: &ArchSpec, src: &NoAttention, token: u32) -> Vec<f64> {
     let w = f32s(&src.resident("blk.0.ffn_norm.weight").unwrap());
     let ms = x.iter().map(|v| v * v).sum::<f64>() / h as f64;
     let r = 1.0 / (ms + f64::from(ns.eps)).sqrt();
-    x.iter().zip(&w).map(|(v, &w)| v * r * f64::from(w)).collect()
+    x.iter()
+        .zip(&w)
+        .map(|(v, &w)| v * r * f64::from(w))
+        .collect()
 }
 
 /// The census of reference rows, with how many values lie so close to a

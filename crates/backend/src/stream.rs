@@ -259,9 +259,10 @@ pub trait Stream<D: Device>: Send {
         only: Option<&[bool]>,
     ) -> Result<(), BackendError>;
     /// The GLU intermediate of every route, for inspection (the FFN
-    /// census), not for decoding: `out[i] = act(gate_e·x[t] + bg) ⊙ (up_e·x[t]
-    /// + bu)` for route `i = t·k + r` to slot `e`, `out` `[n_tokens · top_k,
-    /// intermediate]`; `scratch` is clobbered. A backend without it says so.
+    /// census), not for decoding: `out[i] = act(gate_e·x[t] + bg) ⊙
+    /// (up_e·x[t] + bu)` for route `i = t·k + r` to slot `e`, with `out`
+    /// `[n_tokens · top_k, intermediate]`; `scratch` is clobbered. A
+    /// backend without it says so.
     fn moe_intermediate(
         &mut self,
         input: MoeInput<'_, D>,

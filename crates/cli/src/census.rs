@@ -56,7 +56,9 @@ pub fn census_json(c: &FfnCensus, top: usize, model: &Path, numerics: &str) -> V
     json!({
         "model": model.display().to_string(),
         "numerics": numerics,
-        "thresholds": c.thresholds,
+        // As written on the command line, not widened from f32 (0.001,
+        // not 0.0010000000474974513).
+        "thresholds": c.thresholds.iter().map(|t| t.to_string().parse::<f64>().unwrap_or(f64::from(*t))).collect::<Vec<_>>(),
         "sites": sites,
     })
 }

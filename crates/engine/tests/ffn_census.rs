@@ -195,7 +195,7 @@ fn dense_census_matches_the_weights() {
 #[test]
 fn routed_census_matches_the_weights_and_the_router() {
     let (spec, src) = one_layer("mixtral");
-    let moe = spec.moe.clone().unwrap();
+    let moe = spec.moe.unwrap();
     let model = Model::from_source(
         spec.clone(),
         &src,

@@ -51,13 +51,13 @@ pub enum What {
 /// What is wrong with a plot's input.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
-    #[error("{path}: {source}")]
+    #[error("reading {path}")]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{path}, line {line}: not JSON: {source}")]
+    #[error("{path}, line {line}: not JSON")]
     Json {
         path: PathBuf,
         line: usize,
@@ -257,13 +257,16 @@ pub fn sweep_chart(points: &[SweepPoint], out: &Path) -> Result<(), PlotError> {
     root.fill(&WHITE).map_err(&e)?;
     let panels = root.split_evenly((1, 2));
     let max_slots = points.iter().map(|p| p.slots).max().unwrap_or(1).max(1);
-    let series: [(&str, &str, Box<dyn Fn(&SweepPoint) -> f64>); 2] = [
-        (
-            "expert cache hit rate",
-            "hit rate %",
-            Box::new(|p| 100.0 * p.hit_rate),
-        ),
-        ("decode speed", "tok/s", Box::new(|p| p.decode_tps)),
+    fn hit_pct(p: &SweepPoint) -> f64 {
+        100.0 * p.hit_rate
+    }
+    fn tps(p: &SweepPoint) -> f64 {
+        p.decode_tps
+    }
+    type Panel = (&'static str, &'static str, fn(&SweepPoint) -> f64);
+    let series: [Panel; 2] = [
+        ("expert cache hit rate", "hit rate %", hit_pct),
+        ("decode speed", "tok/s", tps),
     ];
     for (area, (title, unit, y)) in panels.iter().zip(series) {
         let top = points.iter().map(&y).fold(0.0f64, f64::max);

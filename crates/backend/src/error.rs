@@ -96,6 +96,9 @@ pub enum BackendError {
         need: u64,
         free: u64,
     },
+    /// An optional op this backend does not provide.
+    #[error("{op}: not provided by this backend")]
+    Unsupported { op: &'static str },
     /// The device failed while running queued work (a fault inside a
     /// kernel, a lost device); its state is undefined afterwards.
     #[error("{op}: the device reported {detail}")]

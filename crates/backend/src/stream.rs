@@ -258,6 +258,22 @@ pub trait Stream<D: Device>: Send {
         scratch: &mut MoeScratch<D::Buf>,
         only: Option<&[bool]>,
     ) -> Result<(), BackendError>;
+    /// The GLU intermediate of every route, for inspection (the FFN
+    /// census), not for decoding: `out[i] = act(gate_e·x[t] + bg) ⊙
+    /// (up_e·x[t] + bu)` for route `i = t·k + r` to slot `e`, with `out`
+    /// `[n_tokens · top_k, intermediate]`; `scratch` is clobbered. A
+    /// backend without it says so.
+    fn moe_intermediate(
+        &mut self,
+        input: MoeInput<'_, D>,
+        scratch: &mut MoeScratch<D::Buf>,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (input, scratch, out);
+        Err(BackendError::Unsupported {
+            op: "moe_intermediate",
+        })
+    }
     /// The second half of [`Stream::moe`]: `out[t] = Σ_r w[t, r] ·
     /// scratch.y[t·k + r]`, in rank order, rows of `hidden`.
     fn moe_combine(

@@ -2,6 +2,7 @@
 //! generate text; serve it over HTTP; write synthetic installs; benchmark
 //! speed and expert streaming.
 
+mod census;
 mod commands;
 mod experts;
 mod generate;
@@ -73,6 +74,10 @@ enum Command {
     /// (mean difference or first principal component of their residuals),
     /// written as llama.cpp's control-vector GGUF (`--control-vector`).
     ControlVector(commands::control_vector::Args),
+    /// Draw a router histogram (`--router-hist`) as a per-layer ×
+    /// per-expert heatmap, or an expert-slot sweep (`bench --sweep
+    /// --json`) as hit rate and decode tok/s against slot count (SVG).
+    Plot(commands::plot::Args),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +93,7 @@ fn main() -> ExitCode {
         Command::Chat(a) => commands::chat::run(a),
         Command::Serve(a) => commands::serve::run(a),
         Command::ControlVector(a) => commands::control_vector::run(a),
+        Command::Plot(a) => commands::plot::run(a),
     };
     match result {
         Ok(code) => code,

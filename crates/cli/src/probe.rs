@@ -81,6 +81,22 @@ pub struct ProbeArgs {
     /// How the control vectors act: add (default), ablate or clamp.
     #[arg(long, value_enum, requires = "control_vectors")]
     pub control_vector_mode: Option<ModeArg>,
+    /// Write an FFN census to FILE.json: per layer, the share of the FFN
+    /// intermediate (dense and routed experts) with |a| below each
+    /// threshold, and the neurons of highest mean |a|.
+    #[arg(long, value_name = "FILE.json")]
+    pub ffn_census: Option<PathBuf>,
+    /// The census thresholds on |a|, a comma list.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.001,0.01,0.1",
+        requires = "ffn_census"
+    )]
+    pub ffn_census_thresholds: Vec<f32>,
+    /// Neurons listed per layer and site in the census.
+    #[arg(long, default_value_t = 32, requires = "ffn_census")]
+    pub ffn_census_top: usize,
 }
 
 /// Splits `FILE[:SCALE]`; a suffix that is not a number is part of the path.
@@ -167,6 +183,25 @@ impl ProbeArgs {
 
     /// Sets steering and capture on `session`; returns which positions a
     /// capture keeps (none without a capture).
+    /// Ends what [`ProbeArgs::apply`] started: finishes the capture and
+    /// writes the FFN census.
+    pub fn finish<D: Device>(
+        &self,
+        session: &mut Session<'_, D>,
+        model_dir: &Path,
+        numerics: &str,
+    ) -> Result<()> {
+        session.finish_capture()?;
+        if let (Some(path), Some(census)) = (&self.ffn_census, session.ffn_census()) {
+            let json = crate::census::census_json(census, self.ffn_census_top, model_dir, numerics);
+            let text = serde_json::to_string_pretty(&json)?;
+            std::fs::write(path, text + "\n")
+                .with_context(|| format!("writing the FFN census {}", path.display()))?;
+            eprintln!("FFN census written to {}", path.display());
+        }
+        Ok(())
+    }
+
     pub fn apply<D: Device>(
         &self,
         session: &mut Session<'_, D>,
@@ -178,6 +213,11 @@ impl ProbeArgs {
         session
             .set_steering(steering.as_ref())
             .context("setting up the control vectors")?;
+        if self.ffn_census.is_some() {
+            session
+                .set_ffn_census(Some(&self.ffn_census_thresholds))
+                .context("--ffn-census")?;
+        }
         let Some(path) = &self.capture_resid else {
             return Ok(None);
         };

@@ -39,6 +39,30 @@ pub(crate) fn moe_experts(
     scratch: &mut MoeScratch<CpuBuf>,
     only: Option<&[bool]>,
 ) -> Result<(), BackendError> {
+    run_experts(st, input, scratch, only, None)
+}
+
+/// `out[i] = act(gate·x[t] + bg) ⊙ (up·x[t] + bu)` of every route `i =
+/// t·k + r` (`[n · k, intermediate]`): [`moe_experts`] stopped before the
+/// down projection.
+pub(crate) fn moe_intermediate(
+    st: &mut CpuStream,
+    input: MoeInput<'_, CpuDevice>,
+    scratch: &mut MoeScratch<CpuBuf>,
+    out: &mut CpuBuf,
+) -> Result<(), BackendError> {
+    let out = out.f32s_mut("moe_intermediate", "out")?;
+    run_experts(st, input, scratch, None, Some(out))
+}
+
+/// [`moe_experts`], or with `inter` given, [`moe_intermediate`].
+fn run_experts(
+    st: &mut CpuStream,
+    input: MoeInput<'_, CpuDevice>,
+    scratch: &mut MoeScratch<CpuBuf>,
+    only: Option<&[bool]>,
+    mut inter_out: Option<&mut [f32]>,
+) -> Result<(), BackendError> {
     let MoeInput {
         x,
         n_tokens: n,
@@ -69,6 +93,9 @@ pub(crate) fn moe_experts(
     let su = su.f32s_mut("moe", "scratch.up")?;
     let y = y.f32s_mut("moe", "scratch.y")?;
     check_len("moe", "scratch.y", y.len(), n * k * hidden)?;
+    if let Some(o) = &inter_out {
+        check_len("moe_intermediate", "out", o.len(), n * k * inter)?;
+    }
     for (slot, e) in experts.iter().enumerate() {
         if only.is_some_and(|o| !o[slot]) {
             continue;
@@ -98,6 +125,12 @@ pub(crate) fn moe_experts(
             add_bias_slice(su, b, m)?;
         }
         st.glu_slices(sg, su, m * inter, activation)?;
+        if let Some(o) = inter_out.as_deref_mut() {
+            for (j, i) in chosen.enumerate() {
+                o[i * inter..(i + 1) * inter].copy_from_slice(&sg[j * inter..(j + 1) * inter]);
+            }
+            continue;
+        }
         st.matmul_slices(&e.down, sg, m, sx)?;
         if let Some(b) = &e.down_bias {
             add_bias_slice(sx, b, m)?;

@@ -528,6 +528,15 @@ impl Stream<CpuDevice> for CpuStream {
         moe::moe_experts(self, input, scratch, only)
     }
 
+    fn moe_intermediate(
+        &mut self,
+        input: MoeInput<'_, CpuDevice>,
+        scratch: &mut MoeScratch<CpuBuf>,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        moe::moe_intermediate(self, input, scratch, out)
+    }
+
     fn moe_combine(
         &mut self,
         n_tokens: usize,

@@ -23,9 +23,11 @@
 //!   h += ffn_post_norm(f)
 //!   h ·= layer_output_scale                        (scales the residual too)
 //!   h = steer(h) ; capture(h)                      (hooks, when set: crate::hooks)
+//!   (census of each FFN intermediate, when set: crate::census)
 //! logits = softcap(multiplier · (output_norm(h) · W_out))   (W_out = token_embd if tied)
 //! ```
 
+use crate::census::FfnSite;
 use crate::experts::routed::RoutedInput;
 use crate::kv::KvCache;
 use crate::session::Session;
@@ -34,7 +36,9 @@ use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
 use crate::EngineError;
 use crate::Model;
 use std::time::Instant;
-use turbospark_backend::{AttentionParams, DType, Device, MoeScratch, RouterTables, Stream};
+use turbospark_backend::{
+    AttentionParams, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
+};
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
@@ -510,6 +514,9 @@ impl<D: Device> Session<'_, D> {
                     up: &mut b.mlp_up,
                 };
                 dense_mlp(st, m, d, &b.a, n, tmp, &mut b.o)?;
+                if let Some(c) = self.hooks.census.as_mut() {
+                    c.dense(st, l, FfnSite::Dense, &b.mlp_gate, n, d.intermediate)?;
+                }
                 (t, Phase::DenseFfn)
             }
             FfnWeights::Moe(mw) => (self.moe_block(l, lw, mw, n, t)?, Phase::Experts),
@@ -595,6 +602,16 @@ impl<D: Device> Session<'_, D> {
             scratch,
             &mut b.o,
         )?;
+        if let (Some(c), Some(bank)) = (self.hooks.census.as_mut(), mw.experts.as_ref()) {
+            let input = MoeInput {
+                x,
+                n_tokens: n,
+                routes,
+                bank,
+                activation: spec.activation,
+            };
+            c.experts(st, l, input, scratch)?;
+        }
         if let Some(ns) = norms.moe_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
         }
@@ -602,21 +619,25 @@ impl<D: Device> Session<'_, D> {
 
         // Always-on branches on the FFN-normed input.
         let branches = [
-            (&mw.shared, None),
+            (&mw.shared, FfnSite::Shared, None),
             (
                 &mw.parallel_dense,
+                FfnSite::ParallelDense,
                 norms
                     .dense_branch_post
                     .map(|ns| (ns, lw.post_ffw_norm_1.as_ref())),
             ),
         ];
-        for (w, post) in branches {
+        for (w, site, post) in branches {
             let Some(w) = w else { continue };
             let tmp = MlpScratch {
                 gate: &mut b.mlp_gate,
                 up: &mut b.mlp_up,
             };
             dense_mlp(st, m, w, &b.a, n, tmp, &mut b.branch)?;
+            if let Some(c) = self.hooks.census.as_mut() {
+                c.dense(st, l, site, &b.mlp_gate, n, w.intermediate)?;
+            }
             if let Some((ns, weight)) = post {
                 st.rms_norm(&mut b.branch, n, hidden, ns, weight)?;
             }

@@ -29,6 +29,7 @@
 //! streams them to a `.npy` file). With neither hook set, the decoder pays
 //! one branch per layer.
 
+use crate::census::CensusState;
 use crate::control_vector::ControlVector;
 use crate::EngineError;
 use turbospark_backend::{DType, Device, HostTensor, SharedBytes, Stream};
@@ -174,7 +175,9 @@ pub(crate) struct Hooks<D: Device> {
     /// Per layer; empty when not steering.
     steer: Vec<LayerSteer<D>>,
     capture: Option<Capture<D>>,
-    /// Whether [`Hooks::after_layer`] has anything to do.
+    /// The FFN census ([`crate::census`]), read by the decoder's FFNs.
+    pub(crate) census: Option<CensusState<D>>,
+    /// Whether [`Hooks::after_layer`] has anything to do, or a census runs.
     active: bool,
 }
 
@@ -183,6 +186,7 @@ impl<D: Device> Default for Hooks<D> {
         Hooks {
             steer: Vec::new(),
             capture: None,
+            census: None,
             active: false,
         }
     }
@@ -190,7 +194,15 @@ impl<D: Device> Default for Hooks<D> {
 
 impl<D: Device> Hooks<D> {
     fn refresh(&mut self) {
-        self.active = !self.steer.is_empty() || self.capture.as_ref().is_some_and(|c| c.enabled);
+        self.active = !self.steer.is_empty()
+            || self.capture.as_ref().is_some_and(|c| c.enabled)
+            || self.census.is_some();
+    }
+
+    /// Starts (`Some`) or stops an FFN census.
+    pub(crate) fn set_census(&mut self, census: Option<CensusState<D>>) {
+        self.census = census;
+        self.refresh();
     }
 
     /// Replaces the steering (`None`: none). Nothing changes on error.

@@ -21,6 +21,8 @@
 //!   install, or of its layout file ([`synthetic_quant`]: encoders for
 //!   every tensor format).
 //! - [`timing`]: wall time per phase of the forward pass.
+//! - [`census`]: the FFN census (sparsity of the FFN intermediate, its
+//!   strongest neurons).
 //! - [`hooks`]: residual-stream capture and steering with control vectors
 //!   ([`control_vector`]: llama.cpp's file format, and building one).
 //!
@@ -28,6 +30,7 @@
 //! the same `N` tokens: every op computes a row the same way whatever the
 //! batch, and routed experts are summed in router-rank order.
 
+pub mod census;
 pub mod control_vector;
 mod decoder;
 pub mod error;
@@ -46,6 +49,7 @@ pub mod synthetic_quant;
 pub mod timing;
 pub mod weights;
 
+pub use census::{FfnCensus, FfnSite, SiteCensus};
 pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
 pub use decoder::BatchRow;
 pub use error::EngineError;

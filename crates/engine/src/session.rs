@@ -15,6 +15,7 @@
 //! in a batch gets the logits it would get alone (bit for bit where the
 //! device's numerics are batch-invariant, as the CPU's are).
 
+use crate::census::{CensusState, FfnCensus};
 use crate::decoder::{BatchRow, Buffers};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
@@ -222,6 +223,46 @@ impl<'m, D: Device> Session<'m, D> {
     /// the prompt's or only the generated tokens' rows.
     pub fn set_capture_enabled(&mut self, on: bool) {
         self.hooks.set_capture_enabled(on);
+    }
+
+    /// Starts an FFN census with `thresholds` (see [`crate::census`]),
+    /// replacing any, or stops it (`None`). A model whose routed experts
+    /// are streamed has no bank of every expert to recompute their
+    /// intermediate from: refused.
+    pub fn set_ffn_census(&mut self, thresholds: Option<&[f32]>) -> Result<(), EngineError> {
+        let Some(thresholds) = thresholds else {
+            self.hooks.set_census(None);
+            return Ok(());
+        };
+        let streamed =
+            self.model.weights.layers.iter().any(
+                |l| matches!(&l.ffn, crate::weights::FfnWeights::Moe(mw) if mw.experts.is_none()),
+            );
+        if streamed {
+            return Err(EngineError::BadOptions {
+                detail: "an FFN census of routed experts needs them resident or mapped \
+                         (--experts resident|mapped), not streamed"
+                    .into(),
+            });
+        }
+        let c = CensusState::new(
+            &self.model.device,
+            &self.model.spec,
+            self.max_batch,
+            thresholds,
+        )?;
+        self.hooks.set_census(Some(c));
+        Ok(())
+    }
+
+    /// The FFN census so far, when one runs.
+    pub fn ffn_census(&self) -> Option<&FfnCensus> {
+        self.hooks.census.as_ref().map(|c| &c.data)
+    }
+
+    /// The FFN census, to reset it.
+    pub fn ffn_census_mut(&mut self) -> Option<&mut FfnCensus> {
+        self.hooks.census.as_mut().map(|c| &mut c.data)
     }
 
     /// Ends the capture and finishes its sink (which may write a header or

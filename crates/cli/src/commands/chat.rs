@@ -181,7 +181,7 @@ impl ModelTask for Conversation<'_> {
                 }
             }
         }
-        generator.finish_capture()?;
+        generator.finish_probes(g)?;
         Ok(())
     }
 }

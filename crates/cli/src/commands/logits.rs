@@ -94,7 +94,7 @@ impl ModelTask for Logits<'_> {
         } else {
             session.prefill(&a.tokens, &mut logits)?;
         }
-        session.finish_capture()?;
+        a.probe.finish(&mut session, &a.model, &numerics)?;
         if a.greedy > 0 {
             let mut next = turbospark_text::sampler::argmax(&logits[(n - 1) * vocab..]);
             let mut ids = Vec::with_capacity(a.greedy);

@@ -6,6 +6,7 @@ pub mod control_vector;
 pub mod convert;
 pub mod inspect;
 pub mod logits;
+pub mod plot;
 pub mod run;
 pub mod serve;
 pub mod synth;

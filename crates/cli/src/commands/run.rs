@@ -134,7 +134,7 @@ impl ModelTask for Answer<'_> {
         use std::io::Write;
         writeln!(out).ok();
         drop(out);
-        generator.finish_capture()?;
+        generator.finish_probes(g)?;
         g.experts.report(
             generator.session.expert_stats(),
             generator.session.router_histogram(),

@@ -17,6 +17,12 @@
 //! first configuration describes them all: bench prints how skewed it is
 //! (the share of selections taken by each layer's most chosen top_k, 2·top_k
 //! and 4·top_k experts) and `--router-hist` writes it.
+//!
+//! With `--json`, each configuration is one JSON object on stdout (`test`:
+//! "sweep", `experts`, `slots` (null when not streamed), `prefill_tok_per_s`,
+//! `decode_tok_per_s`, `hit_rate`, `bytes_read`, `read_bytes_per_s`,
+//! `io_wait`, `peak_rss_bytes`, `bound_bytes`, ...), what `turbospark plot
+//! sweep` draws.
 
 use super::{peak_rss_reset, Args};
 use crate::generate::peak_rss_bytes;
@@ -189,7 +195,9 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         }
     }
     let stride = m.experts.first().map_or(0, |e| e.stride);
-    println!(
+    let json = args.json;
+    if !json {
+        println!(
         "bench {}: {} MoE layers × {} experts (top-{k}), stride {}, resident {}; prompt {}, generate {}; {} cache, {} reader threads{}",
         args.model.display(),
         m.experts.len(),
@@ -202,20 +210,21 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         cache.io_threads,
         if cache.direct_io { ", direct I/O" } else { "" },
     );
-    println!(
-        "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>8} {:>10} {:>10} {:>5}",
-        "experts",
-        "slots",
-        "prefill tok/s",
-        "decode tok/s",
-        "hit%",
-        "MiB read",
-        "read MiB/s",
-        "io wait%",
-        "peak RSS",
-        "bound",
-        "ok"
-    );
+        println!(
+            "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>8} {:>10} {:>10} {:>5}",
+            "experts",
+            "slots",
+            "prefill tok/s",
+            "decode tok/s",
+            "hit%",
+            "MiB read",
+            "read MiB/s",
+            "io wait%",
+            "peak RSS",
+            "bound",
+            "ok"
+        );
+    }
     let base = ExpertOptions {
         policy: cache.policy(),
         direct_io: cache.direct_io,
@@ -258,6 +267,27 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             _ => "-",
         };
         let mib = |b: u64| b as f64 / (1 << 20) as f64;
+        if json {
+            let line = serde_json::json!({
+                "test": "sweep",
+                "model": args.model.display().to_string(),
+                "experts": r.label,
+                "slots": r.slots,
+                "n_prompt": a.prompt,
+                "n_gen": a.generate,
+                "prefill_tok_per_s": r.prefill_tps,
+                "decode_tok_per_s": r.decode_tps,
+                "hit_rate": r.hit_rate,
+                "bytes_read": r.bytes_read,
+                "read_bytes_per_s": r.read_bw,
+                "io_wait": r.io_wait,
+                "peak_rss_bytes": r.peak,
+                "bound_bytes": r.bound,
+            });
+            println!("{line}");
+            histogram.get_or_insert(r.histogram);
+            continue;
+        }
         println!(
             "{:>9} {:>6} {:>13.2} {:>12.2} {:>7.2} {:>10.1} {:>11.1} {:>8.1} {:>10} {:>10} {:>5}",
             r.label,
@@ -277,7 +307,15 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     }
     if let Some(h) = &histogram {
         let share = |n: usize| 100.0 * h.hot_share(n);
-        println!(
+        // With --json, stdout holds only the JSON lines.
+        let say = |s: String| {
+            if json {
+                eprintln!("{s}")
+            } else {
+                println!("{s}")
+            }
+        };
+        say(format!(
             "routing: each layer's most chosen {k} / {} / {} experts took {:.1} % / {:.1} % / {:.1} % of {} selections (uniform: {:.1} % / {:.1} % / {:.1} %)",
             2 * k,
             4 * k,
@@ -288,7 +326,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             100.0 * (k as f64 / ne as f64).min(1.0),
             100.0 * (2.0 * k as f64 / ne as f64).min(1.0),
             100.0 * (4.0 * k as f64 / ne as f64).min(1.0),
-        );
+        ));
         if let Some(path) = &args.experts.router_hist {
             crate::experts::write_histogram(path, h)?;
         }

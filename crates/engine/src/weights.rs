@@ -9,8 +9,8 @@
 
 use crate::source::WeightSource;
 use crate::EngineError;
-use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
 use std::collections::HashMap;
+use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
 use turbospark_core::arch::{ArchSpec, FfnKind};
 use turbospark_format::roles::{present, Placement, Role};
 
@@ -284,7 +284,10 @@ impl<D: Device> Loader<'_, D> {
             exp_probs_b: self.vector(ts, Role::ExpProbsB)?,
             expert_scale: self.vector(ts, Role::FfnGateInpExpertScale)?,
             experts,
-            shared: self.dense(ts, [Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp])?,
+            shared: self.dense(
+                ts,
+                [Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp],
+            )?,
             parallel_dense: self.dense(ts, DENSE)?,
         })
     }
@@ -312,9 +315,7 @@ impl<D: Device> Loader<'_, D> {
             post_ffw_norm_1: self.vector(&ts, Role::PostFfwNorm1)?,
             pre_ffw_norm_2: self.vector(&ts, Role::PreFfwNorm2)?,
             post_ffw_norm_2: self.vector(&ts, Role::PostFfwNorm2)?,
-            layer_output_scale: self
-                .host_vector(&ts, Role::LayerOutputScale)?
-                .map(|v| v[0]),
+            layer_output_scale: self.host_vector(&ts, Role::LayerOutputScale)?.map(|v| v[0]),
             ffn: match spec.layers[l].ffn {
                 FfnKind::Dense => FfnWeights::Dense(self.dense(&ts, DENSE)?.ok_or(
                     EngineError::NotImplemented {

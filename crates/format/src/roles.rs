@@ -94,7 +94,7 @@ pub enum Role {
 }
 
 /// Where a tensor lives and how its name is formed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Placement {
     /// A resident tensor outside the layers, named as is.
     Global,
@@ -153,7 +153,9 @@ impl At<'_> {
     fn dense_inter(&self) -> Option<u64> {
         match self.moe() {
             None => Some(self.spec.intermediate_size as u64),
-            Some(m) => m.parallel_dense.then_some(self.spec.intermediate_size as u64),
+            Some(m) => m
+                .parallel_dense
+                .then_some(self.spec.intermediate_size as u64),
         }
     }
     fn shared_inter(&self) -> Option<u64> {
@@ -207,8 +209,12 @@ pub const TENSORS: &[TensorDef] = &[
     row(Role::AttnNorm, "attn_norm.weight", Layer, |a| {
         a.norm(Some(a.spec.norms.attn_input), a.h())
     }),
-    row(Role::AttnQ, "attn_q.weight", Layer, |a| Some(vec![a.q(), a.h()])),
-    row(Role::AttnK, "attn_k.weight", Layer, |a| Some(vec![a.kv(), a.h()])),
+    row(Role::AttnQ, "attn_q.weight", Layer, |a| {
+        Some(vec![a.q(), a.h()])
+    }),
+    row(Role::AttnK, "attn_k.weight", Layer, |a| {
+        Some(vec![a.kv(), a.h()])
+    }),
     row(Role::AttnV, "attn_v.weight", Layer, |a| {
         a.when(a.has_v(), vec![a.kv(), a.h()])
     }),
@@ -242,9 +248,12 @@ pub const TENSORS: &[TensorDef] = &[
     row(Role::AttnSinks, "attn_sinks.weight", Layer, |a| {
         a.when(a.spec.attention.sinks, vec![a.spec.num_heads as u64])
     }),
-    row(Role::PostAttentionNorm, "post_attention_norm.weight", Layer, |a| {
-        a.norm(a.spec.norms.attn_post, a.h())
-    }),
+    row(
+        Role::PostAttentionNorm,
+        "post_attention_norm.weight",
+        Layer,
+        |a| a.norm(a.spec.norms.attn_post, a.h()),
+    ),
     row(Role::FfnNorm, "ffn_norm.weight", Layer, |a| {
         a.norm(Some(a.spec.norms.ffn_input), a.h())
     }),
@@ -266,10 +275,15 @@ pub const TENSORS: &[TensorDef] = &[
         let m = a.moe()?;
         (m.router == RouterKind::Gemma4).then(|| vec![a.h()])
     }),
-    row(Role::FfnGateInpExpertScale, "ffn_gate_inp.expert_scale", Layer, |a| {
-        let m = a.moe()?;
-        (m.router == RouterKind::Gemma4).then(|| vec![m.num_experts as u64])
-    }),
+    row(
+        Role::FfnGateInpExpertScale,
+        "ffn_gate_inp.expert_scale",
+        Layer,
+        |a| {
+            let m = a.moe()?;
+            (m.router == RouterKind::Gemma4).then(|| vec![m.num_experts as u64])
+        },
+    ),
     row(Role::FfnGateShexp, "ffn_gate_shexp.weight", Layer, |a| {
         a.shared_inter().map(|i| vec![i, a.h()])
     }),
@@ -297,9 +311,12 @@ pub const TENSORS: &[TensorDef] = &[
     row(Role::PostFfwNorm2, "post_ffw_norm_2.weight", Layer, |a| {
         a.norm(a.spec.norms.moe_post, a.h())
     }),
-    row(Role::LayerOutputScale, "layer_output_scale.weight", Layer, |a| {
-        a.when(a.spec.layer_scalar, vec![1])
-    }),
+    row(
+        Role::LayerOutputScale,
+        "layer_output_scale.weight",
+        Layer,
+        |a| a.when(a.spec.layer_scalar, vec![1]),
+    ),
     row(Role::OutputNorm, "output_norm.weight", Global, |a| {
         a.norm(Some(a.spec.norms.output), a.h())
     }),
@@ -426,5 +443,15 @@ mod tests {
         assert_eq!(role_of("blk.12.attn_q.weight"), "attn_q");
         assert_eq!(role_of("blk.0.attn_q.bias"), "attn_q.bias");
         assert_eq!(role_of("token_embd.weight"), "token_embd");
+    }
+
+    #[test]
+    fn each_role_and_name_has_one_row() {
+        let mut roles = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        for d in TENSORS {
+            assert!(roles.insert(d.role), "{:?} listed twice", d.role);
+            assert!(names.insert((d.placement, d.name)), "{} listed twice", d.name);
+        }
     }
 }

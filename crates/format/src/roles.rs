@@ -451,7 +451,11 @@ mod tests {
         let mut names = std::collections::HashSet::new();
         for d in TENSORS {
             assert!(roles.insert(d.role), "{:?} listed twice", d.role);
-            assert!(names.insert((d.placement, d.name)), "{} listed twice", d.name);
+            assert!(
+                names.insert((d.placement, d.name)),
+                "{} listed twice",
+                d.name
+            );
         }
     }
 }

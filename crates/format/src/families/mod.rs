@@ -218,8 +218,21 @@ mod tests {
     }
 
     #[test]
+    fn manifests_name_families_as_before() {
+        let ids: Vec<String> = Family::ALL
+            .iter()
+            .map(|f| serde_json::to_string(f).unwrap())
+            .collect();
+        assert_eq!(
+            ids.join(" "),
+            r#""llama" "qwen2" "gemma3" "muse_glimmer" "mixtral" "qwen3_moe" "gpt_oss" "gemma4" "glm4_moe""#
+        );
+        assert_eq!(Family::GptOss.to_string(), "gpt-oss");
+    }
+
+    #[test]
     fn every_family_has_an_hf_row_and_rows_do_not_overlap() {
-        for f in Family::ALL {
+        for &f in Family::ALL {
             assert!(FAMILIES.iter().any(|i| i.family == f), "{f} missing");
         }
         let mut seen = std::collections::HashSet::new();

@@ -1,8 +1,8 @@
 //! `ArchSpec` from an HF `config.json` (transformers 5.24.0 field names and
 //! defaults; `save_pretrained` omits fields equal to the class default, so
 //! every default below mirrors `configuration_<type>.py`): the typed
-//! config access, the builders families share ([`llama_like`],
-//! [`Dims::base_spec`]) and the dispatch to each family's own reader in
+//! config access, the builders families share (`llama_like`,
+//! `Dims::base_spec`) and the dispatch to each family's own reader in
 //! [`crate::families`].
 
 pub(crate) use super::rope::rope_spec;

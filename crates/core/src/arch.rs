@@ -22,47 +22,40 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A model family turbospark knows how to run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
-    Llama,
-    Qwen2,
-    Gemma3,
-    MuseGlimmer,
-    Mixtral,
-    Qwen3Moe,
-    GptOss,
-    Gemma4,
-    Glm4Moe,
+/// Declares [`Family`]: one line per family, `Variant => "display name"`
+/// (the manifest stores the variant in snake_case).
+macro_rules! families {
+    ($($variant:ident => $name:literal,)*) => {
+        /// A model family turbospark knows how to run; what it computes and
+        /// how it is read lives in its module of `turbospark_format::families`.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        pub enum Family {
+            $($variant,)*
+        }
+
+        impl Family {
+            pub const ALL: &'static [Family] = &[$(Family::$variant,)*];
+
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Family::$variant => $name,)*
+                }
+            }
+        }
+    };
 }
 
-impl Family {
-    pub const ALL: [Family; 9] = [
-        Family::Llama,
-        Family::Qwen2,
-        Family::Gemma3,
-        Family::MuseGlimmer,
-        Family::Mixtral,
-        Family::Qwen3Moe,
-        Family::GptOss,
-        Family::Gemma4,
-        Family::Glm4Moe,
-    ];
-
-    pub const fn name(self) -> &'static str {
-        match self {
-            Family::Llama => "llama",
-            Family::Qwen2 => "qwen2",
-            Family::Gemma3 => "gemma3",
-            Family::MuseGlimmer => "muse_glimmer",
-            Family::Mixtral => "mixtral",
-            Family::Qwen3Moe => "qwen3moe",
-            Family::GptOss => "gpt-oss",
-            Family::Gemma4 => "gemma4",
-            Family::Glm4Moe => "glm4_moe",
-        }
-    }
+families! {
+    Llama => "llama",
+    Qwen2 => "qwen2",
+    Gemma3 => "gemma3",
+    MuseGlimmer => "muse_glimmer",
+    Mixtral => "mixtral",
+    Qwen3Moe => "qwen3moe",
+    GptOss => "gpt-oss",
+    Gemma4 => "gemma4",
+    Glm4Moe => "glm4_moe",
 }
 
 impl fmt::Display for Family {

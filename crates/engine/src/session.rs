@@ -100,7 +100,7 @@ impl<'m, D: Device> Session<'m, D> {
         let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
         // Streamed expert slots are uploaded first: the stream's scratch
         // fits every matrix on the device when it is created.
-        let experts = SessionExperts::new(model, max_batch)?;
+        let experts = SessionExperts::new(&model.spec, &model.device, &model.experts, max_batch)?;
         let stream = device.stream(&Limits {
             max_tokens: max_batch,
             max_keys,

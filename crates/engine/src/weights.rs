@@ -1,14 +1,18 @@
 //! A model's weights on a backend, one field per checkpoint tensor
 //! (canonical install names: `blk.{L}.attn_q.weight` is
-//! [`LayerWeights::attn_q`]). Which optional tensors exist follows the
-//! [`ArchSpec`], exactly as `turbospark_format::roles::expected_resident`
-//! lists them; shapes are checked against the spec here too, so a weight
-//! source other than a validated install cannot slip a wrong shape in.
+//! [`LayerWeights::attn_q`]). Which tensors exist, their names and shapes
+//! come from the one tensor table, [`turbospark_format::roles::TENSORS`],
+//! that `convert` and the install reader check against; this module only
+//! says which field each [`Role`] fills. Shapes are checked here too, so a
+//! weight source other than a validated install cannot slip a wrong shape
+//! in.
 
 use crate::source::WeightSource;
 use crate::EngineError;
+use std::collections::HashMap;
 use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec, RouterKind};
+use turbospark_core::arch::{ArchSpec, FfnKind};
+use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
 pub struct DenseWeights<D: Device> {
@@ -117,10 +121,42 @@ fn check_shape(t: &HostTensor, expected: &[usize]) -> Result<(), EngineError> {
     Ok(())
 }
 
+/// The tensors of one place (the globals, or one layer) that the table
+/// lists for the spec: name and shape by role.
+struct Listed {
+    by_role: HashMap<Role, (String, Vec<usize>)>,
+}
+
+impl Listed {
+    fn of(spec: &ArchSpec, placement: Placement, layer: usize) -> Self {
+        let by_role = present(spec, placement, layer)
+            .into_iter()
+            .map(|p| {
+                let shape = p.shape.iter().map(|&d| d as usize).collect();
+                (p.role, (p.name, shape))
+            })
+            .collect();
+        Listed { by_role }
+    }
+
+    fn get(&self, role: Role) -> Option<(&str, &[usize])> {
+        self.by_role
+            .get(&role)
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
+    }
+
+    /// A role the decoder needs whenever the table lists the place at all.
+    fn required(&self, role: Role) -> Result<(&str, &[usize]), EngineError> {
+        self.get(role).ok_or(EngineError::NotImplemented {
+            feature: "a spec whose tensor table lacks a required tensor",
+        })
+    }
+}
+
 impl<D: Device> Loader<'_, D> {
-    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<D::Matrix, EngineError> {
+    fn upload_matrix(&self, name: &str, shape: &[usize]) -> Result<D::Matrix, EngineError> {
         let t = self.src.resident(name)?;
-        check_shape(&t, &[rows, cols])?;
+        check_shape(&t, shape)?;
         let m = self.be.upload_matrix(&t)?;
         if self.be.copies_weights() {
             // Keeps loading's peak memory near the copy's size.
@@ -129,59 +165,65 @@ impl<D: Device> Loader<'_, D> {
         Ok(m)
     }
 
-    fn vector(&self, name: &str, len: usize) -> Result<D::Vector, EngineError> {
+    fn upload_vector(&self, name: &str, shape: &[usize]) -> Result<D::Vector, EngineError> {
         let t = self.src.resident(name)?;
-        check_shape(&t, &[len])?;
+        check_shape(&t, shape)?;
         Ok(self.be.upload_vector(&t)?)
     }
 
+    fn matrix(&self, ts: &Listed, role: Role) -> Result<D::Matrix, EngineError> {
+        let (name, shape) = ts.required(role)?;
+        self.upload_matrix(name, shape)
+    }
+
+    fn opt_matrix(&self, ts: &Listed, role: Role) -> Result<Option<D::Matrix>, EngineError> {
+        ts.get(role)
+            .map(|(name, shape)| self.upload_matrix(name, shape))
+            .transpose()
+    }
+
+    /// A 1-D tensor (bias, norm weight, scale), when the table lists it.
+    fn vector(&self, ts: &Listed, role: Role) -> Result<Option<D::Vector>, EngineError> {
+        ts.get(role)
+            .map(|(name, shape)| self.upload_vector(name, shape))
+            .transpose()
+    }
+
     /// A 1-D tensor read to the host as f32 (values the host-side code,
-    /// not the backend, uses).
-    fn host_vector(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+    /// not the backend, uses), when the table lists it.
+    fn host_vector(&self, ts: &Listed, role: Role) -> Result<Option<Vec<f32>>, EngineError> {
+        let Some((name, shape)) = ts.get(role) else {
+            return Ok(None);
+        };
         let t = self.src.resident(name)?;
-        check_shape(&t, &[len])?;
-        let mut v = vec![0f32; len];
+        check_shape(&t, shape)?;
+        let mut v = vec![0f32; shape.iter().product()];
         turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
             |source| turbospark_backend::BackendError::Quant {
                 name: t.name.clone(),
                 source,
             },
         )?;
-        Ok(v)
+        Ok(Some(v))
     }
 
-    fn opt_vector(
-        &self,
-        present: bool,
-        name: &str,
-        len: usize,
-    ) -> Result<Option<D::Vector>, EngineError> {
-        present.then(|| self.vector(name, len)).transpose()
-    }
-
-    /// The weight of a norm, if the norm exists and has one.
-    fn norm(
-        &self,
-        norm: Option<NormSpec>,
-        name: &str,
-        len: usize,
-    ) -> Result<Option<D::Vector>, EngineError> {
-        self.opt_vector(norm.is_some_and(|n| n.has_weight()), name, len)
-    }
-
+    /// A dense MLP (or shared expert) of the three roles, when the table
+    /// lists it.
     fn dense(
         &self,
-        l: usize,
-        suffix: &str,
-        hidden: usize,
-        inter: usize,
-    ) -> Result<DenseWeights<D>, EngineError> {
-        Ok(DenseWeights {
-            gate: self.matrix(&format!("blk.{l}.ffn_gate{suffix}.weight"), inter, hidden)?,
-            up: self.matrix(&format!("blk.{l}.ffn_up{suffix}.weight"), inter, hidden)?,
-            down: self.matrix(&format!("blk.{l}.ffn_down{suffix}.weight"), hidden, inter)?,
-            intermediate: inter,
-        })
+        ts: &Listed,
+        [gate, up, down]: [Role; 3],
+    ) -> Result<Option<DenseWeights<D>>, EngineError> {
+        let Some((_, gate_shape)) = ts.get(gate) else {
+            return Ok(None);
+        };
+        let intermediate = gate_shape[0];
+        Ok(Some(DenseWeights {
+            gate: self.matrix(ts, gate)?,
+            up: self.matrix(ts, up)?,
+            down: self.matrix(ts, down)?,
+            intermediate,
+        }))
     }
 
     fn expert_part(
@@ -196,120 +238,98 @@ impl<D: Device> Loader<'_, D> {
         Ok(t)
     }
 
-    fn expert_bias(
-        &self,
-        present: bool,
-        l: usize,
-        e: usize,
-        part: &str,
-        len: usize,
-    ) -> Result<Option<HostTensor>, EngineError> {
-        present
-            .then(|| self.expert_part(l, e, part, &[len]))
-            .transpose()
+    /// Every routed expert of layer `l` as one bank.
+    fn bank(&self, spec: &ArchSpec, l: usize, ne: usize) -> Result<D::Bank, EngineError> {
+        let parts = Listed::of(spec, Placement::RoutedExpert, l);
+        let tensors = (0..ne)
+            .map(|e| {
+                let part = |role| {
+                    parts
+                        .get(role)
+                        .map(|(name, shape)| self.expert_part(l, e, name, shape))
+                        .transpose()
+                };
+                let required = |role| {
+                    let (name, shape) = parts.required(role)?;
+                    self.expert_part(l, e, name, shape)
+                };
+                Ok(ExpertWeights {
+                    gate: required(Role::ExpertGate)?,
+                    up: required(Role::ExpertUp)?,
+                    down: required(Role::ExpertDown)?,
+                    gate_bias: part(Role::ExpertGateBias)?,
+                    up_bias: part(Role::ExpertUpBias)?,
+                    down_bias: part(Role::ExpertDownBias)?,
+                })
+            })
+            .collect::<Result<Vec<ExpertTensors>, EngineError>>()?;
+        Ok(self.be.upload_bank(&tensors)?)
     }
 
-    fn moe(&self, spec: &ArchSpec, l: usize) -> Result<MoeWeights<D>, EngineError> {
-        let h = spec.hidden_size;
+    fn moe(&self, spec: &ArchSpec, l: usize, ts: &Listed) -> Result<MoeWeights<D>, EngineError> {
         let Some(m) = &spec.moe else {
             return Err(EngineError::NotImplemented {
                 feature: "a MoE layer without a MoE spec",
             });
         };
-        let (ne, inter) = (m.num_experts, m.expert_intermediate);
-        let b = |s: &str| format!("blk.{l}.{s}");
-        let grouped = matches!(m.router, RouterKind::SigmoidGrouped { .. });
-        let gemma4 = m.router == RouterKind::Gemma4;
         let experts = if self.experts {
-            let tensors = (0..ne)
-                .map(|e| {
-                    Ok(ExpertWeights {
-                        gate: self.expert_part(l, e, "gate", &[inter, h])?,
-                        up: self.expert_part(l, e, "up", &[inter, h])?,
-                        down: self.expert_part(l, e, "down", &[h, inter])?,
-                        gate_bias: self.expert_bias(m.expert_biases, l, e, "gate.bias", inter)?,
-                        up_bias: self.expert_bias(m.expert_biases, l, e, "up.bias", inter)?,
-                        down_bias: self.expert_bias(m.expert_biases, l, e, "down.bias", h)?,
-                    })
-                })
-                .collect::<Result<Vec<ExpertTensors>, EngineError>>()?;
-            Some(self.be.upload_bank(&tensors)?)
+            Some(self.bank(spec, l, m.num_experts)?)
         } else {
             None
         };
         Ok(MoeWeights {
-            router: self.matrix(&b("ffn_gate_inp.weight"), ne, h)?,
-            router_bias: self.opt_vector(m.router_bias, &b("ffn_gate_inp.bias"), ne)?,
-            router_scale: self.opt_vector(gemma4, &b("ffn_gate_inp.scale"), h)?,
-            exp_probs_b: self.opt_vector(grouped, &b("exp_probs_b.bias"), ne)?,
-            expert_scale: self.opt_vector(gemma4, &b("ffn_gate_inp.expert_scale"), ne)?,
+            router: self.matrix(ts, Role::FfnGateInp)?,
+            router_bias: self.vector(ts, Role::FfnGateInpBias)?,
+            router_scale: self.vector(ts, Role::FfnGateInpScale)?,
+            exp_probs_b: self.vector(ts, Role::ExpProbsB)?,
+            expert_scale: self.vector(ts, Role::FfnGateInpExpertScale)?,
             experts,
-            shared: m
-                .shared_intermediate
-                .map(|si| self.dense(l, "_shexp", h, si))
-                .transpose()?,
-            parallel_dense: m
-                .parallel_dense
-                .then(|| self.dense(l, "", h, spec.intermediate_size))
-                .transpose()?,
+            shared: self.dense(
+                ts,
+                [Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp],
+            )?,
+            parallel_dense: self.dense(ts, DENSE)?,
         })
     }
 
-    fn layer(
-        &self,
-        spec: &ArchSpec,
-        l: usize,
-        ls: &LayerSpec,
-    ) -> Result<LayerWeights<D>, EngineError> {
-        let h = spec.hidden_size;
-        let (hd, q, kv) = (
-            ls.head_dim,
-            spec.num_heads * ls.head_dim,
-            ls.num_kv_heads * ls.head_dim,
-        );
-        let a = &spec.attention;
-        let n = &spec.norms;
-        let b = |s: &str| format!("blk.{l}.{s}");
+    fn layer(&self, spec: &ArchSpec, l: usize) -> Result<LayerWeights<D>, EngineError> {
+        let ts = Listed::of(spec, Placement::Layer, l);
         Ok(LayerWeights {
-            attn_norm: self.norm(Some(n.attn_input), &b("attn_norm.weight"), h)?,
-            attn_q: self.matrix(&b("attn_q.weight"), q, h)?,
-            attn_k: self.matrix(&b("attn_k.weight"), kv, h)?,
-            attn_v: (!ls.value_from_key)
-                .then(|| self.matrix(&b("attn_v.weight"), kv, h))
-                .transpose()?,
-            attn_output: self.matrix(&b("attn_output.weight"), h, q)?,
-            attn_q_bias: self.opt_vector(a.q_bias, &b("attn_q.bias"), q)?,
-            attn_k_bias: self.opt_vector(a.k_bias, &b("attn_k.bias"), kv)?,
-            attn_v_bias: self.opt_vector(a.v_bias && !ls.value_from_key, &b("attn_v.bias"), kv)?,
-            attn_output_bias: self.opt_vector(a.o_bias, &b("attn_output.bias"), h)?,
-            attn_q_norm: self.norm(n.q, &b("attn_q_norm.weight"), hd)?,
-            attn_k_norm: self.norm(n.k, &b("attn_k_norm.weight"), hd)?,
-            attn_v_norm: self.norm(n.v, &b("attn_v_norm.weight"), hd)?,
-            attn_gate: a
-                .output_gate
-                .then(|| self.matrix(&b("attn_gate.weight"), q, h))
-                .transpose()?,
-            attn_sinks: self.opt_vector(a.sinks, &b("attn_sinks.weight"), spec.num_heads)?,
-            post_attention_norm: self.norm(n.attn_post, &b("post_attention_norm.weight"), h)?,
-            ffn_norm: self.norm(Some(n.ffn_input), &b("ffn_norm.weight"), h)?,
-            post_ffw_norm: self.norm(n.ffn_post, &b("post_ffw_norm.weight"), h)?,
-            post_ffw_norm_1: self.norm(n.dense_branch_post, &b("post_ffw_norm_1.weight"), h)?,
-            pre_ffw_norm_2: self.norm(n.moe_input, &b("pre_ffw_norm_2.weight"), h)?,
-            post_ffw_norm_2: self.norm(n.moe_post, &b("post_ffw_norm_2.weight"), h)?,
-            layer_output_scale: spec
-                .layer_scalar
-                .then(|| self.host_vector(&b("layer_output_scale.weight"), 1))
-                .transpose()?
-                .map(|v| v[0]),
-            ffn: match ls.ffn {
-                FfnKind::Dense => {
-                    FfnWeights::Dense(self.dense(l, "", h, spec.intermediate_size)?)
-                }
-                FfnKind::Moe => FfnWeights::Moe(self.moe(spec, l)?),
+            attn_norm: self.vector(&ts, Role::AttnNorm)?,
+            attn_q: self.matrix(&ts, Role::AttnQ)?,
+            attn_k: self.matrix(&ts, Role::AttnK)?,
+            attn_v: self.opt_matrix(&ts, Role::AttnV)?,
+            attn_output: self.matrix(&ts, Role::AttnOutput)?,
+            attn_q_bias: self.vector(&ts, Role::AttnQBias)?,
+            attn_k_bias: self.vector(&ts, Role::AttnKBias)?,
+            attn_v_bias: self.vector(&ts, Role::AttnVBias)?,
+            attn_output_bias: self.vector(&ts, Role::AttnOutputBias)?,
+            attn_q_norm: self.vector(&ts, Role::AttnQNorm)?,
+            attn_k_norm: self.vector(&ts, Role::AttnKNorm)?,
+            attn_v_norm: self.vector(&ts, Role::AttnVNorm)?,
+            attn_gate: self.opt_matrix(&ts, Role::AttnGate)?,
+            attn_sinks: self.vector(&ts, Role::AttnSinks)?,
+            post_attention_norm: self.vector(&ts, Role::PostAttentionNorm)?,
+            ffn_norm: self.vector(&ts, Role::FfnNorm)?,
+            post_ffw_norm: self.vector(&ts, Role::PostFfwNorm)?,
+            post_ffw_norm_1: self.vector(&ts, Role::PostFfwNorm1)?,
+            pre_ffw_norm_2: self.vector(&ts, Role::PreFfwNorm2)?,
+            post_ffw_norm_2: self.vector(&ts, Role::PostFfwNorm2)?,
+            layer_output_scale: self.host_vector(&ts, Role::LayerOutputScale)?.map(|v| v[0]),
+            ffn: match spec.layers[l].ffn {
+                FfnKind::Dense => FfnWeights::Dense(self.dense(&ts, DENSE)?.ok_or(
+                    EngineError::NotImplemented {
+                        feature: "a dense layer whose tensor table lacks the MLP",
+                    },
+                )?),
+                FfnKind::Moe => FfnWeights::Moe(self.moe(spec, l, &ts)?),
             },
         })
     }
 }
+
+/// The roles of the dense MLP.
+const DENSE: [Role; 3] = [Role::FfnGate, Role::FfnUp, Role::FfnDown];
 
 impl<D: Device> Weights<D> {
     /// Uploads every weight `spec` needs from `src`.
@@ -326,19 +346,14 @@ impl<D: Device> Weights<D> {
         experts: bool,
     ) -> Result<Self, EngineError> {
         let ld = Loader { src, be, experts };
-        let (v, h) = (spec.vocab_size, spec.hidden_size);
-        let layers = spec
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(l, ls)| ld.layer(spec, l, ls))
+        let layers = (0..spec.layers.len())
+            .map(|l| ld.layer(spec, l))
             .collect::<Result<Vec<_>, _>>()?;
+        let globals = Listed::of(spec, Placement::Global, 0);
         Ok(Weights {
-            token_embd: ld.matrix("token_embd.weight", v, h)?,
-            output_norm: ld.norm(Some(spec.norms.output), "output_norm.weight", h)?,
-            output: (!spec.head.tied)
-                .then(|| ld.matrix("output.weight", v, h))
-                .transpose()?,
+            token_embd: ld.matrix(&globals, Role::TokenEmbd)?,
+            output_norm: ld.vector(&globals, Role::OutputNorm)?,
+            output: ld.opt_matrix(&globals, Role::Output)?,
             layers,
         })
     }

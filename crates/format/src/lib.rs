@@ -1,5 +1,5 @@
 //! On-disk formats: readers for safetensors and GGUF, a GGUF writer, the
-//! identity table that maps source architectures onto families,
+//! model families and their registry,
 //! [`ArchSpec`] builders, tensor roles, the install format, and the
 //! converter.
 //!
@@ -7,6 +7,7 @@
 
 pub mod convert;
 pub mod error;
+pub mod families;
 pub mod gguf;
 pub mod gguf_writer;
 pub mod identity;

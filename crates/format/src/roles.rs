@@ -1,13 +1,18 @@
-//! Tensor roles: the canonical name of every tensor an install holds, its
-//! expected shape (derived from the [`ArchSpec`]) and its placement.
+//! Tensor roles: the one table of every tensor an install holds — its
+//! canonical name, its expected shape (derived from the [`ArchSpec`]) and
+//! its placement (resident, or a part of every routed expert of a layer).
+//!
+//! [`TENSORS`] is read by `convert`'s shape check, the install reader, the
+//! synthetic model builders and the engine's weight loader
+//! (`turbospark_engine::weights`), so a tensor is listed once.
 //!
 //! Canonical names follow llama.cpp's GGUF naming (`blk.{L}.attn_q.weight`),
-//! so GGUF sources map onto them unchanged; HF names are mapped in
-//! [`crate::convert::hf_names`]. Routed experts are not resident tensors:
-//! they are the parts `gate`, `up`, `down` (+ `.bias`) of a layer's
-//! expert file, each with a per-expert shape.
+//! so GGUF sources map onto them unchanged (but for a family's renames,
+//! [`crate::families`]); HF names are mapped in [`crate::convert::hf_names`].
+//! Routed experts are not resident tensors: they are the parts `gate`, `up`,
+//! `down` (+ `.bias`) of a layer's expert file, each with a per-expert shape.
 
-use turbospark_core::arch::{ArchSpec, FfnKind, NormSpec, RouterKind};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MoeSpec, NormSpec, RouterKind};
 
 /// A resident tensor the install must contain.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,145 +41,365 @@ pub fn role_of(name: &str) -> String {
     rest.strip_suffix(".weight").unwrap_or(rest).to_string()
 }
 
-fn norm_tensor(out: &mut Vec<ExpectedTensor>, name: String, norm: Option<NormSpec>, dim: usize) {
-    if let Some(n) = norm {
-        if n.has_weight() {
-            out.push(ExpectedTensor {
-                name,
-                shape: vec![dim as u64],
-            });
+/// What a tensor does; the engine's loader fills each weight field from
+/// the tensor of its role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    TokenEmbd,
+    OutputNorm,
+    Output,
+    AttnNorm,
+    AttnQ,
+    AttnK,
+    AttnV,
+    AttnOutput,
+    AttnQBias,
+    AttnKBias,
+    AttnVBias,
+    AttnOutputBias,
+    AttnQNorm,
+    AttnKNorm,
+    AttnVNorm,
+    AttnGate,
+    AttnSinks,
+    PostAttentionNorm,
+    FfnNorm,
+    PostFfwNorm,
+    /// Router `[experts, hidden]`.
+    FfnGateInp,
+    FfnGateInpBias,
+    /// Selection-only correction bias (sigmoid-grouped routers).
+    ExpProbsB,
+    /// Weight of the router's input norm (Gemma 4).
+    FfnGateInpScale,
+    /// Multiplier on each chosen expert's weight (Gemma 4).
+    FfnGateInpExpertScale,
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
+    /// The dense MLP (also the one beside the experts, Gemma 4).
+    FfnGate,
+    FfnUp,
+    FfnDown,
+    PostFfwNorm1,
+    PreFfwNorm2,
+    PostFfwNorm2,
+    LayerOutputScale,
+    ExpertGate,
+    ExpertUp,
+    ExpertDown,
+    ExpertGateBias,
+    ExpertUpBias,
+    ExpertDownBias,
+}
+
+/// Where a tensor lives and how its name is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// A resident tensor outside the layers, named as is.
+    Global,
+    /// A resident tensor of each layer, named `blk.{L}.` + name.
+    Layer,
+    /// A part of every routed expert of a MoE layer, named by the part.
+    RoutedExpert,
+}
+
+/// Where a row of [`TENSORS`] is evaluated: the spec, and the layer for
+/// layer and expert rows.
+#[derive(Debug, Clone, Copy)]
+pub struct At<'a> {
+    pub spec: &'a ArchSpec,
+    pub layer: Option<&'a LayerSpec>,
+}
+
+impl At<'_> {
+    fn h(&self) -> u64 {
+        self.spec.hidden_size as u64
+    }
+    fn ls(&self) -> &LayerSpec {
+        self.layer.expect("layer rows are evaluated with a layer")
+    }
+    /// `n_heads · head_dim` of the layer.
+    fn q(&self) -> u64 {
+        (self.spec.num_heads * self.ls().head_dim) as u64
+    }
+    /// `n_kv_heads · head_dim` of the layer.
+    fn kv(&self) -> u64 {
+        let l = self.ls();
+        (l.num_kv_heads * l.head_dim) as u64
+    }
+    fn head_dim(&self) -> u64 {
+        self.ls().head_dim as u64
+    }
+    /// The MoE spec, on MoE layers only.
+    fn moe(&self) -> Option<&MoeSpec> {
+        match self.ls().ffn {
+            FfnKind::Moe => self.spec.moe.as_ref(),
+            FfnKind::Dense => None,
         }
     }
+    fn has_v(&self) -> bool {
+        !self.ls().value_from_key
+    }
+    /// `[len]` when the norm exists and carries a weight.
+    fn norm(&self, norm: Option<NormSpec>, len: u64) -> Option<Vec<u64>> {
+        norm.is_some_and(|n| n.has_weight()).then(|| vec![len])
+    }
+    fn when(&self, on: bool, shape: Vec<u64>) -> Option<Vec<u64>> {
+        on.then_some(shape)
+    }
+    /// The dense MLP's width: on dense layers, and beside the experts of
+    /// a parallel dense + MoE block.
+    fn dense_inter(&self) -> Option<u64> {
+        match self.moe() {
+            None => Some(self.spec.intermediate_size as u64),
+            Some(m) => m
+                .parallel_dense
+                .then_some(self.spec.intermediate_size as u64),
+        }
+    }
+    fn shared_inter(&self) -> Option<u64> {
+        self.moe()?.shared_intermediate.map(|s| s as u64)
+    }
+    fn expert_inter(&self) -> Option<u64> {
+        self.moe().map(|m| m.expert_intermediate as u64)
+    }
+    fn expert_bias(&self, len: impl Fn(&MoeSpec) -> u64) -> Option<Vec<u64>> {
+        let m = self.moe()?;
+        m.expert_biases.then(|| vec![len(m)])
+    }
+}
+
+/// One row of the tensor table.
+#[derive(Clone, Copy)]
+pub struct TensorDef {
+    pub role: Role,
+    /// Canonical name (a layer tensor's after `blk.{L}.`; an expert part's
+    /// part name).
+    pub name: &'static str,
+    pub placement: Placement,
+    /// Row-major shape (outermost first) at `At`; `None` where the spec has
+    /// no such tensor.
+    pub shape: fn(&At) -> Option<Vec<u64>>,
+}
+
+const fn row(
+    role: Role,
+    name: &'static str,
+    placement: Placement,
+    shape: fn(&At) -> Option<Vec<u64>>,
+) -> TensorDef {
+    TensorDef {
+        role,
+        name,
+        placement,
+        shape,
+    }
+}
+
+use Placement::{Global, Layer, RoutedExpert};
+
+/// Every tensor of every family, in install order: globals before the
+/// layers (`token_embd`) and after them (`output_norm`, `output`), each
+/// layer's tensors in the order below, then the routed-expert parts.
+pub const TENSORS: &[TensorDef] = &[
+    row(Role::TokenEmbd, "token_embd.weight", Global, |a| {
+        Some(vec![a.spec.vocab_size as u64, a.h()])
+    }),
+    row(Role::AttnNorm, "attn_norm.weight", Layer, |a| {
+        a.norm(Some(a.spec.norms.attn_input), a.h())
+    }),
+    row(Role::AttnQ, "attn_q.weight", Layer, |a| {
+        Some(vec![a.q(), a.h()])
+    }),
+    row(Role::AttnK, "attn_k.weight", Layer, |a| {
+        Some(vec![a.kv(), a.h()])
+    }),
+    row(Role::AttnV, "attn_v.weight", Layer, |a| {
+        a.when(a.has_v(), vec![a.kv(), a.h()])
+    }),
+    row(Role::AttnOutput, "attn_output.weight", Layer, |a| {
+        Some(vec![a.h(), a.q()])
+    }),
+    row(Role::AttnQBias, "attn_q.bias", Layer, |a| {
+        a.when(a.spec.attention.q_bias, vec![a.q()])
+    }),
+    row(Role::AttnKBias, "attn_k.bias", Layer, |a| {
+        a.when(a.spec.attention.k_bias, vec![a.kv()])
+    }),
+    row(Role::AttnVBias, "attn_v.bias", Layer, |a| {
+        a.when(a.spec.attention.v_bias && a.has_v(), vec![a.kv()])
+    }),
+    row(Role::AttnOutputBias, "attn_output.bias", Layer, |a| {
+        a.when(a.spec.attention.o_bias, vec![a.h()])
+    }),
+    row(Role::AttnQNorm, "attn_q_norm.weight", Layer, |a| {
+        a.norm(a.spec.norms.q, a.head_dim())
+    }),
+    row(Role::AttnKNorm, "attn_k_norm.weight", Layer, |a| {
+        a.norm(a.spec.norms.k, a.head_dim())
+    }),
+    row(Role::AttnVNorm, "attn_v_norm.weight", Layer, |a| {
+        a.norm(a.spec.norms.v, a.head_dim())
+    }),
+    row(Role::AttnGate, "attn_gate.weight", Layer, |a| {
+        a.when(a.spec.attention.output_gate, vec![a.q(), a.h()])
+    }),
+    row(Role::AttnSinks, "attn_sinks.weight", Layer, |a| {
+        a.when(a.spec.attention.sinks, vec![a.spec.num_heads as u64])
+    }),
+    row(
+        Role::PostAttentionNorm,
+        "post_attention_norm.weight",
+        Layer,
+        |a| a.norm(a.spec.norms.attn_post, a.h()),
+    ),
+    row(Role::FfnNorm, "ffn_norm.weight", Layer, |a| {
+        a.norm(Some(a.spec.norms.ffn_input), a.h())
+    }),
+    row(Role::PostFfwNorm, "post_ffw_norm.weight", Layer, |a| {
+        a.norm(a.spec.norms.ffn_post, a.h())
+    }),
+    row(Role::FfnGateInp, "ffn_gate_inp.weight", Layer, |a| {
+        a.moe().map(|m| vec![m.num_experts as u64, a.h()])
+    }),
+    row(Role::FfnGateInpBias, "ffn_gate_inp.bias", Layer, |a| {
+        let m = a.moe()?;
+        m.router_bias.then(|| vec![m.num_experts as u64])
+    }),
+    row(Role::ExpProbsB, "exp_probs_b.bias", Layer, |a| {
+        let m = a.moe()?;
+        matches!(m.router, RouterKind::SigmoidGrouped { .. }).then(|| vec![m.num_experts as u64])
+    }),
+    row(Role::FfnGateInpScale, "ffn_gate_inp.scale", Layer, |a| {
+        let m = a.moe()?;
+        (m.router == RouterKind::Gemma4).then(|| vec![a.h()])
+    }),
+    row(
+        Role::FfnGateInpExpertScale,
+        "ffn_gate_inp.expert_scale",
+        Layer,
+        |a| {
+            let m = a.moe()?;
+            (m.router == RouterKind::Gemma4).then(|| vec![m.num_experts as u64])
+        },
+    ),
+    row(Role::FfnGateShexp, "ffn_gate_shexp.weight", Layer, |a| {
+        a.shared_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::FfnUpShexp, "ffn_up_shexp.weight", Layer, |a| {
+        a.shared_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::FfnDownShexp, "ffn_down_shexp.weight", Layer, |a| {
+        a.shared_inter().map(|i| vec![a.h(), i])
+    }),
+    row(Role::FfnGate, "ffn_gate.weight", Layer, |a| {
+        a.dense_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::FfnUp, "ffn_up.weight", Layer, |a| {
+        a.dense_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::FfnDown, "ffn_down.weight", Layer, |a| {
+        a.dense_inter().map(|i| vec![a.h(), i])
+    }),
+    row(Role::PostFfwNorm1, "post_ffw_norm_1.weight", Layer, |a| {
+        a.norm(a.spec.norms.dense_branch_post, a.h())
+    }),
+    row(Role::PreFfwNorm2, "pre_ffw_norm_2.weight", Layer, |a| {
+        a.norm(a.spec.norms.moe_input, a.h())
+    }),
+    row(Role::PostFfwNorm2, "post_ffw_norm_2.weight", Layer, |a| {
+        a.norm(a.spec.norms.moe_post, a.h())
+    }),
+    row(
+        Role::LayerOutputScale,
+        "layer_output_scale.weight",
+        Layer,
+        |a| a.when(a.spec.layer_scalar, vec![1]),
+    ),
+    row(Role::OutputNorm, "output_norm.weight", Global, |a| {
+        a.norm(Some(a.spec.norms.output), a.h())
+    }),
+    row(Role::Output, "output.weight", Global, |a| {
+        a.when(!a.spec.head.tied, vec![a.spec.vocab_size as u64, a.h()])
+    }),
+    row(Role::ExpertGate, "gate", RoutedExpert, |a| {
+        a.expert_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::ExpertUp, "up", RoutedExpert, |a| {
+        a.expert_inter().map(|i| vec![i, a.h()])
+    }),
+    row(Role::ExpertDown, "down", RoutedExpert, |a| {
+        a.expert_inter().map(|i| vec![a.h(), i])
+    }),
+    row(Role::ExpertGateBias, "gate.bias", RoutedExpert, |a| {
+        a.expert_bias(|m| m.expert_intermediate as u64)
+    }),
+    row(Role::ExpertUpBias, "up.bias", RoutedExpert, |a| {
+        a.expert_bias(|m| m.expert_intermediate as u64)
+    }),
+    row(Role::ExpertDownBias, "down.bias", RoutedExpert, |a| {
+        a.expert_bias(|_| a.h())
+    }),
+];
+
+/// A tensor of one place (the globals, one layer, or one layer's experts)
+/// that the spec has: its row, its full name and its shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Present {
+    pub role: Role,
+    /// The full canonical name (`blk.3.attn_q.weight`; an expert part's
+    /// part name, `gate`).
+    pub name: String,
+    pub shape: Vec<u64>,
+}
+
+/// The tensors of `placement` the spec has, in table order: for `Global`
+/// `layer` is ignored; for `Layer` and `RoutedExpert` it is the layer index.
+pub fn present(spec: &ArchSpec, placement: Placement, layer: usize) -> Vec<Present> {
+    let at = At {
+        spec,
+        layer: match placement {
+            Global => None,
+            Layer | RoutedExpert => Some(&spec.layers[layer]),
+        },
+    };
+    TENSORS
+        .iter()
+        .filter(|d| d.placement == placement)
+        .filter_map(|d| {
+            let shape = (d.shape)(&at)?;
+            let name = match placement {
+                Layer => format!("blk.{layer}.{}", d.name),
+                Global | RoutedExpert => d.name.to_string(),
+            };
+            Some(Present {
+                role: d.role,
+                name,
+                shape,
+            })
+        })
+        .collect()
+}
+
+fn is_leading_global(role: Role) -> bool {
+    role == Role::TokenEmbd
 }
 
 /// Every resident tensor the spec needs, in a stable order.
 pub fn expected_resident(spec: &ArchSpec) -> Vec<ExpectedTensor> {
-    let h = spec.hidden_size as u64;
-    let v = spec.vocab_size as u64;
-    let mut out = Vec::new();
-    let t = |out: &mut Vec<ExpectedTensor>, name: String, shape: Vec<u64>| {
-        out.push(ExpectedTensor { name, shape })
+    let globals = present(spec, Global, 0);
+    let as_expected = |p: Present| ExpectedTensor {
+        name: p.name,
+        shape: p.shape,
     };
-    t(&mut out, "token_embd.weight".into(), vec![v, h]);
-    let a = &spec.attention;
-    for (l, layer) in spec.layers.iter().enumerate() {
-        let b = |s: &str| format!("blk.{l}.{s}");
-        let q = (spec.num_heads * layer.head_dim) as u64;
-        let kv = (layer.num_kv_heads * layer.head_dim) as u64;
-        let hd = layer.head_dim;
-        norm_tensor(
-            &mut out,
-            b("attn_norm.weight"),
-            Some(spec.norms.attn_input),
-            spec.hidden_size,
-        );
-        t(&mut out, b("attn_q.weight"), vec![q, h]);
-        t(&mut out, b("attn_k.weight"), vec![kv, h]);
-        if !layer.value_from_key {
-            t(&mut out, b("attn_v.weight"), vec![kv, h]);
-        }
-        t(&mut out, b("attn_output.weight"), vec![h, q]);
-        for (on, name, len) in [
-            (a.q_bias, "attn_q.bias", q),
-            (a.k_bias, "attn_k.bias", kv),
-            (a.v_bias && !layer.value_from_key, "attn_v.bias", kv),
-            (a.o_bias, "attn_output.bias", h),
-        ] {
-            if on {
-                t(&mut out, b(name), vec![len]);
-            }
-        }
-        norm_tensor(&mut out, b("attn_q_norm.weight"), spec.norms.q, hd);
-        norm_tensor(&mut out, b("attn_k_norm.weight"), spec.norms.k, hd);
-        norm_tensor(&mut out, b("attn_v_norm.weight"), spec.norms.v, hd);
-        if a.output_gate {
-            t(&mut out, b("attn_gate.weight"), vec![q, h]);
-        }
-        if a.sinks {
-            t(
-                &mut out,
-                b("attn_sinks.weight"),
-                vec![spec.num_heads as u64],
-            );
-        }
-        norm_tensor(
-            &mut out,
-            b("post_attention_norm.weight"),
-            spec.norms.attn_post,
-            spec.hidden_size,
-        );
-        norm_tensor(
-            &mut out,
-            b("ffn_norm.weight"),
-            Some(spec.norms.ffn_input),
-            spec.hidden_size,
-        );
-        norm_tensor(
-            &mut out,
-            b("post_ffw_norm.weight"),
-            spec.norms.ffn_post,
-            spec.hidden_size,
-        );
-        let dense = |out: &mut Vec<ExpectedTensor>, suffix: &str, inter: u64| {
-            t(out, b(&format!("ffn_gate{suffix}.weight")), vec![inter, h]);
-            t(out, b(&format!("ffn_up{suffix}.weight")), vec![inter, h]);
-            t(out, b(&format!("ffn_down{suffix}.weight")), vec![h, inter]);
-        };
-        match (layer.ffn, &spec.moe) {
-            (FfnKind::Moe, Some(m)) => {
-                let e = m.num_experts as u64;
-                t(&mut out, b("ffn_gate_inp.weight"), vec![e, h]);
-                if m.router_bias {
-                    t(&mut out, b("ffn_gate_inp.bias"), vec![e]);
-                }
-                if matches!(m.router, RouterKind::SigmoidGrouped { .. }) {
-                    t(&mut out, b("exp_probs_b.bias"), vec![e]);
-                }
-                if m.router == RouterKind::Gemma4 {
-                    t(&mut out, b("ffn_gate_inp.scale"), vec![h]);
-                    t(&mut out, b("ffn_gate_inp.expert_scale"), vec![e]);
-                }
-                if let Some(si) = m.shared_intermediate {
-                    dense(&mut out, "_shexp", si as u64);
-                }
-                if m.parallel_dense {
-                    dense(&mut out, "", spec.intermediate_size as u64);
-                }
-            }
-            _ => dense(&mut out, "", spec.intermediate_size as u64),
-        }
-        let n = &spec.norms;
-        norm_tensor(
-            &mut out,
-            b("post_ffw_norm_1.weight"),
-            n.dense_branch_post,
-            spec.hidden_size,
-        );
-        norm_tensor(
-            &mut out,
-            b("pre_ffw_norm_2.weight"),
-            n.moe_input,
-            spec.hidden_size,
-        );
-        norm_tensor(
-            &mut out,
-            b("post_ffw_norm_2.weight"),
-            n.moe_post,
-            spec.hidden_size,
-        );
-        if spec.layer_scalar {
-            t(&mut out, b("layer_output_scale.weight"), vec![1]);
-        }
+    let (leading, trailing): (Vec<_>, Vec<_>) =
+        globals.into_iter().partition(|p| is_leading_global(p.role));
+    let mut out: Vec<ExpectedTensor> = leading.into_iter().map(as_expected).collect();
+    for l in 0..spec.layers.len() {
+        out.extend(present(spec, Layer, l).into_iter().map(as_expected));
     }
-    norm_tensor(
-        &mut out,
-        "output_norm.weight".into(),
-        Some(spec.norms.output),
-        spec.hidden_size,
-    );
-    if !spec.head.tied {
-        t(&mut out, "output.weight".into(), vec![v, h]);
-    }
+    out.extend(trailing.into_iter().map(as_expected));
     out
 }
 
@@ -192,22 +417,18 @@ pub const GGUF_EXPERT_STACKS: [(&str, &str); 6] = [
 
 /// Every routed-expert part the spec needs.
 pub fn expected_expert_parts(spec: &ArchSpec) -> Vec<ExpectedPart> {
-    let Some(m) = &spec.moe else {
-        return Vec::new();
-    };
-    let h = spec.hidden_size as u64;
-    let i = m.expert_intermediate as u64;
     let mut out = Vec::new();
     for layer in spec.moe_layers() {
-        let mut p =
-            |part: &'static str, shape: Vec<u64>| out.push(ExpectedPart { layer, part, shape });
-        p("gate", vec![i, h]);
-        p("up", vec![i, h]);
-        p("down", vec![h, i]);
-        if m.expert_biases {
-            p("gate.bias", vec![i]);
-            p("up.bias", vec![i]);
-            p("down.bias", vec![h]);
+        for p in present(spec, RoutedExpert, layer) {
+            let part = TENSORS
+                .iter()
+                .find(|d| d.role == p.role)
+                .map_or("", |d| d.name);
+            out.push(ExpectedPart {
+                layer,
+                part,
+                shape: p.shape,
+            });
         }
     }
     out
@@ -222,5 +443,19 @@ mod tests {
         assert_eq!(role_of("blk.12.attn_q.weight"), "attn_q");
         assert_eq!(role_of("blk.0.attn_q.bias"), "attn_q.bias");
         assert_eq!(role_of("token_embd.weight"), "token_embd");
+    }
+
+    #[test]
+    fn each_role_and_name_has_one_row() {
+        let mut roles = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        for d in TENSORS {
+            assert!(roles.insert(d.role), "{:?} listed twice", d.role);
+            assert!(
+                names.insert((d.placement, d.name)),
+                "{} listed twice",
+                d.name
+            );
+        }
     }
 }

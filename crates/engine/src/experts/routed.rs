@@ -32,8 +32,7 @@ use super::aligned::AlignedBuf;
 use super::cache::SlotCache;
 use super::io::{IoPool, Pending, ReadJob};
 use super::stats::{ExpertStats, LayerStats, RouterHistogram};
-use super::{slot_bytes, Bytes, ExpertError, ExpertFile, ExpertPlan, Residency};
-use crate::model::Model;
+use super::{slot_bytes, Bytes, ExpertError, ExpertFile, ExpertPlan, ExpertStore, Residency};
 use crate::EngineError;
 use std::fs::File;
 use std::path::PathBuf;
@@ -358,15 +357,19 @@ pub(crate) struct SessionExperts<D: Device> {
 }
 
 impl<D: Device> SessionExperts<D> {
-    pub(crate) fn new(model: &Model<D>, max_batch: usize) -> Result<Self, EngineError> {
-        let spec = &model.spec;
-        let device = &model.device;
+    /// The routed-expert state of a session over a model of `spec` on
+    /// `device` whose experts live in `store`.
+    pub(crate) fn new(
+        spec: &ArchSpec,
+        device: &D,
+        store: &ExpertStore,
+        max_batch: usize,
+    ) -> Result<Self, EngineError> {
         let (num_experts, top_k) = spec
             .moe
             .as_ref()
             .map_or((0, 0), |m| (m.num_experts, m.top_k));
         let moe_layers: Vec<usize> = spec.moe_layers().collect();
-        let store = &model.experts;
         let streamed = if store.residency() == Residency::Streamed && !moe_layers.is_empty() {
             let plan = store.plan();
             let mut layers: Vec<Option<SlotLayer<D>>> =

@@ -1,10 +1,13 @@
-//! HF checkpoint tensor names → canonical install names.
+//! HF checkpoint tensor names → canonical install names: the names every
+//! family shares; a family's own names are in its module
+//! ([`crate::families`]).
 //!
 //! Names are matched after stripping the model prefix (`model.` or
 //! `model.language_model.` for multimodal wrappers). What the sandwich-norm
 //! families call `post_attention_layernorm` is a post-attention norm; for the
 //! pre-norm families it is the FFN input norm.
 
+use crate::families;
 use turbospark_core::arch::Family;
 
 /// Where a source tensor goes.
@@ -99,10 +102,6 @@ fn strip_prefix(name: &str) -> Option<&str> {
     PREFIXES.iter().find_map(|p| name.strip_prefix(p))
 }
 
-fn is_sandwich(f: Family) -> bool {
-    matches!(f, Family::Gemma3 | Family::MuseGlimmer | Family::Gemma4)
-}
-
 /// Maps one HF tensor name. `None`: the name has no meaning for the family
 /// (the converter reports it). `num_layers` lets extra layers (GLM's MTP
 /// layers) be recognised as ignorable.
@@ -125,14 +124,19 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
     let rest = rest.strip_prefix("layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
+    let def = families::get(family);
     if layer >= num_layers {
         // GLM-4.5 checkpoints carry multi-token-prediction layers past the
         // decoder stack; inference does not use them.
-        return (family == Family::Glm4Moe)
+        return def
+            .extra_layers_are_mtp
             .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
     }
+    if let Some(decided) = (def.hf_layer_names)(rest, layer) {
+        return decided;
+    }
     let res = |s: &str| Some(Target::Resident(format!("blk.{layer}.{s}")));
-    let sandwich = is_sandwich(family);
+    let sandwich = def.sandwich_norms;
     match rest {
         "input_layernorm.weight" => return res("attn_norm.weight"),
         "post_attention_layernorm.weight" if sandwich => return res("post_attention_norm.weight"),
@@ -147,9 +151,6 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
         "router.proj.weight" => return res("ffn_gate_inp.weight"),
         "router.scale" => return res("ffn_gate_inp.scale"),
         "router.per_expert_scale" => return res("ffn_gate_inp.expert_scale"),
-        "self_attn.gate_proj.weight" if family == Family::MuseGlimmer => {
-            return res("attn_gate.weight")
-        }
         _ => {}
     }
     if let Some(r) = rest.strip_prefix("self_attn.") {
@@ -186,18 +187,6 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
         _ => {}
     }
     // Routed experts.
-    if family == Family::GptOss {
-        return match rest {
-            "mlp.experts.gate_up_proj_blocks" => Some(Target::Mxfp4GateUp { layer }),
-            "mlp.experts.down_proj_blocks" => Some(Target::Mxfp4Down { layer }),
-            "mlp.experts.gate_up_proj_scales" | "mlp.experts.down_proj_scales" => {
-                Some(Target::Mxfp4Scales)
-            }
-            "mlp.experts.gate_up_proj_bias" => Some(Target::GateUpBiasInterleaved { layer }),
-            "mlp.experts.down_proj_bias" => Some(Target::DownBiasStack { layer }),
-            _ => None,
-        };
-    }
     for prefix in ["mlp.experts.", "block_sparse_moe.experts.", "experts."] {
         let Some(r) = rest.strip_prefix(prefix) else {
             continue;

@@ -11,7 +11,6 @@ use crate::safetensors::{SafetensorsCheckpoint, StDtype};
 use crate::spec::gguf::{spec_from_gguf, GgufMeta};
 use crate::spec::hf::spec_from_hf_config;
 use std::path::{Path, PathBuf};
-use turbospark_core::arch::Family;
 use turbospark_core::{ArchSpec, QuantFormat};
 
 /// What kind of source a path is.
@@ -151,7 +150,8 @@ fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     if layer >= spec.num_layers() {
-        return (spec.family == Family::Glm4Moe)
+        return crate::families::get(spec.family)
+            .extra_layers_are_mtp
             .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
     }
     if tail == "ffn_gate_up_exps.weight" {

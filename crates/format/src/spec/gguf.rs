@@ -10,7 +10,7 @@
 //!   Gemma norms are plain where HF's are centered.
 
 use super::SpecError;
-use crate::identity::{family_for_gguf, supported_gguf_architectures};
+use crate::families::{self, supported_gguf_architectures};
 use turbospark_core::arch::*;
 
 /// Read access to GGUF metadata and tensor presence.
@@ -28,17 +28,31 @@ pub trait GgufMeta {
     fn tensor_f32s(&self, name: &str) -> Option<Vec<f32>>;
 }
 
-struct Meta<'a, M: GgufMeta + ?Sized> {
-    m: &'a M,
-    arch: &'a str,
-    family: Family,
+/// A GGUF file's metadata under its architecture's key prefix, with
+/// errors naming the key.
+pub(crate) struct Meta<'a> {
+    pub m: &'a dyn GgufMeta,
+    pub arch: &'a str,
+    pub family: Family,
 }
 
-impl<M: GgufMeta + ?Sized> Meta<'_, M> {
-    fn key(&self, k: &str) -> String {
+/// What every family reads the same way, for its own reading to build on.
+pub(crate) struct Common {
+    /// `attention.sliding_window` (when non-zero).
+    pub window: Option<usize>,
+    /// `attention.layer_norm_rms_epsilon`.
+    pub eps: f32,
+    /// The rope every layer starts with.
+    pub rope: RopeSpec,
+    /// `feed_forward_length`.
+    pub intermediate: usize,
+}
+
+impl Meta<'_> {
+    pub(crate) fn key(&self, k: &str) -> String {
         format!("{}.{k}", self.arch)
     }
-    fn req(&self, k: &str) -> Result<usize, SpecError> {
+    pub(crate) fn req(&self, k: &str) -> Result<usize, SpecError> {
         let key = self.key(k);
         self.m
             .meta_u64(&key)
@@ -49,18 +63,18 @@ impl<M: GgufMeta + ?Sized> Meta<'_, M> {
                 source_kind: "GGUF metadata",
             })
     }
-    fn opt(&self, k: &str) -> Option<usize> {
+    pub(crate) fn opt(&self, k: &str) -> Option<usize> {
         self.m.meta_u64(&self.key(k)).map(|v| v as usize)
     }
-    fn f(&self, k: &str, default: f64) -> f64 {
+    pub(crate) fn f(&self, k: &str, default: f64) -> f64 {
         self.m.meta_f64(&self.key(k)).unwrap_or(default)
     }
-    fn b(&self, k: &str) -> Option<bool> {
+    pub(crate) fn b(&self, k: &str) -> Option<bool> {
         self.m.meta_bool(&self.key(k))
     }
     /// A per-layer value written either as one number or as an array of
     /// `n` (llama.cpp's `get_key_or_arr`).
-    fn per_layer(&self, k: &str, n: usize) -> Result<Option<Vec<usize>>, SpecError> {
+    pub(crate) fn per_layer(&self, k: &str, n: usize) -> Result<Option<Vec<usize>>, SpecError> {
         let key = self.key(k);
         if let Some(v) = self.m.meta_u64(&key) {
             return Ok(Some(vec![v as usize; n]));
@@ -77,7 +91,7 @@ impl<M: GgufMeta + ?Sized> Meta<'_, M> {
         }
     }
     /// `<arch>.attention.sliding_window_pattern` (true = sliding layer).
-    fn swa_pattern(&self, n: usize) -> Result<Option<Vec<bool>>, SpecError> {
+    pub(crate) fn swa_pattern(&self, n: usize) -> Result<Option<Vec<bool>>, SpecError> {
         let key = self.key("attention.sliding_window_pattern");
         match self.m.meta_bools(&key) {
             None => Ok(None),
@@ -93,7 +107,7 @@ impl<M: GgufMeta + ?Sized> Meta<'_, M> {
 }
 
 /// Builds the spec from a GGUF file's metadata.
-pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError> {
+pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
     let arch = m
         .meta_str("general.architecture")
         .ok_or(SpecError::MissingField {
@@ -102,11 +116,12 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
             source_kind: "GGUF metadata",
         })?;
     let experts = m.meta_u64(&format!("{arch}.expert_count")).unwrap_or(0);
-    let family = family_for_gguf(arch, experts).ok_or_else(|| SpecError::UnknownArchitecture {
+    let def = families::for_gguf(arch, experts).ok_or_else(|| SpecError::UnknownArchitecture {
         found: arch.to_string(),
         source_kind: "GGUF general.architecture",
         supported: supported_gguf_architectures(),
     })?;
+    let family = def.family;
     let g = Meta { m, arch, family };
 
     let hidden = g.req("embedding_length")?;
@@ -140,12 +155,7 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
     let theta = g.f("rope.freq_base", 10000.0) as f32;
     let window = g.opt("attention.sliding_window").filter(|w| *w > 0);
 
-    // llama.cpp's converter permutes llama q/k rows for interleaved rope and
-    // un-permutes Muse Glimmer's (HF stores it in rotate_half layout).
-    let rope_kind = match family {
-        Family::Llama | Family::Mixtral | Family::MuseGlimmer => RopeKind::Interleaved,
-        _ => RopeKind::Neox,
-    };
+    let rope_kind = def.gguf_rope;
     let scaling = match m.meta_str(&g.key("rope.scaling.type")) {
         Some("yarn") => {
             let factor = g.f("rope.scaling.factor", 1.0);
@@ -161,10 +171,10 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
                 } else {
                     1.0
                 },
-                // gpt-oss was trained with an untruncated correction range
-                // (HF config `truncate: false`, not carried into GGUF);
-                // ggml always rounds it (`ggml_rope_yarn_corr_dims`).
-                truncate: family != Family::GptOss,
+                // ggml always rounds the correction range
+                // (`ggml_rope_yarn_corr_dims`); a family trained otherwise
+                // says so in its own reading.
+                truncate: true,
             }
         }
         Some("linear") => RopeScaling::Linear {
@@ -244,249 +254,71 @@ pub fn spec_from_gguf<M: GgufMeta + ?Sized>(m: &M) -> Result<ArchSpec, SpecError
             .collect(),
     };
 
-    match family {
-        Family::Llama | Family::Qwen2 => {
-            if let Some(w) = window {
-                spec.layers.iter_mut().for_each(|l| l.window = Some(w));
-            }
-        }
-        Family::Gemma3 => {
-            // llama.cpp: 5 sliding : 1 full unless the file has a pattern;
-            // local rope base `rope.freq_base_swa`, else 10000.
-            spec.embedding.scale = (hidden as f32).sqrt();
-            spec.norms.attn_post = Some(plain);
-            spec.norms.ffn_post = Some(plain);
-            spec.activation = Activation::GeluTanh;
-            spec.head.softcap = m
-                .meta_f64(&g.key("final_logit_softcapping"))
-                .map(|v| v as f32);
-            spec.attention.softcap = m
-                .meta_f64(&g.key("attn_logit_softcapping"))
-                .map(|v| v as f32);
-            let local = RopeSpec {
-                theta: g.f("rope.freq_base_swa", 10000.0) as f32,
-                ..rope
-            };
-            let pattern = g
-                .swa_pattern(n_layers)?
-                .unwrap_or_else(|| (0..n_layers).map(|i| (i + 1) % 6 != 0).collect());
-            for (l, sliding) in spec.layers.iter_mut().zip(pattern) {
-                if sliding {
-                    l.window = window;
-                    l.rope = Some(local);
-                }
-            }
-        }
-        Family::MuseGlimmer => muse_glimmer(&g, &mut spec, window, eps)?,
-        Family::Gemma4 => gemma4(&g, &mut spec, window, eps)?,
-        Family::Mixtral | Family::Qwen3Moe | Family::GptOss | Family::Glm4Moe => {
-            let experts = g.req("expert_count")?;
-            let top_k = g.req("expert_used_count")?;
-            let expert_inter = g.opt("expert_feed_forward_length").unwrap_or(intermediate);
-            let leading_dense = g.opt("leading_dense_block_count").unwrap_or(0);
-            let router = match family {
-                Family::GptOss => RouterKind::TopKSoftmax,
-                Family::Glm4Moe => RouterKind::SigmoidGrouped {
-                    n_group: g.opt("expert_group_count").unwrap_or(1).max(1),
-                    topk_group: g.opt("expert_group_used_count").unwrap_or(1).max(1),
-                    renormalize: g.b("expert_weights_norm").unwrap_or(true),
-                    scaling: g.f("expert_weights_scale", 1.0) as f32,
-                },
-                _ => RouterKind::SoftmaxTopK {
-                    renormalize: g.b("expert_weights_norm").unwrap_or(true),
-                },
-            };
-            let shared = g.opt("expert_shared_count").unwrap_or(0);
-            spec.moe = Some(MoeSpec {
-                num_experts: experts,
-                top_k,
-                expert_intermediate: expert_inter,
-                router,
-                router_bias: has(&format!("blk.{leading_dense}.ffn_gate_inp.bias")),
-                expert_biases: has(&format!("blk.{leading_dense}.ffn_gate_exps.bias")),
-                shared_intermediate: (shared > 0).then(|| {
-                    g.opt("expert_shared_feed_forward_length")
-                        .unwrap_or(expert_inter * shared)
-                }),
-                parallel_dense: false,
-            });
-            for (i, l) in spec.layers.iter_mut().enumerate() {
-                l.ffn = if i < leading_dense {
-                    FfnKind::Dense
-                } else {
-                    FfnKind::Moe
-                };
-            }
-            if family == Family::GptOss {
-                spec.activation = Activation::ClampedSwiglu {
-                    alpha: 1.702,
-                    limit: g.f("swiglu_limit", 7.0) as f32,
-                };
-                // llama.cpp: sliding window on even layers.
-                for (i, l) in spec.layers.iter_mut().enumerate() {
-                    if i % 2 == 0 {
-                        l.window = window;
-                    }
-                }
-            } else if let Some(w) = window {
-                spec.layers.iter_mut().for_each(|l| l.window = Some(w));
-            }
-        }
-    }
+    let common = Common {
+        window,
+        eps,
+        rope,
+        intermediate,
+    };
+    (def.from_gguf)(&g, &common, &mut spec)?;
     spec.validate().map_err(SpecError::Inconsistent)?;
     Ok(spec)
 }
 
-/// Muse Glimmer as llama.cpp's converter writes it (`muse-glimmer`,
-/// conversion/muse_glimmer.py; graph in src/models/muse-glimmer.cpp): the
-/// four layer norms have the HF `+1` folded in (plain here), the two post
-/// norms use eps 1e-8, the embedding is RMS-normed without a weight, q/k
-/// rows are un-permuted for interleaved rope, the q/k norms carry weights
-/// that absorb `qk_scale_factor` (so the attention scale is head_dim^-0.5),
-/// rope runs on the sliding layers only (NoPE on full ones), and logits are
-/// multiplied by `logit_scale` before the final softcap.
-fn muse_glimmer<M: GgufMeta + ?Sized>(
-    g: &Meta<'_, M>,
-    spec: &mut ArchSpec,
-    window: Option<usize>,
-    eps: f32,
-) -> Result<(), SpecError> {
-    const POST_NORM_EPS: f32 = 1e-8;
-    let n = spec.layers.len();
-    let pattern = g
-        .swa_pattern(n)?
-        .unwrap_or_else(|| (0..n).map(|i| (n - 1 - i) % 4 != 0).collect());
-    for (l, sliding) in spec.layers.iter_mut().zip(pattern) {
-        l.window = if sliding { window } else { None };
-        if !sliding {
-            l.rope = None;
-        }
+/// Every layer slides over `window`, when the file sets one.
+pub(crate) fn slide_all(spec: &mut ArchSpec, window: Option<usize>) {
+    if let Some(w) = window {
+        spec.layers.iter_mut().for_each(|l| l.window = Some(w));
     }
-    let plain = NormSpec::plain(eps);
-    spec.embedding.norm = Some(NormSpec::no_scale(eps));
-    spec.norms.attn_post = Some(NormSpec::plain(POST_NORM_EPS));
-    spec.norms.ffn_post = Some(NormSpec::plain(POST_NORM_EPS));
-    spec.norms.q = Some(plain);
-    spec.norms.k = Some(plain);
-    spec.attention.output_gate = true;
-    spec.head.multiplier = g.f("logit_scale", 1.0) as f32;
-    spec.head.softcap =
-        g.m.meta_f64(&g.key("final_logit_softcapping"))
-            .map(|v| v as f32);
+}
+
+/// The routed experts of llama.cpp's MoE architectures: `expert_count`
+/// experts, `expert_used_count` chosen by `router`, of width
+/// `expert_feed_forward_length`, optional shared experts, the first
+/// `leading_dense_block_count` layers dense, router and expert biases where
+/// the file has them.
+pub(crate) fn routed_experts(
+    g: &Meta<'_>,
+    c: &Common,
+    spec: &mut ArchSpec,
+    router: impl FnOnce(&Meta<'_>) -> RouterKind,
+) -> Result<(), SpecError> {
+    let experts = g.req("expert_count")?;
+    let top_k = g.req("expert_used_count")?;
+    let expert_inter = g
+        .opt("expert_feed_forward_length")
+        .unwrap_or(c.intermediate);
+    let leading_dense = g.opt("leading_dense_block_count").unwrap_or(0);
+    let router = router(g);
+    let shared = g.opt("expert_shared_count").unwrap_or(0);
+    let has = |n: &str| g.m.has_tensor(n);
+    spec.moe = Some(MoeSpec {
+        num_experts: experts,
+        top_k,
+        expert_intermediate: expert_inter,
+        router,
+        router_bias: has(&format!("blk.{leading_dense}.ffn_gate_inp.bias")),
+        expert_biases: has(&format!("blk.{leading_dense}.ffn_gate_exps.bias")),
+        shared_intermediate: (shared > 0).then(|| {
+            g.opt("expert_shared_feed_forward_length")
+                .unwrap_or(expert_inter * shared)
+        }),
+        parallel_dense: false,
+    });
+    for (i, l) in spec.layers.iter_mut().enumerate() {
+        l.ffn = if i < leading_dense {
+            FfnKind::Dense
+        } else {
+            FfnKind::Moe
+        };
+    }
     Ok(())
 }
 
-/// Gemma 4 (the MoE text model) as llama.cpp's converter writes it
-/// (conversion/gemma.py `Gemma4Model`, src/models/gemma4.cpp): plain norms
-/// (no `+1` in Gemma 4), per-layer KV head counts, full layers with
-/// `attention.key_length` and sliding ones with `key_length_swa`, K = V
-/// where a layer has no `attn_v`, sliding layers by
-/// `attention.sliding_window_pattern` with `rope.freq_base_swa`, full
-/// layers' proportional rope as `rope_freqs.weight` (factor 1 on the pairs
-/// that rotate, 1e30 on the rest), experts with gate/up fused beside a
-/// dense MLP, the router's per-expert scale filed as
-/// `ffn_down_exps.scale`, a per-layer output scale and a final softcap.
-/// Per-layer inputs and KV sharing are refused, as from HF.
-fn gemma4<M: GgufMeta + ?Sized>(
-    g: &Meta<'_, M>,
-    spec: &mut ArchSpec,
-    window: Option<usize>,
-    eps: f32,
-) -> Result<(), SpecError> {
-    if g.opt("embedding_length_per_layer_input").unwrap_or(0) > 0 {
-        return Err(SpecError::Unsupported {
-            what: "gemma4 per-layer inputs".into(),
-            detail: "embedding_length_per_layer_input > 0: the dense Gemma 4 variants".into(),
-        });
+/// llama.cpp's softmax router: softmax over all experts, top-k,
+/// renormalised unless `expert_weights_norm` is false.
+pub(crate) fn softmax_router(g: &Meta<'_>) -> RouterKind {
+    RouterKind::SoftmaxTopK {
+        renormalize: g.b("expert_weights_norm").unwrap_or(true),
     }
-    if g.opt("attention.shared_kv_layers").unwrap_or(0) > 0 {
-        return Err(SpecError::Unsupported {
-            what: "gemma4 KV sharing".into(),
-            detail: "attention.shared_kv_layers > 0".into(),
-        });
-    }
-    let n = spec.layers.len();
-    let pattern = g
-        .swa_pattern(n)?
-        .unwrap_or_else(|| (0..n).map(|i| (i + 1) % 6 != 0).collect());
-    let full_dim = g.req("attention.key_length")?;
-    let swa_dim = g.opt("attention.key_length_swa").unwrap_or(full_dim);
-    let theta = g.f("rope.freq_base", 1e6) as f32;
-    let swa_theta = g.f("rope.freq_base_swa", 10000.0) as f32;
-    let swa_rot = g.opt("rope.dimension_count_swa").unwrap_or(swa_dim);
-    let full_rot = g.opt("rope.dimension_count").unwrap_or(full_dim);
-    let freqs = g.m.tensor_f32s("rope_freqs.weight");
-    let full_scaling = match &freqs {
-        Some(f) => {
-            if f.len() != full_rot / 2 {
-                return Err(SpecError::Inconsistent(format!(
-                    "rope_freqs.weight has {} factors, expected rope.dimension_count / 2 = {}",
-                    f.len(),
-                    full_rot / 2
-                )));
-            }
-            let rotated_pairs = f.iter().take_while(|&&x| x == 1.0).count();
-            if f[rotated_pairs..].iter().any(|&x| x < 1e20) {
-                return Err(SpecError::Unsupported {
-                    what: "gemma4 rope_freqs.weight".into(),
-                    detail: "factors other than 1 (rotate) then 1e30 (do not rotate)".into(),
-                });
-            }
-            RopeScaling::Proportional {
-                factor: 1.0,
-                rotated_pairs,
-            }
-        }
-        None => RopeScaling::None,
-    };
-    for (i, (l, sliding)) in spec.layers.iter_mut().zip(pattern).enumerate() {
-        l.head_dim = if sliding { swa_dim } else { full_dim };
-        l.value_from_key = !g.m.has_tensor(&format!("blk.{i}.attn_v.weight"));
-        l.window = if sliding { window } else { None };
-        l.rope = Some(if sliding {
-            RopeSpec {
-                kind: RopeKind::Neox,
-                theta: swa_theta,
-                rotary_dim: swa_rot,
-                scaling: RopeScaling::None,
-            }
-        } else {
-            RopeSpec {
-                kind: RopeKind::Neox,
-                theta,
-                rotary_dim: full_rot,
-                scaling: full_scaling,
-            }
-        });
-    }
-    spec.head_dim = swa_dim;
-    spec.num_kv_heads = spec.layers[0].num_kv_heads;
-    let plain = NormSpec::plain(eps);
-    spec.embedding.scale = (spec.hidden_size as f32).sqrt();
-    spec.norms.attn_post = Some(plain);
-    spec.norms.ffn_post = Some(plain);
-    spec.norms.v = Some(NormSpec::no_scale(eps));
-    spec.attention.scale = 1.0;
-    spec.activation = Activation::GeluTanh;
-    spec.head.softcap =
-        g.m.meta_f64(&g.key("final_logit_softcapping"))
-            .map(|v| v as f32);
-    spec.layer_scalar = g.m.has_tensor("blk.0.layer_output_scale.weight");
-    if let Some(experts) = g.opt("expert_count").filter(|&e| e > 0) {
-        spec.moe = Some(MoeSpec {
-            num_experts: experts,
-            top_k: g.req("expert_used_count")?,
-            expert_intermediate: g.req("expert_feed_forward_length")?,
-            router: RouterKind::Gemma4,
-            router_bias: false,
-            expert_biases: false,
-            shared_intermediate: None,
-            parallel_dense: true,
-        });
-        spec.layers.iter_mut().for_each(|l| l.ffn = FfnKind::Moe);
-        spec.norms.dense_branch_post = Some(plain);
-        spec.norms.moe_input = Some(plain);
-        spec.norms.moe_post = Some(plain);
-    }
-    Ok(())
 }

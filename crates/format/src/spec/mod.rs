@@ -1,6 +1,7 @@
 //! Building an [`ArchSpec`](turbospark_core::ArchSpec) from a source
 //! checkpoint's own description: an HF `config.json` ([`hf`]) or GGUF
-//! metadata ([`gguf`]).
+//! metadata ([`gguf`]). What is common to every family is here; what a
+//! family reads differently is in its module of [`crate::families`].
 
 pub mod gguf;
 pub mod hf;

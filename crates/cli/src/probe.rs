@@ -70,17 +70,8 @@ pub struct ProbeArgs {
     /// Which positions to capture: prompt, generated or all (default).
     #[arg(long, value_enum, requires = "capture_resid")]
     pub capture_positions: Option<CapturePositions>,
-    /// A llama.cpp control vector GGUF (direction.N added to layer N's
-    /// output), optionally with a scale (default 1); repeatable: the
-    /// vectors add up.
-    #[arg(long = "control-vector", value_name = "FILE[:SCALE]")]
-    pub control_vectors: Vec<String>,
-    /// Steer only layers A..=B (llama.cpp's --control-vector-layer-range).
-    #[arg(long, num_args = 2, value_names = ["A", "B"])]
-    pub control_vector_layer_range: Option<Vec<usize>>,
-    /// How the control vectors act: add (default), ablate or clamp.
-    #[arg(long, value_enum, requires = "control_vectors")]
-    pub control_vector_mode: Option<ModeArg>,
+    #[command(flatten)]
+    pub steer: SteerArgs,
     /// Write an FFN census to FILE.json: per layer, the share of the FFN
     /// intermediate (dense and routed experts) with |a| below each
     /// threshold, and the neurons of highest mean |a|.
@@ -97,6 +88,22 @@ pub struct ProbeArgs {
     /// Neurons listed per layer and site in the census.
     #[arg(long, default_value_t = 32, requires = "ffn_census")]
     pub ffn_census_top: usize,
+}
+
+/// Steering options (also `serve`'s).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct SteerArgs {
+    /// A llama.cpp control vector GGUF (direction.N added to layer N's
+    /// output), optionally with a scale (default 1); repeatable: the
+    /// vectors add up.
+    #[arg(long = "control-vector", value_name = "FILE[:SCALE]")]
+    pub control_vectors: Vec<String>,
+    /// Steer only layers A..=B (llama.cpp's --control-vector-layer-range).
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    pub control_vector_layer_range: Option<Vec<usize>>,
+    /// How the control vectors act: add (default), ablate or clamp.
+    #[arg(long, value_enum, requires = "control_vectors")]
+    pub control_vector_mode: Option<ModeArg>,
 }
 
 /// Splits `FILE[:SCALE]`; a suffix that is not a number is part of the path.
@@ -142,7 +149,7 @@ pub fn parse_layers(s: &str, n_layers: usize) -> Result<Vec<usize>> {
     Ok(out)
 }
 
-impl ProbeArgs {
+impl SteerArgs {
     /// The steering these options ask for, read from the files.
     pub fn steering(&self) -> Result<Option<Steering>> {
         if self.control_vectors.is_empty() {
@@ -173,6 +180,13 @@ impl ProbeArgs {
             vectors,
             layer_range,
         }))
+    }
+}
+
+impl ProbeArgs {
+    /// The steering these options ask for, read from the files.
+    pub fn steering(&self) -> Result<Option<Steering>> {
+        self.steer.steering()
     }
 
     pub fn positions(&self) -> Option<CapturePositions> {
@@ -238,9 +252,9 @@ impl ProbeArgs {
             "numerics": numerics,
             "dtype": "float32",
             "steering": {
-                "files": self.control_vectors,
-                "mode": format!("{:?}", self.control_vector_mode.unwrap_or(ModeArg::Add)).to_lowercase(),
-                "layer_range": self.control_vector_layer_range,
+                "files": self.steer.control_vectors,
+                "mode": format!("{:?}", self.steer.control_vector_mode.unwrap_or(ModeArg::Add)).to_lowercase(),
+                "layer_range": self.steer.control_vector_layer_range,
             },
         });
         let sink = NpyStream::create(path, spec.hidden_size, layers.len(), meta)

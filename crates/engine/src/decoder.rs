@@ -307,11 +307,13 @@ impl<D: Device> Session<'_, D> {
             st.rms_norm(&mut b.h, n, hidden, norm, None)?;
         }
         let mut t = self.times.lap(Phase::Embed, start);
-        // Hooks follow one sequence's positions.
+        // Capture and census follow one sequence's positions; steering acts
+        // on every row of a batch of sequences alike.
         let hooks = match at {
             At::Own(pos) if self.hooks.active() => Some(*pos),
             _ => None,
         };
+        let steer_rows = hooks.is_none() && self.hooks.steers();
         for (l, lw) in m.weights.layers.iter().enumerate() {
             self.attention_block(l, lw, at, n)?;
             t = self.times.lap(Phase::Attention, t);
@@ -322,6 +324,8 @@ impl<D: Device> Session<'_, D> {
             if hooks.is_some() {
                 let h = &mut self.bufs.h;
                 self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
+            } else if steer_rows {
+                self.hooks.steer(&mut self.stream, l, &mut self.bufs.h, n)?;
             }
         }
         if let Some(pos) = hooks {

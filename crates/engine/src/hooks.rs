@@ -317,14 +317,24 @@ impl<D: Device> Hooks<D> {
         self.active
     }
 
-    /// Steers, then captures, `h` (`[n, hidden]`) after layer `l`.
-    pub(crate) fn after_layer(
-        &mut self,
+    /// Whether a capture or a census watches the forward passes (they
+    /// follow one sequence; steering acts on every row alike).
+    pub(crate) fn observes(&self) -> bool {
+        self.capture.as_ref().is_some_and(|c| c.enabled) || self.census.is_some()
+    }
+
+    /// Whether control vectors steer layer outputs.
+    pub(crate) fn steers(&self) -> bool {
+        !self.steer.is_empty()
+    }
+
+    /// Steers the `n` rows of `h` after layer `l`.
+    pub(crate) fn steer(
+        &self,
         st: &mut D::Stream,
         l: usize,
         h: &mut D::Buf,
         n: usize,
-        hidden: usize,
     ) -> Result<(), EngineError> {
         if let Some(s) = self.steer.get(l) {
             if let Some(v) = &s.add {
@@ -334,6 +344,19 @@ impl<D: Device> Hooks<D> {
                 st.adjust_projection(h, n, u, *alpha, *beta)?;
             }
         }
+        Ok(())
+    }
+
+    /// Steers, then captures, `h` (`[n, hidden]`) after layer `l`.
+    pub(crate) fn after_layer(
+        &mut self,
+        st: &mut D::Stream,
+        l: usize,
+        h: &mut D::Buf,
+        n: usize,
+        hidden: usize,
+    ) -> Result<(), EngineError> {
+        self.steer(st, l, h, n)?;
         if let Some(c) = self.capture.as_mut().filter(|c| c.enabled) {
             if let Some(slot) = c.slot_of[l] {
                 st.copy(h, 0, &mut c.buf, slot * n * hidden, n * hidden)?;

@@ -394,9 +394,9 @@ impl<'m, D: Device> Session<'m, D> {
         if n == 0 {
             return Err(EngineError::EmptyInput);
         }
-        if self.hooks.active() {
+        if self.hooks.observes() {
             return Err(EngineError::BadOptions {
-                detail: "residual capture and steering follow one sequence; \
+                detail: "residual capture and the FFN census follow one sequence; \
                          decode_batch does not run while they are set"
                     .into(),
             });

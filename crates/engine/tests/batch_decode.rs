@@ -10,7 +10,9 @@ mod common;
 use common::{model_as, spec, FAMILIES};
 use turbospark_core::QuantFormat;
 use turbospark_cpu::Numerics;
-use turbospark_engine::{BatchRow, EngineError, Logits, SessionOptions};
+use turbospark_engine::{
+    BatchRow, ControlVector, EngineError, Logits, SessionOptions, SteerMode, Steering,
+};
 
 /// Prompt lengths of the three sequences and the step each joins at.
 const PROMPTS: [(usize, usize); 3] = [(5, 0), (9, 0), (3, 2)];
@@ -28,8 +30,37 @@ fn fed(seq: usize, step: usize, vocab: usize) -> u32 {
     ((step * 53 + seq * 17 + 3) % vocab) as u32
 }
 
+/// A control vector on layer 1 (a pseudo-random direction), in `mode`.
+fn steering(hidden: usize, mode: SteerMode) -> Steering {
+    let mut cv = ControlVector::new(hidden);
+    for layer in 1..2 {
+        let u: Vec<f32> = (0..hidden)
+            .map(|i| (((i * 37 + layer * 11) % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let norm = u.iter().map(|v| v * v).sum::<f32>().sqrt();
+        cv.set(layer, u.iter().map(|v| v / norm).collect()).unwrap();
+    }
+    Steering {
+        mode,
+        vectors: vec![(cv, 0.5)],
+        layer_range: None,
+    }
+}
+
 #[test]
 fn batched_decode_equals_each_sequence_alone() {
+    check_batched_decode(None);
+}
+
+/// Steering acts on every row of a batch as on a sequence alone (the
+/// server's `--control-vector`).
+#[test]
+fn steered_batched_decode_equals_each_sequence_alone() {
+    check_batched_decode(Some(SteerMode::Add));
+    check_batched_decode(Some(SteerMode::Ablate));
+}
+
+fn check_batched_decode(steer: Option<SteerMode>) {
     for numerics in [Numerics::Exact, Numerics::Fast] {
         for &family in FAMILIES {
             let Some(spec) = spec(family, &[]) else {
@@ -42,6 +73,7 @@ fn batched_decode_equals_each_sequence_alone() {
             };
             let m = model_as(&spec, 2, format, numerics);
             let vocab = spec.vocab_size;
+            let steering = steer.map(|mode| steering(spec.hidden_size, mode));
 
             // Alone: logits after the prompt, then after each fed token.
             let alone: Vec<Vec<Vec<f32>>> = PROMPTS
@@ -49,6 +81,7 @@ fn batched_decode_equals_each_sequence_alone() {
                 .enumerate()
                 .map(|(seq, &(len, _))| {
                     let mut s = m.session(SessionOptions::new(CONTEXT)).unwrap();
+                    s.set_steering(steering.as_ref()).unwrap();
                     let mut last = vec![0f32; vocab];
                     s.forward(0, &prompt(seq, len, vocab), Logits::Last(&mut last))
                         .unwrap();
@@ -64,6 +97,7 @@ fn batched_decode_equals_each_sequence_alone() {
             // Batched: one worker session, a cache per sequence; a
             // sequence joins (prefill) at its step and leaves when done.
             let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
+            worker.set_steering(steering.as_ref()).unwrap();
             let mut caches: Vec<_> = PROMPTS
                 .iter()
                 .map(|_| worker.new_cache().unwrap())

@@ -95,12 +95,14 @@ pub enum Event {
 }
 
 /// Scheduler settings.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Sequences decoded together.
     pub parallel: usize,
     /// KV positions of each sequence.
     pub context: usize,
+    /// Control vectors steering every sequence (`--control-vector`).
+    pub steering: Option<turbospark_engine::Steering>,
 }
 
 /// A sequence in a place of the batch.
@@ -133,6 +135,7 @@ pub fn run<D: Device>(
         context: cfg.context,
         max_batch: parallel.max(PREFILL_CHUNK),
     })?;
+    worker.set_steering(cfg.steering.as_ref())?;
     let mut caches = (0..parallel)
         .map(|_| worker.new_cache())
         .collect::<Result<Vec<_>, _>>()?;

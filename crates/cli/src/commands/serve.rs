@@ -72,6 +72,9 @@ pub struct Args {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
+    /// Control vectors steering every answer (as `run`'s).
+    #[command(flatten)]
+    pub steer: crate::probe::SteerArgs,
 }
 
 /// The server, once the model is open.
@@ -144,6 +147,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         engine: EngineConfig {
             parallel: a.parallel,
             context,
+            steering: a.steer.steering()?,
         },
         queue: a.queue,
         max_body: a.max_body,

@@ -26,6 +26,8 @@ pub struct KvLayer<D: Device> {
     pub capacity: usize,
     /// `n_kv_heads · head_dim`
     pub row: usize,
+    /// Values are the key rows (latent attention); `v` is empty.
+    pub values_are_keys: bool,
 }
 
 pub struct KvCache<D: Device> {
@@ -63,6 +65,7 @@ impl<D: Device> KvCache<D> {
                     v: device.alloc(dtype, if latent { 0 } else { capacity * row })?,
                     capacity,
                     row,
+                    values_are_keys: latent,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -81,6 +84,17 @@ impl<D: Device> KvCache<D> {
     /// Positions the session can hold.
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Cache elements (keys and values, every layer) one position takes in
+    /// the layers that hold the whole context; multiply by the KV dtype's
+    /// size for bytes.
+    pub fn elements_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.capacity == self.context)
+            .map(|l| if l.values_are_keys { l.row } else { 2 * l.row })
+            .sum()
     }
 
     /// Rows held for `layer`.

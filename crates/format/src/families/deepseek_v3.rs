@@ -186,6 +186,7 @@ mod tests {
             "head_dim": 8, "intermediate_size": 128, "q_lora_rank": null,
             "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12,
             "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+            "first_k_dense_replace": 1,
             "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                 "original_max_position_embeddings": 256, "mscale": 0.9, "mscale_all_dim": 1.0},
         });

@@ -33,6 +33,7 @@ const TINY_FAMILIES: &[&str] = &[
     "gpt_oss",
     "glm4_moe",
     "gemma4",
+    "deepseek_v3",
 ];
 
 fn turbospark(args: &[&str]) -> Output {

@@ -82,11 +82,29 @@ fn check_fixture(dir: &Path, work: &Path) {
         u(&cfg["vocab_size"]),
         "{name} vocab"
     );
-    if let Some(kv) = first_u64(cfg, &["num_key_value_heads"]) {
-        assert_eq!(u(&arch["num_kv_heads"]), kv, "{name} kv heads");
-    }
-    if let Some(hd) = first_u64(cfg, &["head_dim"]) {
-        assert_eq!(u(&arch["head_dim"]), hd, "{name} head_dim");
+    if let Some(r) = first_u64(cfg, &["kv_lora_rank"]) {
+        // Latent attention: one cached KV head of `[k_rope, c]` per
+        // position; the config's own head widths sit in `arch.mla`.
+        let mla = &arch["mla"];
+        for key in [
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_nope_head_dim",
+            "qk_rope_head_dim",
+            "v_head_dim",
+        ] {
+            assert_eq!(mla[key], cfg[key], "{name} {key}");
+        }
+        let rope = u(&cfg["qk_rope_head_dim"]);
+        assert_eq!(u(&arch["num_kv_heads"]), 1, "{name} latent kv heads");
+        assert_eq!(u(&arch["head_dim"]), r + rope, "{name} latent head_dim");
+    } else {
+        if let Some(kv) = first_u64(cfg, &["num_key_value_heads"]) {
+            assert_eq!(u(&arch["num_kv_heads"]), kv, "{name} kv heads");
+        }
+        if let Some(hd) = first_u64(cfg, &["head_dim"]) {
+            assert_eq!(u(&arch["head_dim"]), hd, "{name} head_dim");
+        }
     }
     if let Some(e) = first_u64(
         cfg,

@@ -31,6 +31,7 @@ const FAMILIES: &[&str] = &[
     "gpt_oss",
     "glm4_moe",
     "gemma4",
+    "deepseek_v3",
 ];
 
 fn fixtures() -> PathBuf {

@@ -56,6 +56,7 @@ families! {
     GptOss => "gpt-oss",
     Gemma4 => "gemma4",
     Glm4Moe => "glm4_moe",
+    DeepseekV3 => "deepseek_v3",
 }
 
 impl fmt::Display for Family {
@@ -273,6 +274,46 @@ impl AttentionSpec {
     }
 }
 
+/// Multi-head latent attention (DeepSeek-V2/V3, HF `DeepseekV3Attention`),
+/// replacing the q/k/v projections of every layer:
+///
+/// ```text
+/// q      = q_b(rms(q_a·x))  (or q·x without q_lora_rank)  per head [nope, rope]
+/// [c, kr] = kv_a·x ;  c = rms(c)                           c [kv_lora_rank], kr [rope] shared
+/// k_h, v_h = kv_b[h]·c                                     [nope], [v_head_dim]
+/// o_h    = softmax((q_nope·k_h + q_rope·rope(kr)) · scale) · v_h
+/// ```
+///
+/// The decoder runs the absorbed form: head `h`'s query in latent space is
+/// `[rope(q_rope), W_uk[h]ᵀ·q_nope]`, the cache holds one row `[rope(kr), c]`
+/// per position (one KV head of `qk_rope_head_dim + kv_lora_rank`, keys and
+/// values alike), and `o_h = W_uv[h]·(Σ p·c)`. Each layer's [`LayerSpec`]
+/// carries that latent head (`head_dim = qk_rope_head_dim + kv_lora_rank`,
+/// one KV head, rope over its first `qk_rope_head_dim` dims).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MlaSpec {
+    /// Rank of the low-rank query (`q_a`/`q_b`); `None`: one `q` projection.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl MlaSpec {
+    /// Width of one head's query and key in the checkpoint (nope + rope).
+    pub const fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+    /// Width of one cached row and of the absorbed per-head query.
+    pub const fn latent_head_dim(&self) -> usize {
+        self.qk_rope_head_dim + self.kv_lora_rank
+    }
+    /// Eps of the `q_a` and `kv_a` norms (HF builds them with the default
+    /// `DeepseekV3RMSNorm` eps, not `rms_norm_eps`).
+    pub const NORM_EPS: f32 = 1e-6;
+}
+
 /// Embedding lookup post-processing.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EmbeddingSpec {
@@ -339,6 +380,9 @@ pub struct ArchSpec {
     /// Each layer's output is multiplied by a learned scalar
     /// (`blk.{L}.layer_output_scale.weight`, Gemma 4).
     pub layer_scalar: bool,
+    /// Multi-head latent attention in every layer (DeepSeek-V3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mla: Option<MlaSpec>,
     pub layers: Vec<LayerSpec>,
 }
 
@@ -429,6 +473,24 @@ impl ArchSpec {
             }
             if l.ffn == FfnKind::Moe && self.moe.is_none() {
                 return Err(format!("layer {i} is MoE but the spec has no MoE block"));
+            }
+        }
+        if let Some(a) = &self.mla {
+            let latent = a.latent_head_dim();
+            if a.kv_lora_rank == 0 || a.qk_rope_head_dim == 0 || a.v_head_dim == 0 {
+                return Err("latent attention with a zero rank or head width".into());
+            }
+            if let Some((i, _)) = self.layers.iter().enumerate().find(|(_, l)| {
+                l.head_dim != latent
+                    || l.num_kv_heads != 1
+                    || l.window.is_some()
+                    || l.rope.is_some_and(|r| r.rotary_dim != a.qk_rope_head_dim)
+            }) {
+                return Err(format!(
+                    "layer {i}: latent attention needs one KV head of {latent} \
+                     (rope over {}), no window",
+                    a.qk_rope_head_dim
+                ));
             }
         }
         if let Some(m) = &self.moe {

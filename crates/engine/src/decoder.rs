@@ -32,14 +32,14 @@ use crate::experts::routed::RoutedInput;
 use crate::kv::KvCache;
 use crate::session::Session;
 use crate::timing::Phase;
-use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MoeWeights};
+use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights};
 use crate::EngineError;
 use crate::Model;
 use std::time::Instant;
 use turbospark_backend::{
     AttentionParams, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
 };
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, NormSpec};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, NormSpec};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
 pub(crate) struct Buffers<D: Device> {
@@ -76,6 +76,18 @@ pub(crate) struct Buffers<D: Device> {
     /// One row of q, k, v and attention output, for rows that attend to
     /// caches of their own ([`At::Rows`]).
     row: RowScratch<D>,
+    /// Latent attention's projections.
+    mla: Option<MlaScratch<D>>,
+}
+
+/// Latent attention's intermediate rows, `T` of each.
+struct MlaScratch<D: Device> {
+    /// `q_a · x` `[T, q_lora]`
+    q_a: D::Buf,
+    /// The latent `c` `[T, kv_lora]`.
+    latent: D::Buf,
+    /// The shared rope key `[T, rope]`.
+    rope: D::Buf,
 }
 
 /// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
@@ -173,6 +185,17 @@ impl<D: Device> Buffers<D> {
                 v: alloc(kvd)?,
                 att: alloc(qd)?,
             },
+            mla: spec
+                .mla
+                .as_ref()
+                .map(|a| {
+                    Ok::<_, EngineError>(MlaScratch {
+                        q_a: alloc(t * a.q_lora_rank.unwrap_or(0))?,
+                        latent: alloc(t * a.kv_lora_rank)?,
+                        rope: alloc(t * a.qk_rope_head_dim)?,
+                    })
+                })
+                .transpose()?,
         })
     }
 }
@@ -197,6 +220,45 @@ fn dense_mlp<D: Device>(
     st.matmul(&w.up, x, n, tmp.up)?;
     st.glu(tmp.gate, tmp.up, n * w.intermediate, m.spec.activation)?;
     st.matmul(&w.down, tmp.gate, n, out)?;
+    Ok(())
+}
+
+/// Latent attention's query and cache rows for `n` tokens (see
+/// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
+/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `bufs.k` `[n, rope +
+/// kv_lora]` the row `[k_rope, rms(c)]` the cache keeps (rope is applied
+/// later, to the first `rope` dims of both).
+fn latent_qk<D: Device>(
+    st: &mut D::Stream,
+    b: &mut Buffers<D>,
+    a: &MlaSpec,
+    attn_q: &D::Matrix,
+    w: &MlaWeights<D>,
+    n: usize,
+) -> Result<(), EngineError> {
+    let Some(s) = b.mla.as_mut() else {
+        return Err(EngineError::NotImplemented {
+            feature: "latent attention without its scratch",
+        });
+    };
+    let norm = NormSpec::plain(MlaSpec::NORM_EPS);
+    match (&w.q_a, a.q_lora_rank) {
+        (Some((q_a, q_a_norm)), Some(rank)) => {
+            st.matmul(q_a, &b.a, n, &mut s.q_a)?;
+            st.rms_norm(&mut s.q_a, n, rank, norm, Some(q_a_norm))?;
+            st.matmul(attn_q, &s.q_a, n, &mut b.q)?;
+        }
+        _ => st.matmul(attn_q, &b.a, n, &mut b.q)?,
+    }
+    let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
+    st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
+    st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
+    st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
+    let row = a.latent_head_dim();
+    for t in 0..n {
+        st.copy(&s.rope, t * dr, &mut b.k, t * row, dr)?;
+        st.copy(&s.latent, t * r, &mut b.k, t * row + dr, r)?;
+    }
     Ok(())
 }
 
@@ -345,20 +407,55 @@ impl<D: Device> Session<'_, D> {
         let m = self.model;
         let (spec, st) = (&m.spec, &mut self.stream);
         let ls = &spec.layers[l];
-        let (hidden, nh, nkv, hd) = (
-            spec.hidden_size,
-            spec.num_heads,
-            ls.num_kv_heads,
-            ls.head_dim,
-        );
+        let (hidden, nh, hd) = (spec.hidden_size, spec.num_heads, ls.head_dim);
         let norms = &spec.norms;
         let b = &mut self.bufs;
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(&mut b.a, n, hidden, norms.attn_input, lw.attn_norm.as_ref())?;
+        match (&spec.mla, &lw.mla, &lw.attn_k) {
+            (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, &lw.attn_q, w, n)?,
+            (None, None, Some(wk)) => Self::project_qkv(st, b, lw, spec, ls, n, wk)?,
+            _ => {
+                return Err(EngineError::NotImplemented {
+                    feature: "attention weights that do not match the spec",
+                })
+            }
+        }
+        match at {
+            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+        }
+        let (st, b) = (&mut self.stream, &mut self.bufs);
+        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
+            st.matmul(wg, &b.a, n, g)?;
+            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+        }
+        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
+        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
+        if let Some(ns) = norms.attn_post {
+            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
+        }
+        st.add(&mut b.h, &b.o, n * hidden)?;
+        Ok(())
+    }
+
+    /// q, k, v of plain attention for `n` tokens, with their biases and
+    /// per-head norms.
+    fn project_qkv(
+        st: &mut D::Stream,
+        b: &mut Buffers<D>,
+        lw: &LayerWeights<D>,
+        spec: &ArchSpec,
+        ls: &LayerSpec,
+        n: usize,
+        attn_k: &D::Matrix,
+    ) -> Result<(), EngineError> {
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+        let norms = &spec.norms;
         st.matmul(&lw.attn_q, &b.a, n, &mut b.q)?;
         add_bias::<D>(st, &mut b.q, lw.attn_q_bias.as_ref(), n)?;
-        st.matmul(&lw.attn_k, &b.a, n, &mut b.k)?;
+        st.matmul(attn_k, &b.a, n, &mut b.k)?;
         add_bias::<D>(st, &mut b.k, lw.attn_k_bias.as_ref(), n)?;
         match &lw.attn_v {
             Some(wv) => {
@@ -377,21 +474,6 @@ impl<D: Device> Session<'_, D> {
         if let Some(ns) = norms.v {
             st.rms_norm(&mut b.v, n * nkv, hd, ns, lw.attn_v_norm.as_ref())?;
         }
-        match at {
-            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
-            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
-        }
-        let (st, b) = (&mut self.stream, &mut self.bufs);
-        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
-            st.matmul(wg, &b.a, n, g)?;
-            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
-        }
-        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
-        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
-        if let Some(ns) = norms.attn_post {
-            st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
-        }
-        st.add(&mut b.h, &b.o, n * hidden)?;
         Ok(())
     }
 
@@ -413,8 +495,12 @@ impl<D: Device> Session<'_, D> {
             st.rope(&mut b.k, n, nkv, hd, pos, rope)?;
         }
         let kv = &mut self.kv.layers[l];
+        // Latent attention reads its one cached row as keys and values.
+        let latent = spec.mla.is_some();
         st.kv_write(&mut kv.k, &b.k, n, kv.row, pos, kv.capacity)?;
-        st.kv_write(&mut kv.v, &b.v, n, kv.row, pos, kv.capacity)?;
+        if !latent {
+            st.kv_write(&mut kv.v, &b.v, n, kv.row, pos, kv.capacity)?;
+        }
         let params = AttentionParams {
             n_tokens: n,
             first_pos: pos,
@@ -429,7 +515,7 @@ impl<D: Device> Session<'_, D> {
         st.attention(
             &b.q,
             &kv.k,
-            &kv.v,
+            if latent { &kv.k } else { &kv.v },
             &params,
             lw.attn_sinks.as_ref(),
             &mut b.att,
@@ -452,19 +538,24 @@ impl<D: Device> Session<'_, D> {
         let ls = &spec.layers[l];
         let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
         let (qd, kvd) = (nh * hd, nkv * hd);
+        let latent = spec.mla.is_some();
         let r = &mut b.row;
         for (i, row) in rows.iter_mut().enumerate() {
             let pos = row.kv.position();
             st.copy(&b.q, i * qd, &mut r.q, 0, qd)?;
             st.copy(&b.k, i * kvd, &mut r.k, 0, kvd)?;
-            st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
+            if !latent {
+                st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
+            }
             if let Some(rope) = &m.ropes[l] {
                 st.rope(&mut r.q, 1, nh, hd, pos, rope)?;
                 st.rope(&mut r.k, 1, nkv, hd, pos, rope)?;
             }
             let kv = &mut row.kv.layers[l];
             st.kv_write(&mut kv.k, &r.k, 1, kv.row, pos, kv.capacity)?;
-            st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
+            if !latent {
+                st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
+            }
             let params = AttentionParams {
                 n_tokens: 1,
                 first_pos: pos,
@@ -479,7 +570,7 @@ impl<D: Device> Session<'_, D> {
             st.attention(
                 &r.q,
                 &kv.k,
-                &kv.v,
+                if latent { &kv.k } else { &kv.v },
                 &params,
                 lw.attn_sinks.as_ref(),
                 &mut r.att,

@@ -8,6 +8,9 @@
 //! its ring holds `min(w + b − 1, context)` rows (`b` the session's largest
 //! batch). Writing a batch then never overwrites a key a query of this or a
 //! later batch still reads.
+//!
+//! With latent attention (DeepSeek-V3) a layer caches one row `[rope(k_rope),
+//! c]` per position, read as both keys and values: the `v` buffer is empty.
 
 use crate::EngineError;
 use turbospark_backend::Device;
@@ -17,11 +20,14 @@ use turbospark_core::arch::ArchSpec;
 pub struct KvLayer<D: Device> {
     /// `[capacity, row]`
     pub k: D::Buf,
-    /// `[capacity, row]`
+    /// `[capacity, row]`; empty with latent attention, whose values are
+    /// the key rows.
     pub v: D::Buf,
     pub capacity: usize,
     /// `n_kv_heads · head_dim`
     pub row: usize,
+    /// Values are the key rows (latent attention); `v` is empty.
+    pub values_are_keys: bool,
 }
 
 pub struct KvCache<D: Device> {
@@ -47,6 +53,7 @@ impl<D: Device> KvCache<D> {
         max_batch: usize,
     ) -> Result<Self, EngineError> {
         let dtype = device.kv_dtype();
+        let latent = spec.mla.is_some();
         let layers = spec
             .layers
             .iter()
@@ -55,9 +62,10 @@ impl<D: Device> KvCache<D> {
                 let row = l.num_kv_heads * l.head_dim;
                 Ok(KvLayer {
                     k: device.alloc(dtype, capacity * row)?,
-                    v: device.alloc(dtype, capacity * row)?,
+                    v: device.alloc(dtype, if latent { 0 } else { capacity * row })?,
                     capacity,
                     row,
+                    values_are_keys: latent,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -76,6 +84,17 @@ impl<D: Device> KvCache<D> {
     /// Positions the session can hold.
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Cache elements (keys and values, every layer) one position takes in
+    /// the layers that hold the whole context; multiply by the KV dtype's
+    /// size for bytes.
+    pub fn elements_per_position(&self) -> usize {
+        self.layers
+            .iter()
+            .filter(|l| l.capacity == self.context)
+            .map(|l| if l.values_are_keys { l.row } else { 2 * l.row })
+            .sum()
     }
 
     /// Rows held for `layer`.

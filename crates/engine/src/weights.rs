@@ -10,8 +10,9 @@
 use crate::source::WeightSource;
 use crate::EngineError;
 use std::collections::HashMap;
-use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
-use turbospark_core::arch::{ArchSpec, FfnKind};
+use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
+use turbospark_core::arch::{ArchSpec, FfnKind, MlaSpec};
+use turbospark_core::QuantFormat;
 use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
@@ -55,18 +56,37 @@ pub enum FfnWeights<D: Device> {
     Moe(MoeWeights<D>),
 }
 
+/// Latent attention of one layer ([`MlaSpec`]), beside the absorbed
+/// [`LayerWeights::attn_q`] and [`LayerWeights::attn_output`].
+pub struct MlaWeights<D: Device> {
+    /// `attn_q_a` `[q_lora, hidden]` and `attn_q_a_norm` `[q_lora]`, when
+    /// the query is low-rank.
+    pub q_a: Option<(D::Matrix, D::Vector)>,
+    /// The latent rows of `attn_kv_a_mqa` `[kv_lora, hidden]`.
+    pub kv_a_latent: D::Matrix,
+    /// The shared rope-key rows of `attn_kv_a_mqa` `[rope, hidden]`.
+    pub kv_a_rope: D::Matrix,
+    /// `attn_kv_a_norm` `[kv_lora]`.
+    pub kv_a_norm: D::Vector,
+}
+
 /// One decoder layer.
 pub struct LayerWeights<D: Device> {
     pub attn_norm: Option<D::Vector>,
-    /// `[n_heads · head_dim, hidden]`
+    /// `[n_heads · head_dim, hidden]`; with latent attention the absorbed
+    /// query `[n_heads · (rope + kv_lora), q_lora or hidden]` (see
+    /// [`absorb_query`]).
     pub attn_q: D::Matrix,
-    /// `[n_kv_heads · head_dim, hidden]`
-    pub attn_k: D::Matrix,
+    /// `[n_kv_heads · head_dim, hidden]`; `None` with latent attention.
+    pub attn_k: Option<D::Matrix>,
     /// `None` on layers whose values are the key projection
     /// ([`LayerSpec::value_from_key`]).
     pub attn_v: Option<D::Matrix>,
-    /// `[hidden, n_heads · head_dim]`
+    /// `[hidden, n_heads · head_dim]`; with latent attention the absorbed
+    /// output `[hidden, n_heads · (rope + kv_lora)]` (see [`absorb_output`]).
     pub attn_output: D::Matrix,
+    /// Latent attention (DeepSeek-V3).
+    pub mla: Option<MlaWeights<D>>,
     pub attn_q_bias: Option<D::Vector>,
     pub attn_k_bias: Option<D::Vector>,
     pub attn_v_bias: Option<D::Vector>,
@@ -207,6 +227,89 @@ impl<D: Device> Loader<'_, D> {
         Ok(Some(v))
     }
 
+    /// A tensor read to the host as f32 `[rows, cols]`.
+    fn host_matrix(&self, ts: &Listed, role: Role) -> Result<Vec<f32>, EngineError> {
+        let (name, shape) = ts.required(role)?;
+        let t = self.src.resident(name)?;
+        check_shape(&t, shape)?;
+        let mut v = vec![0f32; shape.iter().product()];
+        turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
+            |source| turbospark_backend::BackendError::Quant {
+                name: t.name.clone(),
+                source,
+            },
+        )?;
+        Ok(v)
+    }
+
+    /// Uploads host f32 values as a matrix `[rows, cols]`.
+    fn upload_f32(&self, name: String, rows: usize, v: &[f32]) -> Result<D::Matrix, EngineError> {
+        let t = HostTensor {
+            name,
+            format: QuantFormat::F32,
+            shape: vec![rows, v.len() / rows],
+            bytes: SharedBytes::from_f32(v),
+        };
+        Ok(self.be.upload_matrix(&t)?)
+    }
+
+    /// Latent attention of layer `l`: the absorbed query and output
+    /// matrices, and the rest of [`MlaWeights`].
+    #[allow(clippy::type_complexity)]
+    fn mla(
+        &self,
+        spec: &ArchSpec,
+        a: &MlaSpec,
+        l: usize,
+        ts: &Listed,
+    ) -> Result<(D::Matrix, D::Matrix, MlaWeights<D>), EngineError> {
+        let nh = spec.num_heads;
+        let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
+        let kv_b = self.host_matrix(ts, Role::AttnKvB)?;
+        let (q, q_a) = match a.q_lora_rank {
+            Some(_) => {
+                let q_a = self.matrix(ts, Role::AttnQA)?;
+                let norm =
+                    self.vector(ts, Role::AttnQANorm)?
+                        .ok_or(EngineError::NotImplemented {
+                            feature: "a low-rank query without its norm",
+                        })?;
+                (self.host_matrix(ts, Role::AttnQB)?, Some((q_a, norm)))
+            }
+            None => (self.host_matrix(ts, Role::AttnQ)?, None),
+        };
+        let q_abs = absorb_query(a, nh, &q, &kv_b);
+        let o = self.host_matrix(ts, Role::AttnOutput)?;
+        let o_abs = absorb_output(a, nh, spec.hidden_size, &o, &kv_b);
+        let kv_a = self.host_matrix(ts, Role::AttnKvAMqa)?;
+        let cols = spec.hidden_size;
+        let weights = MlaWeights {
+            q_a,
+            kv_a_latent: self.upload_f32(
+                format!("blk.{l}.attn_kv_a_mqa.weight (latent rows)"),
+                r,
+                &kv_a[..r * cols],
+            )?,
+            kv_a_rope: self.upload_f32(
+                format!("blk.{l}.attn_kv_a_mqa.weight (rope rows)"),
+                dr,
+                &kv_a[r * cols..],
+            )?,
+            kv_a_norm: self
+                .vector(ts, Role::AttnKvANorm)?
+                .ok_or(EngineError::NotImplemented {
+                    feature: "latent attention without its kv_a norm",
+                })?,
+        };
+        let q_abs = self.upload_f32(
+            format!("blk.{l}.attn_q (absorbed)"),
+            nh * a.latent_head_dim(),
+            &q_abs,
+        )?;
+        let o_abs = self.upload_f32(format!("blk.{l}.attn_output (absorbed)"), cols, &o_abs)?;
+        Ok((q_abs, o_abs, weights))
+    }
+
     /// A dense MLP (or shared expert) of the three roles, when the table
     /// lists it.
     fn dense(
@@ -294,12 +397,24 @@ impl<D: Device> Loader<'_, D> {
 
     fn layer(&self, spec: &ArchSpec, l: usize) -> Result<LayerWeights<D>, EngineError> {
         let ts = Listed::of(spec, Placement::Layer, l);
+        let (attn_q, attn_output, mla) = match &spec.mla {
+            Some(a) => {
+                let (q, o, w) = self.mla(spec, a, l, &ts)?;
+                (q, o, Some(w))
+            }
+            None => (
+                self.matrix(&ts, Role::AttnQ)?,
+                self.matrix(&ts, Role::AttnOutput)?,
+                None,
+            ),
+        };
         Ok(LayerWeights {
             attn_norm: self.vector(&ts, Role::AttnNorm)?,
-            attn_q: self.matrix(&ts, Role::AttnQ)?,
-            attn_k: self.matrix(&ts, Role::AttnK)?,
+            attn_q,
+            attn_k: self.opt_matrix(&ts, Role::AttnK)?,
             attn_v: self.opt_matrix(&ts, Role::AttnV)?,
-            attn_output: self.matrix(&ts, Role::AttnOutput)?,
+            attn_output,
+            mla,
             attn_q_bias: self.vector(&ts, Role::AttnQBias)?,
             attn_k_bias: self.vector(&ts, Role::AttnKBias)?,
             attn_v_bias: self.vector(&ts, Role::AttnVBias)?,
@@ -326,6 +441,80 @@ impl<D: Device> Loader<'_, D> {
             },
         })
     }
+}
+
+/// The absorbed query of latent attention, `[n_heads · (rope + kv_lora),
+/// q_in]`, from the query projection `q` (`attn_q_b`, or `attn_q`)
+/// `[n_heads · (nope + rope), q_in]` and `attn_kv_b` `[n_heads · (nope +
+/// v), kv_lora]`: head `h`'s rows are its rope rows of `q` as they are,
+/// then `W_uk[h]ᵀ · q_nope[h]` (`W_uk[h]` the first `nope` rows of head
+/// `h` in `attn_kv_b`), so that `q_abs · x = [q_rope, W_uk[h]ᵀ q_nope]` and
+/// its dot product with a cached `[k_rope, c]` is `q_rope·k_rope +
+/// q_nope·k_nope`. Accumulated in f64.
+pub fn absorb_query(a: &MlaSpec, nh: usize, q: &[f32], kv_b: &[f32]) -> Vec<f32> {
+    let (dn, dr, dv, r) = (
+        a.qk_nope_head_dim,
+        a.qk_rope_head_dim,
+        a.v_head_dim,
+        a.kv_lora_rank,
+    );
+    let q_in = q.len() / (nh * (dn + dr));
+    let lat = dr + r;
+    let mut out = vec![0f32; nh * lat * q_in];
+    let mut acc = vec![0f64; q_in];
+    for h in 0..nh {
+        let q_head = &q[h * (dn + dr) * q_in..(h + 1) * (dn + dr) * q_in];
+        let uk = &kv_b[h * (dn + dv) * r..(h * (dn + dv) + dn) * r];
+        let dst = &mut out[h * lat * q_in..(h + 1) * lat * q_in];
+        dst[..dr * q_in].copy_from_slice(&q_head[dn * q_in..]);
+        for j in 0..r {
+            acc.iter_mut().for_each(|v| *v = 0.0);
+            for i in 0..dn {
+                let w = f64::from(uk[i * r + j]);
+                let row = &q_head[i * q_in..(i + 1) * q_in];
+                for (s, &x) in acc.iter_mut().zip(row) {
+                    *s += w * f64::from(x);
+                }
+            }
+            let d = &mut dst[(dr + j) * q_in..(dr + j + 1) * q_in];
+            for (o, s) in d.iter_mut().zip(&acc) {
+                *o = *s as f32;
+            }
+        }
+    }
+    out
+}
+
+/// The absorbed output of latent attention, `[hidden, n_heads · (rope +
+/// kv_lora)]`, from `attn_output` `[hidden, n_heads · v]` and `attn_kv_b`:
+/// head `h`'s columns are zero over its rope part (the attention output's
+/// rope dims are not values) and `W_o[:, h] · W_uv[h]` over its latent
+/// part (`W_uv[h]` the last `v` rows of head `h` in `attn_kv_b`), so that
+/// `o_abs · Σ p [k_rope, c] = Σ_h W_o[:, h] · W_uv[h] · Σ p c`.
+/// Accumulated in f64.
+pub fn absorb_output(a: &MlaSpec, nh: usize, hidden: usize, o: &[f32], kv_b: &[f32]) -> Vec<f32> {
+    let (dn, dr, dv, r) = (
+        a.qk_nope_head_dim,
+        a.qk_rope_head_dim,
+        a.v_head_dim,
+        a.kv_lora_rank,
+    );
+    let lat = dr + r;
+    let cols = nh * lat;
+    let mut out = vec![0f32; hidden * cols];
+    for h in 0..nh {
+        let uv = &kv_b[(h * (dn + dv) + dn) * r..(h + 1) * (dn + dv) * r];
+        for row in 0..hidden {
+            let w_o = &o[row * nh * dv + h * dv..row * nh * dv + (h + 1) * dv];
+            for j in 0..r {
+                let s: f64 = (0..dv)
+                    .map(|k| f64::from(w_o[k]) * f64::from(uv[k * r + j]))
+                    .sum();
+                out[row * cols + h * lat + dr + j] = s as f32;
+            }
+        }
+    }
+    out
 }
 
 /// The roles of the dense MLP.

@@ -271,3 +271,27 @@ fn phase_times_cover_the_phases_each_family_runs() {
         assert!(s.phase_times().total().is_zero());
     }
 }
+
+/// Latent attention caches one row `[k_rope, c]` per position and layer,
+/// read as keys and values: the compressed size, not the expanded K and V
+/// of every head.
+#[test]
+fn latent_attention_caches_the_compressed_rows() {
+    let Some(spec) = spec("deepseek_v3", &[]) else {
+        println!("skipped deepseek_v3: fixture absent");
+        return;
+    };
+    let mla = spec.mla.expect("deepseek_v3 has latent attention");
+    let m = model(&spec, 1);
+    let s = m.session(SessionOptions::new(64)).unwrap();
+    let compressed = spec.num_layers() * (mla.kv_lora_rank + mla.qk_rope_head_dim);
+    let expanded = spec.num_layers()
+        * spec.num_heads
+        * (mla.qk_nope_head_dim + mla.qk_rope_head_dim + mla.v_head_dim);
+    assert_eq!(s.kv().elements_per_position(), compressed);
+    println!(
+        "deepseek_v3 KV per position: {compressed} elements ({} bytes f32) vs {expanded} expanded ({} bytes)",
+        compressed * 4,
+        expanded * 4
+    );
+}

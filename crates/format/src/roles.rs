@@ -12,7 +12,7 @@
 //! Routed experts are not resident tensors: they are the parts `gate`, `up`,
 //! `down` (+ `.bias`) of a layer's expert file, each with a per-expert shape.
 
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MoeSpec, NormSpec, RouterKind};
+use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, MoeSpec, NormSpec, RouterKind};
 
 /// A resident tensor the install must contain.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +62,17 @@ pub enum Role {
     AttnVNorm,
     AttnGate,
     AttnSinks,
+    /// Latent attention (DeepSeek-V3): low-rank query `[q_lora, hidden]`,
+    /// its norm, and its up-projection `[heads · (nope + rope), q_lora]`.
+    AttnQA,
+    AttnQANorm,
+    AttnQB,
+    /// Latent attention: `[kv_lora + rope, hidden]` (latent, then the shared
+    /// rope key), the latent's norm, and the per-head key/value
+    /// up-projection `[heads · (nope + v), kv_lora]`.
+    AttnKvAMqa,
+    AttnKvANorm,
+    AttnKvB,
     PostAttentionNorm,
     FfnNorm,
     PostFfwNorm,
@@ -141,6 +152,17 @@ impl At<'_> {
     fn has_v(&self) -> bool {
         !self.ls().value_from_key
     }
+    /// The latent-attention spec, when the model uses it.
+    fn mla(&self) -> Option<&MlaSpec> {
+        self.spec.mla.as_ref()
+    }
+    /// Plain (not latent) attention: the q/k/v projections exist.
+    fn qkv(&self) -> bool {
+        self.spec.mla.is_none()
+    }
+    fn nh(&self) -> u64 {
+        self.spec.num_heads as u64
+    }
     /// `[len]` when the norm exists and carries a weight.
     fn norm(&self, norm: Option<NormSpec>, len: u64) -> Option<Vec<u64>> {
         norm.is_some_and(|n| n.has_weight()).then(|| vec![len])
@@ -209,17 +231,49 @@ pub const TENSORS: &[TensorDef] = &[
     row(Role::AttnNorm, "attn_norm.weight", Layer, |a| {
         a.norm(Some(a.spec.norms.attn_input), a.h())
     }),
-    row(Role::AttnQ, "attn_q.weight", Layer, |a| {
-        Some(vec![a.q(), a.h()])
+    row(Role::AttnQ, "attn_q.weight", Layer, |a| match a.mla() {
+        None => Some(vec![a.q(), a.h()]),
+        Some(m) => m
+            .q_lora_rank
+            .is_none()
+            .then(|| vec![a.nh() * m.qk_head_dim() as u64, a.h()]),
     }),
     row(Role::AttnK, "attn_k.weight", Layer, |a| {
-        Some(vec![a.kv(), a.h()])
+        a.when(a.qkv(), vec![a.kv(), a.h()])
     }),
     row(Role::AttnV, "attn_v.weight", Layer, |a| {
-        a.when(a.has_v(), vec![a.kv(), a.h()])
+        a.when(a.qkv() && a.has_v(), vec![a.kv(), a.h()])
+    }),
+    row(Role::AttnQA, "attn_q_a.weight", Layer, |a| {
+        let r = a.mla()?.q_lora_rank?;
+        Some(vec![r as u64, a.h()])
+    }),
+    row(Role::AttnQANorm, "attn_q_a_norm.weight", Layer, |a| {
+        let r = a.mla()?.q_lora_rank?;
+        Some(vec![r as u64])
+    }),
+    row(Role::AttnQB, "attn_q_b.weight", Layer, |a| {
+        let m = a.mla()?;
+        let r = m.q_lora_rank?;
+        Some(vec![a.nh() * m.qk_head_dim() as u64, r as u64])
+    }),
+    row(Role::AttnKvAMqa, "attn_kv_a_mqa.weight", Layer, |a| {
+        let m = a.mla()?;
+        Some(vec![(m.kv_lora_rank + m.qk_rope_head_dim) as u64, a.h()])
+    }),
+    row(Role::AttnKvANorm, "attn_kv_a_norm.weight", Layer, |a| {
+        Some(vec![a.mla()?.kv_lora_rank as u64])
+    }),
+    row(Role::AttnKvB, "attn_kv_b.weight", Layer, |a| {
+        let m = a.mla()?;
+        let per_head = (m.qk_nope_head_dim + m.v_head_dim) as u64;
+        Some(vec![a.nh() * per_head, m.kv_lora_rank as u64])
     }),
     row(Role::AttnOutput, "attn_output.weight", Layer, |a| {
-        Some(vec![a.h(), a.q()])
+        match a.mla() {
+            None => Some(vec![a.h(), a.q()]),
+            Some(m) => Some(vec![a.h(), a.nh() * m.v_head_dim as u64]),
+        }
     }),
     row(Role::AttnQBias, "attn_q.bias", Layer, |a| {
         a.when(a.spec.attention.q_bias, vec![a.q()])

@@ -20,6 +20,7 @@ pub const FAMILIES: &[&str] = &[
     "gpt_oss",
     "glm4_moe",
     "gemma4",
+    "deepseek_v3",
 ];
 
 /// The fixture's config.json with `overrides` applied at the top level.
@@ -69,7 +70,14 @@ pub fn tokens(n: usize, vocab: usize) -> Vec<u32> {
 }
 
 /// The MoE families with tiny fixtures.
-pub const MOE_FAMILIES: &[&str] = &["mixtral", "qwen3moe", "gpt_oss", "gemma4", "glm4_moe"];
+pub const MOE_FAMILIES: &[&str] = &[
+    "mixtral",
+    "qwen3moe",
+    "gpt_oss",
+    "gemma4",
+    "glm4_moe",
+    "deepseek_v3",
+];
 
 /// A fresh install of the `family` fixture, converted into a temporary
 /// directory named after `tag` (removed when the value drops); `None` when

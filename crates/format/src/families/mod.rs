@@ -19,6 +19,7 @@ use crate::spec::hf::Cfg;
 use crate::spec::SpecError;
 use turbospark_core::arch::{ArchSpec, Family, RopeKind};
 
+mod deepseek_v3;
 mod gemma3;
 mod gemma4;
 mod glm4moe;
@@ -40,6 +41,7 @@ pub const FAMILIES: &[&FamilyDef] = &[
     &gpt_oss::FAMILY,
     &gemma4::FAMILY,
     &glm4moe::FAMILY,
+    &deepseek_v3::FAMILY,
 ];
 
 /// One family: its names and its readers.

@@ -242,6 +242,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
             softcap: None,
         },
         layer_scalar: false,
+        mla: None,
         layers: (0..n_layers)
             .map(|i| LayerSpec {
                 head_dim,

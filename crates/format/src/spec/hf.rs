@@ -228,6 +228,7 @@ impl Dims {
                 softcap: None,
             },
             layer_scalar: false,
+            mla: None,
             layers,
         }
     }

@@ -295,8 +295,12 @@ impl<D: Device> Session<'_, D> {
             if !self.stream.replay_step(token, pos)? {
                 self.stream.begin_step(token, pos)?;
                 let recorded = self.step_ops(pos, tokens);
-                // A failed recording must not leave the stream recording.
+                // A failed recording must not leave the stream recording,
+                // nor a partial step to replay.
                 let ended = self.stream.end_step();
+                if recorded.is_err() || ended.is_err() {
+                    self.stream.forget_step();
+                }
                 recorded?;
                 ended?;
             }

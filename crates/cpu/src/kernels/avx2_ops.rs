@@ -376,7 +376,7 @@ mod tests {
     use turbospark_backend::AttentionParams;
 
     fn avx2() -> bool {
-        super::super::Isa::detect() == super::super::Isa::Avx2
+        super::super::Isa::detect().has_avx2()
     }
 
     fn values(n: usize, seed: u32, spread: f32) -> Vec<f32> {

@@ -8,7 +8,10 @@
 //! That integer dot is what every further token of a batch costs (the
 //! codes are unpacked once per block for all the tile's tokens), and here
 //! it takes eight instructions per block and token instead of
-//! seventeen. The 32 vector registers of AVX-512 also hold a tile of
+//! seventeen. Q8_0's signed codes are offset to `w + 128` once per block
+//! (`vpdpbusd` wants one unsigned side), and the token's `128 · Σ a`
+//! ([`Block32::sum128`]) subtracted from its sum, instead of moving each
+//! weight's sign onto the activations per token as AVX2 does. The 32 vector registers of AVX-512 also hold a tile of
 //! [`TILE_TOKENS`] tokens (eight code registers, one accumulator per
 //! token), so a batch unpacks each block half as often.
 //!
@@ -99,11 +102,12 @@ unsafe fn group<const F: u8, const C: usize>(
             let p = grp.as_ptr().add(b * gbb);
             let (d8, m8) = block_scales::<F>(p);
             let mut codes = block_codes::<F>(p.add(sb));
-            // Q8_0's codes are signed: |w| · (a with w's sign).
-            let signs = codes;
+            // Q8_0's codes are signed: w + 128 (flipping the sign bit)
+            // is unsigned, and Σ (w + 128) · a − 128 · Σ a = Σ w · a.
             if F == Q8_0 {
+                let bias = _mm256_set1_epi8(i8::MIN);
                 for k in 0..8 {
-                    codes[k] = _mm256_sign_epi8(codes[k], codes[k]);
+                    codes[k] = _mm256_xor_si256(codes[k], bias);
                 }
             }
             for t in 0..C {
@@ -113,14 +117,12 @@ unsafe fn group<const F: u8, const C: usize>(
                 // wait on each other's latency.
                 let mut s = [_mm256_setzero_si256(); 2];
                 for k in 0..8 {
-                    let qa = if F == Q8_0 {
-                        _mm256_sign_epi8(broadcast4(q, k), signs[k])
-                    } else {
-                        broadcast4(q, k)
-                    };
-                    s[k % 2] = _mm256_dpbusd_epi32(s[k % 2], codes[k], qa);
+                    s[k % 2] = _mm256_dpbusd_epi32(s[k % 2], codes[k], broadcast4(q, k));
                 }
-                let isum = _mm256_add_epi32(s[0], s[1]);
+                let mut isum = _mm256_add_epi32(s[0], s[1]);
+                if F == Q8_0 {
+                    isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(ab.sum128));
+                }
                 acc[t] = accumulate::<F>(acc[t], d8, m8, isum, ab);
             }
         }

@@ -211,13 +211,13 @@ impl ActScratch {
             ActKind::F32 => Some(ActRows::F32(x)),
             ActKind::Q32 => {
                 let out = self.q32.get_mut(..x.len() / QK32)?;
-                (x.len() % QK32 == 0).then_some(())?;
+                x.len().is_multiple_of(QK32).then_some(())?;
                 quantize_32(x, out);
                 Some(ActRows::Q32(out))
             }
             ActKind::Q256 => {
                 let out = self.q256.get_mut(..x.len() / QK256)?;
-                (x.len() % QK256 == 0).then_some(())?;
+                x.len().is_multiple_of(QK256).then_some(())?;
                 quantize_256(x, out);
                 Some(ActRows::Q256(out))
             }

@@ -177,7 +177,7 @@ pub(crate) fn attend(
         // SAFETY: these instruction sets only exist on CPUs with AVX2 and
         // FMA; the backend checked the buffers; the head width is a
         // multiple of 8.
-        Isa::Avx2 | Isa::Avx512Vnni if inputs.params.head_dim % 8 == 0 => unsafe {
+        Isa::Avx2 | Isa::Avx512Vnni if inputs.params.head_dim.is_multiple_of(8) => unsafe {
             avx2_ops::attend(inputs, t, h, scores, out)
         },
         _ => inputs.attend(t, h, scores, out),
@@ -230,7 +230,7 @@ pub(crate) const HEADS_PER_ITEM: usize = 4;
 /// (prefill) of heads whose width is a multiple of 8. Single tokens keep
 /// one head per item, which splits better between threads.
 pub(crate) fn attends_heads(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
-    isa.has_avx2() && p.head_dim % 8 == 0 && p.n_tokens > 1
+    isa.has_avx2() && p.head_dim.is_multiple_of(8) && p.n_tokens > 1
 }
 
 /// Query heads `h0 .. h0 + g` (`g ≤` [`HEADS_PER_ITEM`], one KV head) of
@@ -274,7 +274,7 @@ pub(crate) unsafe fn matmul_rows(
     let mut rows = rows;
     #[cfg(target_arch = "x86_64")]
     if let (true, Some(p)) = (isa.has_avx2(), w.packed.as_deref()) {
-        if rows.start % packed::GROUP == 0 {
+        if rows.start.is_multiple_of(packed::GROUP) {
             let g_end = (rows.end / packed::GROUP).min(p.groups);
             let g_start = rows.start / packed::GROUP;
             if g_start < g_end {

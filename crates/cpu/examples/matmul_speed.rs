@@ -1,20 +1,28 @@
 //! Throughput of the CPU backend's matmul for one weight format and shape:
-//! `cargo run --release -p turbospark-cpu --example matmul_speed -- FORMAT ROWS COLS TOKENS [THREADS] [NUMERICS]`
-//! prints GB/s of weights streamed and GMAC/s. Weights and activations are
+//! `cargo run --release -p turbospark-cpu --example matmul_speed -- FORMAT ROWS COLS TOKENS [THREADS] [NUMERICS] [ISA]`
+//! prints GB/s of weights streamed and GMAC/s (ISA: scalar, avx2 or
+//! avx512-vnni; default the best this CPU has). Weights and activations are
 //! random; the point is the kernel's speed, not its result.
 
 use turbospark_backend::{DType, Device, HostTensor, Limits, Numerics, SharedBytes, Stream};
 use turbospark_core::quant::row_bytes;
 use turbospark_core::QuantFormat;
-use turbospark_cpu::CpuDevice;
+use turbospark_cpu::{CpuDevice, Isa};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let usage = "FORMAT ROWS COLS TOKENS [THREADS] [NUMERICS]";
+    let usage = "FORMAT ROWS COLS TOKENS [THREADS] [NUMERICS] [ISA]";
     let format: QuantFormat = serde_json::from_str(&format!("\"{}\"", args.first().ok_or(usage)?))?;
     let num = |i: usize, d: usize| args.get(i).map_or(Ok(d), |s| s.parse::<usize>());
     let (rows, cols, n, threads) = (num(1, 1536)?, num(2, 576)?, num(3, 1)?, num(4, 1)?);
     let numerics: Numerics = args.get(5).map_or("fast", |s| s.as_str()).parse()?;
+    let isa = match args.get(6).map(|s| s.as_str()) {
+        None => Isa::detect(),
+        Some("scalar") => Isa::Scalar,
+        Some("avx2") => Isa::Avx2,
+        Some("avx512-vnni") => Isa::Avx512Vnni,
+        Some(other) => return Err(format!("unknown ISA {other}; {usage}").into()),
+    };
     let rb = row_bytes(format, cols)?;
     let mut s = 0x9e37_79b9_7f4a_7c15u64;
     let mut bytes: Vec<u8> = (0..rows * rb)
@@ -39,7 +47,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    let be = CpuDevice::new(threads)?.with_numerics(numerics);
+    let be = CpuDevice::new(threads)?
+        .with_numerics(numerics)
+        .with_isa(isa);
     let w = be.upload_matrix(&HostTensor {
         name: "w".into(),
         format,
@@ -65,7 +75,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     st.synchronize()?;
     let dt = t.elapsed().as_secs_f64() / reps as f64;
     println!(
-        "{format} [{rows}, {cols}] x {n} tokens, {threads} threads, {numerics}: {:.1} µs/call, {:.2} GB/s weights, {:.1} GMAC/s",
+        "{format} [{rows}, {cols}] x {n} tokens, {threads} threads, {numerics}, {}: {:.1} µs/call, {:.2} GB/s weights, {:.1} GMAC/s",
+        be.isa().name(),
         dt * 1e6,
         (rows * rb) as f64 / dt / 1e9,
         (rows * cols * n) as f64 / dt / 1e9

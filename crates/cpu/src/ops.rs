@@ -293,7 +293,10 @@ impl Stream<CpuDevice> for CpuStream {
         if p.n_tokens == 0 {
             return Ok(());
         }
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 || p.capacity == 0
+        if p.n_kv_heads == 0
+            || !p.n_heads.is_multiple_of(p.n_kv_heads)
+            || p.head_dim == 0
+            || p.capacity == 0
         {
             return Err(shape_err(
                 "attention",

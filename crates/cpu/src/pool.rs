@@ -67,7 +67,7 @@ fn spin_until(done: impl Fn() -> bool) {
     let mut i = 0u32;
     while !done() {
         i = i.wrapping_add(1);
-        if i % 256 == 0 && start.elapsed() > SPIN {
+        if i.is_multiple_of(256) && start.elapsed() > SPIN {
             std::thread::yield_now();
         } else {
             std::hint::spin_loop();
@@ -203,7 +203,7 @@ fn next_generation(sh: &Shared, seen: u64) -> Option<u64> {
             return Some(g);
         }
         i = i.wrapping_add(1);
-        if i % 256 != 0 || start.elapsed() < SPIN {
+        if !i.is_multiple_of(256) || start.elapsed() < SPIN {
             std::hint::spin_loop();
             continue;
         }

@@ -2,7 +2,9 @@
 //! (no HTTP, no sampling): 20 decode steps of `n` sequences, each over its
 //! own KV cache, for n = 1, 2, 4, 8, 16, with the engine's phases.
 //!
-//! `cargo run --release -p turbospark-server --example batch_speed -- INSTALL [fast|exact]`
+//! `cargo run --release -p turbospark-server --example batch_speed -- INSTALL [fast|exact] [avx2|avx512-vnni|scalar]`
+//! (the last: the fast kernels' instruction set; default the best this CPU
+//! has).
 
 use std::time::Instant;
 use turbospark_engine::{BatchRow, ExpertOptions, Logits, Model, SessionOptions};
@@ -15,9 +17,18 @@ fn main() {
         turbospark_cpu::Numerics::Fast
     };
     let install = turbospark_format::install::Install::open(std::path::Path::new(&dir)).unwrap();
+    let isa = match std::env::args().nth(3).as_deref() {
+        None => turbospark_cpu::Isa::detect(),
+        Some("avx2") => turbospark_cpu::Isa::Avx2,
+        Some("avx512-vnni") => turbospark_cpu::Isa::Avx512Vnni,
+        Some("scalar") => turbospark_cpu::Isa::Scalar,
+        Some(other) => panic!("unknown instruction set {other}"),
+    };
     let dev = turbospark_cpu::CpuDevice::new(2)
         .unwrap()
-        .with_numerics(numerics);
+        .with_numerics(numerics)
+        .with_isa(isa);
+    println!("{numerics} numerics, {} kernels", dev.isa().name());
     let m = Model::open(&install, dev, &ExpertOptions::mapped()).unwrap();
     let vocab = m.vocab_size();
     let mut w = m

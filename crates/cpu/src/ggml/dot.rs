@@ -354,7 +354,7 @@ pub(crate) enum Path {
 /// Whether llama.cpp on x86 repacks a matrix of `fmt` with `rows` rows
 /// into interleaved 8-row blocks (and so uses its gemv/gemm kernels).
 pub(crate) fn repacked(fmt: QuantFormat, rows: usize) -> bool {
-    fmt == QuantFormat::Q4K && rows % 8 == 0
+    fmt == QuantFormat::Q4K && rows.is_multiple_of(8)
 }
 
 /// The dot of a weight row of `fmt` (`codes`, `scales` and `subs` from

@@ -47,7 +47,7 @@ impl FloatDot {
     pub(crate) fn for_matmul(ty: FloatType, rows: usize, k: usize, n: usize) -> FloatDot {
         FloatDot {
             ty,
-            tiny: n >= 2 && k % 16 == 0 && rows % 4 == 0,
+            tiny: n >= 2 && k.is_multiple_of(16) && rows.is_multiple_of(4),
         }
     }
 

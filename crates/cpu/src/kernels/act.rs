@@ -7,6 +7,7 @@
 //! Block32   (for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4 weights), per 32 values x:
 //!           d = max|x| / 127,  q_j = round_half_even(x_j / d) ∈ [-127, 127]
 //!           s = d · Σ q_j      (carries a weight block's offset or min)
+//!           sum = 128 · Σ q_j  (integer; offsets Q8_0 weights made unsigned)
 //! Block256  (for Q4_K, Q5_K, Q6_K weights), per 256 values:
 //!           d, q as above over the 256 values; bsums[k] = Σ of codes 16k .. 16k+15
 //! ```
@@ -29,6 +30,8 @@ pub(crate) struct Block32 {
     pub d: f32,
     /// `d · Σ qs`.
     pub s: f32,
+    /// `128 · Σ qs`: what codes `w + 128` dot more than codes `w`.
+    pub sum128: i32,
     pub qs: [i8; QK32],
 }
 
@@ -36,6 +39,7 @@ impl Block32 {
     pub(crate) const ZERO: Block32 = Block32 {
         d: 0.0,
         s: 0.0,
+        sum128: 0,
         qs: [0; QK32],
     };
 }
@@ -130,6 +134,7 @@ pub(crate) fn quantize_32(x: &[f32], out: &mut [Block32]) {
         }
         b.d = d;
         b.s = d * sum as f32;
+        b.sum128 = 128 * sum;
     }
 }
 
@@ -206,13 +211,13 @@ impl ActScratch {
             ActKind::F32 => Some(ActRows::F32(x)),
             ActKind::Q32 => {
                 let out = self.q32.get_mut(..x.len() / QK32)?;
-                (x.len() % QK32 == 0).then_some(())?;
+                x.len().is_multiple_of(QK32).then_some(())?;
                 quantize_32(x, out);
                 Some(ActRows::Q32(out))
             }
             ActKind::Q256 => {
                 let out = self.q256.get_mut(..x.len() / QK256)?;
-                (x.len() % QK256 == 0).then_some(())?;
+                x.len().is_multiple_of(QK256).then_some(())?;
                 quantize_256(x, out);
                 Some(ActRows::Q256(out))
             }
@@ -238,6 +243,7 @@ mod tests {
                 sum += q as i32;
             }
             assert_eq!(b.s, b.d * sum as f32);
+            assert_eq!(b.sum128, 128 * sum);
         }
         let mut b256 = vec![Block256::ZERO; 2];
         quantize_256(&x, &mut b256);

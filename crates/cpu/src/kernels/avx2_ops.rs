@@ -125,7 +125,7 @@ pub(crate) unsafe fn glu(gate: &mut [f32], up: &[f32], act: Activation) {
 /// The CPU has AVX2 and FMA.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn rms_norm(x: &mut [f32], dim: usize, spec: NormSpec, weight: Option<&[f32]>) {
-    if dim == 0 || dim % 8 != 0 {
+    if dim == 0 || !dim.is_multiple_of(8) {
         crate::elementwise::rms_norm(x, dim, spec, weight);
         return;
     }
@@ -376,7 +376,7 @@ mod tests {
     use turbospark_backend::AttentionParams;
 
     fn avx2() -> bool {
-        super::super::Isa::detect() == super::super::Isa::Avx2
+        super::super::Isa::detect().has_avx2()
     }
 
     fn values(n: usize, seed: u32, spread: f32) -> Vec<f32> {

@@ -24,7 +24,7 @@ use super::packed::{group_block_bytes, k_layout, scale_bytes, GROUP};
 use std::arch::x86_64::*;
 use turbospark_core::QuantFormat;
 
-const fn format_of(f: u8) -> QuantFormat {
+pub(super) const fn format_of(f: u8) -> QuantFormat {
     match f {
         Q4_0 => QuantFormat::Q4_0,
         Q4_1 => QuantFormat::Q4_1,
@@ -77,9 +77,108 @@ pub(crate) unsafe fn group_tile(
 /// Four activation codes `q[4k .. 4k + 4]` in every 32-bit lane.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn broadcast4(q: *const i8, k: usize) -> __m256i {
+pub(super) unsafe fn broadcast4(q: *const i8, k: usize) -> __m256i {
     // SAFETY: the caller's `q` holds 32 codes and `k < 8`.
     _mm256_set1_epi32(unsafe { (q.add(4 * k) as *const i32).read_unaligned() })
+}
+
+/// The eight rows' scales of block `p` of a packed group of format `F`:
+/// `(d, m)` with `m` the factor of the activation block's scaled code sum
+/// (`blocks::legacy_block`: the min for Q4_1/Q5_1, `d` times the code
+/// offset otherwise; unused for Q8_0).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `p` points at a whole group block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_scales<const F: u8>(p: *const u8) -> (__m256, __m256) {
+    // SAFETY: the scales lie at the start of the block (contract).
+    unsafe {
+        match F {
+            Q4_1 | Q5_1 => (
+                _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+            ),
+            MXFP4 => {
+                // 2^(e − 128) (`blocks::e8m0_half`): exponent bits e − 1
+                // for e ≥ 2, the subnormals 2^-128 and 2^-127 below.
+                let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
+                let one = _mm256_set1_epi32(1);
+                let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
+                let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+                let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+                let d = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
+                (d, _mm256_mul_ps(d, _mm256_set1_ps(-12.0)))
+            }
+            _ => {
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
+                let off = match F {
+                    Q4_0 => -8.0,
+                    Q5_0 => -16.0,
+                    _ => 0.0,
+                };
+                (d, _mm256_mul_ps(d, _mm256_set1_ps(off)))
+            }
+        }
+    }
+}
+
+/// The eight code registers of one block of a packed group of format `F`
+/// (register `k`, byte `4r + i` = code `4k + i` of row `r`) whose codes
+/// start at `c`: unsigned for every format but Q8_0 (signed bytes).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `c` points at the block's codes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn block_codes<const F: u8>(c: *const u8) -> [__m256i; 8] {
+    let mut codes = [_mm256_setzero_si256(); 8];
+    // SAFETY: 128 (nibbles) or 256 (bytes) bytes of codes (contract).
+    unsafe {
+        if F == Q4_0 || F == Q4_1 || F == MXFP4 {
+            let m4 = _mm256_set1_epi8(0x0F);
+            let table = _mm_loadu_si128(MXFP4_U.as_ptr() as *const __m128i);
+            let table = _mm256_set_m128i(table, table);
+            for i in 0..4 {
+                let v = _mm256_loadu_si256(c.add(32 * i) as *const __m256i);
+                let lo = _mm256_and_si256(v, m4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if F == MXFP4 {
+                    codes[i] = _mm256_shuffle_epi8(table, lo);
+                    codes[i + 4] = _mm256_shuffle_epi8(table, hi);
+                } else {
+                    codes[i] = lo;
+                    codes[i + 4] = hi;
+                }
+            }
+        } else {
+            for k in 0..8 {
+                codes[k] = _mm256_loadu_si256(c.add(32 * k) as *const __m256i);
+            }
+        }
+    }
+    codes
+}
+
+/// `acc += (d · a.d) · isum`, then `acc += m · a.s` (all formats but
+/// Q8_0): one block's contribution to eight rows' f32 sums, in the order
+/// every kernel on the packed layout adds it.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn accumulate<const F: u8>(
+    acc: __m256,
+    d8: __m256,
+    m8: __m256,
+    isum: __m256i,
+    ab: &Block32,
+) -> __m256 {
+    let scale = _mm256_mul_ps(d8, _mm256_set1_ps(ab.d));
+    let acc = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc);
+    if F != Q8_0 {
+        _mm256_fmadd_ps(m8, _mm256_set1_ps(ab.s), acc)
+    } else {
+        acc
+    }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -94,7 +193,6 @@ unsafe fn group<const F: u8, const C: usize>(
     let (gbb, sb) = (group_block_bytes(format), scale_bytes(format));
     debug_assert!(grp.len() >= nb * gbb && a.len() >= (t0 + C) * nb && out.len() >= C);
     let ap = a[t0 * nb..].as_ptr();
-    let m4 = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); C];
     for b in 0..nb {
@@ -103,55 +201,8 @@ unsafe fn group<const F: u8, const C: usize>(
         // 128 (nibbles) or 256 (bytes) bytes of codes.
         unsafe {
             let p = grp.as_ptr().add(b * gbb);
-            let (d8, m8) = match F {
-                Q4_1 | Q5_1 => (
-                    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
-                ),
-                MXFP4 => {
-                    // 2^(e − 128) (`blocks::e8m0_half`): exponent bits
-                    // e − 1 for e ≥ 2, the subnormals 2^-128 and 2^-127
-                    // below.
-                    let e = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i));
-                    let one = _mm256_set1_epi32(1);
-                    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, one), 23);
-                    let sub = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
-                    let small = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
-                    let d = _mm256_castsi256_ps(_mm256_blendv_epi8(normal, sub, small));
-                    (d, _mm256_mul_ps(d, _mm256_set1_ps(-12.0)))
-                }
-                _ => {
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i));
-                    let off = match F {
-                        Q4_0 => -8.0,
-                        Q5_0 => -16.0,
-                        _ => 0.0,
-                    };
-                    (d, _mm256_mul_ps(d, _mm256_set1_ps(off)))
-                }
-            };
-            let c = p.add(sb);
-            let mut codes = [_mm256_setzero_si256(); 8];
-            if F == Q4_0 || F == Q4_1 || F == MXFP4 {
-                let table = _mm_loadu_si128(MXFP4_U.as_ptr() as *const __m128i);
-                let table = _mm256_set_m128i(table, table);
-                for i in 0..4 {
-                    let v = _mm256_loadu_si256(c.add(32 * i) as *const __m256i);
-                    let lo = _mm256_and_si256(v, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                    if F == MXFP4 {
-                        codes[i] = _mm256_shuffle_epi8(table, lo);
-                        codes[i + 4] = _mm256_shuffle_epi8(table, hi);
-                    } else {
-                        codes[i] = lo;
-                        codes[i + 4] = hi;
-                    }
-                }
-            } else {
-                for k in 0..8 {
-                    codes[k] = _mm256_loadu_si256(c.add(32 * k) as *const __m256i);
-                }
-            }
+            let (d8, m8) = block_scales::<F>(p);
+            let mut codes = block_codes::<F>(p.add(sb));
             // Q8_0's codes are signed: |w| · (a with w's sign).
             let signs = codes;
             if F == Q8_0 {
@@ -185,11 +236,7 @@ unsafe fn group<const F: u8, const C: usize>(
                     }
                     _mm256_add_epi32(halves[0], halves[1])
                 };
-                let scale = _mm256_mul_ps(d8, _mm256_set1_ps(ab.d));
-                acc[t] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(isum), acc[t]);
-                if F != Q8_0 {
-                    acc[t] = _mm256_fmadd_ps(m8, _mm256_set1_ps(ab.s), acc[t]);
-                }
+                acc[t] = accumulate::<F>(acc[t], d8, m8, isum, ab);
             }
         }
     }

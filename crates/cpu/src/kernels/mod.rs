@@ -11,10 +11,11 @@
 //! or four rows against one token (decode).
 //!
 //! One kernel set per instruction set — [`scalar`] (portable, and the
-//! reference the others are tested against) and `avx2*` (x86-64 with AVX2,
+//! reference the others are tested against), `avx2*` (x86-64 with AVX2,
 //! FMA and F16C: matmul on the original and on the packed layout,
-//! attention, GLU, RMS norm) — chosen once when the device is built
-//! ([`Isa::detect`]).
+//! attention, GLU, RMS norm) and `avx512_packed` (AVX-512 VNNI integer
+//! dots for the packed 32-element formats, the AVX2 kernels elsewhere) —
+//! chosen once when the device is built ([`Isa::detect`]).
 //!
 //! Work is split over the pool by output rows (whole groups of eight for a
 //! packed matrix). A row's result does not depend on the thread count, the
@@ -29,6 +30,8 @@ mod avx2;
 mod avx2_ops;
 #[cfg(target_arch = "x86_64")]
 mod avx2_packed;
+#[cfg(target_arch = "x86_64")]
+mod avx512_packed;
 pub(crate) mod blocks;
 mod packed;
 mod scalar;
@@ -51,6 +54,9 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2, FMA and F16C.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512F, AVX-512VL and AVX-512 VNNI (integer
+    /// dots of packed weights by `vpdpbusd`; same bits as [`Isa::Avx2`]).
+    Avx512Vnni,
 }
 
 impl Isa {
@@ -61,16 +67,23 @@ impl Isa {
             && std::arch::is_x86_feature_detected!("fma")
             && std::arch::is_x86_feature_detected!("f16c")
         {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512vnni")
+            {
+                return Isa::Avx512Vnni;
+            }
             return Isa::Avx2;
         }
         Isa::Scalar
     }
 
-    /// `isa` if this CPU can run it, else [`Isa::Scalar`].
+    /// `isa` if this CPU can run it, else the best it has below `isa`.
     pub fn supported(self) -> Isa {
-        match self {
-            Isa::Scalar => Isa::Scalar,
-            Isa::Avx2 => Isa::detect(),
+        match (self, Isa::detect()) {
+            (Isa::Scalar, _) => Isa::Scalar,
+            (Isa::Avx2, Isa::Avx512Vnni) => Isa::Avx2,
+            (_, best) => best,
         }
     }
 
@@ -78,7 +91,13 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
         }
+    }
+
+    /// Whether the AVX2 kernels run on this instruction set.
+    pub(crate) fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512Vnni)
     }
 
     /// `out[r · c_n + c] = Σ_i W[row0 + r, i] · x_{t0+c}[i]` for a tile of
@@ -94,10 +113,12 @@ impl Isa {
     ) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: an `Isa::Avx2` only exists after `detect` found the
-            // features (`supported` never upgrades); the rows and
-            // activations have the matrix's width and format.
-            Isa::Avx2 => unsafe { avx2::dot_tile(w.format, rows, w.cols, acts, t0, out) },
+            // SAFETY: an `Isa::Avx2` or `Isa::Avx512Vnni` only exists after
+            // `detect` found the features (`supported` never upgrades); the
+            // rows and activations have the matrix's width and format.
+            Isa::Avx2 | Isa::Avx512Vnni => unsafe {
+                avx2::dot_tile(w.format, rows, w.cols, acts, t0, out)
+            },
             _ => scalar::dot_tile(w.format, rows, w.cols, acts, t0, out),
         }
     }
@@ -119,8 +140,8 @@ pub(crate) const fn tile_rows(c: usize) -> usize {
 pub(crate) fn glu(isa: Isa, gate: &mut [f32], up: &[f32], act: turbospark_core::arch::Activation) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA.
-        Isa::Avx2 => unsafe { avx2_ops::glu(gate, up, act) },
+        // SAFETY: these instruction sets only exist on CPUs with AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2_ops::glu(gate, up, act) },
         _ => crate::elementwise::glu(gate, up, act),
     }
 }
@@ -135,8 +156,8 @@ pub(crate) fn rms_norm(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA.
-        Isa::Avx2 => unsafe { avx2_ops::rms_norm(x, dim, spec, weight) },
+        // SAFETY: these instruction sets only exist on CPUs with AVX2 and FMA.
+        Isa::Avx2 | Isa::Avx512Vnni => unsafe { avx2_ops::rms_norm(x, dim, spec, weight) },
         _ => crate::elementwise::rms_norm(x, dim, spec, weight),
     }
 }
@@ -153,9 +174,10 @@ pub(crate) fn attend(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: an `Isa::Avx2` only exists on CPUs with AVX2 and FMA; the
-        // backend checked the buffers; the head width is a multiple of 8.
-        Isa::Avx2 if inputs.params.head_dim % 8 == 0 => unsafe {
+        // SAFETY: these instruction sets only exist on CPUs with AVX2 and
+        // FMA; the backend checked the buffers; the head width is a
+        // multiple of 8.
+        Isa::Avx2 | Isa::Avx512Vnni if inputs.params.head_dim.is_multiple_of(8) => unsafe {
             avx2_ops::attend(inputs, t, h, scores, out)
         },
         _ => inputs.attend(t, h, scores, out),
@@ -164,7 +186,7 @@ pub(crate) fn attend(
 
 /// Whether `isa` has kernels for repacked weights.
 pub(crate) fn packs(isa: Isa) -> bool {
-    isa == Isa::Avx2
+    isa.has_avx2()
 }
 
 /// The repacked form of `w` the kernels of `isa` use, if any.
@@ -208,7 +230,7 @@ pub(crate) const HEADS_PER_ITEM: usize = 4;
 /// (prefill) of heads whose width is a multiple of 8. Single tokens keep
 /// one head per item, which splits better between threads.
 pub(crate) fn attends_heads(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
-    isa == Isa::Avx2 && p.head_dim % 8 == 0 && p.n_tokens > 1
+    isa.has_avx2() && p.head_dim.is_multiple_of(8) && p.n_tokens > 1
 }
 
 /// Query heads `h0 .. h0 + g` (`g ≤` [`HEADS_PER_ITEM`], one KV head) of
@@ -251,13 +273,13 @@ pub(crate) unsafe fn matmul_rows(
 ) {
     let mut rows = rows;
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx2, Some(p)) = (isa, w.packed.as_deref()) {
-        if rows.start % packed::GROUP == 0 {
+    if let (true, Some(p)) = (isa.has_avx2(), w.packed.as_deref()) {
+        if rows.start.is_multiple_of(packed::GROUP) {
             let g_end = (rows.end / packed::GROUP).min(p.groups);
             let g_start = rows.start / packed::GROUP;
             if g_start < g_end {
                 // SAFETY: forwarded; the groups lie in this caller's rows.
-                unsafe { packed_groups(w, p, acts, n, out, g_start..g_end) };
+                unsafe { packed_groups(isa, w, p, acts, n, out, g_start..g_end) };
                 rows.start = g_end * packed::GROUP;
             }
         }
@@ -297,13 +319,16 @@ pub(crate) unsafe fn matmul_rows(
     }
 }
 
-/// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time.
+/// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time
+/// (the AVX-512 VNNI kernel's [`avx512_packed::TILE_TOKENS`] where it
+/// runs).
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; concurrent callers sharing `out` pass
-/// disjoint groups.
+/// The CPU has the features of `isa`, at least AVX2, FMA and F16C;
+/// concurrent callers sharing `out` pass disjoint groups.
 #[cfg(target_arch = "x86_64")]
 unsafe fn packed_groups(
+    isa: Isa,
     w: &CpuMatrix,
     p: &Packed,
     acts: ActRows<'_>,
@@ -312,13 +337,19 @@ unsafe fn packed_groups(
     groups: std::ops::Range<usize>,
 ) {
     const GROUP_CHUNK: usize = 4;
-    let mut tile = [[0f32; packed::GROUP]; TOKENS];
+    let vnni = isa == Isa::Avx512Vnni && matches!(acts, ActRows::Q32(_));
+    let tile_tokens = if vnni {
+        avx512_packed::TILE_TOKENS
+    } else {
+        TOKENS
+    };
+    let mut tile = [[0f32; packed::GROUP]; avx512_packed::TILE_TOKENS];
     let mut g0 = groups.start;
     while g0 < groups.end {
         let g1 = (g0 + GROUP_CHUNK).min(groups.end);
         let mut t = 0;
         while t < n {
-            let c = TOKENS.min(n - t);
+            let c = tile_tokens.min(n - t);
             for g in g0..g1 {
                 // SAFETY: the CPU has the features (contract); group `g` is
                 // whole; the activations hold `n` rows of `p.blocks` blocks.
@@ -327,6 +358,9 @@ unsafe fn packed_groups(
                 // SAFETY: as above; the activation shape is the format's.
                 unsafe {
                     match acts {
+                        ActRows::Q32(a) if vnni => {
+                            avx512_packed::group_tile(w.format, grp, p.blocks, a, t, tile)
+                        }
                         ActRows::Q32(a) => {
                             avx2_packed::group_tile(w.format, grp, p.blocks, a, t, tile)
                         }
@@ -448,7 +482,7 @@ mod tests {
     /// weights and the dequantized 8-bit activations.
     #[test]
     fn kernels_match_the_dequantized_reference() {
-        let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2]
+        let isas: Vec<Isa> = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
             .into_iter()
             .filter(|i| i.supported() == *i)
             .collect();
@@ -458,7 +492,7 @@ mod tests {
             } else {
                 96 + 32 * 3
             };
-            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5)] {
+            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5), (24, 17)] {
                 let w = matrix(format, rows, cols, rows as u64 * 31 + n as u64);
                 let mut next = rng(n as u64);
                 let x: Vec<f32> = (0..n * cols)
@@ -484,11 +518,11 @@ mod tests {
                             .sum();
                     }
                 }
+                let mut simd_bits: Option<Vec<u32>> = None;
                 for &isa in &isas {
                     let mut acts = ActScratch::default();
                     acts.fit_matrix(cols);
                     acts.fit_tokens(n);
-                    let a = acts.quantize(format, &x).unwrap();
                     let mut w = w.clone();
                     w.packed = pack(isa, &w).map(std::sync::Arc::new);
                     let mut got = vec![0f32; n * rows];
@@ -496,10 +530,39 @@ mod tests {
                     // Ragged split: rows in two uneven parts (whole groups
                     // when packed).
                     let cut = rows / 3 / row_unit(&w) * row_unit(&w);
+                    let a = acts.quantize(format, &x).unwrap();
                     // SAFETY: the two row ranges are disjoint.
                     unsafe {
                         matmul_rows(isa, &w, a, n, &out, 0..cut);
                         matmul_rows(isa, &w, a, n, &out, cut..rows);
+                    }
+                    // Each token alone gives the bits it had in the batch.
+                    for t in 0..n {
+                        let mut alone = vec![0f32; rows];
+                        let out = DisjointMut::new(&mut alone);
+                        let a = acts.quantize(format, &x[t * cols..(t + 1) * cols]).unwrap();
+                        // SAFETY: one caller.
+                        unsafe { matmul_rows(isa, &w, a, 1, &out, 0..rows) };
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(&got[t * rows..(t + 1) * rows])
+                                .all(|(p, q)| p.to_bits() == q.to_bits()),
+                            "{format} {} rows={rows} n={n}: token {t} alone differs",
+                            isa.name()
+                        );
+                    }
+                    // The SIMD instruction sets agree bit for bit.
+                    if isa.has_avx2() {
+                        let bits: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+                        match &simd_bits {
+                            Some(b) => assert!(
+                                *b == bits,
+                                "{format} {} rows={rows} n={n}: differs from avx2",
+                                isa.name()
+                            ),
+                            None => simd_bits = Some(bits),
+                        }
                     }
                     for i in 0..n * rows {
                         let err = (got[i] as f64 - want[i]).abs();

@@ -115,7 +115,7 @@ impl Packed {
         codes(format)?;
         let groups = rows / GROUP;
         let be = format.block_elems();
-        if groups == 0 || cols % be != 0 {
+        if groups == 0 || !cols.is_multiple_of(be) {
             return None;
         }
         let blocks = cols / be;

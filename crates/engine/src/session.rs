@@ -24,7 +24,7 @@ use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::timing::PhaseTimes;
 use crate::EngineError;
-use turbospark_backend::{Device, Limits};
+use turbospark_backend::{Device, Limits, Stream};
 
 /// Sizes of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -373,9 +373,13 @@ impl<'m, D: Device> Session<'m, D> {
         logits: Logits<'_>,
     ) -> Result<(), EngineError> {
         self.check_cache(kv)?;
+        // A recorded decode step names the cache it was recorded with: none
+        // may be replayed over another sequence's cache, nor kept after it.
+        self.stream.forget_step();
         std::mem::swap(&mut self.kv, kv);
         let result = self.forward(self.kv.position(), tokens, logits);
         std::mem::swap(&mut self.kv, kv);
+        self.stream.forget_step();
         result
     }
 

@@ -82,3 +82,50 @@ pub struct HostTensor {
     pub shape: Vec<usize>,
     pub bytes: SharedBytes,
 }
+
+impl HostTensor {
+    /// `[rows, cols]` and the bytes of one row of a 2-D tensor, checked
+    /// against its bytes: what every backend's matrix upload accepts.
+    pub fn matrix_layout(&self) -> Result<(usize, usize, usize), BackendError> {
+        let &[rows, cols] = self.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: self.name.clone(),
+                expected: 2,
+                shape: self.shape.clone(),
+            });
+        };
+        let quant = |source| BackendError::Quant {
+            name: self.name.clone(),
+            source,
+        };
+        let rb = turbospark_core::quant::row_bytes(self.format, cols).map_err(quant)?;
+        let total = rows.checked_mul(rb);
+        if total != Some(self.bytes.len()) {
+            return Err(quant(turbospark_core::quant::QuantError::LengthMismatch {
+                format: self.format,
+                elements: rows.saturating_mul(cols),
+                expected_bytes: total.unwrap_or(usize::MAX),
+                got_bytes: self.bytes.len(),
+            }));
+        }
+        Ok((rows, cols, rb))
+    }
+
+    /// The values of a 1-D tensor, widened to f32.
+    pub fn vector_values(&self) -> Result<Vec<f32>, BackendError> {
+        let &[len] = self.shape.as_slice() else {
+            return Err(BackendError::Rank {
+                name: self.name.clone(),
+                expected: 1,
+                shape: self.shape.clone(),
+            });
+        };
+        let mut v = vec![0f32; len];
+        turbospark_core::quant::dequantize_row(self.format, self.bytes.as_slice(), &mut v)
+            .map_err(|source| BackendError::Quant {
+                name: self.name.clone(),
+                source,
+            })?;
+        Ok(v)
+    }
+}

@@ -47,6 +47,84 @@ pub struct AttentionParams {
     pub softcap: Option<f32>,
 }
 
+impl AttentionParams {
+    /// The first key position a query at `pos` sees.
+    pub fn first_key(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+
+    /// Checks the heads and that the cache still holds every key the
+    /// queries see; returns the most keys one query sees. Call with
+    /// `n_tokens > 0`.
+    pub fn check(&self) -> Result<usize, BackendError> {
+        if self.n_kv_heads == 0
+            || self.n_heads % self.n_kv_heads != 0
+            || self.head_dim == 0
+            || self.capacity == 0
+        {
+            return Err(BackendError::Shape {
+                op: "attention",
+                detail: format!(
+                    "{} heads over {} kv heads of {} dims, capacity {}",
+                    self.n_heads, self.n_kv_heads, self.head_dim, self.capacity
+                ),
+            });
+        }
+        let newest = self.first_pos + self.n_tokens - 1;
+        let oldest = self.first_key(self.first_pos);
+        if newest - oldest + 1 > self.capacity {
+            return Err(BackendError::KeysEvicted {
+                position: self.first_pos,
+                oldest,
+                newest,
+                capacity: self.capacity,
+            });
+        }
+        Ok(newest - self.first_key(newest) + 1)
+    }
+}
+
+/// Checks that `table` rotates at most `head_dim` dimensions in pairs.
+pub fn check_rope(table: &RopeTable, head_dim: usize) -> Result<(), BackendError> {
+    if table.rotary_dim > head_dim || table.rotary_dim != 2 * table.pairs() {
+        return Err(BackendError::Shape {
+            op: "rope",
+            detail: format!(
+                "{} rotary dims ({} pairs) on a {head_dim}-wide head",
+                table.rotary_dim,
+                table.pairs()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Checks that every token names a row of a `rows`-row embedding table.
+pub fn check_tokens(tokens: &[u32], rows: usize) -> Result<(), BackendError> {
+    match tokens.iter().find(|&&t| t as usize >= rows) {
+        Some(&tok) => Err(BackendError::Shape {
+            op: "embed",
+            detail: format!("token {tok} outside the {rows}-row table"),
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The mismatch of an expert's biases with its bank's (one has a bias the
+/// other lacks).
+pub fn bias_mismatch(expert: &ExpertTensors) -> BackendError {
+    BackendError::Shape {
+        op: "fill_slot",
+        detail: format!(
+            "{} has other biases than the bank's experts",
+            expert.gate.name
+        ),
+    }
+}
+
 /// A per-session queue of ops on device `D` (see the module docs).
 pub trait Stream<D: Device>: Send {
     /// Waits until every queued op and copy has completed.

@@ -36,7 +36,7 @@ impl AttentionInputs<'_> {
         let row = p.n_kv_heads * hd;
         let kv_head = h / (p.n_heads / p.n_kv_heads);
         let pos = p.first_pos + t;
-        let lo = first_key(pos, p.window);
+        let lo = p.first_key(pos);
         let q = &self.q[(t * p.n_heads + h) * hd..][..hd];
         let scores = &mut scores[..pos - lo + 1];
         let sink = self.sinks.map(|s| s[h]);
@@ -66,13 +66,5 @@ impl AttentionInputs<'_> {
                 *o += w * v;
             }
         }
-    }
-}
-
-/// The first key position a query at `pos` sees.
-pub(crate) fn first_key(pos: usize, window: Option<usize>) -> usize {
-    match window {
-        Some(w) => (pos + 1).saturating_sub(w),
-        None => 0,
     }
 }

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use turbospark_backend::{
     BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics, Route,
 };
-use turbospark_core::quant::row_bytes;
 
 /// The CPU backend's device.
 pub struct CpuDevice {
@@ -84,27 +83,7 @@ impl CpuDevice {
     /// Checks and wraps a 2-D tensor; with `pack`, also repacks it for the
     /// fast kernels (where the instruction set has packed kernels).
     fn matrix(&self, t: &HostTensor, pack: bool) -> Result<CpuMatrix, BackendError> {
-        let &[rows, cols] = t.shape.as_slice() else {
-            return Err(BackendError::Rank {
-                name: t.name.clone(),
-                expected: 2,
-                shape: t.shape.clone(),
-            });
-        };
-        let quant = |source| BackendError::Quant {
-            name: t.name.clone(),
-            source,
-        };
-        let rb = row_bytes(t.format, cols).map_err(quant)?;
-        let total = rows.checked_mul(rb);
-        if total != Some(t.bytes.len()) {
-            return Err(quant(turbospark_core::quant::QuantError::LengthMismatch {
-                format: t.format,
-                elements: rows.saturating_mul(cols),
-                expected_bytes: total.unwrap_or(usize::MAX),
-                got_bytes: t.bytes.len(),
-            }));
-        }
+        let (rows, cols, rb) = t.matrix_layout()?;
         self.needs().record(t.format, cols);
         let mut m = CpuMatrix {
             name: t.name.clone(),
@@ -237,16 +216,9 @@ impl Device for CpuDevice {
     }
 
     fn upload_vector(&self, t: &HostTensor) -> Result<CpuVector, BackendError> {
-        let &[len] = t.shape.as_slice() else {
-            return Err(BackendError::Rank {
-                name: t.name.clone(),
-                expected: 1,
-                shape: t.shape.clone(),
-            });
-        };
-        let mut data = vec![0f32; len];
-        Self::vector_data(t, &mut data)?;
-        Ok(CpuVector { data })
+        Ok(CpuVector {
+            data: t.vector_values()?,
+        })
     }
 
     fn matrix_shape(&self, m: &CpuMatrix) -> [usize; 2] {

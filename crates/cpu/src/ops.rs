@@ -1,7 +1,7 @@
 //! The [`Stream`] ops of [`CpuStream`], each checking its buffers' lengths
 //! and dtypes before touching them.
 
-use crate::attention::{first_key, AttentionInputs};
+use crate::attention::AttentionInputs;
 use crate::dequant::dequantize;
 use crate::device::{refill_matrix, refill_vector};
 use crate::disjoint::DisjointMut;
@@ -12,8 +12,9 @@ use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector}
 use crate::{check_len, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
-    routes_for, AttentionParams, BackendError, ExpertTensors, MoeInput, MoeScratch, Numerics,
-    RopeTable, Route, RouterSpec, RouterTables, Stream,
+    bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
+    ExpertTensors, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables,
+    Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -105,15 +106,7 @@ impl Stream<CpuDevice> for CpuStream {
             match (v, t) {
                 (Some(v), Some(t)) => refill_vector(v, t)?,
                 (None, None) => {}
-                _ => {
-                    return Err(shape_err(
-                        "fill_slot",
-                        format!(
-                            "{} has other biases than the bank's experts",
-                            expert.gate.name
-                        ),
-                    ))
-                }
+                _ => return Err(bias_mismatch(expert)),
             }
         }
         Ok(())
@@ -128,12 +121,7 @@ impl Stream<CpuDevice> for CpuStream {
         let d = table.cols;
         let out = out.f32s_mut("embed", "out")?;
         check_len("embed", "out", out.len(), tokens.len() * d)?;
-        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-            return Err(shape_err(
-                "embed",
-                format!("token {tok} outside the {}-row table", table.rows),
-            ));
-        }
+        check_tokens(tokens, table.rows)?;
         for (t, &tok) in tokens.iter().enumerate() {
             dequantize(
                 table.format,
@@ -211,16 +199,7 @@ impl Stream<CpuDevice> for CpuStream {
         first_pos: usize,
         table: &RopeTable,
     ) -> Result<(), BackendError> {
-        if table.rotary_dim > head_dim || table.rotary_dim != 2 * table.pairs() {
-            return Err(shape_err(
-                "rope",
-                format!(
-                    "{} rotary dims ({} pairs) on a {head_dim}-wide head",
-                    table.rotary_dim,
-                    table.pairs()
-                ),
-            ));
-        }
+        check_rope(table, head_dim)?;
         let len = n_tokens * n_heads * head_dim;
         let x = x.f32s_mut("rope", "x")?;
         check_len("rope", "x", x.len(), len)?;
@@ -293,19 +272,7 @@ impl Stream<CpuDevice> for CpuStream {
         if p.n_tokens == 0 {
             return Ok(());
         }
-        if p.n_kv_heads == 0
-            || !p.n_heads.is_multiple_of(p.n_kv_heads)
-            || p.head_dim == 0
-            || p.capacity == 0
-        {
-            return Err(shape_err(
-                "attention",
-                format!(
-                    "{} heads over {} kv heads of {} dims, capacity {}",
-                    p.n_heads, p.n_kv_heads, p.head_dim, p.capacity
-                ),
-            ));
-        }
+        let max_keys = p.check()?;
         let q_len = p.n_tokens * p.n_heads * p.head_dim;
         let cache_len = p.capacity * p.n_kv_heads * p.head_dim;
         check_len("attention", "q", q.len(), q_len)?;
@@ -315,17 +282,6 @@ impl Stream<CpuDevice> for CpuStream {
         if let Some(s) = sinks {
             check_len("attention", "sinks", s.data.len(), p.n_heads)?;
         }
-        let newest = p.first_pos + p.n_tokens - 1;
-        let oldest = first_key(p.first_pos, p.window);
-        if newest - oldest + 1 > p.capacity {
-            return Err(BackendError::KeysEvicted {
-                position: p.first_pos,
-                oldest,
-                newest,
-                capacity: p.capacity,
-            });
-        }
-        let max_keys = newest - first_key(newest, p.window) + 1;
         let llama_cpp = self.llama_cpp();
         let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
         let StreamScratch { threads, .. } = &mut self.scratch;

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use turbospark_backend::{
     BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics,
 };
-use turbospark_core::quant::{dequantize_row, row_bytes, QuantError};
 
 /// One CUDA GPU (see the module docs).
 pub struct CudaDevice {
@@ -79,49 +78,6 @@ impl CudaDevice {
         self.capability
     }
 
-    fn quant_err(t: &HostTensor) -> impl Fn(QuantError) -> BackendError + '_ {
-        move |source| BackendError::Quant {
-            name: t.name.clone(),
-            source,
-        }
-    }
-
-    /// `[rows, cols]` and row bytes of a 2-D tensor, checked against its bytes.
-    fn matrix_layout(t: &HostTensor) -> Result<(usize, usize, usize), BackendError> {
-        let &[rows, cols] = t.shape.as_slice() else {
-            return Err(BackendError::Rank {
-                name: t.name.clone(),
-                expected: 2,
-                shape: t.shape.clone(),
-            });
-        };
-        let rb = row_bytes(t.format, cols).map_err(Self::quant_err(t))?;
-        let total = rows.checked_mul(rb);
-        if total != Some(t.bytes.len()) {
-            return Err(Self::quant_err(t)(QuantError::LengthMismatch {
-                format: t.format,
-                elements: rows.saturating_mul(cols),
-                expected_bytes: total.unwrap_or(usize::MAX),
-                got_bytes: t.bytes.len(),
-            }));
-        }
-        Ok((rows, cols, rb))
-    }
-
-    /// A 1-D tensor widened to f32 on the host.
-    fn vector_values(t: &HostTensor) -> Result<Vec<f32>, BackendError> {
-        let &[len] = t.shape.as_slice() else {
-            return Err(BackendError::Rank {
-                name: t.name.clone(),
-                expected: 1,
-                shape: t.shape.clone(),
-            });
-        };
-        let mut v = vec![0f32; len];
-        dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(Self::quant_err(t))?;
-        Ok(v)
-    }
-
     fn f32_mem(&self, v: &[f32], what: &'static str) -> Result<DevMem, BackendError> {
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         DevMem::from_host(&self.ctx, &bytes, what)
@@ -135,12 +91,12 @@ impl CudaDevice {
         shape: [usize; 2],
     ) -> Result<Stacked, BackendError> {
         let first = pick(&experts[0]);
-        let (_, _, rb) = Self::matrix_layout(first)?;
+        let (_, _, rb) = first.matrix_layout()?;
         let slot_bytes = shape[0] * rb;
         let mem = DevMem::zeroed(&self.ctx, slot_bytes * experts.len(), "upload_bank")?;
         for (s, e) in experts.iter().enumerate() {
             let t = pick(e);
-            let (rows, cols, _) = Self::matrix_layout(t)?;
+            let (rows, cols, _) = t.matrix_layout()?;
             if [rows, cols] != shape || t.format != first.format {
                 return Err(BackendError::Shape {
                     op: "upload_bank",
@@ -176,7 +132,7 @@ impl CudaDevice {
                 op: "upload_bank",
                 detail: format!("{} has no bias where other experts do", e.gate.name),
             })?;
-            let v = Self::vector_values(t)?;
+            let v = t.vector_values()?;
             if v.len() != len {
                 return Err(BackendError::Shape {
                     op: "upload_bank",
@@ -232,7 +188,7 @@ impl Device for CudaDevice {
     }
 
     fn upload_matrix(&self, t: &HostTensor) -> Result<CudaMatrix, BackendError> {
-        let (rows, cols, rb) = Self::matrix_layout(t)?;
+        let (rows, cols, rb) = t.matrix_layout()?;
         Ok(CudaMatrix {
             format: t.format,
             rows,
@@ -243,7 +199,7 @@ impl Device for CudaDevice {
     }
 
     fn upload_vector(&self, t: &HostTensor) -> Result<CudaVector, BackendError> {
-        let v = Self::vector_values(t)?;
+        let v = t.vector_values()?;
         Ok(CudaVector {
             len: v.len(),
             mem: self.f32_mem(&v, "upload_vector")?,
@@ -265,7 +221,7 @@ impl Device for CudaDevice {
                 detail: "a bank of no experts".into(),
             });
         };
-        let (inter, hidden, _) = Self::matrix_layout(&first.gate)?;
+        let (inter, hidden, _) = first.gate.matrix_layout()?;
         let gate = self.stack(experts, |e| &e.gate, [inter, hidden])?;
         let up = self.stack(experts, |e| &e.up, [inter, hidden])?;
         let down = self.stack(experts, |e| &e.down, [hidden, inter])?;

@@ -16,8 +16,9 @@ use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
-    check_len, routes_for, AttentionParams, BackendError, DType, Device, ExpertTensors, Limits,
-    MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
+    bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
+    DType, Device, ExpertTensors, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route,
+    RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 
@@ -448,15 +449,7 @@ impl Stream<CudaDevice> for CudaStream {
                     .map_err(runtime("fill_slot"))?;
                 }
                 (None, None) => {}
-                _ => {
-                    return Err(shape(
-                        "fill_slot",
-                        format!(
-                            "{} has other biases than the bank's experts",
-                            expert.gate.name
-                        ),
-                    ))
-                }
+                _ => return Err(bias_mismatch(expert)),
             }
         }
         Ok(())
@@ -470,12 +463,7 @@ impl Stream<CudaDevice> for CudaStream {
     ) -> Result<(), BackendError> {
         let d = table.cols;
         let out_ptr = out.f32_ptr("embed", "out", tokens.len() * d)?;
-        if let Some(&tok) = tokens.iter().find(|&&t| t as usize >= table.rows) {
-            return Err(shape(
-                "embed",
-                format!("token {tok} outside the {}-row table", table.rows),
-            ));
-        }
+        check_tokens(tokens, table.rows)?;
         self.bind("embed")?;
         let f = self.k.embed.get(table.format);
         let step = self.step_ptr();
@@ -602,16 +590,7 @@ impl Stream<CudaDevice> for CudaStream {
         first_pos: usize,
         table: &RopeTable,
     ) -> Result<(), BackendError> {
-        if table.rotary_dim > head_dim || table.rotary_dim != 2 * table.pairs() {
-            return Err(shape(
-                "rope",
-                format!(
-                    "{} rotary dims ({} pairs) on a {head_dim}-wide head",
-                    table.rotary_dim,
-                    table.pairs()
-                ),
-            ));
-        }
+        check_rope(table, head_dim)?;
         let pairs = table.pairs();
         if pairs > kernels::MAX_ROPE_PAIRS {
             return Err(BackendError::ScratchTooSmall {
@@ -695,16 +674,7 @@ impl Stream<CudaDevice> for CudaStream {
         if p.n_tokens == 0 {
             return Ok(());
         }
-        if p.n_kv_heads == 0 || p.n_heads % p.n_kv_heads != 0 || p.head_dim == 0 || p.capacity == 0
-        {
-            return Err(shape(
-                "attention",
-                format!(
-                    "{} heads over {} kv heads of {} dims, capacity {}",
-                    p.n_heads, p.n_kv_heads, p.head_dim, p.capacity
-                ),
-            ));
-        }
+        let keys_seen = p.check()?;
         let q_len = p.n_tokens * p.n_heads * p.head_dim;
         let cache_len = p.capacity * p.n_kv_heads * p.head_dim;
         let qp = q.f32_ptr("attention", "q", q_len)?;
@@ -722,26 +692,12 @@ impl Stream<CudaDevice> for CudaStream {
         if let Some(s) = sinks {
             check_len("attention", "sinks", s.len, p.n_heads)?;
         }
-        let first_key = |pos: usize| match p.window {
-            Some(w) => (pos + 1).saturating_sub(w),
-            None => 0,
-        };
-        let newest = p.first_pos + p.n_tokens - 1;
-        let oldest = first_key(p.first_pos);
-        if newest - oldest + 1 > p.capacity {
-            return Err(BackendError::KeysEvicted {
-                position: p.first_pos,
-                oldest,
-                newest,
-                capacity: p.capacity,
-            });
-        }
         // A recorded step is replayed at later positions: room for every
         // key the cache can hold.
         let max_keys = if self.recording {
             p.capacity
         } else {
-            newest - first_key(newest) + 1
+            keys_seen
         };
         let smem = (p.head_dim + max_keys) * 4;
         if smem > self.k.attention_smem {

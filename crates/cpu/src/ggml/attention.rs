@@ -29,7 +29,7 @@
 use super::float_dot::{FloatAcc, FloatDot, FloatType};
 use super::ops::{reduce_add_16, v_expf};
 use super::quantize::round_f16;
-use crate::attention::{first_key, AttentionInputs};
+use crate::attention::AttentionInputs;
 
 impl AttentionInputs<'_> {
     /// Attends query head `h` of token `t` into `out` (`head_dim` floats)
@@ -48,7 +48,7 @@ impl AttentionInputs<'_> {
         let row = p.n_kv_heads * hd;
         let kv_head = h / (p.n_heads / p.n_kv_heads);
         let pos = p.first_pos + t;
-        let lo = first_key(pos, p.window);
+        let lo = p.first_key(pos);
         let q16 = &mut q16[..hd];
         for (d, &s) in q16
             .iter_mut()

@@ -13,7 +13,7 @@
 // The tiles index several parallel arrays (accumulators, rows, scales) by
 // the same register index; iterator chains would obscure that.
 #![allow(clippy::needless_range_loop)]
-use crate::attention::{first_key, AttentionInputs};
+use crate::attention::AttentionInputs;
 use std::arch::x86_64::*;
 use turbospark_core::arch::{Activation, NormScale, NormSpec};
 
@@ -229,7 +229,7 @@ pub(crate) unsafe fn attend(
     let row = p.n_kv_heads * hd;
     let kv_head = h / (p.n_heads / p.n_kv_heads);
     let pos = p.first_pos + t;
-    let lo = first_key(pos, p.window);
+    let lo = p.first_key(pos);
     let q = inp.q[(t * p.n_heads + h) * hd..][..hd].as_ptr();
     let scores = &mut scores[..pos - lo + 1];
     let at = |j: usize| (j % p.capacity) * row + kv_head * hd;
@@ -306,7 +306,7 @@ pub(crate) unsafe fn attend_heads(
     let row = p.n_kv_heads * hd;
     let kv_head = h0 / (p.n_heads / p.n_kv_heads);
     let pos = p.first_pos + t;
-    let lo = first_key(pos, p.window);
+    let lo = p.first_key(pos);
     let n = pos - lo + 1;
     let at = |j: usize| (j % p.capacity) * row + kv_head * hd;
     let q: [*const f32; G] =

@@ -9,10 +9,11 @@
 //! per layer (head_dim and n_kv_heads are the layer's own):
 //!   a = attn_norm(h)
 //!   q, k = a·Wq (+b), a·Wk (+b) ; v = a·Wv (+b), or k itself (value_from_key)
+//!     (latent attention: q = [q_rope, W_ukᵀ·q_nope], k = v = [k_rope, rms(c)])
 //!   q, k, v = per-head q/k/v norms ; q, k = rope(q, k)
 //!   cache k, v ; o = attention(q, cache)          (window, sinks, softcap, GQA)
 //!   o ⊙= sigmoid(a·Wgate)                          (output gate)
-//!   h += attn_post_norm(o·Wo (+b))
+//!   h += attn_post_norm(o·Wo (+b))                (latent: o_h = W_uv[h]·o_h first)
 //!   a = ffn_norm(h)
 //!   dense layer: f = dense(a)
 //!   MoE layer:   z = router(a), or (Gemma 4) router(rms(h) · router.scale · hidden^-½)
@@ -37,7 +38,7 @@ use crate::timing::{Phase, PhaseTimes};
 use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights};
 use crate::EngineError;
 use std::time::Instant;
-use turbospark_backend::{AttentionParams, Device, MoeInput, RouterTables, Stream};
+use turbospark_backend::{AttentionParams, Device, HeadMatmul, MoeInput, RouterTables, Stream};
 use turbospark_core::arch::{ArchSpec, LayerSpec, MlaSpec, NormSpec};
 
 /// Where the tokens of a pass sit and which KV cache each attends to.
@@ -82,13 +83,16 @@ fn dense_mlp<D: Device>(
 
 /// Latent attention's query and cache rows for `n` tokens (see
 /// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
-/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `bufs.k` `[n, rope +
-/// kv_lora]` the row `[k_rope, rms(c)]` the cache keeps (rope is applied
-/// later, to the first `rope` dims of both).
+/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `W_uk[h]` the first
+/// `nope` rows of head `h`'s block in `attn_kv_b`, multiplied in its own
+/// format ([`Stream::head_matmul`]); `bufs.k` `[n, rope + kv_lora]` the row
+/// `[k_rope, rms(c)]` the cache keeps (rope is applied later, to the first
+/// `rope` dims of both).
 fn latent_qk<D: Device>(
     st: &mut D::Stream,
     b: &mut Buffers<D>,
     a: &MlaSpec,
+    n_heads: usize,
     attn_q: &D::Matrix,
     w: &MlaWeights<D>,
     n: usize,
@@ -103,19 +107,73 @@ fn latent_qk<D: Device>(
         (Some((q_a, q_a_norm)), Some(rank)) => {
             st.matmul(q_a, &b.a, n, &mut s.q_a)?;
             st.rms_norm(&mut s.q_a, n, rank, norm, Some(q_a_norm))?;
-            st.matmul(attn_q, &s.q_a, n, &mut b.q)?;
+            st.matmul(attn_q, &s.q_a, n, &mut s.q)?;
         }
-        _ => st.matmul(attn_q, &b.a, n, &mut b.q)?,
+        _ => st.matmul(attn_q, &b.a, n, &mut s.q)?,
     }
-    let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
+    let (r, dn, dr, dv) = (
+        a.kv_lora_rank,
+        a.qk_nope_head_dim,
+        a.qk_rope_head_dim,
+        a.v_head_dim,
+    );
+    let (qk, row) = (a.qk_head_dim(), a.latent_head_dim());
+    // Each head's query is `[q_nope, q_rope]`: the rope part goes to the
+    // front of its absorbed row as it is, the rest is `W_uk[h]ᵀ·q_nope`.
+    for th in 0..n * n_heads {
+        st.copy(&s.q, th * qk + dn, &mut b.q, th * row, dr)?;
+    }
+    let absorb = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride: dn + dv,
+        first_row: 0,
+        rows: dn,
+        transpose: true,
+        x_stride: qk,
+        x_at: 0,
+        out_stride: row,
+        out_at: dr,
+    };
+    st.head_matmul(&w.kv_b, &s.q, &absorb, &mut b.q)?;
     st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
     st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
     st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
-    let row = a.latent_head_dim();
     for t in 0..n {
         st.copy(&s.rope, t * dr, &mut b.k, t * row, dr)?;
         st.copy(&s.latent, t * r, &mut b.k, t * row + dr, r)?;
     }
+    Ok(())
+}
+
+/// Latent attention's values for `n` tokens: head `h`'s attention output
+/// `[n, n_heads, rope + kv_lora]` is a weighted sum of cached `[k_rope,
+/// c]` rows; its value is `W_uv[h]·(Σ p·c)` (`W_uv[h]` the last `v` rows
+/// of head `h`'s block in `attn_kv_b`), written to `out` `[n, n_heads ·
+/// v]`, the input of `attn_output`.
+fn latent_values<D: Device>(
+    st: &mut D::Stream,
+    a: &MlaSpec,
+    n_heads: usize,
+    kv_b: &D::Matrix,
+    att: &D::Buf,
+    n: usize,
+    out: &mut D::Buf,
+) -> Result<(), EngineError> {
+    let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
+    let values = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride: dn + dv,
+        first_row: dn,
+        rows: dv,
+        transpose: false,
+        x_stride: a.latent_head_dim(),
+        x_at: dr,
+        out_stride: dv,
+        out_at: 0,
+    };
+    st.head_matmul(kv_b, att, &values, out)?;
     Ok(())
 }
 
@@ -347,7 +405,7 @@ impl<D: Device> Pass<'_, D> {
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(&mut b.a, n, hidden, norms.attn_input, lw.attn_norm.as_ref())?;
         match (&spec.mla, &lw.mla, &lw.attn_k) {
-            (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, &lw.attn_q, w, n)?,
+            (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, nh, &lw.attn_q, w, n)?,
             (None, None, Some(wk)) => Self::project_qkv(st, b, lw, spec, ls, n, wk)?,
             _ => {
                 return Err(EngineError::NotImplemented {
@@ -364,7 +422,13 @@ impl<D: Device> Pass<'_, D> {
             st.matmul(wg, &b.a, n, g)?;
             st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
         }
-        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
+        match (&spec.mla, &lw.mla, b.mla.as_mut()) {
+            (Some(a), Some(w), Some(s)) => {
+                latent_values::<D>(st, a, nh, &w.kv_b, &b.att, n, &mut s.v)?;
+                st.matmul(&lw.attn_output, &s.v, n, &mut b.o)?;
+            }
+            _ => st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?,
+        }
         add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
         if let Some(ns) = norms.attn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;

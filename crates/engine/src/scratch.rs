@@ -50,6 +50,11 @@ pub(crate) struct Buffers<D: Device> {
 pub(crate) struct MlaScratch<D: Device> {
     /// `q_a · x` `[T, q_lora]`
     pub(crate) q_a: D::Buf,
+    /// The query as the checkpoint projects it `[T, n_heads · (nope +
+    /// rope)]`.
+    pub(crate) q: D::Buf,
+    /// The values `[T, n_heads · v]`.
+    pub(crate) v: D::Buf,
     /// The latent `c` `[T, kv_lora]`.
     pub(crate) latent: D::Buf,
     /// The shared rope key `[T, rope]`.
@@ -140,6 +145,8 @@ impl<D: Device> Buffers<D> {
                 .map(|a| {
                     Ok::<_, EngineError>(MlaScratch {
                         q_a: alloc(t * a.q_lora_rank.unwrap_or(0))?,
+                        q: alloc(t * spec.num_heads * a.qk_head_dim())?,
+                        v: alloc(t * spec.num_heads * a.v_head_dim)?,
                         latent: alloc(t * a.kv_lora_rank)?,
                         rope: alloc(t * a.qk_rope_head_dim)?,
                     })

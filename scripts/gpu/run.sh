@@ -16,6 +16,9 @@
 #                and races it on the same GGUF (resident, and --n-cpu-moe)
 #   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
 #                uniform and skewed routing
+#   like         parity on `synth --like` installs of the three real models
+#                (layouts saved here with --save-layout as
+#                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
 #   profile      Nsight Compute on a few decode steps of the synthetic
@@ -75,6 +78,28 @@ for s in $STAGES; do
         wait
         ls "$WORK"
         ;;
+    like)
+        stage "like: synth --like installs of the real models, CUDA vs CPU"
+        printf '%-36s %-6s %12s %12s %s\n' model mode "max|Δ|/max" "greedy32" ""
+        toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(40)))")
+        for layout in .devcarry/layout-*.json; do
+            name=$(basename "$layout" .json); name=${name#layout-}
+            inst="$WORK/like-$name"
+            [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
+            for mode in exact fast; do
+                "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$name-cpu-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$name-cpu-$mode.txt" 2>/dev/null || { echo "$name $mode: cpu failed"; continue; }
+                "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$name-cuda-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$name-cuda-$mode.txt" 2>/dev/null || { echo "$name $mode: cuda failed"; continue; }
+                python3 - "$WORK/$name-cpu-$mode" "$WORK/$name-cuda-$mode" "$name" "$mode" <<'PY'
+import sys, numpy as np
+a, b, name, mode = sys.argv[1:5]
+x, y = np.load(a + ".npy").astype(np.float64), np.load(b + ".npy").astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
+print(f"{name:<36} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if rel <= 2e-3 and ga == gb else 'CHECK'}")
+PY
+            done
+        done
+        ;;
     synth)
         stage "synth: the gpt-oss-20b-shaped model alone"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
@@ -83,7 +108,7 @@ for s in $STAGES; do
         stage "profile: Nsight Compute, decode kernels"
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
-        "$NCU" --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum -c ${NCU_COUNT:-600} \
+        "$NCU" --csv --print-units base -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c ${NCU_COUNT:-600} \
             "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 16 -n 8 -r 1 \
             --numerics ${NUMERICS:-fast} > "$WORK/ncu.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
         python3 - "$WORK/ncu.csv" <<'PY'
@@ -144,6 +169,7 @@ PY
             "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
             toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
             "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpu.npy" --numerics exact --greedy 32 > "$WORK/$fam-cpu.txt" || { echo "$fam: cpu failed"; continue; }
+            "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpufast.npy" --numerics fast --greedy 32 > "$WORK/$fam-cpufast.txt" || { echo "$fam: cpu fast failed"; continue; }
             # Token by token (recorded decode steps replayed) against the CPU's prefill.
             if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-decode.npy" --numerics exact --decode > /dev/null; then
                 python3 -c "
@@ -161,7 +187,14 @@ x, y = np.load(a + ".npy").astype(np.float64), np.load(b + ".npy").astype(np.flo
 rel = np.abs(x - y).max() / np.abs(x).max()
 ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
 ok = rel <= 2e-3 and ga == gb
-print(f"{fam:<14} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if ok else 'FAIL'}")
+line = f"{fam:<14} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if ok else 'FAIL'}"
+if mode == "fast":
+    # Both backends' fast numerics (8-bit activations) against each other,
+    # and the CPU's own distance from exact.
+    c = a.replace("-cpu", "-cpufast")
+    z = np.load(c + ".npy").astype(np.float64)
+    line += f"   vs CPU fast {np.abs(z - y).max() / np.abs(z).max():.2e}; CPU fast vs exact {np.abs(z - x).max() / np.abs(x).max():.2e}"
+print(line)
 PY
                 else
                     echo "$fam $mode: cuda failed"

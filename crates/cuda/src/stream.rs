@@ -466,6 +466,10 @@ impl Stream<CudaDevice> for CudaStream {
             });
         }
         self.bind("fill_slot")?;
+        // Queued work may still read the slot (or the staging buffer), and
+        // the host bytes below must be consumed before this call returns:
+        // fill_slot is ordered with the stream on both sides.
+        self.stream.synchronize().map_err(runtime("fill_slot"))?;
         for (stacked, t) in [
             (&bank.gate, &expert.gate),
             (&bank.up, &expert.up),
@@ -495,13 +499,12 @@ impl Stream<CudaDevice> for CudaStream {
                 continue;
             }
             if self.staging.as_ref().is_none_or(|m| m.bytes < host.len()) {
-                // Work queued on the old staging buffer must finish first.
-                self.stream.synchronize().map_err(runtime("fill_slot"))?;
                 self.staging = Some(DevMem::zeroed(&self.ctx, host.len(), "fill_slot")?);
             }
             let staging = self.staging.as_ref().expect("allocated above").ptr;
-            // SAFETY: the staging buffer holds at least host.len() bytes;
-            // a later fill's copy into it is queued after this kernel.
+            // SAFETY: the staging buffer holds at least host.len() bytes and
+            // nothing queued reads it (the stream was synchronized, and the
+            // projections before this one waited below).
             unsafe { result::memcpy_htod_async(staging, host, self.raw().cu_stream()) }
                 .map_err(runtime("fill_slot"))?;
             layout::queue_split(
@@ -513,6 +516,8 @@ impl Stream<CudaDevice> for CudaStream {
                 stacked.rows,
                 stacked.host_row_bytes,
             )?;
+            // The next projection reuses the staging buffer.
+            self.stream.synchronize().map_err(runtime("fill_slot"))?;
         }
         for (mem, t, len) in [
             (&bank.gate_bias, &expert.gate_bias, bank.inter),
@@ -541,7 +546,8 @@ impl Stream<CudaDevice> for CudaStream {
                 _ => return Err(bias_mismatch(expert)),
             }
         }
-        Ok(())
+        // The host bytes (the biases' temporaries included) are consumed.
+        self.stream.synchronize().map_err(runtime("fill_slot"))
     }
 
     fn embed(
@@ -1006,8 +1012,8 @@ impl Stream<CudaDevice> for CudaStream {
             "route",
             &self.k.route,
             self.raw(),
-            (n_tokens.div_ceil(64) as u32, 1, 1),
-            64,
+            (n_tokens as u32, 1, 1),
+            32,
             0,
             &mut args![lp, n, p, cp, sp, out.mem.ptr],
         )

@@ -18,7 +18,7 @@
 #define MMQ_TOKENS (MMQ_WARPS * MMQ_NT * 8)
 
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
-    asm volatile(
+    asm(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%10,%11,%12,%13};"
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
@@ -72,37 +72,43 @@ __device__ __forceinline__ void mmq_warp(const u8* const (*rows)[2], int cols,
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
+        // Every load of the chunk first, then the products.
+        int nu = min(Q8_CHUNK, nb - b0);
+        u32 a[Q8_CHUNK][MMQ_MT][4];
+        float dw[Q8_CHUNK][MMQ_MT][2];
+        u32 bx[Q8_CHUNK][MMQ_NT][2];
+        float dx[Q8_CHUNK][MMQ_NT][2];
 #pragma unroll
         for (int u = 0; u < Q8_CHUNK; u++) {
+            if (u >= nu) break;
             int b = b0 + u;
-            if (b >= nb) break;
-            u32 a[MMQ_MT][4];
-            float dw[MMQ_MT][2];
 #pragma unroll
             for (int mt = 0; mt < MMQ_MT; mt++) {
-                mmq_a<F>(rows[mt][0], cols, b, q, &a[mt][0], &a[mt][2], &dw[mt][0]);
-                mmq_a<F>(rows[mt][1], cols, b, q, &a[mt][1], &a[mt][3], &dw[mt][1]);
+                mmq_a<F>(rows[mt][0], cols, b, q, &a[u][mt][0], &a[u][mt][2], &dw[u][mt][0]);
+                mmq_a<F>(rows[mt][1], cols, b, q, &a[u][mt][1], &a[u][mt][3], &dw[u][mt][1]);
             }
-            u32 bx[MMQ_NT][2];
-            float dx[MMQ_NT][2];
 #pragma unroll
             for (int nt = 0; nt < MMQ_NT; nt++) {
                 const signed char* x = xrow[nt] + (i64)b * 32;
-                bx[nt][0] = *(const u32*)(x + 4 * q);
-                bx[nt][1] = *(const u32*)(x + 16 + 4 * q);
-                dx[nt][0] = xs[nt][0][b];
-                dx[nt][1] = xs[nt][1][b];
+                bx[u][nt][0] = *(const u32*)(x + 4 * q);
+                bx[u][nt][1] = *(const u32*)(x + 16 + 4 * q);
+                dx[u][nt][0] = xs[nt][0][b];
+                dx[u][nt][1] = xs[nt][1][b];
             }
+        }
+#pragma unroll
+        for (int u = 0; u < Q8_CHUNK; u++) {
+            if (u >= nu) break;
 #pragma unroll
             for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
                 for (int nt = 0; nt < MMQ_NT; nt++) {
                     int c[4];
-                    mma_s8(c, a[mt], bx[nt]);
+                    mma_s8(c, a[u][mt], bx[u][nt]);
 #pragma unroll
                     for (int i = 0; i < 4; i++)
-                        part[mt][nt][i] =
-                            fmaf((float)c[i], dw[mt][i >> 1] * dx[nt][i & 1], part[mt][nt][i]);
+                        part[mt][nt][i] = fmaf((float)c[i], dw[u][mt][i >> 1] * dx[u][nt][i & 1],
+                                               part[mt][nt][i]);
                 }
         }
 #pragma unroll
@@ -129,21 +135,23 @@ __device__ __forceinline__ u32 mmq_token(const MmqTokens& t, int j) {
     return t.ids ? t.ids[t.first + k] : t.first + (u32)k;
 }
 
-// Sets up a warp's pointers: A rows from `w0` (row tile 0) and `w1` (row
-// tile 1), clamped to `rows`; activations of token id `tok / x_div`.
+// Sets up a warp's pointers: row tile mt holds rows r0 + off[mt] .. + 16
+// of `w[mt]` (clamped to `rows`, the rows past it computed but not
+// written); activations of token id `tok / x_div`.
 template <int F>
-__device__ __forceinline__ void mmq_setup(const u8* w0, const u8* w1, i64 row_bytes, int rows,
-                                          int r0, const MmqTokens& tk, int warp_tok0,
+__device__ __forceinline__ void mmq_setup(const u8* w0, const u8* w1, int off1, i64 row_bytes,
+                                          int rows, int r0, const MmqTokens& tk, int warp_tok0,
                                           const signed char* xq, const float* xd, int cols,
                                           int x_div, const u8* (*ar)[2],
                                           const signed char** xrow, const float* (*xs)[2]) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     const u8* w[2] = {w0, w1};
+    int off[2] = {0, off1};
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            ar[mt][h] = w[mt] + (i64)min(r0 + g + 8 * h, rows - 1) * row_bytes;
+            ar[mt][h] = w[mt] + (i64)min(r0 + off[mt] + g + 8 * h, rows - 1) * row_bytes;
     int nb = cols / 32;
 #pragma unroll
     for (int nt = 0; nt < MMQ_NT; nt++) {
@@ -165,8 +173,8 @@ __device__ void mmq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i6
     const u8* ar[MMQ_MT][2];
     const signed char* xrow[MMQ_NT];
     const float* xs[MMQ_NT][2];
-    mmq_setup<F>(W, W + (i64)16 * row_bytes, row_bytes, rows, r0, tk, warp * MMQ_NT * 8, xq, xd,
-                 cols, 1, ar, xrow, xs);
+    mmq_setup<F>(W, W, 16, row_bytes, rows, r0, tk, warp * MMQ_NT * 8, xq, xd, cols, 1, ar, xrow,
+                 xs);
     float acc[MMQ_MT][MMQ_NT][4];
     mmq_warp<F>(ar, cols, xrow, xs, acc);
 #pragma unroll
@@ -203,7 +211,7 @@ __device__ void mmq_gate_up_impl(const signed char* __restrict__ xq, const float
         const u8* ar[MMQ_MT][2];
         const signed char* xrow[MMQ_NT];
         const float* xs[MMQ_NT][2];
-        mmq_setup<F>(gate, up, b.gate_row_bytes, b.inter, r0, tk, warp * MMQ_NT * 8, xq, xd,
+        mmq_setup<F>(gate, up, 0, b.gate_row_bytes, b.inter, r0, tk, warp * MMQ_NT * 8, xq, xd,
                      b.hidden, k, ar, xrow, xs);
         float acc[MMQ_MT][MMQ_NT][4];
         mmq_warp<F>(ar, b.hidden, xrow, xs, acc);
@@ -239,8 +247,8 @@ __device__ void mmq_down_impl(const signed char* __restrict__ aq, const float* _
         const u8* ar[MMQ_MT][2];
         const signed char* xrow[MMQ_NT];
         const float* xs[MMQ_NT][2];
-        mmq_setup<F>(down, down + (i64)16 * b.down_row_bytes, b.down_row_bytes, b.hidden, r0, tk,
-                     warp * MMQ_NT * 8, aq, ad, b.inter, 1, ar, xrow, xs);
+        mmq_setup<F>(down, down, 16, b.down_row_bytes, b.hidden, r0, tk, warp * MMQ_NT * 8, aq, ad,
+                     b.inter, 1, ar, xrow, xs);
         float acc[MMQ_MT][MMQ_NT][4];
         mmq_warp<F>(ar, b.inter, xrow, xs, acc);
 #pragma unroll

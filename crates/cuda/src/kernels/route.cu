@@ -1,7 +1,11 @@
-// Routing on the device: one thread per token runs the router math of
-// `turbospark_backend::routing::route_token` (its docs give the formulas
-// of each router kind); ties go to the lower expert index and sums run in
-// expert order, as there.
+// Routing on the device: one block of ROUTE_THREADS per token loads the
+// token's router logits into shared memory, then one thread runs the router
+// math of `turbospark_backend::routing::route_token` on them (its docs give
+// the formulas of each router kind); ties go to the lower expert index and
+// sums run in expert order, as there. Keeping every array in shared memory
+// spares the serial loops global- and local-memory latency.
+
+#define ROUTE_THREADS 32
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_K 32
@@ -41,12 +45,16 @@ __device__ int best_of(const float* v, int e, const int* taken, int nt, const u8
 extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
                                  const float* correction, const float* expert_scale,
                                  RouteOut* out) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ float z[ROUTE_MAX_EXPERTS];
+    __shared__ float values[ROUTE_MAX_EXPERTS];
+    __shared__ float scores[ROUTE_MAX_EXPERTS];
+    __shared__ u8 eligible[ROUTE_MAX_EXPERTS];
+    int t = blockIdx.x;
     if (t >= n_tokens) return;
     int e = p.num_experts, k = p.top_k;
-    const float* z = logits + (i64)t * e;
-    float values[ROUTE_MAX_EXPERTS];
-    float scores[ROUTE_MAX_EXPERTS];
+    for (int i = threadIdx.x; i < e; i += blockDim.x) z[i] = logits[(i64)t * e + i];
+    __syncthreads();
+    if (threadIdx.x != 0) return;
     int chosen[ROUTE_MAX_K];
     RouteOut* o = out + (i64)t * k;
     if (p.kind == R_SOFTMAX_TOPK || p.kind == R_GEMMA4) {
@@ -96,7 +104,6 @@ extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams
         }
         int kept[ROUTE_MAX_K * 2];
         for (int r = 0; r < p.topk_group; r++) kept[r] = best_of(groups, p.n_group, kept, r, 0);
-        u8 eligible[ROUTE_MAX_EXPERTS];
         for (int i = 0; i < e; i++) {
             bool in = false;
             for (int r = 0; r < p.topk_group; r++) in |= kept[r] == i / per;

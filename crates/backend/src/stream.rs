@@ -19,8 +19,8 @@
 //! created ([`Device::stream`](crate::Device::stream)).
 
 use crate::{
-    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors, MoeInput, MoeScratch, RopeTable, Route,
-    RouterSpec, RouterTables,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors,
+    MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 

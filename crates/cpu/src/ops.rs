@@ -12,9 +12,9 @@ use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector}
 use crate::{check_len, delta_net, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
-    bias_mismatch, check_rope, ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams, check_tokens, routes_for, AttentionParams, BackendError,
-    ExpertTensors, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables,
-    Stream,
+    bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, BackendError, ConvParams,
+    DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors, MoeInput, MoeScratch, Numerics,
+    RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 

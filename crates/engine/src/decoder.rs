@@ -47,7 +47,9 @@ use turbospark_backend::{
     AttentionParams, ConvParams, DType, DeltaNetInput, DeltaNetParams, Device, MoeInput,
     MoeScratch, RouterTables, Stream,
 };
-use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, MlaSpec, NormSpec};
+use turbospark_core::arch::{
+    Activation, ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, MlaSpec, NormSpec,
+};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
 pub(crate) struct Buffers<D: Device> {
@@ -640,7 +642,12 @@ impl<D: Device> Session<'_, D> {
             NormSpec::plain(eps),
             Some(&w.norm),
         )?;
-        st.glu(&mut s.z, &s.batch.core, n * d.value_dim(), Activation::Swiglu)?;
+        st.glu(
+            &mut s.z,
+            &s.batch.core,
+            n * d.value_dim(),
+            Activation::Swiglu,
+        )?;
         st.matmul(&w.out, &s.z, n, &mut b.o)?;
         Ok(())
     }

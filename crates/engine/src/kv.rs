@@ -22,8 +22,8 @@
 //! then resets the cache ([`KvCache::reset`]) so that it recomputes.
 
 use crate::EngineError;
-use turbospark_backend::{Device, DeviceBuf};
 use turbospark_backend::DType;
+use turbospark_backend::{Device, DeviceBuf};
 use turbospark_core::arch::{ArchSpec, Mixer};
 
 /// The per-sequence state of a gated DeltaNet layer, f32.

@@ -11,7 +11,7 @@ use crate::source::WeightSource;
 use crate::EngineError;
 use std::collections::HashMap;
 use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
-use turbospark_core::arch::{ArchSpec, FfnKind, MlaSpec, Mixer};
+use turbospark_core::arch::{ArchSpec, FfnKind, Mixer, MlaSpec};
 use turbospark_core::QuantFormat;
 use turbospark_format::roles::{present, Placement, Role};
 

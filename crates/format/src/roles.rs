@@ -13,7 +13,7 @@
 //! `down` (+ `.bias`) of a layer's expert file, each with a per-expert shape.
 
 use turbospark_core::arch::{
-    ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, MlaSpec, Mixer, MoeSpec, NormSpec, RouterKind,
+    ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, Mixer, MlaSpec, MoeSpec, NormSpec, RouterKind,
 };
 
 /// A resident tensor the install must contain.
@@ -317,7 +317,10 @@ pub const TENSORS: &[TensorDef] = &[
         a.when(a.attention() && a.spec.attention.k_bias, vec![a.kv()])
     }),
     row(Role::AttnVBias, "attn_v.bias", Layer, |a| {
-        a.when(a.attention() && a.spec.attention.v_bias && a.has_v(), vec![a.kv()])
+        a.when(
+            a.attention() && a.spec.attention.v_bias && a.has_v(),
+            vec![a.kv()],
+        )
     }),
     row(Role::AttnOutputBias, "attn_output.bias", Layer, |a| {
         a.when(a.attention() && a.spec.attention.o_bias, vec![a.h()])
@@ -331,12 +334,14 @@ pub const TENSORS: &[TensorDef] = &[
     row(Role::AttnVNorm, "attn_v_norm.weight", Layer, |a| {
         a.norm(a.spec.norms.v.filter(|_| a.attention()), a.head_dim())
     }),
-    row(Role::AttnGate, "attn_gate.weight", Layer, |a| match a.delta() {
-        Some(d) => Some(vec![d.value_dim() as u64, a.h()]),
-        None => a.when(
-            a.attention() && a.spec.attention.output_gate,
-            vec![a.q(), a.h()],
-        ),
+    row(Role::AttnGate, "attn_gate.weight", Layer, |a| {
+        match a.delta() {
+            Some(d) => Some(vec![d.value_dim() as u64, a.h()]),
+            None => a.when(
+                a.attention() && a.spec.attention.output_gate,
+                vec![a.q(), a.h()],
+            ),
+        }
     }),
     row(Role::AttnSinks, "attn_sinks.weight", Layer, |a| {
         a.when(
@@ -405,10 +410,15 @@ pub const TENSORS: &[TensorDef] = &[
             (m.router == RouterKind::Gemma4).then(|| vec![m.num_experts as u64])
         },
     ),
-    row(Role::FfnGateInpShexp, "ffn_gate_inp_shexp.weight", Layer, |a| {
-        let m = a.moe()?;
-        (m.shared_gate && m.shared_intermediate.is_some()).then(|| vec![1, a.h()])
-    }),
+    row(
+        Role::FfnGateInpShexp,
+        "ffn_gate_inp_shexp.weight",
+        Layer,
+        |a| {
+            let m = a.moe()?;
+            (m.shared_gate && m.shared_intermediate.is_some()).then(|| vec![1, a.h()])
+        },
+    ),
     row(Role::FfnGateShexp, "ffn_gate_shexp.weight", Layer, |a| {
         a.shared_inter().map(|i| vec![i, a.h()])
     }),

@@ -127,15 +127,8 @@ pub fn check_gated_delta_rule<D: Device>(
     };
     let (a_log_v, dt_v) = (up("a_log", &a_log)?, up("dt_bias", &dt_bias)?);
     let mut ref_state = vec![0.0; hv * dk * dv];
-    let want = reference::gated_delta_rule(
-        &qkv,
-        &alpha,
-        &beta,
-        &a_log,
-        &dt_bias,
-        shape,
-        &mut ref_state,
-    );
+    let want =
+        reference::gated_delta_rule(&qkv, &alpha, &beta, &a_log, &dt_bias, shape, &mut ref_state);
     let limits = Limits {
         max_head_dim: dk,
         ..Limits::default()

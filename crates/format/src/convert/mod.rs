@@ -130,7 +130,9 @@ pub fn convert(
                 })?;
             let found = match step.target {
                 // Only size-1 dimensions go: the bytes are the same.
-                Target::ResidentSqueezed(_) => t.shape.iter().copied().filter(|&d| d != 1).collect(),
+                Target::ResidentSqueezed(_) => {
+                    t.shape.iter().copied().filter(|&d| d != 1).collect()
+                }
                 _ => t.shape.clone(),
             };
             check_shape(name, want, &found, &family)?;

@@ -143,6 +143,10 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
     )?;
     for (l, m) in layers.iter_mut().zip(&mixer) {
         l.mixer = *m;
+        // DeltaNet layers have no positions to rotate.
+        if *m == Mixer::DeltaNet {
+            l.rope = None;
+        }
     }
     let mut spec = d.base_spec(Family::Qwen35Moe, NormSpec::centered(eps), layers);
     spec.norms.q = Some(NormSpec::centered(eps));
@@ -208,7 +212,8 @@ mod tests {
         assert_eq!(kinds[3], Mixer::Attention);
         assert_eq!(kinds[7], Mixer::Attention);
         assert_eq!(kinds.iter().filter(|m| **m == Mixer::DeltaNet).count(), 6);
-        assert_eq!(spec.layers[0].rope.unwrap().rotary_dim, 8);
+        assert_eq!(spec.layers[3].rope.unwrap().rotary_dim, 8);
+        assert!(spec.layers[0].rope.is_none());
         let d = spec.delta_net.unwrap();
         assert_eq!((d.k_heads, d.v_heads, d.conv_kernel), (16, 32, 4));
         let m = spec.moe.unwrap();

@@ -16,6 +16,10 @@
 #                and races it on the same GGUF (resident, and --n-cpu-moe)
 #   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
 #                uniform and skewed routing
+#   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
+#                when the call does not race llama.cpp
+#   profile      Nsight Compute on a few decode steps of the synthetic
+#                model: time, DRAM bytes and bandwidth per kernel
 #
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
@@ -70,6 +74,40 @@ for s in $STAGES; do
         build_llamacpp &
         wait
         ls "$WORK"
+        ;;
+    synth)
+        stage "synth: the gpt-oss-20b-shaped model alone"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        ;;
+    profile)
+        stage "profile: Nsight Compute, decode kernels"
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+        [ -n "$NCU" ] || { echo "ncu not found"; continue; }
+        "$NCU" --csv --print-units base --metrics gpu__time_duration.sum,dram__bytes_read.sum -c ${NCU_COUNT:-600} \
+            "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 16 -n 8 -r 1 \
+            --numerics ${NUMERICS:-fast} > "$WORK/ncu.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
+        python3 - "$WORK/ncu.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+ki, mi, vi = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+ii = head.index("ID")
+per = collections.defaultdict(dict)
+for r in rows[1:]:
+    try:
+        per[(r[ii], r[ki].split("(")[0])][r[mi]] = float(r[vi].replace(",", ""))
+    except ValueError:
+        pass
+agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+for (_, name), m in per.items():
+    a = agg[name]
+    a[0] += 1
+    a[1] += m.get("gpu__time_duration.sum", 0)
+    a[2] += m.get("dram__bytes_read.sum", 0)
+print(f"{'kernel':<36} {'calls':>6} {'mean us':>9} {'MB/call':>9} {'GB/s':>8}")
+for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    print(f"{name[:36]:<36} {n:>6} {t / n / 1e3:>9.2f} {b / n / 1e6:>9.3f} {b / t if t else 0:>8.0f}")
+PY
         ;;
     info)
         stage "info"

@@ -29,6 +29,7 @@ mod device;
 mod disjoint;
 mod elementwise;
 pub mod ggml;
+mod head_matmul;
 mod kernels;
 mod matmul;
 mod moe;

@@ -9,12 +9,14 @@ use crate::pool::split;
 use crate::scratch::StreamScratch;
 use crate::stream::{add_bias_slice, parallel, CpuStream};
 use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};
-use crate::{check_len, delta_net, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
+use crate::{
+    check_len, delta_net, elementwise, ggml, head_matmul, kernels, moe, rope, shape_err, CpuDevice,
+};
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
     bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, BackendError, ConvParams,
-    DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors, MoeInput, MoeScratch, Numerics,
-    RopeTable, Route, RouterSpec, RouterTables, Stream,
+    DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors, HeadMatmul, MoeInput, MoeScratch,
+    Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -144,6 +146,20 @@ impl Stream<CpuDevice> for CpuStream {
         out: &mut CpuBuf,
     ) -> Result<(), BackendError> {
         self.matmul_slices(w, x.f32s("matmul", "x")?, n, out.f32s_mut("matmul", "out")?)
+    }
+
+    fn head_matmul(
+        &mut self,
+        w: &CpuMatrix,
+        x: &CpuBuf,
+        p: &HeadMatmul,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        let x = x.f32s("head_matmul", "x")?;
+        let out = out.f32s_mut("head_matmul", "out")?;
+        p.check(w.rows, w.cols, x.len(), out.len())?;
+        let threads = &mut self.scratch.threads;
+        head_matmul::head_matmul(&self.pool, threads, w, x, p, out)
     }
 
     fn add_bias(&mut self, x: &mut CpuBuf, bias: &CpuVector, n: usize) -> Result<(), BackendError> {

@@ -45,6 +45,59 @@ impl PerFormat {
     }
 }
 
+/// The fast-numerics kernels of one split format (`kernels/q8dot.cu`):
+/// activations quantized to 8 bits in the order the format's codes decode,
+/// and the products that read them.
+pub(crate) struct Q8Set {
+    pub quantize: CudaFunction,
+    pub matmul: CudaFunction,
+    pub gate_up: CudaFunction,
+    pub down: CudaFunction,
+    pub gate_up_grouped: CudaFunction,
+    pub down_grouped: CudaFunction,
+    /// Tensor-core versions for batches (`kernels/mmq.cu`).
+    pub mmq_matmul: CudaFunction,
+    pub mmq_gate_up: CudaFunction,
+    pub mmq_down: CudaFunction,
+}
+
+impl Q8Set {
+    fn load(m: &Arc<CudaModule>, fmt: QuantFormat, order: &str) -> Result<Q8Set, CudaError> {
+        let f = |name: String| {
+            m.load_function(&name)
+                .map_err(CudaError::driver("loading a kernel"))
+        };
+        let n = fmt.name();
+        Ok(Q8Set {
+            quantize: f(format!("quantize_q8_{order}"))?,
+            matmul: f(format!("matmul_q8x_{n}"))?,
+            gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
+            down: f(format!("moe_down_q8x_{n}"))?,
+            gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
+            down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
+            mmq_matmul: f(format!("mmq_matmul_{n}"))?,
+            mmq_gate_up: f(format!("mmq_gate_up_{n}"))?,
+            mmq_down: f(format!("mmq_down_{n}"))?,
+        })
+    }
+}
+
+/// [`Q8Set`]s of the formats that have them.
+pub(crate) struct Q8Kernels {
+    q8_0: Q8Set,
+    mxfp4: Q8Set,
+}
+
+impl Q8Kernels {
+    pub(crate) fn get(&self, fmt: QuantFormat) -> Option<&Q8Set> {
+        match fmt {
+            QuantFormat::Q8_0 => Some(&self.q8_0),
+            QuantFormat::Mxfp4 => Some(&self.mxfp4),
+            _ => None,
+        }
+    }
+}
+
 /// Every kernel of the module.
 pub(crate) struct Kernels {
     pub matmul: PerFormat,
@@ -54,6 +107,8 @@ pub(crate) struct Kernels {
     pub moe_gate_up_grouped: PerFormat,
     pub moe_down_grouped: PerFormat,
     pub moe_group: CudaFunction,
+    pub q8: Q8Kernels,
+    pub split_rows: CudaFunction,
     pub add_bias: CudaFunction,
     pub add: CudaFunction,
     pub scale: CudaFunction,
@@ -108,6 +163,11 @@ impl Kernels {
             moe_gate_up_grouped: PerFormat::load(&m, "moe_gate_up_grouped")?,
             moe_down_grouped: PerFormat::load(&m, "moe_down_grouped")?,
             moe_group: f("moe_group")?,
+            q8: Q8Kernels {
+                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural")?,
+                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4")?,
+            },
+            split_rows: f("split_rows")?,
             add_bias: f("add_bias")?,
             add: f("add")?,
             scale: f("scale")?,
@@ -185,6 +245,16 @@ pub(crate) const MAX_GROUPS: usize = 64;
 pub(crate) const MM_WARPS: usize = 8;
 /// Tokens per block of the matmul kernel (`MM_TOKENS`).
 pub(crate) const MM_TOKENS: usize = 4;
+/// Rows per block of the fast matrix-vector kernels (`Q8_BLOCK_ROWS`).
+pub(crate) const Q8_BLOCK_ROWS: usize = 32;
+/// Threads, rows and tokens of a tensor-core block (`kernels/mmq.cu`):
+/// dense and down blocks take 32 rows, gate/up blocks 16 (gate and up).
+pub(crate) const MMQ_THREADS: u32 = 128;
+pub(crate) const MMQ_ROWS: usize = 32;
+pub(crate) const MMQ_TOKENS: usize = 128;
+/// Batches from which the tensor-core kernels take over (the same bits
+/// either way; only speed decides).
+pub(crate) const MMQ_MIN_TOKENS: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy)]

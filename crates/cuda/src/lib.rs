@@ -20,6 +20,7 @@
 pub mod device;
 pub mod error;
 mod kernels;
+mod layout;
 mod memory;
 pub mod nvrtc;
 pub mod stream;

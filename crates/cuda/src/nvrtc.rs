@@ -12,13 +12,16 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("layout.cu", include_str!("kernels/layout.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("route.cu", include_str!("kernels/route.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("q8dot.cu", include_str!("kernels/q8dot.cu")),
+    ("mmq.cu", include_str!("kernels/mmq.cu")),
 ];
 
 /// The whole translation unit, with `#line` markers so that compiler

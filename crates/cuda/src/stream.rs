@@ -10,6 +10,7 @@
 //! a fault inside a kernel surfaces there as [`BackendError::Runtime`].
 
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
+use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
@@ -43,6 +44,12 @@ pub struct CudaStream {
     /// A recorded decode step's `{token, position}` (two i32), which the
     /// position-dependent kernels read while a step is recorded.
     step: DevMem,
+    /// Quantized activations of the fast kernels (`kernels/q8dot.cu`):
+    /// a matmul's or MoE call's input, then the MoE activations.
+    q8: DevMem,
+    /// One expert projection in the host layout on its way into a slot
+    /// (`fill_slot` of a split format), grown on demand.
+    staging: Option<DevMem>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -81,6 +88,11 @@ impl CudaStream {
         let stream = ctx.new_stream().map_err(runtime("stream"))?;
         let act_len = limits.max_routes * limits.max_expert_intermediate;
         let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
+        let widest = dev.widest.load(std::sync::atomic::Ordering::Relaxed);
+        let q8_bytes = match dev.numerics() {
+            Numerics::Fast => Q8Regions::new(limits.max_tokens * widest, act_len).bytes,
+            _ => 0,
+        };
         Ok(CudaStream {
             stream,
             k: dev.kernels.clone(),
@@ -90,6 +102,8 @@ impl CudaStream {
             order: zeroed(limits.max_routes * 4)?,
             offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
             step: zeroed(8)?,
+            q8: zeroed(q8_bytes)?,
+            staging: None,
             recording: false,
             graph: None,
             ctx,
@@ -128,6 +142,63 @@ impl CudaStream {
 
     fn raw(&self) -> &RawStream {
         &self.stream
+    }
+
+    /// The quantized-activation scratch for `x_vals` input values and
+    /// `act_vals` MoE activations, grown when too small. Growing drops a
+    /// recorded step (it refers to the old buffer) and is refused while
+    /// recording.
+    fn q8_regions(
+        &mut self,
+        op: &'static str,
+        x_vals: usize,
+        act_vals: usize,
+    ) -> Result<Q8Regions, BackendError> {
+        let mut r = Q8Regions::new(x_vals, act_vals);
+        if r.bytes > self.q8.bytes {
+            if self.recording {
+                return Err(BackendError::ScratchTooSmall {
+                    op,
+                    need: r.bytes,
+                    have: self.q8.bytes,
+                });
+            }
+            self.graph = None;
+            self.q8 = DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?;
+        }
+        r.rebase(self.q8.ptr);
+        Ok(r)
+    }
+
+    /// Queues quantizing `x` (`n · cols` values, cols a multiple of 32) to
+    /// 8 bits per block in the order `fmt`'s fast kernels read.
+    fn quantize(
+        &self,
+        set: &kernels::Q8Set,
+        x: u64,
+        vals: usize,
+        codes: u64,
+        scales: u64,
+    ) -> Result<(), BackendError> {
+        let blocks = (vals / 32) as i64;
+        launch(
+            "quantize",
+            &set.quantize,
+            self.raw(),
+            ((vals / 32).div_ceil(8) as u32, 1, 1),
+            256,
+            0,
+            &mut args![x, blocks, codes, scales],
+        )
+    }
+
+    /// The fast kernels of `fmt` when this stream computes in
+    /// [`Numerics::Fast`] and the format has them.
+    fn q8_set(&self, fmt: turbospark_core::QuantFormat) -> Option<&kernels::Q8Set> {
+        match self.numerics {
+            Numerics::Fast => self.k.q8.get(fmt),
+            _ => None,
+        }
     }
 
     /// Launches a grid-stride element-wise kernel over `n` elements.
@@ -401,7 +472,7 @@ impl Stream<CudaDevice> for CudaStream {
             (&bank.down, &expert.down),
         ] {
             let n = stacked.slot_bytes();
-            if t.format != stacked.format || t.bytes.len() != n {
+            if t.format != stacked.format || t.bytes.len() != stacked.host_slot_bytes() {
                 return Err(shape(
                     "fill_slot",
                     format!(
@@ -409,21 +480,39 @@ impl Stream<CudaDevice> for CudaStream {
                         t.name,
                         t.format,
                         t.bytes.len(),
-                        n,
+                        stacked.host_slot_bytes(),
                         stacked.format
                     ),
                 ));
             }
-            // SAFETY: the slot's byte range lies inside the stacked
-            // projection (slot < slots, n = its slot size).
-            unsafe {
-                result::memcpy_htod_async(
-                    stacked.mem.ptr + (slot * n) as u64,
-                    t.bytes.as_slice(),
-                    self.raw().cu_stream(),
-                )
+            let host = t.bytes.as_slice();
+            let at = stacked.mem.ptr + (slot * n) as u64;
+            if layout::split_parts(stacked.format).is_none() {
+                // SAFETY: the slot's byte range lies inside the stacked
+                // projection (slot < slots, n = its slot size = host size).
+                unsafe { result::memcpy_htod_async(at, host, self.raw().cu_stream()) }
+                    .map_err(runtime("fill_slot"))?;
+                continue;
             }
-            .map_err(runtime("fill_slot"))?;
+            if self.staging.as_ref().is_none_or(|m| m.bytes < host.len()) {
+                // Work queued on the old staging buffer must finish first.
+                self.stream.synchronize().map_err(runtime("fill_slot"))?;
+                self.staging = Some(DevMem::zeroed(&self.ctx, host.len(), "fill_slot")?);
+            }
+            let staging = self.staging.as_ref().expect("allocated above").ptr;
+            // SAFETY: the staging buffer holds at least host.len() bytes;
+            // a later fill's copy into it is queued after this kernel.
+            unsafe { result::memcpy_htod_async(staging, host, self.raw().cu_stream()) }
+                .map_err(runtime("fill_slot"))?;
+            layout::queue_split(
+                &self.k,
+                self.raw(),
+                stacked.format,
+                staging,
+                at,
+                stacked.rows,
+                stacked.host_row_bytes,
+            )?;
         }
         for (mem, t, len) in [
             (&bank.gate_bias, &expert.gate_bias, bank.inter),
@@ -506,6 +595,36 @@ impl Stream<CudaDevice> for CudaStream {
             1,
         );
         let (rows, cols, rb, nn) = (w.rows as i32, w.cols as i32, w.row_bytes as i64, n as i32);
+        let threads = (kernels::MM_WARPS * 32) as u32;
+        if self.q8_set(w.format).is_some() {
+            let r = self.q8_regions("matmul", n * w.cols, 0)?;
+            let set = self.q8_set(w.format).expect("checked above");
+            self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
+            let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
+            return if n >= kernels::MMQ_MIN_TOKENS {
+                let grid = (
+                    w.rows.div_ceil(kernels::MMQ_ROWS) as u32,
+                    n.div_ceil(kernels::MMQ_TOKENS) as u32,
+                    1,
+                );
+                launch(
+                    "matmul",
+                    &set.mmq_matmul,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    args,
+                )
+            } else {
+                let grid = (
+                    w.rows.div_ceil(kernels::Q8_BLOCK_ROWS) as u32,
+                    n.div_ceil(kernels::MM_TOKENS) as u32,
+                    1,
+                );
+                launch("matmul", &set.matmul, self.raw(), grid, threads, 0, args)
+            };
+        }
         launch(
             "matmul",
             self.k.matmul.get(w.format),
@@ -951,7 +1070,6 @@ impl Stream<CudaDevice> for CudaStream {
         let view = Self::bank_view(bank);
         let a = activation(act);
         let kk = k as i32;
-        let routes_n = (n * k) as u32;
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -961,74 +1079,137 @@ impl Stream<CudaDevice> for CudaStream {
         };
         let grouped =
             n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        let fast = bank.gate.format == bank.up.format
+            && self.q8_set(bank.gate.format).is_some()
+            && self.q8_set(bank.down.format).is_some();
+        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
+        if grouped {
+            let (nr, slots) = ((n * k) as i32, bank.slots as i32);
+            launch(
+                "moe",
+                &self.k.moe_group,
+                self.raw(),
+                (1, 1, 1),
+                1024,
+                ((bank.slots + 1) * 4) as u32,
+                &mut args![routes.mem.ptr, nr, slots, mask, order, offsets],
+            )?;
+        }
+        let rows_grid = |rows: usize| {
+            let y = if grouped { bank.slots } else { n * k };
+            (rows.div_ceil(kernels::MM_WARPS) as u32, y as u32, 1)
+        };
+        let act_ptr = self.act.ptr;
+        if fast {
+            let r = self.q8_regions("moe", n * hidden, n * k * inter)?;
+            let gate = self.q8_set(bank.gate.format).expect("checked above");
+            let down = self.q8_set(bank.down.format).expect("checked above");
+            let q8_grid = |rows: usize, per: usize| {
+                let y = if grouped { bank.slots } else { n * k };
+                (rows.div_ceil(per) as u32, y as u32, 1)
+            };
+            let rp = routes.mem.ptr;
+            let mmq = grouped && n >= kernels::MMQ_MIN_TOKENS;
+            self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+            let gate_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
+            if mmq {
+                let grid = q8_grid(inter, kernels::MMQ_ROWS / 2);
+                launch(
+                    "moe",
+                    &gate.mmq_gate_up,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    gate_args,
+                )?;
+            } else if grouped {
+                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
+                launch(
+                    "moe",
+                    &gate.gate_up_grouped,
+                    self.raw(),
+                    grid,
+                    threads,
+                    0,
+                    gate_args,
+                )?;
+            } else {
+                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
+                let args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
+                launch("moe", &gate.gate_up, self.raw(), grid, threads, 0, args)?;
+            }
+            self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+            let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
+            return if mmq {
+                let grid = q8_grid(hidden, kernels::MMQ_ROWS);
+                launch(
+                    "moe",
+                    &down.mmq_down,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    down_args,
+                )
+            } else if grouped {
+                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
+                launch(
+                    "moe",
+                    &down.down_grouped,
+                    self.raw(),
+                    grid,
+                    threads,
+                    0,
+                    down_args,
+                )
+            } else {
+                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
+                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+                launch("moe", &down.down, self.raw(), grid, threads, 0, args)
+            };
+        }
         if !grouped {
-            let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1);
             for &(fmt, mode) in passes {
                 launch(
                     "moe",
                     self.k.moe_gate_up.get(fmt),
                     self.raw(),
-                    grid,
+                    rows_grid(inter),
                     threads,
                     0,
-                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, self.act.ptr, mode],
+                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, act_ptr, mode],
                 )?;
             }
             return launch(
                 "moe",
                 self.k.moe_down.get(bank.down.format),
                 self.raw(),
-                (hidden.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
+                rows_grid(hidden),
                 threads,
                 0,
-                &mut args![self.act.ptr, routes.mem.ptr, mask, view, yp],
+                &mut args![act_ptr, routes.mem.ptr, mask, view, yp],
             );
         }
-        let (nr, slots) = ((n * k) as i32, bank.slots as i32);
-        launch(
-            "moe",
-            &self.k.moe_group,
-            self.raw(),
-            (1, 1, 1),
-            1024,
-            ((bank.slots + 1) * 4) as u32,
-            &mut args![
-                routes.mem.ptr,
-                nr,
-                slots,
-                mask,
-                self.order.ptr,
-                self.offsets.ptr
-            ],
-        )?;
-        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
         for &(fmt, mode) in passes {
             launch(
                 "moe",
                 self.k.moe_gate_up_grouped.get(fmt),
                 self.raw(),
-                (
-                    inter.div_ceil(kernels::MM_WARPS) as u32,
-                    bank.slots as u32,
-                    1,
-                ),
+                rows_grid(inter),
                 threads,
                 0,
-                &mut args![xp, order, offsets, kk, view, a, self.act.ptr, mode],
+                &mut args![xp, order, offsets, kk, view, a, act_ptr, mode],
             )?;
         }
         launch(
             "moe",
             self.k.moe_down_grouped.get(bank.down.format),
             self.raw(),
-            (
-                hidden.div_ceil(kernels::MM_WARPS) as u32,
-                bank.slots as u32,
-                1,
-            ),
+            rows_grid(hidden),
             threads,
             0,
-            &mut args![self.act.ptr, order, offsets, view, yp],
+            &mut args![act_ptr, order, offsets, view, yp],
         )
     }
 
@@ -1058,5 +1239,41 @@ impl Stream<CudaDevice> for CudaStream {
             n_tokens * hidden,
             &mut args![yp, routes.mem.ptr, n, kk, h, op],
         )
+    }
+}
+
+/// Where the quantized activations of one fast call lie in the stream's
+/// scratch: input codes `xq` and block scales `xd`, MoE activation codes
+/// `aq` and scales `ad` (each region 16-byte aligned).
+struct Q8Regions {
+    xq: u64,
+    xd: u64,
+    aq: u64,
+    ad: u64,
+    bytes: usize,
+}
+
+impl Q8Regions {
+    /// Offsets (from 0) for `x_vals` input and `act_vals` activation values.
+    fn new(x_vals: usize, act_vals: usize) -> Q8Regions {
+        let up = |b: usize| b.div_ceil(16) * 16;
+        let xd = up(x_vals);
+        let aq = xd + up(x_vals / 32 * 4);
+        let ad = aq + up(act_vals);
+        let bytes = ad + up(act_vals / 32 * 4);
+        Q8Regions {
+            xq: 0,
+            xd: xd as u64,
+            aq: aq as u64,
+            ad: ad as u64,
+            bytes,
+        }
+    }
+
+    fn rebase(&mut self, base: u64) {
+        self.xq += base;
+        self.xd += base;
+        self.aq += base;
+        self.ad += base;
     }
 }

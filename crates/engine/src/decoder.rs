@@ -13,10 +13,11 @@
 //!     h += W_out · (rms(o)·w ⊙ silu(a·W_z))
 //!   attention layer:
 //!   q, k = a·Wq (+b), a·Wk (+b) ; v = a·Wv (+b), or k itself (value_from_key)
+//!     (latent attention: q = [q_rope, W_ukᵀ·q_nope], k = v = [k_rope, rms(c)])
 //!   q, k, v = per-head q/k/v norms ; q, k = rope(q, k)
 //!   cache k, v ; o = attention(q, cache)          (window, sinks, softcap, GQA)
 //!   o ⊙= sigmoid(a·Wgate)                          (output gate)
-//!   h += attn_post_norm(o·Wo (+b))
+//!   h += attn_post_norm(o·Wo (+b))                (latent: o_h = W_uv[h]·o_h first)
 //!   a = ffn_norm(h)
 //!   dense layer: f = dense(a)
 //!   (shared expert × sigmoid(a·w_shexp_gate) where the spec gates it)
@@ -33,107 +34,22 @@
 //! ```
 
 use crate::census::FfnSite;
-use crate::experts::routed::RoutedInput;
-use crate::kv::KvCache;
-use crate::session::Session;
-use crate::timing::Phase;
+use crate::experts::routed::{RoutedInput, SessionExperts};
+use crate::hooks::Hooks;
+use crate::kv::{KvCache, KvLayer, RecurrentState};
+use crate::model::Model;
+use crate::scratch::{Buffers, DeltaRow};
+use crate::timing::{Phase, PhaseTimes};
 use crate::weights::{
     DeltaNetWeights, DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights,
 };
 use crate::EngineError;
-use crate::Model;
 use std::time::Instant;
 use turbospark_backend::{
-    AttentionParams, ConvParams, DType, DeltaNetInput, DeltaNetParams, Device, MoeInput,
-    MoeScratch, RouterTables, Stream,
+    AttentionParams, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul, MoeInput,
+    RouterTables, Stream,
 };
-use turbospark_core::arch::{
-    Activation, ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, MlaSpec, NormSpec,
-};
-
-/// Scratch activations of a session, `T = max_batch` rows each.
-pub(crate) struct Buffers<D: Device> {
-    /// Residual stream `[T, hidden]`.
-    h: D::Buf,
-    /// Normed block input `[T, hidden]`.
-    a: D::Buf,
-    /// `[T, n_heads · head_dim]`
-    q: D::Buf,
-    /// `[T, n_kv_heads · head_dim]`
-    k: D::Buf,
-    v: D::Buf,
-    /// Attention output `[T, n_heads · head_dim]`.
-    att: D::Buf,
-    /// Output-gate logits `[T, n_heads · head_dim]`.
-    gate: Option<D::Buf>,
-    /// Block output before the residual add `[T, hidden]`.
-    o: D::Buf,
-    /// Dense / shared MLP `[T, intermediate]`.
-    mlp_gate: D::Buf,
-    mlp_up: D::Buf,
-    /// Second FFN branch (shared expert, parallel dense) `[T, hidden]`.
-    branch: D::Buf,
-    /// Router logits `[T, num_experts]`.
-    router: Option<D::Buf>,
-    /// Routes `[T, top_k]`, expert ids.
-    routes: Option<D::Routes>,
-    /// Router or expert input taken from the residual stream under its own
-    /// norm (Gemma 4) `[T, hidden]`.
-    moe_in: Option<D::Buf>,
-    moe: Option<MoeScratch<D::Buf>>,
-    /// `[T, vocab]`
-    logits: D::Buf,
-    /// One row of q, k, v and attention output, for rows that attend to
-    /// caches of their own ([`At::Rows`]).
-    row: RowScratch<D>,
-    /// Latent attention's projections.
-    mla: Option<MlaScratch<D>>,
-    /// Gated DeltaNet's projections and outputs.
-    delta: Option<DeltaScratch<D>>,
-    /// The shared expert's gate logit `[T]`.
-    shared_gate: Option<D::Buf>,
-}
-
-/// Gated DeltaNet's intermediate rows: `T` of each, and one row of each
-/// for rows that are sequences of their own ([`At::Rows`]).
-struct DeltaScratch<D: Device> {
-    batch: DeltaRow<D>,
-    /// `a · W_z` `[T, value_dim]`, then the gated output.
-    z: D::Buf,
-    row: DeltaRow<D>,
-}
-
-/// DeltaNet rows, `T` or one of each.
-struct DeltaRow<D: Device> {
-    /// `a · W_qkv` `[T, conv_dim]`
-    mixed: D::Buf,
-    /// The convolution's output `[T, conv_dim]`.
-    conv: D::Buf,
-    /// `a · W_alpha`, `a · W_beta` `[T, v_heads]`
-    alpha: D::Buf,
-    beta: D::Buf,
-    /// The recurrence's output `[T, value_dim]`.
-    core: D::Buf,
-}
-
-/// Latent attention's intermediate rows, `T` of each.
-struct MlaScratch<D: Device> {
-    /// `q_a · x` `[T, q_lora]`
-    q_a: D::Buf,
-    /// The latent `c` `[T, kv_lora]`.
-    latent: D::Buf,
-    /// The shared rope key `[T, rope]`.
-    rope: D::Buf,
-}
-
-/// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
-/// and attention output `[n_heads · head_dim]`.
-struct RowScratch<D: Device> {
-    q: D::Buf,
-    k: D::Buf,
-    v: D::Buf,
-    att: D::Buf,
-}
+use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, LayerSpec, MlaSpec, NormSpec};
 
 /// Where the tokens of a pass sit and which KV cache each attends to.
 pub(crate) enum At<'a, 'b, D: Device> {
@@ -152,112 +68,135 @@ pub struct BatchRow<'k, D: Device> {
     pub token: u32,
 }
 
-fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
-    layers.iter().map(f).max().unwrap_or(0)
+/// Scratch of [`dense_mlp`]: `[n, intermediate]` each.
+struct MlpScratch<'a, B> {
+    gate: &'a mut B,
+    up: &'a mut B,
 }
 
-impl<D: Device> Buffers<D> {
-    pub(crate) fn new(device: &D, spec: &ArchSpec, t: usize) -> Result<Self, EngineError> {
-        let alloc = |len| device.alloc(DType::F32, len);
-        let h = spec.hidden_size;
-        let qd = max_over(&spec.layers, |l| spec.num_heads * l.head_dim);
-        let kvd = max_over(&spec.layers, |l| l.num_kv_heads * l.head_dim);
-        let any_dense = spec.layers.iter().any(|l| l.ffn == FfnKind::Dense)
-            || spec.moe.as_ref().is_some_and(|m| m.parallel_dense);
-        let inter = [
-            if any_dense { spec.intermediate_size } else { 0 },
-            spec.moe
-                .as_ref()
-                .and_then(|m| m.shared_intermediate)
-                .unwrap_or(0),
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0);
-        let moe = spec
-            .moe
-            .as_ref()
-            .map(|m| {
-                Ok::<_, EngineError>(MoeScratch {
-                    x: alloc(t * h)?,
-                    gate: alloc(t * m.expert_intermediate)?,
-                    up: alloc(t * m.expert_intermediate)?,
-                    y: alloc(t * m.top_k * h)?,
-                })
-            })
-            .transpose()?;
-        Ok(Buffers {
-            h: alloc(t * h)?,
-            a: alloc(t * h)?,
-            q: alloc(t * qd)?,
-            k: alloc(t * kvd)?,
-            v: alloc(t * kvd)?,
-            att: alloc(t * qd)?,
-            gate: (spec.attention.output_gate || spec.attention.gate_in_q)
-                .then(|| alloc(t * qd))
-                .transpose()?,
-            o: alloc(t * h)?,
-            mlp_gate: alloc(t * inter)?,
-            mlp_up: alloc(t * inter)?,
-            branch: alloc(t * h)?,
-            router: spec
-                .moe
-                .as_ref()
-                .map(|m| alloc(t * m.num_experts))
-                .transpose()?,
-            routes: spec
-                .moe
-                .as_ref()
-                .map(|m| device.alloc_routes(t, m.top_k))
-                .transpose()?,
-            moe_in: spec.moe.as_ref().map(|_| alloc(t * h)).transpose()?,
-            moe,
-            logits: alloc(t * spec.vocab_size)?,
-            row: RowScratch {
-                q: alloc(qd)?,
-                k: alloc(kvd)?,
-                v: alloc(kvd)?,
-                att: alloc(qd)?,
-            },
-            mla: spec
-                .mla
-                .as_ref()
-                .map(|a| {
-                    Ok::<_, EngineError>(MlaScratch {
-                        q_a: alloc(t * a.q_lora_rank.unwrap_or(0))?,
-                        latent: alloc(t * a.kv_lora_rank)?,
-                        rope: alloc(t * a.qk_rope_head_dim)?,
-                    })
-                })
-                .transpose()?,
-            delta: spec
-                .delta_net
-                .as_ref()
-                .map(|d| {
-                    let rows = |t: usize| {
-                        Ok::<_, EngineError>(DeltaRow {
-                            mixed: alloc(t * d.conv_dim())?,
-                            conv: alloc(t * d.conv_dim())?,
-                            alpha: alloc(t * d.v_heads)?,
-                            beta: alloc(t * d.v_heads)?,
-                            core: alloc(t * d.value_dim())?,
-                        })
-                    };
-                    Ok::<_, EngineError>(DeltaScratch {
-                        batch: rows(t)?,
-                        z: alloc(t * d.value_dim())?,
-                        row: rows(1)?,
-                    })
-                })
-                .transpose()?,
-            shared_gate: spec
-                .moe
-                .as_ref()
-                .filter(|m| m.shared_gate)
-                .map(|_| alloc(t))
-                .transpose()?,
-        })
+/// `out = down(act(gate·x) ⊙ up·x)` for `n` rows.
+fn dense_mlp<D: Device>(
+    st: &mut D::Stream,
+    m: &Model<D>,
+    w: &DenseWeights<D>,
+    x: &D::Buf,
+    n: usize,
+    tmp: MlpScratch<'_, D::Buf>,
+    out: &mut D::Buf,
+) -> Result<(), EngineError> {
+    st.matmul(&w.gate, x, n, tmp.gate)?;
+    st.matmul(&w.up, x, n, tmp.up)?;
+    st.glu(tmp.gate, tmp.up, n * w.intermediate, m.spec.activation)?;
+    st.matmul(&w.down, tmp.gate, n, out)?;
+    Ok(())
+}
+
+/// Latent attention's query and cache rows for `n` tokens (see
+/// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
+/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `W_uk[h]` the first
+/// `nope` rows of head `h`'s block in `attn_kv_b`, multiplied in its own
+/// format ([`Stream::head_matmul`]); `bufs.k` `[n, rope + kv_lora]` the row
+/// `[k_rope, rms(c)]` the cache keeps (rope is applied later, to the first
+/// `rope` dims of both).
+fn latent_qk<D: Device>(
+    st: &mut D::Stream,
+    b: &mut Buffers<D>,
+    a: &MlaSpec,
+    n_heads: usize,
+    attn_q: &D::Matrix,
+    w: &MlaWeights<D>,
+    n: usize,
+) -> Result<(), EngineError> {
+    let Some(s) = b.mla.as_mut() else {
+        return Err(EngineError::NotImplemented {
+            feature: "latent attention without its scratch",
+        });
+    };
+    let norm = NormSpec::plain(MlaSpec::NORM_EPS);
+    match (&w.q_a, a.q_lora_rank) {
+        (Some((q_a, q_a_norm)), Some(rank)) => {
+            st.matmul(q_a, &b.a, n, &mut s.q_a)?;
+            st.rms_norm(&mut s.q_a, n, rank, norm, Some(q_a_norm))?;
+            st.matmul(attn_q, &s.q_a, n, &mut s.q)?;
+        }
+        _ => st.matmul(attn_q, &b.a, n, &mut s.q)?,
     }
+    let (r, dn, dr, dv) = (
+        a.kv_lora_rank,
+        a.qk_nope_head_dim,
+        a.qk_rope_head_dim,
+        a.v_head_dim,
+    );
+    let (qk, row) = (a.qk_head_dim(), a.latent_head_dim());
+    // Each head's query is `[q_nope, q_rope]`: the rope part goes to the
+    // front of its absorbed row as it is, the rest is `W_uk[h]ᵀ·q_nope`.
+    for th in 0..n * n_heads {
+        st.copy(&s.q, th * qk + dn, &mut b.q, th * row, dr)?;
+    }
+    let absorb = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride: dn + dv,
+        first_row: 0,
+        rows: dn,
+        transpose: true,
+        x_stride: qk,
+        x_at: 0,
+        out_stride: row,
+        out_at: dr,
+    };
+    st.head_matmul(&w.kv_b, &s.q, &absorb, &mut b.q)?;
+    st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
+    st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
+    st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
+    for t in 0..n {
+        st.copy(&s.rope, t * dr, &mut b.k, t * row, dr)?;
+        st.copy(&s.latent, t * r, &mut b.k, t * row + dr, r)?;
+    }
+    Ok(())
+}
+
+/// Latent attention's values for `n` tokens: head `h`'s attention output
+/// `[n, n_heads, rope + kv_lora]` is a weighted sum of cached `[k_rope,
+/// c]` rows; its value is `W_uv[h]·(Σ p·c)` (`W_uv[h]` the last `v` rows
+/// of head `h`'s block in `attn_kv_b`), written to `out` `[n, n_heads ·
+/// v]`, the input of `attn_output`.
+fn latent_values<D: Device>(
+    st: &mut D::Stream,
+    a: &MlaSpec,
+    n_heads: usize,
+    kv_b: &D::Matrix,
+    att: &D::Buf,
+    n: usize,
+    out: &mut D::Buf,
+) -> Result<(), EngineError> {
+    let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
+    let values = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride: dn + dv,
+        first_row: dn,
+        rows: dv,
+        transpose: false,
+        x_stride: a.latent_head_dim(),
+        x_at: dr,
+        out_stride: dv,
+        out_at: 0,
+    };
+    st.head_matmul(kv_b, att, &values, out)?;
+    Ok(())
+}
+
+fn add_bias<D: Device>(
+    st: &mut D::Stream,
+    x: &mut D::Buf,
+    bias: Option<&D::Vector>,
+    n: usize,
+) -> Result<(), EngineError> {
+    if let Some(b) = bias {
+        st.add_bias(x, b, n)?;
+    }
+    Ok(())
 }
 
 /// The convolution and the recurrence of one DeltaNet layer for `n` rows
@@ -268,7 +207,7 @@ fn delta_recurrence<D: Device>(
     d: &DeltaNetSpec,
     w: &DeltaNetWeights<D>,
     r: &mut DeltaRow<D>,
-    state: &mut crate::kv::RecurrentState<D>,
+    state: &mut RecurrentState<D>,
     n: usize,
     fresh: bool,
 ) -> Result<(), EngineError> {
@@ -298,81 +237,78 @@ fn delta_recurrence<D: Device>(
     Ok(())
 }
 
-/// Scratch of [`dense_mlp`]: `[n, intermediate]` each.
-struct MlpScratch<'a, B> {
-    gate: &'a mut B,
-    up: &'a mut B,
+/// The query, key and value rows of `n` tokens at consecutive positions
+/// from `pos`, and where their attention output goes.
+struct Rows<'a, B> {
+    q: &'a mut B,
+    k: &'a mut B,
+    v: &'a B,
+    out: &'a mut B,
+    n: usize,
+    pos: usize,
 }
 
-/// `out = down(act(gate·x) ⊙ up·x)` for `n` rows.
-fn dense_mlp<D: Device>(
+/// Rope, cache write and attention of layer `l` for the rows `r`, into
+/// the layer cache `kv`: the one block both the session's own tokens and
+/// each row of a batch of sequences run.
+fn attend<D: Device>(
     st: &mut D::Stream,
     m: &Model<D>,
-    w: &DenseWeights<D>,
-    x: &D::Buf,
-    n: usize,
-    tmp: MlpScratch<'_, D::Buf>,
-    out: &mut D::Buf,
+    l: usize,
+    lw: &LayerWeights<D>,
+    kv: &mut KvLayer<D>,
+    r: Rows<'_, D::Buf>,
 ) -> Result<(), EngineError> {
-    st.matmul(&w.gate, x, n, tmp.gate)?;
-    st.matmul(&w.up, x, n, tmp.up)?;
-    st.glu(tmp.gate, tmp.up, n * w.intermediate, m.spec.activation)?;
-    st.matmul(&w.down, tmp.gate, n, out)?;
-    Ok(())
-}
-
-/// Latent attention's query and cache rows for `n` tokens (see
-/// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
-/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `bufs.k` `[n, rope +
-/// kv_lora]` the row `[k_rope, rms(c)]` the cache keeps (rope is applied
-/// later, to the first `rope` dims of both).
-fn latent_qk<D: Device>(
-    st: &mut D::Stream,
-    b: &mut Buffers<D>,
-    a: &MlaSpec,
-    attn_q: &D::Matrix,
-    w: &MlaWeights<D>,
-    n: usize,
-) -> Result<(), EngineError> {
-    let Some(s) = b.mla.as_mut() else {
-        return Err(EngineError::NotImplemented {
-            feature: "latent attention without its scratch",
-        });
+    let (n, pos) = (r.n, r.pos);
+    let spec = &m.spec;
+    let ls = &spec.layers[l];
+    let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+    if let Some(rope) = &m.ropes[l] {
+        st.rope(r.q, n, nh, hd, pos, rope)?;
+        st.rope(r.k, n, nkv, hd, pos, rope)?;
+    }
+    // Latent attention reads its one cached row as keys and values.
+    let latent = spec.mla.is_some();
+    st.kv_write(&mut kv.k, r.k, n, kv.row, pos, kv.capacity)?;
+    if !latent {
+        st.kv_write(&mut kv.v, r.v, n, kv.row, pos, kv.capacity)?;
+    }
+    let params = AttentionParams {
+        n_tokens: n,
+        first_pos: pos,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        capacity: kv.capacity,
+        window: ls.window,
+        scale: spec.attention.scale,
+        softcap: spec.attention.softcap,
     };
-    let norm = NormSpec::plain(MlaSpec::NORM_EPS);
-    match (&w.q_a, a.q_lora_rank) {
-        (Some((q_a, q_a_norm)), Some(rank)) => {
-            st.matmul(q_a, &b.a, n, &mut s.q_a)?;
-            st.rms_norm(&mut s.q_a, n, rank, norm, Some(q_a_norm))?;
-            st.matmul(attn_q, &s.q_a, n, &mut b.q)?;
-        }
-        _ => st.matmul(attn_q, &b.a, n, &mut b.q)?,
-    }
-    let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
-    st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
-    st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
-    st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
-    let row = a.latent_head_dim();
-    for t in 0..n {
-        st.copy(&s.rope, t * dr, &mut b.k, t * row, dr)?;
-        st.copy(&s.latent, t * r, &mut b.k, t * row + dr, r)?;
-    }
+    st.attention(
+        r.q,
+        &kv.k,
+        if latent { &kv.k } else { &kv.v },
+        &params,
+        lw.attn_sinks.as_ref(),
+        r.out,
+    )?;
     Ok(())
 }
 
-fn add_bias<D: Device>(
-    st: &mut D::Stream,
-    x: &mut D::Buf,
-    bias: Option<&D::Vector>,
-    n: usize,
-) -> Result<(), EngineError> {
-    if let Some(b) = bias {
-        st.add_bias(x, b, n)?;
-    }
-    Ok(())
+/// One forward pass's view of a session: the model and the session's
+/// parts the pass reads and writes (its stream, own KV cache, scratch,
+/// expert slots, timings and hooks), borrowed for the pass.
+pub(crate) struct Pass<'s, D: Device> {
+    pub(crate) model: &'s Model<D>,
+    pub(crate) stream: &'s mut D::Stream,
+    pub(crate) kv: &'s mut KvCache<D>,
+    pub(crate) bufs: &'s mut Buffers<D>,
+    pub(crate) experts: &'s mut SessionExperts<D>,
+    pub(crate) times: &'s mut PhaseTimes,
+    pub(crate) hooks: &'s mut Hooks<D>,
 }
 
-impl<D: Device> Session<'_, D> {
+impl<D: Device> Pass<'_, D> {
     /// Runs one batch of at most `max_batch` tokens at `pos` (inputs already
     /// checked) and, if asked, writes the logits of `rows` rows starting at
     /// batch row `first` into `out`.
@@ -450,7 +386,7 @@ impl<D: Device> Session<'_, D> {
 
     /// Embedding, every layer and the hooks; returns when the last phase
     /// ended. Hooks run only for a sequence's own tokens ([`At::Own`]);
-    /// [`Session::decode_batch`] refuses to run while they are set.
+    /// `Session::decode_batch` refuses to run while they are set.
     fn embed_and_layers(
         &mut self,
         at: &mut At<'_, '_, D>,
@@ -460,7 +396,7 @@ impl<D: Device> Session<'_, D> {
         let spec = &m.spec;
         let n = tokens.len();
         let hidden = spec.hidden_size;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
 
         let start = Instant::now();
         st.embed(&m.weights.token_embd, tokens, &mut b.h)?;
@@ -487,14 +423,15 @@ impl<D: Device> Session<'_, D> {
             }
             if hooks.is_some() {
                 let h = &mut self.bufs.h;
-                self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
+                self.hooks.after_layer(&mut *self.stream, l, h, n, hidden)?;
             } else if steer_rows {
-                self.hooks.steer(&mut self.stream, l, &mut self.bufs.h, n)?;
+                self.hooks
+                    .steer(&mut *self.stream, l, &mut self.bufs.h, n)?;
             }
         }
         if let Some(pos) = hooks {
             self.hooks
-                .end_chunk(&mut self.stream, pos, tokens, hidden)?;
+                .end_chunk(&mut *self.stream, pos, tokens, hidden)?;
         }
         Ok(t)
     }
@@ -507,11 +444,11 @@ impl<D: Device> Session<'_, D> {
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st) = (&m.spec, &mut self.stream);
+        let (spec, st) = (&m.spec, &mut *self.stream);
         let ls = &spec.layers[l];
         let (hidden, nh, hd) = (spec.hidden_size, spec.num_heads, ls.head_dim);
         let norms = &spec.norms;
-        let b = &mut self.bufs;
+        let b = &mut *self.bufs;
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(&mut b.a, n, hidden, norms.attn_input, lw.attn_norm.as_ref())?;
@@ -525,7 +462,7 @@ impl<D: Device> Session<'_, D> {
                 return Err(mismatch);
             };
             match (&spec.mla, &lw.mla, &lw.attn_k) {
-                (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, attn_q, w, n)?,
+                (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, nh, attn_q, w, n)?,
                 (None, None, Some(wk)) => Self::project_qkv(st, b, lw, attn_q, spec, ls, n, wk)?,
                 _ => return Err(mismatch),
             }
@@ -533,15 +470,21 @@ impl<D: Device> Session<'_, D> {
                 At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
                 At::Rows(rows) => self.attend_rows(l, lw, rows)?,
             }
-            let (st, b) = (&mut self.stream, &mut self.bufs);
+            let (st, b) = (&mut *self.stream, &mut *self.bufs);
             if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
                 st.matmul(wg, &b.a, n, g)?;
                 st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
             }
-            st.matmul(attn_output, &b.att, n, &mut b.o)?;
+            match (&spec.mla, &lw.mla, b.mla.as_mut()) {
+                (Some(a), Some(w), Some(s)) => {
+                    latent_values::<D>(st, a, nh, &w.kv_b, &b.att, n, &mut s.v)?;
+                    st.matmul(attn_output, &s.v, n, &mut b.o)?;
+                }
+                _ => st.matmul(attn_output, &b.att, n, &mut b.o)?,
+            }
             add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
         }
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         if let Some(ns) = norms.attn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
         }
@@ -600,7 +543,7 @@ impl<D: Device> Session<'_, D> {
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
         let (Some(d), Some(s)) = (&spec.delta_net, b.delta.as_mut()) else {
             return Err(EngineError::NotImplemented {
                 feature: "a DeltaNet layer without its spec or scratch",
@@ -661,41 +604,16 @@ impl<D: Device> Session<'_, D> {
         pos: usize,
         n: usize,
     ) -> Result<(), EngineError> {
-        let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
-        let ls = &spec.layers[l];
-        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
-        if let Some(rope) = &m.ropes[l] {
-            st.rope(&mut b.q, n, nh, hd, pos, rope)?;
-            st.rope(&mut b.k, n, nkv, hd, pos, rope)?;
-        }
-        let kv = &mut self.kv.layers[l];
-        // Latent attention reads its one cached row as keys and values.
-        let latent = spec.mla.is_some();
-        st.kv_write(&mut kv.k, &b.k, n, kv.row, pos, kv.capacity)?;
-        if !latent {
-            st.kv_write(&mut kv.v, &b.v, n, kv.row, pos, kv.capacity)?;
-        }
-        let params = AttentionParams {
-            n_tokens: n,
-            first_pos: pos,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            capacity: kv.capacity,
-            window: ls.window,
-            scale: spec.attention.scale,
-            softcap: spec.attention.softcap,
+        let b = &mut *self.bufs;
+        let rows = Rows {
+            q: &mut b.q,
+            k: &mut b.k,
+            v: &b.v,
+            out: &mut b.att,
+            n,
+            pos,
         };
-        st.attention(
-            &b.q,
-            &kv.k,
-            if latent { &kv.k } else { &kv.v },
-            &params,
-            lw.attn_sinks.as_ref(),
-            &mut b.att,
-        )?;
-        Ok(())
+        attend(self.stream, self.model, l, lw, &mut self.kv.layers[l], rows)
     }
 
     /// Rope, cache write and attention of layer `l` for rows that are
@@ -709,10 +627,9 @@ impl<D: Device> Session<'_, D> {
         rows: &mut [BatchRow<'_, D>],
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
         let ls = &spec.layers[l];
-        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
-        let (qd, kvd) = (nh * hd, nkv * hd);
+        let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
         let latent = spec.mla.is_some();
         let r = &mut b.row;
         for (i, row) in rows.iter_mut().enumerate() {
@@ -722,34 +639,15 @@ impl<D: Device> Session<'_, D> {
             if !latent {
                 st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
             }
-            if let Some(rope) = &m.ropes[l] {
-                st.rope(&mut r.q, 1, nh, hd, pos, rope)?;
-                st.rope(&mut r.k, 1, nkv, hd, pos, rope)?;
-            }
-            let kv = &mut row.kv.layers[l];
-            st.kv_write(&mut kv.k, &r.k, 1, kv.row, pos, kv.capacity)?;
-            if !latent {
-                st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
-            }
-            let params = AttentionParams {
-                n_tokens: 1,
-                first_pos: pos,
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                capacity: kv.capacity,
-                window: ls.window,
-                scale: spec.attention.scale,
-                softcap: spec.attention.softcap,
+            let one = Rows {
+                q: &mut r.q,
+                k: &mut r.k,
+                v: &r.v,
+                out: &mut r.att,
+                n: 1,
+                pos,
             };
-            st.attention(
-                &r.q,
-                &kv.k,
-                if latent { &kv.k } else { &kv.v },
-                &params,
-                lw.attn_sinks.as_ref(),
-                &mut r.att,
-            )?;
+            attend(st, m, l, lw, &mut row.kv.layers[l], one)?;
             st.copy(&r.att, 0, &mut b.att, i * qd, qd)?;
         }
         Ok(())
@@ -767,7 +665,7 @@ impl<D: Device> Session<'_, D> {
         let m = self.model;
         let spec = &m.spec;
         let hidden = spec.hidden_size;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(
@@ -791,7 +689,7 @@ impl<D: Device> Session<'_, D> {
             }
             FfnWeights::Moe(mw) => (self.moe_block(l, lw, mw, n, t)?, Phase::Experts),
         };
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         if let Some(ns) = spec.norms.ffn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm.as_ref())?;
         }
@@ -815,7 +713,7 @@ impl<D: Device> Session<'_, D> {
         let spec = &m.spec;
         let hidden = spec.hidden_size;
         let norms = &spec.norms;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         let (Some(router_buf), Some(routes), Some(scratch), Some(moe_in), Some(router)) = (
             b.router.as_mut(),
             b.routes.as_mut(),
@@ -937,9 +835,9 @@ impl<D: Device> Session<'_, D> {
     /// first + rows` into the logits buffer.
     fn head_logits(&mut self, first: usize, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st) = (&m.spec, &mut self.stream);
+        let (spec, st) = (&m.spec, &mut *self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
-        let b = &mut self.bufs;
+        let b = &mut *self.bufs;
         st.copy(&b.h, first * hidden, &mut b.a, 0, rows * hidden)?;
         st.rms_norm(
             &mut b.a,

@@ -16,12 +16,13 @@
 //! device's numerics are batch-invariant, as the CPU's are).
 
 use crate::census::{CensusState, FfnCensus};
-use crate::decoder::{BatchRow, Buffers};
+use crate::decoder::{BatchRow, Pass};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
 use crate::hooks::{Hooks, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
+use crate::scratch::Buffers;
 use crate::timing::PhaseTimes;
 use crate::EngineError;
 use turbospark_backend::{Device, Limits, Stream};
@@ -77,8 +78,15 @@ pub struct Session<'m, D: Device> {
     max_batch: usize,
 }
 
+impl<D: Device> Model<D> {
+    /// A new session (KV cache and scratch) over this model.
+    pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
+        Session::new(self, options)
+    }
+}
+
 impl<'m, D: Device> Session<'m, D> {
-    pub(crate) fn new(model: &'m Model<D>, opts: SessionOptions) -> Result<Self, EngineError> {
+    fn new(model: &'m Model<D>, opts: SessionOptions) -> Result<Self, EngineError> {
         if opts.context == 0 || opts.max_batch == 0 {
             return Err(EngineError::BadOptions {
                 detail: format!(
@@ -128,6 +136,20 @@ impl<'m, D: Device> Session<'m, D> {
             batch_tokens: Vec::with_capacity(max_batch),
             max_batch,
         })
+    }
+
+    /// The decoder's view of this session for one forward pass over its
+    /// own cache.
+    fn pass(&mut self) -> Pass<'_, D> {
+        Pass {
+            model: self.model,
+            stream: &mut self.stream,
+            kv: &mut self.kv,
+            bufs: &mut self.bufs,
+            experts: &mut self.experts,
+            times: &mut self.times,
+            hooks: &mut self.hooks,
+        }
     }
 
     /// The next position the cache expects.
@@ -334,7 +356,7 @@ impl<'m, D: Device> Session<'m, D> {
                     Some((0, chunk.len(), &mut out[at..at + chunk.len() * vocab]))
                 }
             };
-            if let Err(e) = self.run_chunk(pos, chunk, head) {
+            if let Err(e) = self.pass().run_chunk(pos, chunk, head) {
                 // A recurrent state may have moved past the position: the
                 // sequence must be recomputed, never continued.
                 if self.kv.has_recurrent_state() {
@@ -449,7 +471,7 @@ impl<'m, D: Device> Session<'m, D> {
         let mut tokens = std::mem::take(&mut self.batch_tokens);
         tokens.clear();
         tokens.extend(rows.iter().map(|r| r.token));
-        let result = self.run_rows(rows, &tokens, logits);
+        let result = self.pass().run_rows(rows, &tokens, logits);
         self.batch_tokens = tokens;
         result?;
         for row in rows.iter_mut() {
@@ -470,5 +492,14 @@ impl<'m, D: Device> Session<'m, D> {
         let result = self.forward(position, &[token], Logits::Last(&mut out));
         self.last_logits = out;
         result.map(|()| self.last_logits.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sessions_stay_sendable() {
+        fn send<T: Send>() {}
+        send::<super::Session<'static, turbospark_cpu::CpuDevice>>();
     }
 }

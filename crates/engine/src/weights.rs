@@ -12,7 +12,6 @@ use crate::EngineError;
 use std::collections::HashMap;
 use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
 use turbospark_core::arch::{ArchSpec, FfnKind, Mixer, MlaSpec};
-use turbospark_core::QuantFormat;
 use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
@@ -59,8 +58,11 @@ pub enum FfnWeights<D: Device> {
     Moe(MoeWeights<D>),
 }
 
-/// Latent attention of one layer ([`MlaSpec`]), beside the absorbed
-/// [`LayerWeights::attn_q`] and [`LayerWeights::attn_output`].
+/// Latent attention of one layer ([`MlaSpec`]), beside
+/// [`LayerWeights::attn_q`] and [`LayerWeights::attn_output`]. Every
+/// matrix keeps the checkpoint's format: nothing is folded into another
+/// matrix at load (the absorbed products of DeepSeek-V3 in f32 would be
+/// about 150 GB).
 pub struct MlaWeights<D: Device> {
     /// `attn_q_a` `[q_lora, hidden]` and `attn_q_a_norm` `[q_lora]`, when
     /// the query is low-rank.
@@ -71,6 +73,10 @@ pub struct MlaWeights<D: Device> {
     pub kv_a_rope: D::Matrix,
     /// `attn_kv_a_norm` `[kv_lora]`.
     pub kv_a_norm: D::Vector,
+    /// `attn_kv_b` `[n_heads · (nope + v), kv_lora]`: per head, `W_uk[h]`
+    /// `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`, applied per head
+    /// ([`turbospark_backend::Stream::head_matmul`]).
+    pub kv_b: D::Matrix,
 }
 
 /// A gated DeltaNet layer (`turbospark_core::arch::DeltaNetSpec`).
@@ -98,18 +104,17 @@ pub struct DeltaNetWeights<D: Device> {
 /// One decoder layer.
 pub struct LayerWeights<D: Device> {
     pub attn_norm: Option<D::Vector>,
-    /// `[n_heads · head_dim, hidden]`; with latent attention the absorbed
-    /// query `[n_heads · (rope + kv_lora), q_lora or hidden]` (see
-    /// [`absorb_query`]); `None` on DeltaNet layers.
+    /// `[n_heads · head_dim, hidden]`; with latent attention `attn_q_b` (or
+    /// `attn_q`) `[n_heads · (nope + rope), q_lora or hidden]`; `None` on
+    /// DeltaNet layers.
     pub attn_q: Option<D::Matrix>,
     /// `[n_kv_heads · head_dim, hidden]`; `None` with latent attention.
     pub attn_k: Option<D::Matrix>,
     /// `None` on layers whose values are the key projection
     /// ([`LayerSpec::value_from_key`]).
     pub attn_v: Option<D::Matrix>,
-    /// `[hidden, n_heads · head_dim]`; with latent attention the absorbed
-    /// output `[hidden, n_heads · (rope + kv_lora)]` (see [`absorb_output`]);
-    /// `None` on DeltaNet layers.
+    /// `[hidden, n_heads · head_dim]`; with latent attention `[hidden,
+    /// n_heads · v]`; `None` on DeltaNet layers.
     pub attn_output: Option<D::Matrix>,
     /// Gated DeltaNet, on the layers whose mixer it is.
     pub delta: Option<DeltaNetWeights<D>>,
@@ -256,45 +261,31 @@ impl<D: Device> Loader<'_, D> {
         Ok(Some(v))
     }
 
-    /// A tensor read to the host as f32 `[rows, cols]`.
-    fn host_matrix(&self, ts: &Listed, role: Role) -> Result<Vec<f32>, EngineError> {
-        let (name, shape) = ts.required(role)?;
-        let t = self.src.resident(name)?;
+    /// Rows `rows` of the matrix `role`, in its own format, as a matrix
+    /// named `name` (the bytes are shared, not copied).
+    fn row_block(
+        &self,
+        ts: &Listed,
+        role: Role,
+        name: String,
+        rows: std::ops::Range<usize>,
+    ) -> Result<D::Matrix, EngineError> {
+        let (src_name, shape) = ts.required(role)?;
+        let t = self.src.resident(src_name)?;
         check_shape(&t, shape)?;
-        let mut v = vec![0f32; shape.iter().product()];
-        turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
-            |source| turbospark_backend::BackendError::Quant {
-                name: t.name.clone(),
-                source,
-            },
-        )?;
-        Ok(v)
+        Ok(self.be.upload_matrix(&t.row_block(name, rows)?)?)
     }
 
-    /// Uploads host f32 values as a matrix `[rows, cols]`.
-    fn upload_f32(&self, name: String, rows: usize, v: &[f32]) -> Result<D::Matrix, EngineError> {
-        let t = HostTensor {
-            name,
-            format: QuantFormat::F32,
-            shape: vec![rows, v.len() / rows],
-            bytes: SharedBytes::from_f32(v),
-        };
-        Ok(self.be.upload_matrix(&t)?)
-    }
-
-    /// Latent attention of layer `l`: the absorbed query and output
-    /// matrices, and the rest of [`MlaWeights`].
+    /// Latent attention of layer `l` ([`MlaWeights`]), and its query and
+    /// output matrices.
     #[allow(clippy::type_complexity)]
     fn mla(
         &self,
-        spec: &ArchSpec,
         a: &MlaSpec,
         l: usize,
         ts: &Listed,
     ) -> Result<(D::Matrix, D::Matrix, MlaWeights<D>), EngineError> {
-        let nh = spec.num_heads;
         let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
-        let kv_b = self.host_matrix(ts, Role::AttnKvB)?;
         let (q, q_a) = match a.q_lora_rank {
             Some(_) => {
                 let q_a = self.matrix(ts, Role::AttnQA)?;
@@ -303,40 +294,37 @@ impl<D: Device> Loader<'_, D> {
                         .ok_or(EngineError::NotImplemented {
                             feature: "a low-rank query without its norm",
                         })?;
-                (self.host_matrix(ts, Role::AttnQB)?, Some((q_a, norm)))
+                (self.matrix(ts, Role::AttnQB)?, Some((q_a, norm)))
             }
-            None => (self.host_matrix(ts, Role::AttnQ)?, None),
+            None => (self.matrix(ts, Role::AttnQ)?, None),
         };
-        let q_abs = absorb_query(a, nh, &q, &kv_b);
-        let o = self.host_matrix(ts, Role::AttnOutput)?;
-        let o_abs = absorb_output(a, nh, spec.hidden_size, &o, &kv_b);
-        let kv_a = self.host_matrix(ts, Role::AttnKvAMqa)?;
-        let cols = spec.hidden_size;
         let weights = MlaWeights {
             q_a,
-            kv_a_latent: self.upload_f32(
+            kv_a_latent: self.row_block(
+                ts,
+                Role::AttnKvAMqa,
                 format!("blk.{l}.attn_kv_a_mqa.weight (latent rows)"),
-                r,
-                &kv_a[..r * cols],
+                0..r,
             )?,
-            kv_a_rope: self.upload_f32(
+            kv_a_rope: self.row_block(
+                ts,
+                Role::AttnKvAMqa,
                 format!("blk.{l}.attn_kv_a_mqa.weight (rope rows)"),
-                dr,
-                &kv_a[r * cols..],
+                r..r + dr,
             )?,
             kv_a_norm: self
                 .vector(ts, Role::AttnKvANorm)?
                 .ok_or(EngineError::NotImplemented {
                     feature: "latent attention without its kv_a norm",
                 })?,
+            kv_b: self.matrix(ts, Role::AttnKvB)?,
         };
-        let q_abs = self.upload_f32(
-            format!("blk.{l}.attn_q (absorbed)"),
-            nh * a.latent_head_dim(),
-            &q_abs,
-        )?;
-        let o_abs = self.upload_f32(format!("blk.{l}.attn_output (absorbed)"), cols, &o_abs)?;
-        Ok((q_abs, o_abs, weights))
+        if self.be.copies_weights() {
+            if let Ok((name, _)) = ts.required(Role::AttnKvAMqa) {
+                self.src.release_resident(name);
+            }
+        }
+        Ok((q, self.matrix(ts, Role::AttnOutput)?, weights))
     }
 
     /// A dense MLP (or shared expert) of the three roles, when the table
@@ -471,7 +459,7 @@ impl<D: Device> Loader<'_, D> {
         let (attn_q, attn_output, mla) = match &spec.mla {
             _ if delta_layer => (None, None, None),
             Some(a) => {
-                let (q, o, w) = self.mla(spec, a, l, &ts)?;
+                let (q, o, w) = self.mla(a, l, &ts)?;
                 (Some(q), Some(o), Some(w))
             }
             None if spec.attention.gate_in_q => {
@@ -527,80 +515,6 @@ impl<D: Device> Loader<'_, D> {
             },
         })
     }
-}
-
-/// The absorbed query of latent attention, `[n_heads · (rope + kv_lora),
-/// q_in]`, from the query projection `q` (`attn_q_b`, or `attn_q`)
-/// `[n_heads · (nope + rope), q_in]` and `attn_kv_b` `[n_heads · (nope +
-/// v), kv_lora]`: head `h`'s rows are its rope rows of `q` as they are,
-/// then `W_uk[h]ᵀ · q_nope[h]` (`W_uk[h]` the first `nope` rows of head
-/// `h` in `attn_kv_b`), so that `q_abs · x = [q_rope, W_uk[h]ᵀ q_nope]` and
-/// its dot product with a cached `[k_rope, c]` is `q_rope·k_rope +
-/// q_nope·k_nope`. Accumulated in f64.
-pub fn absorb_query(a: &MlaSpec, nh: usize, q: &[f32], kv_b: &[f32]) -> Vec<f32> {
-    let (dn, dr, dv, r) = (
-        a.qk_nope_head_dim,
-        a.qk_rope_head_dim,
-        a.v_head_dim,
-        a.kv_lora_rank,
-    );
-    let q_in = q.len() / (nh * (dn + dr));
-    let lat = dr + r;
-    let mut out = vec![0f32; nh * lat * q_in];
-    let mut acc = vec![0f64; q_in];
-    for h in 0..nh {
-        let q_head = &q[h * (dn + dr) * q_in..(h + 1) * (dn + dr) * q_in];
-        let uk = &kv_b[h * (dn + dv) * r..(h * (dn + dv) + dn) * r];
-        let dst = &mut out[h * lat * q_in..(h + 1) * lat * q_in];
-        dst[..dr * q_in].copy_from_slice(&q_head[dn * q_in..]);
-        for j in 0..r {
-            acc.iter_mut().for_each(|v| *v = 0.0);
-            for i in 0..dn {
-                let w = f64::from(uk[i * r + j]);
-                let row = &q_head[i * q_in..(i + 1) * q_in];
-                for (s, &x) in acc.iter_mut().zip(row) {
-                    *s += w * f64::from(x);
-                }
-            }
-            let d = &mut dst[(dr + j) * q_in..(dr + j + 1) * q_in];
-            for (o, s) in d.iter_mut().zip(&acc) {
-                *o = *s as f32;
-            }
-        }
-    }
-    out
-}
-
-/// The absorbed output of latent attention, `[hidden, n_heads · (rope +
-/// kv_lora)]`, from `attn_output` `[hidden, n_heads · v]` and `attn_kv_b`:
-/// head `h`'s columns are zero over its rope part (the attention output's
-/// rope dims are not values) and `W_o[:, h] · W_uv[h]` over its latent
-/// part (`W_uv[h]` the last `v` rows of head `h` in `attn_kv_b`), so that
-/// `o_abs · Σ p [k_rope, c] = Σ_h W_o[:, h] · W_uv[h] · Σ p c`.
-/// Accumulated in f64.
-pub fn absorb_output(a: &MlaSpec, nh: usize, hidden: usize, o: &[f32], kv_b: &[f32]) -> Vec<f32> {
-    let (dn, dr, dv, r) = (
-        a.qk_nope_head_dim,
-        a.qk_rope_head_dim,
-        a.v_head_dim,
-        a.kv_lora_rank,
-    );
-    let lat = dr + r;
-    let cols = nh * lat;
-    let mut out = vec![0f32; hidden * cols];
-    for h in 0..nh {
-        let uv = &kv_b[(h * (dn + dv) + dn) * r..(h + 1) * (dn + dv) * r];
-        for row in 0..hidden {
-            let w_o = &o[row * nh * dv + h * dv..row * nh * dv + (h + 1) * dv];
-            for j in 0..r {
-                let s: f64 = (0..dv)
-                    .map(|k| f64::from(w_o[k]) * f64::from(uv[k * r + j]))
-                    .sum();
-                out[row * cols + h * lat + dr + j] = s as f32;
-            }
-        }
-    }
-    out
 }
 
 /// Splits a q projection whose rows hold, per head, `head_dim` query rows

@@ -34,7 +34,7 @@ pub use elementwise::{
     check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
     check_rms_norm, check_rope, check_scale, check_softcap,
 };
-pub use linear::{check_buffers, check_embed, check_matmul};
+pub use linear::{check_buffers, check_embed, check_head_matmul, check_matmul};
 pub use moe::{check_moe, check_route};
 
 /// How far a backend's results may be from the f64 reference, per op
@@ -128,6 +128,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_buffers(device)?;
     check_embed(device)?;
     check_matmul(device, tol)?;
+    check_head_matmul(device, tol)?;
     check_add_bias(device, tol)?;
     check_rms_norm(device, tol)?;
     check_rope(device, tol)?;

@@ -106,11 +106,20 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
     Ok(())
 }
 
-const HIDDEN: usize = 64;
-const INTER: usize = 32;
+const HIDDEN: usize = 320;
+const INTER: usize = 160;
 const EXPERTS: usize = 6;
 const TOP_K: usize = 2;
-const TOKENS: usize = 5;
+/// Enough tokens that backends' batched (tensor-core) paths take part.
+const TOKENS: usize = 40;
+
+/// Formats of (gate, up, down): mixed, as gpt-oss stores them (MXFP4),
+/// and Q8_0 throughout.
+const FORMAT_SETS: [[QuantFormat; 3]; 3] = [
+    [QuantFormat::Mxfp4, QuantFormat::Q8_0, QuantFormat::F32],
+    [QuantFormat::Mxfp4, QuantFormat::Mxfp4, QuantFormat::Mxfp4],
+    [QuantFormat::Q8_0, QuantFormat::Q8_0, QuantFormat::Q8_0],
+];
 
 /// One expert's host tensors and their reference-dequantized values.
 struct Expert {
@@ -121,10 +130,11 @@ struct Expert {
     biases: [Vec<f32>; 3],
 }
 
-fn random_expert(e: usize, rng: &mut Rng) -> Expert {
-    let gate = random_matrix(&format!("gate{e}"), QuantFormat::Mxfp4, INTER, HIDDEN, rng);
-    let up = random_matrix(&format!("up{e}"), QuantFormat::Q8_0, INTER, HIDDEN, rng);
-    let down = random_matrix(&format!("down{e}"), QuantFormat::F32, HIDDEN, INTER, rng);
+fn random_expert(e: usize, formats: [QuantFormat; 3], rng: &mut Rng) -> Expert {
+    let [gf, uf, df] = formats;
+    let gate = random_matrix(&format!("gate{e}"), gf, INTER, HIDDEN, rng);
+    let up = random_matrix(&format!("up{e}"), uf, INTER, HIDDEN, rng);
+    let down = random_matrix(&format!("down{e}"), df, HIDDEN, INTER, rng);
     let biases = [rng.vec(INTER), rng.vec(INTER), rng.vec(HIDDEN)];
     Expert {
         gate: dequantized(&gate),
@@ -176,9 +186,22 @@ fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, 
 /// same bits alone as in the batch; `moe_experts` split by slot plus
 /// `moe_combine` the same bits as `moe`; routes outside the bank refused.
 pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    for formats in FORMAT_SETS {
+        check_moe_formats(dev, tol, formats)?;
+    }
+    Ok(())
+}
+
+fn check_moe_formats<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+    formats: [QuantFormat; 3],
+) -> Result<(), ConformanceError> {
     const OP: &str = "moe";
     let mut rng = Rng(9);
-    let experts: Vec<Expert> = (0..EXPERTS).map(|e| random_expert(e, &mut rng)).collect();
+    let experts: Vec<Expert> = (0..EXPERTS)
+        .map(|e| random_expert(e, formats, &mut rng))
+        .collect();
     let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
     let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
     if (bank.slots(), bank.hidden(), bank.intermediate()) != (EXPERTS, HIDDEN, INTER) {
@@ -217,7 +240,7 @@ pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         },
         Activation::GeluTanh,
     ] {
-        let case = format!("{act:?}");
+        let case = format!("{act:?}, {}/{}/{}", formats[0], formats[1], formats[2]);
         let input = MoeInput {
             x: &xb,
             n_tokens: TOKENS,

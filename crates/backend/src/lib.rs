@@ -24,6 +24,7 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod delta_net;
 pub mod device;
 pub mod dtype;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod rope;
 pub mod routing;
 pub mod stream;
 
+pub use delta_net::{ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams};
 pub use device::{
     routes_for, Device, DeviceBuf, ExpertBank, ExpertTensors, Limits, MemoryInfo, RouteBuf,
 };

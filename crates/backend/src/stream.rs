@@ -19,8 +19,8 @@
 //! created ([`Device::stream`](crate::Device::stream)).
 
 use crate::{
-    BackendError, Device, ExpertBank, ExpertTensors, MoeInput, MoeScratch, RopeTable, Route,
-    RouterSpec, RouterTables,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors,
+    MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -393,6 +393,55 @@ pub trait Stream<D: Device>: Send {
         gate: &D::Buf,
         len: usize,
     ) -> Result<(), BackendError>;
+    /// `x[t, i] *= sigmoid(gate[t])` for `t < rows`, `i < dim`: one gate
+    /// logit per row (a gated shared expert).
+    fn mul_sigmoid_rows(
+        &mut self,
+        x: &mut D::Buf,
+        gate: &D::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (x, gate, rows, dim);
+        Err(BackendError::Unsupported {
+            op: "mul_sigmoid_rows",
+        })
+    }
+    /// Depthwise causal convolution with SiLU over `x` `[n_tokens,
+    /// channels]` into `out`, continuing from `state` (the last `kernel −
+    /// 1` inputs before `x`, oldest first), which it then replaces by the
+    /// last `kernel − 1` inputs including `x`; see [`ConvParams`]. A
+    /// backend without gated DeltaNet says so.
+    fn causal_conv1d_silu(
+        &mut self,
+        x: &D::Buf,
+        state: &mut D::Buf,
+        weight: &D::Vector,
+        params: &ConvParams,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (x, state, weight, params, out);
+        Err(BackendError::Unsupported {
+            op: "causal_conv1d_silu (gated DeltaNet)",
+        })
+    }
+    /// The gated delta rule over `n_tokens` tokens, token after token,
+    /// continuing from `state` `[v_heads, k_head_dim, v_head_dim]` and
+    /// leaving the state after the last token there; `out` is `[n_tokens,
+    /// v_heads · v_head_dim]`. See [`DeltaNetParams`]. A backend without
+    /// gated DeltaNet says so.
+    fn gated_delta_rule(
+        &mut self,
+        input: DeltaNetInput<'_, D>,
+        params: &DeltaNetParams,
+        state: &mut D::Buf,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (input, params, state, out);
+        Err(BackendError::Unsupported {
+            op: "gated_delta_rule (gated DeltaNet)",
+        })
+    }
     /// `x[i] = c · tanh(x[i] / c)` for `i < len`.
     fn softcap(&mut self, x: &mut D::Buf, len: usize, cap: f32) -> Result<(), BackendError>;
 

@@ -23,6 +23,7 @@
 //! weights repacked at upload, SIMD attention, GLU and RMS norm.
 
 mod attention;
+mod delta_net;
 mod dequant;
 mod device;
 mod disjoint;

@@ -93,6 +93,7 @@ impl CudaDevice {
     /// Copies `bytes` (`rows` rows of `host_row_bytes` in `format`, as the
     /// host holds them) to byte `at` of `dst`, in the device layout
     /// ([`crate::layout`]); synchronous.
+    #[allow(clippy::too_many_arguments)]
     fn upload_rows(
         &self,
         dst: &DevMem,

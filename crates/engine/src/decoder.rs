@@ -8,6 +8,10 @@
 //! h = embed(tokens) · embedding.scale ; h = embedding.norm(h)
 //! per layer (head_dim and n_kv_heads are the layer's own):
 //!   a = attn_norm(h)
+//!   DeltaNet layer (the recurrence in `turbospark_core::arch::DeltaNetSpec`):
+//!     c = conv1d_silu(a·W_qkv) ; o = delta_rule(c, a·W_alpha, a·W_beta)   (state per sequence)
+//!     h += W_out · (rms(o)·w ⊙ silu(a·W_z))
+//!   attention layer:
 //!   q, k = a·Wq (+b), a·Wk (+b) ; v = a·Wv (+b), or k itself (value_from_key)
 //!     (latent attention: q = [q_rope, W_ukᵀ·q_nope], k = v = [k_rope, rms(c)])
 //!   q, k, v = per-head q/k/v norms ; q, k = rope(q, k)
@@ -16,6 +20,7 @@
 //!   h += attn_post_norm(o·Wo (+b))                (latent: o_h = W_uv[h]·o_h first)
 //!   a = ffn_norm(h)
 //!   dense layer: f = dense(a)
+//!   (shared expert × sigmoid(a·w_shexp_gate) where the spec gates it)
 //!   MoE layer:   z = router(a), or (Gemma 4) router(rms(h) · router.scale · hidden^-½)
 //!                routes = route(z)                 (a device op: no host round trip)
 //!                x = a, or moe_input_norm(h) when the spec has one
@@ -31,15 +36,20 @@
 use crate::census::FfnSite;
 use crate::experts::routed::{RoutedInput, SessionExperts};
 use crate::hooks::Hooks;
-use crate::kv::{KvCache, KvLayer};
+use crate::kv::{KvCache, KvLayer, RecurrentState};
 use crate::model::Model;
-use crate::scratch::Buffers;
+use crate::scratch::{Buffers, DeltaRow};
 use crate::timing::{Phase, PhaseTimes};
-use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights};
+use crate::weights::{
+    DeltaNetWeights, DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights,
+};
 use crate::EngineError;
 use std::time::Instant;
-use turbospark_backend::{AttentionParams, Device, HeadMatmul, MoeInput, RouterTables, Stream};
-use turbospark_core::arch::{ArchSpec, LayerSpec, MlaSpec, NormSpec};
+use turbospark_backend::{
+    AttentionParams, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul, MoeInput,
+    RouterTables, Stream,
+};
+use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, LayerSpec, MlaSpec, NormSpec};
 
 /// Where the tokens of a pass sit and which KV cache each attends to.
 pub(crate) enum At<'a, 'b, D: Device> {
@@ -186,6 +196,44 @@ fn add_bias<D: Device>(
     if let Some(b) = bias {
         st.add_bias(x, b, n)?;
     }
+    Ok(())
+}
+
+/// The convolution and the recurrence of one DeltaNet layer for `n` rows
+/// of one sequence, from `r.mixed`, `r.alpha`, `r.beta` into `r.core`;
+/// `fresh` when the sequence starts.
+fn delta_recurrence<D: Device>(
+    st: &mut D::Stream,
+    d: &DeltaNetSpec,
+    w: &DeltaNetWeights<D>,
+    r: &mut DeltaRow<D>,
+    state: &mut RecurrentState<D>,
+    n: usize,
+    fresh: bool,
+) -> Result<(), EngineError> {
+    let conv = ConvParams {
+        n_tokens: n,
+        channels: d.conv_dim(),
+        kernel: d.conv_kernel,
+        fresh,
+    };
+    st.causal_conv1d_silu(&r.mixed, &mut state.conv, &w.conv, &conv, &mut r.conv)?;
+    let params = DeltaNetParams {
+        n_tokens: n,
+        k_heads: d.k_heads,
+        v_heads: d.v_heads,
+        k_head_dim: d.k_head_dim,
+        v_head_dim: d.v_head_dim,
+        fresh,
+    };
+    let input = DeltaNetInput {
+        qkv: &r.conv,
+        alpha: &r.alpha,
+        beta: &r.beta,
+        a_log: &w.a_log,
+        dt_bias: &w.dt_bias,
+    };
+    st.gated_delta_rule(input, &params, &mut state.recurrent, &mut r.core)?;
     Ok(())
 }
 
@@ -404,32 +452,39 @@ impl<D: Device> Pass<'_, D> {
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(&mut b.a, n, hidden, norms.attn_input, lw.attn_norm.as_ref())?;
-        match (&spec.mla, &lw.mla, &lw.attn_k) {
-            (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, nh, &lw.attn_q, w, n)?,
-            (None, None, Some(wk)) => Self::project_qkv(st, b, lw, spec, ls, n, wk)?,
-            _ => {
-                return Err(EngineError::NotImplemented {
-                    feature: "attention weights that do not match the spec",
-                })
+        let mismatch = EngineError::NotImplemented {
+            feature: "attention weights that do not match the spec",
+        };
+        if let Some(dw) = &lw.delta {
+            self.delta_mix(l, dw, at, n)?;
+        } else {
+            let (Some(attn_q), Some(attn_output)) = (&lw.attn_q, &lw.attn_output) else {
+                return Err(mismatch);
+            };
+            match (&spec.mla, &lw.mla, &lw.attn_k) {
+                (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, nh, attn_q, w, n)?,
+                (None, None, Some(wk)) => Self::project_qkv(st, b, lw, attn_q, spec, ls, n, wk)?,
+                _ => return Err(mismatch),
             }
-        }
-        match at {
-            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
-            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+            match at {
+                At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+                At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+            }
+            let (st, b) = (&mut *self.stream, &mut *self.bufs);
+            if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
+                st.matmul(wg, &b.a, n, g)?;
+                st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+            }
+            match (&spec.mla, &lw.mla, b.mla.as_mut()) {
+                (Some(a), Some(w), Some(s)) => {
+                    latent_values::<D>(st, a, nh, &w.kv_b, &b.att, n, &mut s.v)?;
+                    st.matmul(attn_output, &s.v, n, &mut b.o)?;
+                }
+                _ => st.matmul(attn_output, &b.att, n, &mut b.o)?,
+            }
+            add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
         }
         let (st, b) = (&mut *self.stream, &mut *self.bufs);
-        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
-            st.matmul(wg, &b.a, n, g)?;
-            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
-        }
-        match (&spec.mla, &lw.mla, b.mla.as_mut()) {
-            (Some(a), Some(w), Some(s)) => {
-                latent_values::<D>(st, a, nh, &w.kv_b, &b.att, n, &mut s.v)?;
-                st.matmul(&lw.attn_output, &s.v, n, &mut b.o)?;
-            }
-            _ => st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?,
-        }
-        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
         if let Some(ns) = norms.attn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
         }
@@ -439,10 +494,12 @@ impl<D: Device> Pass<'_, D> {
 
     /// q, k, v of plain attention for `n` tokens, with their biases and
     /// per-head norms.
+    #[allow(clippy::too_many_arguments)]
     fn project_qkv(
         st: &mut D::Stream,
         b: &mut Buffers<D>,
         lw: &LayerWeights<D>,
+        attn_q: &D::Matrix,
         spec: &ArchSpec,
         ls: &LayerSpec,
         n: usize,
@@ -450,7 +507,7 @@ impl<D: Device> Pass<'_, D> {
     ) -> Result<(), EngineError> {
         let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
         let norms = &spec.norms;
-        st.matmul(&lw.attn_q, &b.a, n, &mut b.q)?;
+        st.matmul(attn_q, &b.a, n, &mut b.q)?;
         add_bias::<D>(st, &mut b.q, lw.attn_q_bias.as_ref(), n)?;
         st.matmul(attn_k, &b.a, n, &mut b.k)?;
         add_bias::<D>(st, &mut b.k, lw.attn_k_bias.as_ref(), n)?;
@@ -471,6 +528,70 @@ impl<D: Device> Pass<'_, D> {
         if let Some(ns) = norms.v {
             st.rms_norm(&mut b.v, n * nkv, hd, ns, lw.attn_v_norm.as_ref())?;
         }
+        Ok(())
+    }
+
+    /// A gated DeltaNet layer's token mixing for `n` rows of `bufs.a` into
+    /// `bufs.o` (see [`DeltaNetSpec`]): the projections are batched; the
+    /// convolution and the recurrence run over the session's own state
+    /// ([`At::Own`]) or each row's ([`At::Rows`]).
+    fn delta_mix(
+        &mut self,
+        l: usize,
+        w: &DeltaNetWeights<D>,
+        at: &mut At<'_, '_, D>,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
+        let (Some(d), Some(s)) = (&spec.delta_net, b.delta.as_mut()) else {
+            return Err(EngineError::NotImplemented {
+                feature: "a DeltaNet layer without its spec or scratch",
+            });
+        };
+        let no_state = || EngineError::NotImplemented {
+            feature: "a DeltaNet layer whose cache holds no recurrent state",
+        };
+        st.matmul(&w.qkv, &b.a, n, &mut s.batch.mixed)?;
+        st.matmul(&w.alpha, &b.a, n, &mut s.batch.alpha)?;
+        st.matmul(&w.beta, &b.a, n, &mut s.batch.beta)?;
+        st.matmul(&w.z, &b.a, n, &mut s.z)?;
+        match at {
+            At::Own(pos) => {
+                let state = self.kv.layers[l].state.as_mut().ok_or_else(no_state)?;
+                delta_recurrence(st, d, w, &mut s.batch, state, n, *pos == 0)?;
+            }
+            At::Rows(rows) => {
+                let (c, hv, vd) = (d.conv_dim(), d.v_heads, d.value_dim());
+                let r = &mut s.row;
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let fresh = row.kv.position() == 0;
+                    let state = row.kv.layers[l].state.as_mut().ok_or_else(no_state)?;
+                    st.copy(&s.batch.mixed, i * c, &mut r.mixed, 0, c)?;
+                    st.copy(&s.batch.alpha, i * hv, &mut r.alpha, 0, hv)?;
+                    st.copy(&s.batch.beta, i * hv, &mut r.beta, 0, hv)?;
+                    delta_recurrence(st, d, w, r, state, 1, fresh)?;
+                    st.copy(&r.core, 0, &mut s.batch.core, i * vd, vd)?;
+                }
+            }
+        }
+        // Gated RMSNorm per value head (plain weight, the model's eps), then
+        // `z ← silu(z) · norm(o)`, then the output projection.
+        let eps = spec.norms.attn_input.eps;
+        st.rms_norm(
+            &mut s.batch.core,
+            n * d.v_heads,
+            d.v_head_dim,
+            NormSpec::plain(eps),
+            Some(&w.norm),
+        )?;
+        st.glu(
+            &mut s.z,
+            &s.batch.core,
+            n * d.value_dim(),
+            Activation::Swiglu,
+        )?;
+        st.matmul(&w.out, &s.z, n, &mut b.o)?;
         Ok(())
     }
 
@@ -684,6 +805,12 @@ impl<D: Device> Pass<'_, D> {
             dense_mlp(st, m, w, &b.a, n, tmp, &mut b.branch)?;
             if let Some(c) = self.hooks.census.as_mut() {
                 c.dense(st, l, site, &b.mlp_gate, n, w.intermediate)?;
+            }
+            if let (FfnSite::Shared, Some(gw), Some(g)) =
+                (site, &mw.shared_gate, b.shared_gate.as_mut())
+            {
+                st.matmul(gw, &b.a, n, g)?;
+                st.mul_sigmoid_rows(&mut b.branch, g, n, hidden)?;
             }
             if let Some((ns, weight)) = post {
                 st.rms_norm(&mut b.branch, n, hidden, ns, weight)?;

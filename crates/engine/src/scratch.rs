@@ -44,6 +44,32 @@ pub(crate) struct Buffers<D: Device> {
     pub(crate) row: RowScratch<D>,
     /// Latent attention's projections.
     pub(crate) mla: Option<MlaScratch<D>>,
+    /// Gated DeltaNet's projections and outputs.
+    pub(crate) delta: Option<DeltaScratch<D>>,
+    /// The shared expert's gate logit `[T]`.
+    pub(crate) shared_gate: Option<D::Buf>,
+}
+
+/// Gated DeltaNet's intermediate rows: `T` of each, and one row of each
+/// for rows that are sequences of their own (`decoder::At::Rows`).
+pub(crate) struct DeltaScratch<D: Device> {
+    pub(crate) batch: DeltaRow<D>,
+    /// `a · W_z` `[T, value_dim]`, then the gated output.
+    pub(crate) z: D::Buf,
+    pub(crate) row: DeltaRow<D>,
+}
+
+/// DeltaNet rows, `T` or one of each.
+pub(crate) struct DeltaRow<D: Device> {
+    /// `a · W_qkv` `[T, conv_dim]`
+    pub(crate) mixed: D::Buf,
+    /// The convolution's output `[T, conv_dim]`.
+    pub(crate) conv: D::Buf,
+    /// `a · W_alpha`, `a · W_beta` `[T, v_heads]`
+    pub(crate) alpha: D::Buf,
+    pub(crate) beta: D::Buf,
+    /// The recurrence's output `[T, value_dim]`.
+    pub(crate) core: D::Buf,
 }
 
 /// Latent attention's intermediate rows, `T` of each.
@@ -111,9 +137,7 @@ impl<D: Device> Buffers<D> {
             k: alloc(t * kvd)?,
             v: alloc(t * kvd)?,
             att: alloc(t * qd)?,
-            gate: spec
-                .attention
-                .output_gate
+            gate: (spec.attention.output_gate || spec.attention.gate_in_q)
                 .then(|| alloc(t * qd))
                 .transpose()?,
             o: alloc(t * h)?,
@@ -151,6 +175,32 @@ impl<D: Device> Buffers<D> {
                         rope: alloc(t * a.qk_rope_head_dim)?,
                     })
                 })
+                .transpose()?,
+            delta: spec
+                .delta_net
+                .as_ref()
+                .map(|d| {
+                    let rows = |t: usize| {
+                        Ok::<_, EngineError>(DeltaRow {
+                            mixed: alloc(t * d.conv_dim())?,
+                            conv: alloc(t * d.conv_dim())?,
+                            alpha: alloc(t * d.v_heads)?,
+                            beta: alloc(t * d.v_heads)?,
+                            core: alloc(t * d.value_dim())?,
+                        })
+                    };
+                    Ok::<_, EngineError>(DeltaScratch {
+                        batch: rows(t)?,
+                        z: alloc(t * d.value_dim())?,
+                        row: rows(1)?,
+                    })
+                })
+                .transpose()?,
+            shared_gate: spec
+                .moe
+                .as_ref()
+                .filter(|m| m.shared_gate)
+                .map(|_| alloc(t))
                 .transpose()?,
         })
     }

@@ -105,7 +105,14 @@ impl<'m, D: Device> Session<'m, D> {
             .map(|l| layer_capacity(l.window, opts.context, max_batch))
             .max()
             .unwrap_or(0);
-        let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        // The gated delta rule works on one key head at a time.
+        let max_head_dim = spec
+            .layers
+            .iter()
+            .map(|l| l.head_dim)
+            .chain(spec.delta_net.map(|d| d.k_head_dim))
+            .max()
+            .unwrap_or(0);
         // Streamed expert slots are uploaded first: the stream's scratch
         // fits every matrix on the device when it is created.
         let experts = SessionExperts::new(&model.spec, &model.device, &model.experts, max_batch)?;
@@ -349,7 +356,14 @@ impl<'m, D: Device> Session<'m, D> {
                     Some((0, chunk.len(), &mut out[at..at + chunk.len() * vocab]))
                 }
             };
-            self.pass().run_chunk(pos, chunk, head)?;
+            if let Err(e) = self.pass().run_chunk(pos, chunk, head) {
+                // A recurrent state may have moved past the position: the
+                // sequence must be recomputed, never continued.
+                if self.kv.has_recurrent_state() {
+                    self.kv.reset();
+                }
+                return Err(e);
+            }
             self.kv.advance(chunk.len());
         }
         Ok(())

@@ -10,8 +10,8 @@
 use crate::source::WeightSource;
 use crate::EngineError;
 use std::collections::HashMap;
-use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor};
-use turbospark_core::arch::{ArchSpec, FfnKind, MlaSpec};
+use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
+use turbospark_core::arch::{ArchSpec, FfnKind, Mixer, MlaSpec};
 use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
@@ -46,6 +46,9 @@ pub struct MoeWeights<D: Device> {
     pub experts: Option<D::Bank>,
     /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
     pub shared: Option<DenseWeights<D>>,
+    /// `ffn_gate_inp_shexp` `[1, hidden]`: the shared expert's output is
+    /// scaled by `sigmoid` of this row times the input (Qwen3.5).
+    pub shared_gate: Option<D::Matrix>,
     /// The dense MLP that runs beside the experts (Gemma 4).
     pub parallel_dense: Option<DenseWeights<D>>,
 }
@@ -76,20 +79,45 @@ pub struct MlaWeights<D: Device> {
     pub kv_b: D::Matrix,
 }
 
+/// A gated DeltaNet layer (`turbospark_core::arch::DeltaNetSpec`).
+pub struct DeltaNetWeights<D: Device> {
+    /// `attn_qkv` `[2 · key_dim + value_dim, hidden]`
+    pub qkv: D::Matrix,
+    /// `attn_gate` (HF `in_proj_z`) `[value_dim, hidden]`
+    pub z: D::Matrix,
+    /// `ssm_beta` `[v_heads, hidden]`
+    pub beta: D::Matrix,
+    /// `ssm_alpha` `[v_heads, hidden]`
+    pub alpha: D::Matrix,
+    /// `ssm_conv1d` `[conv_dim · kernel]` (channel-major).
+    pub conv: D::Vector,
+    /// `ssm_dt.bias` `[v_heads]`
+    pub dt_bias: D::Vector,
+    /// `ssm_a_log` `[v_heads]`
+    pub a_log: D::Vector,
+    /// `ssm_norm` `[v_head_dim]`, a plain weight.
+    pub norm: D::Vector,
+    /// `ssm_out` `[hidden, value_dim]`
+    pub out: D::Matrix,
+}
+
 /// One decoder layer.
 pub struct LayerWeights<D: Device> {
     pub attn_norm: Option<D::Vector>,
     /// `[n_heads · head_dim, hidden]`; with latent attention `attn_q_b` (or
-    /// `attn_q`) `[n_heads · (nope + rope), q_lora or hidden]`.
-    pub attn_q: D::Matrix,
+    /// `attn_q`) `[n_heads · (nope + rope), q_lora or hidden]`; `None` on
+    /// DeltaNet layers.
+    pub attn_q: Option<D::Matrix>,
     /// `[n_kv_heads · head_dim, hidden]`; `None` with latent attention.
     pub attn_k: Option<D::Matrix>,
     /// `None` on layers whose values are the key projection
     /// ([`LayerSpec::value_from_key`]).
     pub attn_v: Option<D::Matrix>,
     /// `[hidden, n_heads · head_dim]`; with latent attention `[hidden,
-    /// n_heads · v]`.
-    pub attn_output: D::Matrix,
+    /// n_heads · v]`; `None` on DeltaNet layers.
+    pub attn_output: Option<D::Matrix>,
+    /// Gated DeltaNet, on the layers whose mixer it is.
+    pub delta: Option<DeltaNetWeights<D>>,
     /// Latent attention (DeepSeek-V3).
     pub mla: Option<MlaWeights<D>>,
     pub attn_q_bias: Option<D::Vector>,
@@ -100,7 +128,8 @@ pub struct LayerWeights<D: Device> {
     pub attn_q_norm: Option<D::Vector>,
     pub attn_k_norm: Option<D::Vector>,
     pub attn_v_norm: Option<D::Vector>,
-    /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer).
+    /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer; Qwen3.5's
+    /// rows of `attn_q`, see [`split_q_gate`]).
     pub attn_gate: Option<D::Matrix>,
     /// One sink logit per query head (gpt-oss).
     pub attn_sinks: Option<D::Vector>,
@@ -379,22 +408,78 @@ impl<D: Device> Loader<'_, D> {
                 ts,
                 [Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp],
             )?,
+            shared_gate: self.opt_matrix(ts, Role::FfnGateInpShexp)?,
             parallel_dense: self.dense(ts, DENSE)?,
         })
     }
 
+    /// A gated DeltaNet layer's weights.
+    fn delta_net(&self, ts: &Listed) -> Result<DeltaNetWeights<D>, EngineError> {
+        let required = |role| {
+            self.vector(ts, role)?.ok_or(EngineError::NotImplemented {
+                feature: "a DeltaNet layer whose tensor table lacks a vector",
+            })
+        };
+        // The depthwise kernel `[channels, kernel]` as one vector.
+        let (name, shape) = ts.required(Role::SsmConv1d)?;
+        let mut conv = self.src.resident(name)?;
+        check_shape(&conv, shape)?;
+        conv.shape = vec![shape.iter().product()];
+        Ok(DeltaNetWeights {
+            qkv: self.matrix(ts, Role::AttnQkv)?,
+            z: self.matrix(ts, Role::AttnGate)?,
+            beta: self.matrix(ts, Role::SsmBeta)?,
+            alpha: self.matrix(ts, Role::SsmAlpha)?,
+            conv: self.be.upload_vector(&conv)?,
+            dt_bias: required(Role::SsmDt)?,
+            a_log: required(Role::SsmALog)?,
+            norm: required(Role::SsmNorm)?,
+            out: self.matrix(ts, Role::SsmOut)?,
+        })
+    }
+
+    /// `attn_q` with the output gate's rows inside it, as two matrices.
+    fn q_and_gate(
+        &self,
+        spec: &ArchSpec,
+        l: usize,
+        ts: &Listed,
+    ) -> Result<(D::Matrix, D::Matrix), EngineError> {
+        let (name, shape) = ts.required(Role::AttnQ)?;
+        let t = self.src.resident(name)?;
+        check_shape(&t, shape)?;
+        let (q, gate) = split_q_gate(&t, spec.num_heads, spec.layers[l].head_dim)?;
+        Ok((self.be.upload_matrix(&q)?, self.be.upload_matrix(&gate)?))
+    }
+
     fn layer(&self, spec: &ArchSpec, l: usize) -> Result<LayerWeights<D>, EngineError> {
         let ts = Listed::of(spec, Placement::Layer, l);
+        let delta_layer = spec.layers[l].mixer == Mixer::DeltaNet;
+        let mut attn_gate = None;
         let (attn_q, attn_output, mla) = match &spec.mla {
+            _ if delta_layer => (None, None, None),
             Some(a) => {
                 let (q, o, w) = self.mla(a, l, &ts)?;
-                (q, o, Some(w))
+                (Some(q), Some(o), Some(w))
+            }
+            None if spec.attention.gate_in_q => {
+                let (q, gate) = self.q_and_gate(spec, l, &ts)?;
+                attn_gate = Some(gate);
+                (Some(q), Some(self.matrix(&ts, Role::AttnOutput)?), None)
             }
             None => (
-                self.matrix(&ts, Role::AttnQ)?,
-                self.matrix(&ts, Role::AttnOutput)?,
+                Some(self.matrix(&ts, Role::AttnQ)?),
+                Some(self.matrix(&ts, Role::AttnOutput)?),
                 None,
             ),
+        };
+        let (delta, attn_gate) = if delta_layer {
+            (Some(self.delta_net(&ts)?), None)
+        } else {
+            match attn_gate {
+                Some(g) => (None, Some(g)),
+                None => (None, self.opt_matrix(&ts, Role::AttnGate)?),
+            }
         };
         Ok(LayerWeights {
             attn_norm: self.vector(&ts, Role::AttnNorm)?,
@@ -402,6 +487,7 @@ impl<D: Device> Loader<'_, D> {
             attn_k: self.opt_matrix(&ts, Role::AttnK)?,
             attn_v: self.opt_matrix(&ts, Role::AttnV)?,
             attn_output,
+            delta,
             mla,
             attn_q_bias: self.vector(&ts, Role::AttnQBias)?,
             attn_k_bias: self.vector(&ts, Role::AttnKBias)?,
@@ -410,7 +496,7 @@ impl<D: Device> Loader<'_, D> {
             attn_q_norm: self.vector(&ts, Role::AttnQNorm)?,
             attn_k_norm: self.vector(&ts, Role::AttnKNorm)?,
             attn_v_norm: self.vector(&ts, Role::AttnVNorm)?,
-            attn_gate: self.opt_matrix(&ts, Role::AttnGate)?,
+            attn_gate,
             attn_sinks: self.vector(&ts, Role::AttnSinks)?,
             post_attention_norm: self.vector(&ts, Role::PostAttentionNorm)?,
             ffn_norm: self.vector(&ts, Role::FfnNorm)?,
@@ -429,6 +515,41 @@ impl<D: Device> Loader<'_, D> {
             },
         })
     }
+}
+
+/// Splits a q projection whose rows hold, per head, `head_dim` query rows
+/// then `head_dim` output-gate rows (HF Qwen3.5 `q_proj`, viewed as
+/// `[heads, 2 · head_dim]` and chunked in halves) into the query `[heads ·
+/// head_dim, in]` and the gate `[heads · head_dim, in]`. Rows are copied
+/// as they are, in any format.
+pub fn split_q_gate(
+    t: &HostTensor,
+    heads: usize,
+    head_dim: usize,
+) -> Result<(HostTensor, HostTensor), EngineError> {
+    let (rows, cols, rb) = t.matrix_layout()?;
+    if rows != 2 * heads * head_dim {
+        return Err(EngineError::TensorShape {
+            name: t.name.clone(),
+            expected: vec![2 * heads * head_dim, cols],
+            found: t.shape.clone(),
+        });
+    }
+    let bytes = t.bytes.as_slice();
+    let half = heads * head_dim * rb;
+    let (mut q, mut g) = (Vec::with_capacity(half), Vec::with_capacity(half));
+    for h in 0..heads {
+        let at = 2 * h * head_dim * rb;
+        q.extend_from_slice(&bytes[at..at + head_dim * rb]);
+        g.extend_from_slice(&bytes[at + head_dim * rb..at + 2 * head_dim * rb]);
+    }
+    let part = |suffix: &str, b: Vec<u8>| HostTensor {
+        name: format!("{} ({suffix} rows)", t.name),
+        format: t.format,
+        shape: vec![heads * head_dim, cols],
+        bytes: SharedBytes::from_vec(b),
+    };
+    Ok((part("query", q), part("gate", g)))
 }
 
 /// The roles of the dense MLP.

@@ -18,6 +18,7 @@
 
 mod attention;
 pub mod data;
+mod delta_net;
 mod elementwise;
 mod linear;
 mod moe;
@@ -26,6 +27,9 @@ pub mod reference;
 use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{check_attention, check_kv_write};
+pub use delta_net::{
+    check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_mul_sigmoid_rows,
+};
 pub use elementwise::{
     check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
     check_rms_norm, check_rope, check_scale, check_softcap,
@@ -117,7 +121,9 @@ pub enum ConformanceError {
     },
 }
 
-/// Runs every check of the suite on `device`.
+/// Runs every check of the suite on `device` but the optional gated
+/// DeltaNet ops ([`check_delta_net`]), which a backend that runs the
+/// linear-attention families must pass too.
 pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     check_buffers(device)?;
     check_embed(device)?;

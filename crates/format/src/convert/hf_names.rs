@@ -15,6 +15,10 @@ use turbospark_core::arch::Family;
 pub enum Target {
     /// A resident tensor, copied as is.
     Resident(String),
+    /// A resident tensor copied as is, whose source shape has extra
+    /// dimensions of size 1 (a depthwise convolution's `[channels, 1,
+    /// kernel]`); it is stored with the table's shape.
+    ResidentSqueezed(String),
     /// One expert's part (`gate`, `up`, `down`).
     ExpertOne {
         layer: usize,

@@ -120,7 +120,7 @@ pub fn convert(
         .collect();
     let mut resident_steps: BTreeMap<String, &Step> = BTreeMap::new();
     for step in &steps {
-        if let Target::Resident(name) = &step.target {
+        if let Target::Resident(name) | Target::ResidentSqueezed(name) = &step.target {
             let t = source.tensor(&step.src)?;
             let want = expected
                 .get(name)
@@ -128,7 +128,14 @@ pub fn convert(
                     tensor: step.src.clone(),
                     family: family.clone(),
                 })?;
-            check_shape(name, want, &t.shape, &family)?;
+            let found = match step.target {
+                // Only size-1 dimensions go: the bytes are the same.
+                Target::ResidentSqueezed(_) => {
+                    t.shape.iter().copied().filter(|&d| d != 1).collect()
+                }
+                _ => t.shape.clone(),
+            };
+            check_shape(name, want, &found, &family)?;
             t.format()?;
             if resident_steps.insert(name.clone(), step).is_some() {
                 return Err(FormatError::BadTensor {
@@ -210,7 +217,7 @@ pub fn convert(
     let mut written: HashSet<(usize, usize, &'static str)> = HashSet::new();
     for step in steps
         .iter()
-        .filter(|s| !matches!(s.target, Target::Resident(_)))
+        .filter(|s| !matches!(s.target, Target::Resident(_) | Target::ResidentSqueezed(_)))
     {
         let n = write_expert_step(&mut writer, &source, step, &layouts, &mut written)?;
         source.release(&step.src);
@@ -345,7 +352,11 @@ fn parts_of_step(
             stacked(2)?;
             vec![("down.bias", t.format()?, vec![s[1]])]
         }
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => {
             vec![]
         }
     })
@@ -360,7 +371,11 @@ fn step_layer(t: &Target) -> Option<usize> {
         | Target::Mxfp4Down { layer }
         | Target::GateUpBiasInterleaved { layer }
         | Target::DownBiasStack { layer } => Some(layer),
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => None,
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => None,
     }
 }
 
@@ -549,7 +564,11 @@ fn write_expert_step(
                 }
             }
         }
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {}
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => {}
     }
     Ok(t.bytes.len() as u64)
 }
@@ -591,7 +610,7 @@ pub fn inspect_source(path: &Path) -> Result<SourceSummary, FormatError> {
             None => "unmapped",
             Some(Target::Ignored) => "ignored",
             Some(Target::Skipped(_)) => "skipped",
-            Some(Target::Resident(_)) => "resident",
+            Some(Target::Resident(_) | Target::ResidentSqueezed(_)) => "resident",
             Some(_) => "expert",
         };
         tensors.push(SourceTensorRow {

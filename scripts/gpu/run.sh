@@ -108,10 +108,14 @@ PY
         stage "profile: Nsight Compute, decode kernels"
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
-        "$NCU" --csv --print-units base -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c ${NCU_COUNT:-600} \
-            "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 16 -n 8 -r 1 \
-            --numerics ${NUMERICS:-fast} > "$WORK/ncu.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
-        python3 - "$WORK/ncu.csv" <<'PY'
+        for what in "decode:-p 1 -n 8:500" "prefill:-p 512 -n 1:400"; do
+            IFS=: read -r label bargs count <<< "$what"
+            echo "--- $label ($bargs)"
+            # shellcheck disable=SC2086
+            "$NCU" --csv --print-units base -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
+                "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 \
+                --numerics ${NUMERICS:-fast} > "$WORK/ncu-$label.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
+            python3 - "$WORK/ncu-$label.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
 head = rows[0]
@@ -129,10 +133,12 @@ for (_, name), m in per.items():
     a[0] += 1
     a[1] += m.get("gpu__time_duration.sum", 0)
     a[2] += m.get("dram__bytes_read.sum", 0)
-print(f"{'kernel':<36} {'calls':>6} {'mean us':>9} {'MB/call':>9} {'GB/s':>8}")
+total = sum(a[1] for a in agg.values())
+print(f"{'kernel':<36} {'calls':>6} {'mean us':>9} {'MB/call':>9} {'GB/s':>8} {'share':>6}")
 for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
-    print(f"{name[:36]:<36} {n:>6} {t / n / 1e3:>9.2f} {b / n / 1e6:>9.3f} {b / t if t else 0:>8.0f}")
+    print(f"{name[:36]:<36} {n:>6} {t / n / 1e3:>9.2f} {b / n / 1e6:>9.3f} {b / t if t else 0:>8.0f} {t / total:>6.1%}")
 PY
+        done
         ;;
     info)
         stage "info"

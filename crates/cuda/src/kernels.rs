@@ -107,6 +107,8 @@ pub(crate) struct Kernels {
     pub moe_gate_up_grouped: PerFormat,
     pub moe_down_grouped: PerFormat,
     pub moe_group: CudaFunction,
+    pub head_plain: PerFormat,
+    pub head_t: PerFormat,
     pub q8: Q8Kernels,
     pub split_rows: CudaFunction,
     pub add_bias: CudaFunction,
@@ -163,6 +165,8 @@ impl Kernels {
             moe_gate_up_grouped: PerFormat::load(&m, "moe_gate_up_grouped")?,
             moe_down_grouped: PerFormat::load(&m, "moe_down_grouped")?,
             moe_group: f("moe_group")?,
+            head_plain: PerFormat::load(&m, "head_plain")?,
+            head_t: PerFormat::load(&m, "head_t")?,
             q8: Q8Kernels {
                 q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural")?,
                 mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4")?,
@@ -263,6 +267,20 @@ pub(crate) struct RopeParams {
     pub attention_factor: f32,
     pub pairs: i32,
     pub kind: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct HeadParams {
+    pub n_tokens: i32,
+    pub n_heads: i32,
+    pub head_stride: i32,
+    pub first_row: i32,
+    pub rows: i32,
+    pub x_stride: i32,
+    pub x_at: i32,
+    pub out_stride: i32,
+    pub out_at: i32,
 }
 
 #[repr(C)]

@@ -18,8 +18,8 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
     bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
-    DType, Device, ExpertTensors, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route,
-    RouterSpec, RouterTables, Stream,
+    DType, Device, ExpertTensors, HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable,
+    Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 
@@ -639,6 +639,45 @@ impl Stream<CudaDevice> for CudaStream {
             (kernels::MM_WARPS * 32) as u32,
             0,
             &mut args![w.mem.ptr, rows, cols, rb, xp, nn, op],
+        )
+    }
+
+    fn head_matmul(
+        &mut self,
+        w: &CudaMatrix,
+        x: &CudaBuf,
+        p: &HeadMatmul,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("head_matmul", "x", 0)?;
+        let op = out.f32_ptr("head_matmul", "out", 0)?;
+        p.check(w.rows, w.cols, x.len, out.len)?;
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| shape("head_matmul", format!("{v} beyond i32")))
+        };
+        let hp = kernels::HeadParams {
+            n_tokens: int(p.n_tokens)?,
+            n_heads: int(p.n_heads)?,
+            head_stride: int(p.head_stride)?,
+            first_row: int(p.first_row)?,
+            rows: int(p.rows)?,
+            x_stride: int(p.x_stride)?,
+            x_at: int(p.x_at)?,
+            out_stride: int(p.out_stride)?,
+            out_at: int(p.out_at)?,
+        };
+        self.bind("head_matmul")?;
+        let (f, per) = if p.transpose {
+            (self.k.head_t.get(w.format), w.cols.div_ceil(32))
+        } else {
+            (self.k.head_plain.get(w.format), p.rows)
+        };
+        let (rb, cols) = (w.row_bytes as i64, w.cols as i32);
+        self.elementwise(
+            "head_matmul",
+            f,
+            p.n_tokens * p.n_heads * per,
+            &mut args![w.mem.ptr, rb, cols, hp, xp, op],
         )
     }
 

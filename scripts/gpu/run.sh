@@ -27,7 +27,8 @@
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
 #   .devcarry/llama.cpp-cuda.tgz, made by scripts/gpu/pack-llamacpp.sh),
-#   REPS (benchmark repetitions, default 3).
+#   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
+#   CPU_MOE=0 (llama.cpp only with every layer on the GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
@@ -73,7 +74,9 @@ for s in $STAGES; do
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
         ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
-        ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        if [ "${SKEW:-1}" = 1 ]; then
+            ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        fi
         build_llamacpp &
         wait
         ls "$WORK"
@@ -200,6 +203,9 @@ if mode == "fast":
     c = a.replace("-cpu", "-cpufast")
     z = np.load(c + ".npy").astype(np.float64)
     line += f"   vs CPU fast {np.abs(z - y).max() / np.abs(z).max():.2e}; CPU fast vs exact {np.abs(z - x).max() / np.abs(x).max():.2e}"
+    # Per position (rows of the prompt): where the two fast runs part.
+    per = np.abs(z - y).max(axis=-1) / np.abs(z).max()
+    line += "; by position " + " ".join(f"{v:.0e}" for v in per[:8]) + " …"
 print(line)
 PY
                 else
@@ -232,9 +238,11 @@ PY
         build_llamacpp || { echo "llama.cpp build failed"; continue; }
         LB="$WORK/lcb/bin/llama-bench"
         "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md
-        echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
-        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
-        "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        if [ "${CPU_MOE:-1}" = 1 ]; then
+            echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
+            "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
+            "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        fi
         ;;
     streamed)
         stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"

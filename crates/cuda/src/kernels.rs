@@ -249,8 +249,10 @@ pub(crate) const MAX_GROUPS: usize = 64;
 pub(crate) const MM_WARPS: usize = 8;
 /// Tokens per block of the matmul kernel (`MM_TOKENS`).
 pub(crate) const MM_TOKENS: usize = 4;
-/// Rows per block of the fast matrix-vector kernels (`Q8_BLOCK_ROWS`).
-pub(crate) const Q8_BLOCK_ROWS: usize = 32;
+/// Rows and threads per block of the fast matrix-vector kernels
+/// (`Q8_BLOCK_ROWS`, `Q8_WARPS` in `kernels/q8dot.cu`).
+pub(crate) const Q8_BLOCK_ROWS: usize = 16;
+pub(crate) const Q8_THREADS: u32 = 128;
 /// Threads, rows and tokens of a tensor-core block (`kernels/mmq.cu`):
 /// dense and down blocks take 32 rows, gate/up blocks 16 (gate and up).
 pub(crate) const MMQ_THREADS: u32 = 128;

@@ -601,7 +601,6 @@ impl Stream<CudaDevice> for CudaStream {
             1,
         );
         let (rows, cols, rb, nn) = (w.rows as i32, w.cols as i32, w.row_bytes as i64, n as i32);
-        let threads = (kernels::MM_WARPS * 32) as u32;
         if self.q8_set(w.format).is_some() {
             let r = self.q8_regions("matmul", n * w.cols, 0)?;
             let set = self.q8_set(w.format).expect("checked above");
@@ -628,7 +627,7 @@ impl Stream<CudaDevice> for CudaStream {
                     n.div_ceil(kernels::MM_TOKENS) as u32,
                     1,
                 );
-                launch("matmul", &set.matmul, self.raw(), grid, threads, 0, args)
+                launch("matmul", &set.matmul, self.raw(), grid, kernels::Q8_THREADS, 0, args)
             };
         }
         launch(
@@ -739,7 +738,7 @@ impl Stream<CudaDevice> for CudaStream {
             &self.k.rms_norm,
             self.raw(),
             (rows as u32, 1, 1),
-            256,
+            (dim.div_ceil(32 * 4) * 32).clamp(32, 1024) as u32,
             0,
             &mut args![xp, d, eps, mode, w],
         )
@@ -1175,14 +1174,14 @@ impl Stream<CudaDevice> for CudaStream {
                     &gate.gate_up_grouped,
                     self.raw(),
                     grid,
-                    threads,
+                    kernels::Q8_THREADS,
                     0,
                     gate_args,
                 )?;
             } else {
                 let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
                 let args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
-                launch("moe", &gate.gate_up, self.raw(), grid, threads, 0, args)?;
+                launch("moe", &gate.gate_up, self.raw(), grid, kernels::Q8_THREADS, 0, args)?;
             }
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
@@ -1204,14 +1203,14 @@ impl Stream<CudaDevice> for CudaStream {
                     &down.down_grouped,
                     self.raw(),
                     grid,
-                    threads,
+                    kernels::Q8_THREADS,
                     0,
                     down_args,
                 )
             } else {
                 let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
                 let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
-                launch("moe", &down.down, self.raw(), grid, threads, 0, args)
+                launch("moe", &down.down, self.raw(), grid, kernels::Q8_THREADS, 0, args)
             };
         }
         if !grouped {

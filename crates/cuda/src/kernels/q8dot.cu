@@ -118,6 +118,11 @@ __device__ __forceinline__ Q8Block decode_block(const RawBlock& r) {
 // 32 / Q8_LANES); lane j of a row takes chunks j, j + Q8_LANES, ...
 #define Q8_LANES 8
 #define Q8_ROWS_PER_WARP (32 / Q8_LANES)
+// Rounds of chunks a lane loads before computing.
+#define Q8_ROUNDS 2
+// Warps of a matrix-vector block (few, so that short matrices still
+// spread over the GPU).
+#define Q8_WARPS 4
 
 // R weight rows (same format and width) dotted with up to T tokens'
 // quantized activations into acc[r][t] (every lane of the row's group ends
@@ -135,27 +140,34 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
-    for (int c0 = 0; c0 < chunks; c0 += Q8_LANES) {
-        float part[R][T];
+    // Two rounds of chunks at a time (Q8_ROUNDS): every block of both is
+    // loaded before any is used.
+    for (int c0 = 0; c0 < chunks; c0 += Q8_LANES * Q8_ROUNDS) {
+        float part[Q8_ROUNDS][R][T];
+        RawBlock raw[Q8_ROUNDS][R][Q8_CHUNK];
 #pragma unroll
-        for (int r = 0; r < R; r++)
-#pragma unroll
-            for (int t = 0; t < T; t++) part[r][t] = 0.0f;
-        int b0 = (c0 + sub) * Q8_CHUNK;
-        if (b0 < nb) {
-            RawBlock raw[R][Q8_CHUNK];
+        for (int h = 0; h < Q8_ROUNDS; h++) {
+            int b0 = (c0 + h * Q8_LANES + sub) * Q8_CHUNK;
 #pragma unroll
             for (int u = 0; u < Q8_CHUNK; u++)
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    if (b0 + u < nb) raw[r][u] = raw_block<F>(rows[r], cols, b0 + u);
+                    if (b0 + u < nb) raw[h][r][u] = raw_block<F>(rows[r], cols, b0 + u);
+        }
+#pragma unroll
+        for (int h = 0; h < Q8_ROUNDS; h++) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+#pragma unroll
+                for (int t = 0; t < T; t++) part[h][r][t] = 0.0f;
+            int b0 = (c0 + h * Q8_LANES + sub) * Q8_CHUNK;
 #pragma unroll
             for (int u = 0; u < Q8_CHUNK; u++) {
                 int b = b0 + u;
                 if (b >= nb) break;
                 Q8Block k[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) k[r] = decode_block<F>(raw[r][u]);
+                for (int r = 0; r < R; r++) k[r] = decode_block<F>(raw[h][r][u]);
 #pragma unroll
                 for (int t = 0; t < T; t++) {
                     if (t >= nt) break;
@@ -168,24 +180,28 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
                         int s = 0;
 #pragma unroll
                         for (int j = 0; j < 8; j++) s = dp4a(k[r].c[j], xv[j], s);
-                        part[r][t] = fmaf((float)s, k[r].d * dx, part[r][t]);
+                        part[h][r][t] = fmaf((float)s, k[r].d * dx, part[h][r][t]);
                     }
                 }
             }
         }
-        // The parts of chunks c0 .. c0 + Q8_LANES - 1, in order.
-        for (int j = 0; j < Q8_LANES && c0 + j < chunks; j++) {
+        // The parts of chunks c0, c0 + 1, ..., in order.
 #pragma unroll
-            for (int r = 0; r < R; r++)
+        for (int h = 0; h < Q8_ROUNDS; h++) {
+            for (int j = 0; j < Q8_LANES && c0 + h * Q8_LANES + j < chunks; j++) {
 #pragma unroll
-                for (int t = 0; t < T; t++) acc[r][t] += __shfl_sync(FULL_MASK, part[r][t], first + j);
+                for (int r = 0; r < R; r++)
+#pragma unroll
+                    for (int t = 0; t < T; t++)
+                        acc[r][t] += __shfl_sync(FULL_MASK, part[h][r][t], first + j);
+            }
         }
     }
 }
 
 // The row a lane group of a matrix-vector kernel computes: grids are
-// (ceil(rows / Q8_BLOCK_ROWS), ...) with blocks of MM_WARPS warps.
-#define Q8_BLOCK_ROWS (MM_WARPS * Q8_ROWS_PER_WARP)
+// (ceil(rows / Q8_BLOCK_ROWS), ...) with blocks of Q8_WARPS warps.
+#define Q8_BLOCK_ROWS (Q8_WARPS * Q8_ROWS_PER_WARP)
 __device__ __forceinline__ int q8_row() {
     return blockIdx.x * Q8_BLOCK_ROWS + (threadIdx.x >> 5) * Q8_ROWS_PER_WARP +
            ((threadIdx.x & 31) / Q8_LANES);

@@ -16,6 +16,8 @@
 #define MMQ_MT 2
 #define MMQ_NT 4
 #define MMQ_TOKENS (MMQ_WARPS * MMQ_NT * 8)
+// Blocks whose loads are in flight together (Q8_CHUNK is a multiple).
+#define MMQ_PREFETCH 2
 
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
     asm(
@@ -72,44 +74,47 @@ __device__ __forceinline__ void mmq_warp(const u8* const (*rows)[2], int cols,
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
-        // Every load of the chunk first, then the products.
+        // The chunk's blocks MMQ_PREFETCH at a time: their loads first,
+        // then the products (fewer registers than the whole chunk at once).
         int nu = min(Q8_CHUNK, nb - b0);
-        u32 a[Q8_CHUNK][MMQ_MT][4];
-        float dw[Q8_CHUNK][MMQ_MT][2];
-        u32 bx[Q8_CHUNK][MMQ_NT][2];
-        float dx[Q8_CHUNK][MMQ_NT][2];
+        for (int u0 = 0; u0 < nu; u0 += MMQ_PREFETCH) {
+            u32 a[MMQ_PREFETCH][MMQ_MT][4];
+            float dw[MMQ_PREFETCH][MMQ_MT][2];
+            u32 bx[MMQ_PREFETCH][MMQ_NT][2];
+            float dx[MMQ_PREFETCH][MMQ_NT][2];
 #pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++) {
-            if (u >= nu) break;
-            int b = b0 + u;
+            for (int u = 0; u < MMQ_PREFETCH; u++) {
+                if (u0 + u >= nu) break;
+                int b = b0 + u0 + u;
 #pragma unroll
-            for (int mt = 0; mt < MMQ_MT; mt++) {
-                mmq_a<F>(rows[mt][0], cols, b, q, &a[u][mt][0], &a[u][mt][2], &dw[u][mt][0]);
-                mmq_a<F>(rows[mt][1], cols, b, q, &a[u][mt][1], &a[u][mt][3], &dw[u][mt][1]);
-            }
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++) {
-                const signed char* x = xrow[nt] + (i64)b * 32;
-                bx[u][nt][0] = *(const u32*)(x + 4 * q);
-                bx[u][nt][1] = *(const u32*)(x + 16 + 4 * q);
-                dx[u][nt][0] = xs[nt][0][b];
-                dx[u][nt][1] = xs[nt][1][b];
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++) {
-            if (u >= nu) break;
-#pragma unroll
-            for (int mt = 0; mt < MMQ_MT; mt++)
+                for (int mt = 0; mt < MMQ_MT; mt++) {
+                    mmq_a<F>(rows[mt][0], cols, b, q, &a[u][mt][0], &a[u][mt][2], &dw[u][mt][0]);
+                    mmq_a<F>(rows[mt][1], cols, b, q, &a[u][mt][1], &a[u][mt][3], &dw[u][mt][1]);
+                }
 #pragma unroll
                 for (int nt = 0; nt < MMQ_NT; nt++) {
-                    int c[4];
-                    mma_s8(c, a[u][mt], bx[u][nt]);
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        part[mt][nt][i] = fmaf((float)c[i], dw[u][mt][i >> 1] * dx[u][nt][i & 1],
-                                               part[mt][nt][i]);
+                    const signed char* x = xrow[nt] + (i64)b * 32;
+                    bx[u][nt][0] = *(const u32*)(x + 4 * q);
+                    bx[u][nt][1] = *(const u32*)(x + 16 + 4 * q);
+                    dx[u][nt][0] = xs[nt][0][b];
+                    dx[u][nt][1] = xs[nt][1][b];
                 }
+            }
+#pragma unroll
+            for (int u = 0; u < MMQ_PREFETCH; u++) {
+                if (u0 + u >= nu) break;
+#pragma unroll
+                for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < MMQ_NT; nt++) {
+                        int c[4];
+                        mma_s8(c, a[u][mt], bx[u][nt]);
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            part[mt][nt][i] = fmaf((float)c[i], dw[u][mt][i >> 1] * dx[u][nt][i & 1],
+                                                   part[mt][nt][i]);
+                    }
+            }
         }
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)

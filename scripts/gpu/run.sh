@@ -19,6 +19,9 @@
 #   like         parity on `synth --like` installs of the three real models
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
+#   faults       bad requests on the GPU: more VRAM than exists, a KV cache
+#                that cannot fit, NVRTC missing with an empty kernel cache —
+#                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
 #   profile      Nsight Compute on a few decode steps of the synthetic
@@ -80,6 +83,24 @@ for s in $STAGES; do
         build_llamacpp &
         wait
         ls "$WORK"
+        ;;
+    faults)
+        stage "faults: clear errors, no partial output"
+        inst="$WORK/synth20b"
+        [ -d "$inst" ] || inst="$WORK/fx-llama"
+        [ -d "$inst" ] || { "$TS" convert -q --force tests/fixtures/tiny/llama "$WORK/fx-llama" && inst="$WORK/fx-llama"; }
+        fault() {
+            local label=$1; shift
+            rm -f "$WORK/fault.npy"
+            "$@" > "$WORK/fault.out" 2> "$WORK/fault.err"
+            local rc=$?
+            echo "--- $label: exit $rc; output file $([ -e "$WORK/fault.npy" ] && echo LEFT BEHIND || echo absent)"
+            grep -v "^experts resident" "$WORK/fault.err" | tail -3
+        }
+        fault "VRAM budget past the GPU" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy" --gpu-memory-budget 100000
+        fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --raw --prompt "hello" --max-tokens 2 --context 200000000
+        fault "no NVRTC, empty kernel cache" env LD_LIBRARY_PATH= TURBOSPARK_CACHE="$WORK/empty-cache" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy"
+        fault "GPU ordinal past the GPUs" "$TS" logits --model "$inst" --backend cuda --gpu 7 --tokens 1,2,3 --out "$WORK/fault.npy"
         ;;
     like)
         stage "like: synth --like installs of the real models, CUDA vs CPU"

@@ -60,8 +60,14 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
-/// PTX for `compute_{major}{minor}`, compiled now.
+/// PTX of the kernels for `compute_{major}{minor}`, compiled now.
 pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
+    compile_source(source(), major, minor)
+}
+
+/// PTX of `src` for `compute_{major}{minor}`; a failed compile is
+/// [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_source(src: String, major: i32, minor: i32) -> Result<String, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc);
     }
@@ -70,11 +76,10 @@ pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         ..Default::default()
     };
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
-            arch: arch.clone(),
-            log: compile_log(e),
-        })?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| CudaError::Compile {
+        arch: arch.clone(),
+        log: compile_log(e),
+    })?;
     Ok(ptx.to_src())
 }
 

@@ -107,6 +107,9 @@ pub(crate) struct Kernels {
     pub moe_gate_up_grouped: PerFormat,
     pub moe_down_grouped: PerFormat,
     pub moe_group: CudaFunction,
+    pub causal_conv1d_silu: CudaFunction,
+    pub gated_delta_rule: CudaFunction,
+    pub mul_sigmoid_rows: CudaFunction,
     pub head_plain: PerFormat,
     pub head_t: PerFormat,
     pub q8: Q8Kernels,
@@ -165,6 +168,9 @@ impl Kernels {
             moe_gate_up_grouped: PerFormat::load(&m, "moe_gate_up_grouped")?,
             moe_down_grouped: PerFormat::load(&m, "moe_down_grouped")?,
             moe_group: f("moe_group")?,
+            causal_conv1d_silu: f("causal_conv1d_silu")?,
+            gated_delta_rule: f("gated_delta_rule")?,
+            mul_sigmoid_rows: f("mul_sigmoid_rows")?,
             head_plain: PerFormat::load(&m, "head_plain")?,
             head_t: PerFormat::load(&m, "head_t")?,
             q8: Q8Kernels {
@@ -241,6 +247,8 @@ pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
 }
 
 pub(crate) const MAX_ROPE_PAIRS: usize = 256;
+/// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
+pub(crate) const CONV_MAX_PAST: usize = 16;
 pub(crate) const MAX_EMBED_TOKENS: usize = 256;
 pub(crate) const MAX_ROUTE_EXPERTS: usize = 512;
 pub(crate) const MAX_TOP_K: usize = 32;

@@ -12,12 +12,13 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 10] = [
+const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
     ("layout.cu", include_str!("kernels/layout.cu")),
     ("headmm.cu", include_str!("kernels/headmm.cu")),
+    ("deltanet.cu", include_str!("kernels/deltanet.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("route.cu", include_str!("kernels/route.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),

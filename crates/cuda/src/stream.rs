@@ -18,8 +18,9 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
     bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
-    DType, Device, ExpertTensors, HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable,
-    Route, RouterSpec, RouterTables, Stream,
+    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertTensors,
+    HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables,
+    Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 
@@ -627,7 +628,15 @@ impl Stream<CudaDevice> for CudaStream {
                     n.div_ceil(kernels::MM_TOKENS) as u32,
                     1,
                 );
-                launch("matmul", &set.matmul, self.raw(), grid, kernels::Q8_THREADS, 0, args)
+                launch(
+                    "matmul",
+                    &set.matmul,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )
             };
         }
         launch(
@@ -638,6 +647,127 @@ impl Stream<CudaDevice> for CudaStream {
             (kernels::MM_WARPS * 32) as u32,
             0,
             &mut args![w.mem.ptr, rows, cols, rb, xp, nn, op],
+        )
+    }
+
+    fn mul_sigmoid_rows(
+        &mut self,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "mul_sigmoid_rows";
+        let xp = x.f32_ptr(OP, "x", rows * dim)?;
+        let gp = gate.f32_ptr(OP, "gate", rows)?;
+        if dim == 0 {
+            return Ok(());
+        }
+        let (r, d) = (rows as i64, dim as i32);
+        self.elementwise(
+            OP,
+            &self.k.mul_sigmoid_rows,
+            rows * dim,
+            &mut args![xp, gp, r, d],
+        )
+    }
+
+    fn causal_conv1d_silu(
+        &mut self,
+        x: &CudaBuf,
+        state: &mut CudaBuf,
+        weight: &CudaVector,
+        params: &ConvParams,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "causal_conv1d_silu";
+        params.check(x.len, state.len, weight.len, out.len)?;
+        if params.kernel - 1 > kernels::CONV_MAX_PAST {
+            return Err(shape(
+                OP,
+                format!(
+                    "a kernel of {} taps (at most {})",
+                    params.kernel,
+                    kernels::CONV_MAX_PAST + 1
+                ),
+            ));
+        }
+        let xp = x.f32_ptr(OP, "x", 0)?;
+        let sp = state.f32_ptr(OP, "state", 0)?;
+        let op = out.f32_ptr(OP, "out", 0)?;
+        let (n, ch, k) = (
+            params.n_tokens as i32,
+            params.channels as i32,
+            params.kernel as i32,
+        );
+        let fresh = params.fresh as i32;
+        self.bind(OP)?;
+        launch(
+            OP,
+            &self.k.causal_conv1d_silu,
+            self.raw(),
+            (params.channels.div_ceil(128) as u32, 1, 1),
+            128,
+            0,
+            &mut args![xp, sp, weight.mem.ptr, n, ch, k, fresh, op],
+        )
+    }
+
+    fn gated_delta_rule(
+        &mut self,
+        input: DeltaNetInput<'_, CudaDevice>,
+        params: &DeltaNetParams,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "gated_delta_rule";
+        params.check(&DeltaNetLens {
+            qkv: input.qkv.len,
+            alpha: input.alpha.len,
+            beta: input.beta.len,
+            a_log: input.a_log.len,
+            dt_bias: input.dt_bias.len,
+            state: state.len,
+            out: out.len,
+        })?;
+        let qp = input.qkv.f32_ptr(OP, "qkv", 0)?;
+        let ap = input.alpha.f32_ptr(OP, "alpha", 0)?;
+        let bp = input.beta.f32_ptr(OP, "beta", 0)?;
+        let sp = state.f32_ptr(OP, "state", 0)?;
+        let op = out.f32_ptr(OP, "out", 0)?;
+        let p = params;
+        let (n, hk, hv, dk, dv) = (
+            p.n_tokens as i32,
+            p.k_heads as i32,
+            p.v_heads as i32,
+            p.k_head_dim as i32,
+            p.v_head_dim as i32,
+        );
+        let fresh = p.fresh as i32;
+        let threads = (p.v_head_dim.max(p.k_head_dim).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        self.bind(OP)?;
+        launch(
+            OP,
+            &self.k.gated_delta_rule,
+            self.raw(),
+            (p.v_heads as u32, 1, 1),
+            threads,
+            (2 * p.k_head_dim * 4) as u32,
+            &mut args![
+                qp,
+                ap,
+                bp,
+                input.a_log.mem.ptr,
+                input.dt_bias.mem.ptr,
+                n,
+                hk,
+                hv,
+                dk,
+                dv,
+                fresh,
+                sp,
+                op
+            ],
         )
     }
 
@@ -1181,7 +1311,15 @@ impl Stream<CudaDevice> for CudaStream {
             } else {
                 let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
                 let args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
-                launch("moe", &gate.gate_up, self.raw(), grid, kernels::Q8_THREADS, 0, args)?;
+                launch(
+                    "moe",
+                    &gate.gate_up,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )?;
             }
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
@@ -1210,7 +1348,15 @@ impl Stream<CudaDevice> for CudaStream {
             } else {
                 let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
                 let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
-                launch("moe", &down.down, self.raw(), grid, kernels::Q8_THREADS, 0, args)
+                launch(
+                    "moe",
+                    &down.down,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )
             };
         }
         if !grouped {

@@ -27,7 +27,10 @@ fn a_kernel_that_fails_to_compile_is_a_clear_error() {
         Err(e @ turbospark_cuda::CudaError::Compile { .. }) => {
             let msg = e.to_string();
             assert!(msg.contains("compute_90"), "{msg}");
-            assert!(msg.contains("not_declared"), "NVRTC's log names the culprit: {msg}");
+            assert!(
+                msg.contains("not_declared"),
+                "NVRTC's log names the culprit: {msg}"
+            );
         }
         other => panic!("expected a compile error, got {other:?}"),
     }

@@ -264,6 +264,8 @@ pub(crate) const Q8_THREADS: u32 = 128;
 /// Threads, rows and tokens of a tensor-core block (`kernels/mmq.cu`):
 /// dense and down blocks take 32 rows, gate/up blocks 16 (gate and up).
 pub(crate) const MMQ_THREADS: u32 = 128;
+/// Threads of a routed-experts tensor-core block (one warp).
+pub(crate) const MMQ_MOE_THREADS: u32 = 32;
 pub(crate) const MMQ_ROWS: usize = 32;
 pub(crate) const MMQ_TOKENS: usize = 128;
 /// Batches from which the tensor-core kernels take over (the same bits

@@ -1293,7 +1293,7 @@ impl Stream<CudaDevice> for CudaStream {
                     &gate.mmq_gate_up,
                     self.raw(),
                     grid,
-                    kernels::MMQ_THREADS,
+                    kernels::MMQ_MOE_THREADS,
                     0,
                     gate_args,
                 )?;
@@ -1330,7 +1330,7 @@ impl Stream<CudaDevice> for CudaStream {
                     &down.mmq_down,
                     self.raw(),
                     grid,
-                    kernels::MMQ_THREADS,
+                    kernels::MMQ_MOE_THREADS,
                     0,
                     down_args,
                 )

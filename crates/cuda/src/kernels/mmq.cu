@@ -199,7 +199,8 @@ __device__ void mmq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i6
 // (ceil(rows / 16), slots) for gate/up — row tile 0 the gate rows, row tile
 // 1 the same up rows, combined by the activation in registers — and
 // (ceil(hidden / 32), slots) for down. A block walks its slot's routes
-// MMQ_TOKENS at a time.
+// 32 per warp at a time (these blocks are launched with one warp, so that
+// no warp of a block idles when a slot has few routes).
 template <int F>
 __device__ void mmq_gate_up_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                  const u32* __restrict__ order, const u32* __restrict__ offsets,
@@ -210,8 +211,9 @@ __device__ void mmq_gate_up_impl(const signed char* __restrict__ xq, const float
     const u8* gate = b.gate + (i64)slot * b.inter * b.gate_row_bytes;
     const u8* up = b.up + (i64)slot * b.inter * b.up_row_bytes;
     u32 end = offsets[slot + 1];
-    for (u32 c = offsets[slot]; c < end; c += MMQ_TOKENS) {
-        MmqTokens tk = {order, c, (int)min((u32)MMQ_TOKENS, end - c)};
+    u32 step = (blockDim.x >> 5) * MMQ_NT * 8;
+    for (u32 c = offsets[slot]; c < end; c += step) {
+        MmqTokens tk = {order, c, (int)min(step, end - c)};
         if (warp * MMQ_NT * 8 >= tk.count) break;  // uniform over the warp
         const u8* ar[MMQ_MT][2];
         const signed char* xrow[MMQ_NT];
@@ -246,8 +248,9 @@ __device__ void mmq_down_impl(const signed char* __restrict__ aq, const float* _
     int r0 = blockIdx.x * 16 * MMQ_MT;
     const u8* down = b.down + (i64)slot * b.hidden * b.down_row_bytes;
     u32 end = offsets[slot + 1];
-    for (u32 c = offsets[slot]; c < end; c += MMQ_TOKENS) {
-        MmqTokens tk = {order, c, (int)min((u32)MMQ_TOKENS, end - c)};
+    u32 step = (blockDim.x >> 5) * MMQ_NT * 8;
+    for (u32 c = offsets[slot]; c < end; c += step) {
+        MmqTokens tk = {order, c, (int)min(step, end - c)};
         if (warp * MMQ_NT * 8 >= tk.count) break;  // uniform over the warp
         const u8* ar[MMQ_MT][2];
         const signed char* xrow[MMQ_NT];

@@ -23,6 +23,7 @@ use turbospark_backend::{
     Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
+use turbospark_core::QuantFormat;
 
 /// Threads of the element-wise kernels' blocks.
 const THREADS: u32 = 256;
@@ -51,6 +52,10 @@ pub struct CudaStream {
     /// One expert projection in the host layout on its way into a slot
     /// (`fill_slot` of a split format), grown on demand.
     staging: Option<DevMem>,
+    /// The input whose 8-bit quantization the scratch holds — `(address,
+    /// values, kernel order)` — while only matmuls have run since: q, k
+    /// and v projections of one input quantize it once.
+    quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -105,6 +110,7 @@ impl CudaStream {
             step: zeroed(8)?,
             q8: zeroed(q8_bytes)?,
             staging: None,
+            quantized: std::cell::Cell::new(None),
             recording: false,
             graph: None,
             ctx,
@@ -137,7 +143,13 @@ impl CudaStream {
         self.numerics
     }
 
+    /// Binds the context for `op`. Every op starts here, which is also
+    /// where the reuse of quantized activations ends (see `quantized`):
+    /// any op but a matmul may write the buffer they came from.
     fn bind(&self, op: &'static str) -> Result<(), BackendError> {
+        if op != "matmul" {
+            self.quantized.set(None);
+        }
         self.ctx.bind_to_thread().map_err(runtime(op))
     }
 
@@ -165,6 +177,7 @@ impl CudaStream {
                 });
             }
             self.graph = None;
+            self.quantized.set(None);
             self.q8 = DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?;
         }
         r.rebase(self.q8.ptr);
@@ -596,6 +609,10 @@ impl Stream<CudaDevice> for CudaStream {
             return Ok(());
         }
         self.bind("matmul")?;
+        if self.quantized.get().is_some_and(|(p, ..)| p == op) {
+            // This matmul overwrites the input last quantized.
+            self.quantized.set(None);
+        }
         let grid = (
             w.rows.div_ceil(kernels::MM_WARPS) as u32,
             n.div_ceil(kernels::MM_TOKENS) as u32,
@@ -605,7 +622,12 @@ impl Stream<CudaDevice> for CudaStream {
         if self.q8_set(w.format).is_some() {
             let r = self.q8_regions("matmul", n * w.cols, 0)?;
             let set = self.q8_set(w.format).expect("checked above");
-            self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
+            // The kernel order: MXFP4's differs from Q8_0's.
+            let key = (xp, n * w.cols, usize::from(w.format == QuantFormat::Mxfp4));
+            if self.quantized.get() != Some(key) {
+                self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
+                self.quantized.set(Some(key));
+            }
             let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
             return if n >= kernels::MMQ_MIN_TOKENS {
                 let grid = (

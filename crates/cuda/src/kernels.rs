@@ -59,6 +59,10 @@ pub(crate) struct Q8Set {
     pub mmq_matmul: CudaFunction,
     pub mmq_gate_up: CudaFunction,
     pub mmq_down: CudaFunction,
+    /// The same through shared-memory tiles (`kernels/mmq2.cu`).
+    pub mq_matmul: CudaFunction,
+    pub mq_gate_up: CudaFunction,
+    pub mq_down: CudaFunction,
 }
 
 impl Q8Set {
@@ -78,6 +82,9 @@ impl Q8Set {
             mmq_matmul: f(format!("mmq_matmul_{n}"))?,
             mmq_gate_up: f(format!("mmq_gate_up_{n}"))?,
             mmq_down: f(format!("mmq_down_{n}"))?,
+            mq_matmul: f(format!("mq_matmul_{n}"))?,
+            mq_gate_up: f(format!("mq_gate_up_{n}"))?,
+            mq_down: f(format!("mq_down_{n}"))?,
         })
     }
 }
@@ -268,6 +275,10 @@ pub(crate) const MMQ_THREADS: u32 = 128;
 pub(crate) const MMQ_MOE_THREADS: u32 = 32;
 pub(crate) const MMQ_ROWS: usize = 32;
 pub(crate) const MMQ_TOKENS: usize = 128;
+/// Rows and tokens of a shared-memory tensor-core tile (`kernels/mmq2.cu`;
+/// gate/up tiles hold MQ_BM / 2 rows of each).
+pub(crate) const MQ_BM: usize = 64;
+pub(crate) const MQ_BN: usize = 64;
 /// Batches from which the tensor-core kernels take over (the same bits
 /// either way; only speed decides).
 pub(crate) const MMQ_MIN_TOKENS: usize = 16;

@@ -56,6 +56,10 @@ pub struct CudaStream {
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
     quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
+    /// Whether batches use the shared-memory tensor-core kernels
+    /// (`kernels/mmq2.cu`) rather than the register-only ones (`mmq.cu`),
+    /// which `TURBOSPARK_CUDA_MMQ=1` selects (same bits, for comparison).
+    tiles: bool,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -111,6 +115,7 @@ impl CudaStream {
             q8: zeroed(q8_bytes)?,
             staging: None,
             quantized: std::cell::Cell::new(None),
+            tiles: std::env::var("TURBOSPARK_CUDA_MMQ").map_or(true, |v| v != "1"),
             recording: false,
             graph: None,
             ctx,
@@ -635,6 +640,15 @@ impl Stream<CudaDevice> for CudaStream {
                     n.div_ceil(kernels::MMQ_TOKENS) as u32,
                     1,
                 );
+                if self.tiles {
+                    let grid = (
+                        w.rows.div_ceil(kernels::MQ_BM) as u32,
+                        n.div_ceil(kernels::MQ_BN) as u32,
+                        1,
+                    );
+                    let f = &set.mq_matmul;
+                    return launch("matmul", f, self.raw(), grid, kernels::MMQ_THREADS, 0, args);
+                }
                 launch(
                     "matmul",
                     &set.mmq_matmul,
@@ -1308,7 +1322,19 @@ impl Stream<CudaDevice> for CudaStream {
             let mmq = grouped && n >= kernels::MMQ_MIN_TOKENS;
             self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
             let gate_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
-            if mmq {
+            if mmq && self.tiles {
+                let grid = q8_grid(inter, kernels::MQ_BM / 2);
+                let f = &gate.mq_gate_up;
+                launch(
+                    "moe",
+                    f,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    gate_args,
+                )?;
+            } else if mmq {
                 let grid = q8_grid(inter, kernels::MMQ_ROWS / 2);
                 launch(
                     "moe",
@@ -1345,7 +1371,19 @@ impl Stream<CudaDevice> for CudaStream {
             }
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
-            return if mmq {
+            return if mmq && self.tiles {
+                let grid = q8_grid(hidden, kernels::MQ_BM);
+                let f = &down.mq_down;
+                launch(
+                    "moe",
+                    f,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    down_args,
+                )
+            } else if mmq {
                 let grid = q8_grid(hidden, kernels::MMQ_ROWS);
                 launch(
                     "moe",

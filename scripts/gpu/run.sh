@@ -132,7 +132,9 @@ PY
         stage "profile: Nsight Compute, decode kernels"
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
-        for what in "decode:-p 1 -n 8:500" "prefill:-p 512 -n 1:400"; do
+        whats=("decode:-p 1 -n 8:500" "prefill:-p 512 -n 1:400")
+        [ "${PROFILE:-all}" = decode ] && whats=("decode:-p 1 -n 8:500")
+        for what in "${whats[@]}"; do
             IFS=: read -r label bargs count <<< "$what"
             echo "--- $label ($bargs)"
             # shellcheck disable=SC2086
@@ -267,7 +269,9 @@ PY
         ;;
     streamed)
         stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"
-        for m in synth20b synth20b-skew; do
+        models=synth20b
+        [ "${SKEW:-1}" = 1 ] && models="synth20b synth20b-skew"
+        for m in $models; do
             echo "--- $m"
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
         done

@@ -23,6 +23,7 @@ mod kernels;
 mod layout;
 mod memory;
 pub mod nvrtc;
+mod staging;
 pub mod stream;
 pub mod types;
 

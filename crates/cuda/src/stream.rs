@@ -12,6 +12,7 @@
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
 use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
+use crate::staging;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
@@ -49,9 +50,8 @@ pub struct CudaStream {
     /// Quantized activations of the fast kernels (`kernels/q8dot.cu`):
     /// a matmul's or MoE call's input, then the MoE activations.
     q8: DevMem,
-    /// One expert projection in the host layout on its way into a slot
-    /// (`fill_slot` of a split format), grown on demand.
-    staging: Option<DevMem>,
+    /// Pinned staging of `fill_slot` (see [`crate::staging`]).
+    ring: staging::Ring,
     /// The input whose 8-bit quantization the scratch holds — `(address,
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
@@ -113,7 +113,7 @@ impl CudaStream {
             offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
             step: zeroed(8)?,
             q8: zeroed(q8_bytes)?,
-            staging: None,
+            ring: staging::Ring::default(),
             quantized: std::cell::Cell::new(None),
             tiles: std::env::var("TURBOSPARK_CUDA_MMQ").map_or(true, |v| v != "1"),
             recording: false,
@@ -485,10 +485,7 @@ impl Stream<CudaDevice> for CudaStream {
             });
         }
         self.bind("fill_slot")?;
-        // Queued work may still read the slot (or the staging buffer), and
-        // the host bytes below must be consumed before this call returns:
-        // fill_slot is ordered with the stream on both sides.
-        self.stream.synchronize().map_err(runtime("fill_slot"))?;
+        let cu = self.raw().cu_stream();
         for (stacked, t) in [
             (&bank.gate, &expert.gate),
             (&bank.up, &expert.up),
@@ -508,35 +505,21 @@ impl Stream<CudaDevice> for CudaStream {
                     ),
                 ));
             }
-            let host = t.bytes.as_slice();
+            // The slot's byte range lies inside the stacked projection
+            // (slot < slots, n = its slot size).
             let at = stacked.mem.ptr + (slot * n) as u64;
+            let host = t.bytes.as_slice();
             if layout::split_parts(stacked.format).is_none() {
-                // SAFETY: the slot's byte range lies inside the stacked
-                // projection (slot < slots, n = its slot size = host size).
-                unsafe { result::memcpy_htod_async(at, host, self.raw().cu_stream()) }
-                    .map_err(runtime("fill_slot"))?;
+                let staged = self.ring.stage(&self.ctx, cu, host, Some(at))?;
+                self.ring.release(staged, cu)?;
                 continue;
             }
-            if self.staging.as_ref().is_none_or(|m| m.bytes < host.len()) {
-                self.staging = Some(DevMem::zeroed(&self.ctx, host.len(), "fill_slot")?);
-            }
-            let staging = self.staging.as_ref().expect("allocated above").ptr;
-            // SAFETY: the staging buffer holds at least host.len() bytes and
-            // nothing queued reads it (the stream was synchronized, and the
-            // projections before this one waited below).
-            unsafe { result::memcpy_htod_async(staging, host, self.raw().cu_stream()) }
-                .map_err(runtime("fill_slot"))?;
-            layout::queue_split(
-                &self.k,
-                self.raw(),
-                stacked.format,
-                staging,
-                at,
-                stacked.rows,
-                stacked.host_row_bytes,
-            )?;
-            // The next projection reuses the staging buffer.
-            self.stream.synchronize().map_err(runtime("fill_slot"))?;
+            let staged = self.ring.stage(&self.ctx, cu, host, None)?;
+            let (src, rows, hrb) = (staged.device, stacked.rows, stacked.host_row_bytes);
+            let queued =
+                layout::queue_split(&self.k, &self.stream, stacked.format, src, at, rows, hrb);
+            self.ring.release(staged, cu)?;
+            queued?;
         }
         for (mem, t, len) in [
             (&bank.gate_bias, &expert.gate_bias, bank.inter),
@@ -551,22 +534,17 @@ impl Stream<CudaDevice> for CudaStream {
                             name: t.name.clone(),
                             source,
                         })?;
-                    // SAFETY: slot < slots and each slot holds `len` floats.
-                    unsafe {
-                        result::memcpy_htod_async(
-                            mem.ptr + (slot * len * 4) as u64,
-                            &v[..],
-                            self.raw().cu_stream(),
-                        )
-                    }
-                    .map_err(runtime("fill_slot"))?;
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    // slot < slots and each slot holds `len` floats.
+                    let at = mem.ptr + (slot * len * 4) as u64;
+                    let staged = self.ring.stage(&self.ctx, cu, &bytes, Some(at))?;
+                    self.ring.release(staged, cu)?;
                 }
                 (None, None) => {}
                 _ => return Err(bias_mismatch(expert)),
             }
         }
-        // The host bytes (the biases' temporaries included) are consumed.
-        self.stream.synchronize().map_err(runtime("fill_slot"))
+        Ok(())
     }
 
     fn embed(

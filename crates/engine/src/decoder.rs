@@ -36,9 +36,7 @@ use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeig
 use crate::EngineError;
 use crate::Model;
 use std::time::Instant;
-use turbospark_backend::{
-    AttentionParams, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
-};
+use turbospark_backend::{AttentionParams, DType, Device, MoeScratch, RouterTables, Stream};
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, NormSpec};
 
 /// Scratch activations of a session, `T = max_batch` rows each.
@@ -697,20 +695,11 @@ impl<D: Device> Session<'_, D> {
                 routes,
                 resident: mw.experts.as_ref(),
                 activation: spec.activation,
+                census: self.hooks.census.as_mut(),
             },
             scratch,
             &mut b.o,
         )?;
-        if let (Some(c), Some(bank)) = (self.hooks.census.as_mut(), mw.experts.as_ref()) {
-            let input = MoeInput {
-                x,
-                n_tokens: n,
-                routes,
-                bank,
-                activation: spec.activation,
-            };
-            c.experts(st, l, input, scratch)?;
-        }
         if let Some(ns) = norms.moe_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
         }

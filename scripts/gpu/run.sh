@@ -10,6 +10,8 @@
 #   conformance  the backend conformance suite on the GPU (exact and fast)
 #   fixtures     every tiny fixture family: CUDA logits vs CPU exact logits
 #                (max |Δ| / max |logit|) and 32 greedy tokens, CUDA exact and fast
+#   census       every MoE fixture: --ffn-census on CUDA (experts resident and
+#                streamed through top_k slots) vs the CPU's, exact numerics
 #   bench        gpt-oss-20b-shaped synthetic model (synth --gguf): our
 #                pp512 / tg128 with resident experts, and the roofline
 #   llamacpp     builds llama.cpp with CUDA for sm_90 from the packed sources
@@ -40,7 +42,7 @@ LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
-STAGES=${*:-prepare info conformance bench llamacpp fixtures streamed}
+STAGES=${*:-prepare info conformance bench llamacpp fixtures census streamed}
 t_all=$SECONDS
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -234,6 +236,34 @@ PY
                 else
                     echo "$fam $mode: cuda failed"
                 fi
+            done
+        done
+        ;;
+    census)
+        stage "census: CUDA vs CPU --ffn-census, exact"
+        for fam in mixtral qwen3moe gpt_oss glm4_moe gemma4 deepseek_v3; do
+            dir=tests/fixtures/tiny/$fam
+            [ -f "$dir/config.json" ] || continue
+            inst="$WORK/fx-$fam"
+            [ -f "$inst/manifest.json" ] || "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
+            toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
+            k=$(python3 -c "import json; print(json.load(open('$inst/manifest.json'))['arch']['moe']['top_k'])")
+            run_census() { "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/c.npy" --numerics exact --ffn-census "$@" > /dev/null 2>&1; }
+            run_census "$WORK/$fam-census-cpu.json" --backend cpu --experts resident || { echo "$fam: cpu census failed"; continue; }
+            for ex in resident streamed; do
+                slots=(); [ $ex = streamed ] && slots=(--expert-slots "$k")
+                run_census "$WORK/$fam-census-cuda-$ex.json" --backend cuda --experts $ex "${slots[@]}" || { echo "$fam $ex: cuda census failed"; continue; }
+                python3 - "$WORK/$fam-census-cpu.json" "$WORK/$fam-census-cuda-$ex.json" "$fam" "$ex" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["sites"] for p in sys.argv[1:3])
+key = lambda s: (s["layer"], s["site"])
+a, b = {key(s): s for s in a}, {key(s): s for s in b}
+rows = all(a[k].get("rows_per_expert") == b[k].get("rows_per_expert") and a[k]["rows"] == b[k]["rows"] for k in a) and a.keys() == b.keys()
+mean = max(abs(a[k]["mean_abs"] - b[k]["mean_abs"]) / max(a[k]["mean_abs"], 1e-30) for k in a)
+share = max(abs(x - y) for k in a for x, y in zip(a[k]["share_below"], b[k]["share_below"]))
+ok = rows and mean <= 1e-4 and share <= 5e-3  # a value within rounding of a threshold may fall either side
+print(f"{sys.argv[3]:<12} {sys.argv[4]:<9} sites {len(a):3}  rows {'same' if rows else 'DIFFER'}  mean|a| rel {mean:.1e}  share_below {share:.1e}  {'ok' if ok else 'FAIL'}")
+PY
             done
         done
         ;;

@@ -1441,6 +1441,64 @@ impl Stream<CudaDevice> for CudaStream {
         )
     }
 
+    /// The gate/up stage of [`Stream::moe_experts`] (the per-route
+    /// `moe_gate_up` kernels of moe.cu) writing its `[n · k, inter]`
+    /// activations into `out` instead of the stream's own buffer.
+    fn moe_intermediate(
+        &mut self,
+        input: MoeInput<'_, CudaDevice>,
+        _scratch: &mut MoeScratch<CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "moe_intermediate";
+        let MoeInput {
+            x,
+            n_tokens: n,
+            routes,
+            bank,
+            activation: act,
+        } = input;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = routes_for(OP, routes, n)?;
+        let (hidden, inter) = (bank.hidden, bank.inter);
+        let xp = x.f32_ptr(OP, "x", n * hidden)?;
+        let op = out.f32_ptr(OP, "out", n * k * inter)?;
+        if routes.max_slot as usize >= bank.slots {
+            return Err(BackendError::BadRoute {
+                slot: routes.max_slot as usize,
+                available: bank.slots,
+            });
+        }
+        let all = kernels::SlotMask {
+            bits: [0; kernels::MAX_MASK_SLOTS / 32],
+            on: 0,
+        };
+        let view = Self::bank_view(bank);
+        let a = activation(act);
+        let kk = k as i32;
+        let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
+            &[(bank.gate.format, 0)]
+        } else {
+            &[(bank.gate.format, 1), (bank.up.format, 2)]
+        };
+        self.bind(OP)?;
+        let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, (n * k) as u32, 1);
+        for &(fmt, mode) in passes {
+            launch(
+                OP,
+                self.k.moe_gate_up.get(fmt),
+                self.raw(),
+                grid,
+                (kernels::MM_WARPS * 32) as u32,
+                0,
+                &mut args![xp, routes.mem.ptr, kk, all, view, a, op, mode],
+            )?;
+        }
+        Ok(())
+    }
+
     fn moe_combine(
         &mut self,
         n_tokens: usize,

@@ -46,8 +46,8 @@ use crate::weights::{
 use crate::EngineError;
 use std::time::Instant;
 use turbospark_backend::{
-    AttentionParams, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul, MoeInput,
-    RouterTables, Stream,
+    AttentionParams, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul, RouterTables,
+    Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, LayerSpec, MlaSpec, NormSpec};
 
@@ -766,20 +766,11 @@ impl<D: Device> Pass<'_, D> {
                 routes,
                 resident: mw.experts.as_ref(),
                 activation: spec.activation,
+                census: self.hooks.census.as_mut(),
             },
             scratch,
             &mut b.o,
         )?;
-        if let (Some(c), Some(bank)) = (self.hooks.census.as_mut(), mw.experts.as_ref()) {
-            let input = MoeInput {
-                x,
-                n_tokens: n,
-                routes,
-                bank,
-                activation: spec.activation,
-            };
-            c.experts(st, l, input, scratch)?;
-        }
         if let Some(ns) = norms.moe_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
         }

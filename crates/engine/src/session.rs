@@ -255,25 +255,12 @@ impl<'m, D: Device> Session<'m, D> {
     }
 
     /// Starts an FFN census with `thresholds` (see [`crate::census`]),
-    /// replacing any, or stops it (`None`). A model whose routed experts
-    /// are streamed has no bank of every expert to recompute their
-    /// intermediate from: refused.
+    /// replacing any, or stops it (`None`).
     pub fn set_ffn_census(&mut self, thresholds: Option<&[f32]>) -> Result<(), EngineError> {
         let Some(thresholds) = thresholds else {
             self.hooks.set_census(None);
             return Ok(());
         };
-        let streamed =
-            self.model.weights.layers.iter().any(
-                |l| matches!(&l.ffn, crate::weights::FfnWeights::Moe(mw) if mw.experts.is_none()),
-            );
-        if streamed {
-            return Err(EngineError::BadOptions {
-                detail: "an FFN census of routed experts needs them resident or mapped \
-                         (--experts resident|mapped), not streamed"
-                    .into(),
-            });
-        }
         let c = CensusState::new(
             &self.model.device,
             &self.model.spec,

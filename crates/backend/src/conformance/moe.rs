@@ -382,3 +382,175 @@ fn check_moe_formats<D: Device>(
         )),
     }
 }
+
+/// [`Stream::moe_intermediate`] over a resident bank: the f64 GLU
+/// intermediate of every route within `tol.moe`; each token the same bits
+/// alone as in the batch, and over a slot bank refilled with its experts
+/// (what a census of streamed experts relies on); routes outside the bank
+/// and an output too small refused.
+pub fn check_moe_intermediate<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "moe_intermediate";
+    let mut rng = Rng(17);
+    let experts: Vec<Expert> = (0..EXPERTS).map(|e| random_expert(e, &mut rng)).collect();
+    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
+    let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
+    let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
+    let limits = Limits {
+        max_tokens: TOKENS,
+        max_routes: TOKENS * TOP_K,
+        max_expert_intermediate: INTER,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut scratch = MoeScratch {
+        x: h.zeros(TOKENS * HIDDEN)?,
+        gate: h.zeros(TOKENS * INTER)?,
+        up: h.zeros(TOKENS * INTER)?,
+        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
+    };
+    let x = rng.vec(TOKENS * HIDDEN);
+    let xb = h.buf(&x)?;
+    let routes: Vec<Route> = (0..TOKENS * TOP_K)
+        .map(|i| Route {
+            slot: ((i * 5 + i / TOP_K) % EXPERTS) as u32,
+            weight: 0.5,
+        })
+        .collect();
+    let mut rb = dev.alloc_routes(TOKENS, TOP_K).at(OP, "alloc_routes")?;
+    h.st.write_routes(&mut rb, &routes).at(OP, "write_routes")?;
+    let mut out = h.zeros(TOKENS * TOP_K * INTER)?;
+    let mut one = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
+    let mut one_out = h.zeros(TOP_K * INTER)?;
+    for act in [
+        Activation::Swiglu,
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 0.5,
+        },
+        Activation::GeluTanh,
+    ] {
+        let case = format!("{act:?}");
+        let input = MoeInput {
+            x: &xb,
+            n_tokens: TOKENS,
+            routes: &rb,
+            bank: &bank,
+            activation: act,
+        };
+        h.st.moe_intermediate(input, &mut scratch, &mut out)
+            .at(OP, &case)?;
+        let got = h.get(&out, TOKENS * TOP_K * INTER)?;
+        let mut want = Vec::with_capacity(TOKENS * TOP_K * INTER);
+        let mut mags = Vec::with_capacity(TOKENS * TOP_K * INTER);
+        for (i, r) in routes.iter().enumerate() {
+            let e = &experts[r.slot as usize];
+            let xt = &x[(i / TOP_K) * HIDDEN..(i / TOP_K + 1) * HIDDEN];
+            for j in 0..INTER {
+                let row = |m: &[f32]| reference::dot(&m[j * HIDDEN..(j + 1) * HIDDEN], xt);
+                let ((g, gm), (u, um)) = (row(&e.gate), row(&e.up));
+                let g = g + f64::from(e.biases[0][j]);
+                let u = u + f64::from(e.biases[1][j]);
+                want.push(reference::glu(act, g, u));
+                // Each projection's error scaled by the GLU's slope in it.
+                let (dg, du) = (1e-4 * (1.0 + g.abs()), 1e-4 * (1.0 + u.abs()));
+                let sg = (reference::glu(act, g + dg, u) - reference::glu(act, g - dg, u)) / dg;
+                let su = (reference::glu(act, g, u + du) - reference::glu(act, g, u - du)) / du;
+                mags.push(0.5 * (sg.abs() * gm + su.abs() * um) + 1.0);
+            }
+        }
+        compare(OP, &case, &got, &want, tol.moe, |i| mags[i])?;
+
+        // Each token alone, over the resident bank and over slots
+        // refilled with its experts.
+        let width = TOP_K * INTER;
+        let x1 = |h: &mut Harness<'_, D>, t: usize| h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN]);
+        for t in 0..TOKENS {
+            let r = &routes[t * TOP_K..(t + 1) * TOP_K];
+            let xt = x1(&mut h, t)?;
+            h.st.write_routes(&mut one, r).at(OP, &case)?;
+            let input = MoeInput {
+                x: &xt,
+                n_tokens: 1,
+                routes: &one,
+                bank: &bank,
+                activation: act,
+            };
+            h.st.moe_intermediate(input, &mut scratch, &mut one_out)
+                .at(OP, &case)?;
+            let alone = h.get(&one_out, width)?;
+            if tol.batch_invariant && alone[..] != got[t * width..(t + 1) * width] {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} alone differs from the batch"),
+                ));
+            }
+            let mut remap = [Route::default(); TOP_K];
+            for (s, (m, r)) in remap.iter_mut().zip(r).enumerate() {
+                h.st.fill_slot(&mut slots, s, &tensors[r.slot as usize])
+                    .at(OP, "fill_slot")?;
+                *m = Route {
+                    slot: s as u32,
+                    weight: r.weight,
+                };
+            }
+            h.st.write_routes(&mut one, &remap).at(OP, &case)?;
+            let input = MoeInput {
+                x: &xt,
+                n_tokens: 1,
+                routes: &one,
+                bank: &slots,
+                activation: act,
+            };
+            h.st.moe_intermediate(input, &mut scratch, &mut one_out)
+                .at(OP, &case)?;
+            if h.get(&one_out, width)? != alone {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} over refilled slots differs from the resident bank"),
+                ));
+            }
+        }
+    }
+
+    let input = MoeInput {
+        x: &xb,
+        n_tokens: TOKENS,
+        routes: &rb,
+        bank: &bank,
+        activation: Activation::Swiglu,
+    };
+    let mut short = h.zeros(TOKENS * TOP_K * INTER - 1)?;
+    if h.st
+        .moe_intermediate(input, &mut scratch, &mut short)
+        .is_ok()
+    {
+        return Err(property(
+            OP,
+            "short output",
+            "wrote into a buffer smaller than [n · top_k, intermediate]".into(),
+        ));
+    }
+    let bad = [Route {
+        slot: EXPERTS as u32,
+        weight: 1.0,
+    }; TOP_K];
+    h.st.write_routes(&mut one, &bad).at(OP, "bad route")?;
+    let input = MoeInput {
+        n_tokens: 1,
+        routes: &one,
+        ..input
+    };
+    match h.st.moe_intermediate(input, &mut scratch, &mut one_out) {
+        Err(BackendError::BadRoute { .. }) => Ok(()),
+        other => Err(property(
+            OP,
+            "bad route",
+            format!("expected BadRoute, got {other:?}"),
+        )),
+    }
+}

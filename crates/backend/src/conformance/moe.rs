@@ -394,7 +394,9 @@ pub fn check_moe_intermediate<D: Device>(
 ) -> Result<(), ConformanceError> {
     const OP: &str = "moe_intermediate";
     let mut rng = Rng(17);
-    let experts: Vec<Expert> = (0..EXPERTS).map(|e| random_expert(e, &mut rng)).collect();
+    let experts: Vec<Expert> = (0..EXPERTS)
+        .map(|e| random_expert(e, FORMAT_SETS[0], &mut rng))
+        .collect();
     let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
     let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
     let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;

@@ -2,7 +2,7 @@
 # record.sh — the benchmark record in one device call, packed to fit a short
 # device budget: the synthetic model (with its GGUF) and llama.cpp's CUDA
 # build run in the background while the GPU checks run (conformance, tiny
-# fixtures, faults); then our bench, llama.cpp's on the same GGUF, a decode
+# fixtures, faults, FFN census); then our bench, llama.cpp's on the same GGUF, a decode
 # profile and the streamed sweep (last, as the first thing a time limit cuts).
 # If the conformance suite fails with the shared-memory tensor-core kernels,
 # the rest runs with the register-only ones (TURBOSPARK_CUDA_MMQ=1) and says so.
@@ -23,7 +23,7 @@ if grep -q "FAILED" "$WORK/conformance.log"; then
     export TURBOSPARK_CUDA_MMQ=1
     bash "$RUN" conformance
 fi
-bash "$RUN" fixtures faults 2>&1 | grep -v "^experts resident"
+bash "$RUN" fixtures faults census 2>&1 | grep -v "^experts resident"
 echo "=== waiting for the synthetic model and llama.cpp's build ($((SECONDS - t0)) s so far)"
 wait $prep
 tail -5 "$WORK/prepare.log"

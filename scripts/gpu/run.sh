@@ -88,9 +88,8 @@ for s in $STAGES; do
         ;;
     faults)
         stage "faults: clear errors, no partial output"
-        inst="$WORK/synth20b"
-        [ -d "$inst" ] || inst="$WORK/fx-llama"
-        [ -d "$inst" ] || { "$TS" convert -q --force tests/fixtures/tiny/llama "$WORK/fx-llama" && inst="$WORK/fx-llama"; }
+        inst="$WORK/fx-llama"
+        [ -d "$inst" ] || "$TS" convert -q --force tests/fixtures/tiny/llama "$inst"
         fault() {
             local label=$1; shift
             rm -f "$WORK/fault.npy"
@@ -100,7 +99,7 @@ for s in $STAGES; do
             grep -v "^experts resident" "$WORK/fault.err" | tail -3
         }
         fault "VRAM budget past the GPU" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy" --gpu-memory-budget 100000
-        fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --raw --prompt "hello" --max-tokens 2 --context 200000000
+        fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
         fault "no NVRTC, empty kernel cache" env LD_LIBRARY_PATH= TURBOSPARK_CACHE="$WORK/empty-cache" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy"
         fault "GPU ordinal past the GPUs" "$TS" logits --model "$inst" --backend cuda --gpu 7 --tokens 1,2,3 --out "$WORK/fault.npy"
         ;;

@@ -318,7 +318,11 @@ impl<D: Device> Pass<'_, D> {
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
+        // A step at position 0 starts the recurrent layers' state afresh
+        // (their ops take that as a parameter, which a recording would keep
+        // for every replay), so recording starts at position 1.
         let recordable = tokens.len() == 1
+            && pos > 0
             && matches!(head, Some((0, 1, _)))
             && !self.hooks.active()
             && (self.model.spec.moe.is_none() || self.experts.device_only())

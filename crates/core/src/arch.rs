@@ -366,7 +366,7 @@ impl AttentionSpec {
 /// values alike), and `o_h = W_uv[h]·(Σ p·c)`. Each layer's [`LayerSpec`]
 /// carries that latent head (`head_dim = qk_rope_head_dim + kv_lora_rank`,
 /// one KV head, rope over its first `qk_rope_head_dim` dims).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MlaSpec {
     /// Rank of the low-rank query (`q_a`/`q_b`); `None`: one `q` projection.
     pub q_lora_rank: Option<usize>,
@@ -374,6 +374,28 @@ pub struct MlaSpec {
     pub qk_nope_head_dim: usize,
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
+    /// How the checkpoint stores `kv_b`.
+    #[serde(default)]
+    pub kv_b: KvBLayout,
+    /// Eps of the `q_a` and `kv_a` norms: 1e-6 in HF (`DeepseekV3RMSNorm`'s
+    /// default, whatever `rms_norm_eps` says); llama.cpp uses the file's
+    /// one `layer_norm_rms_epsilon` for every norm.
+    #[serde(default = "MlaSpec::default_norm_eps")]
+    pub norm_eps: f32,
+}
+
+/// The layout of latent attention's key/value up-projection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvBLayout {
+    /// HF `kv_b_proj`: one `attn_kv_b` `[heads · (nope + v), kv_lora]`,
+    /// per head `W_uk[h]` `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`.
+    #[default]
+    Fused,
+    /// llama.cpp's converter (`deepseek2`): `attn_k_b` `[heads, kv_lora,
+    /// nope]` holding each `W_uk[h]ᵀ`, and `attn_v_b` `[heads, v, kv_lora]`
+    /// holding each `W_uv[h]`.
+    Split,
 }
 
 impl MlaSpec {
@@ -385,9 +407,13 @@ impl MlaSpec {
     pub const fn latent_head_dim(&self) -> usize {
         self.qk_rope_head_dim + self.kv_lora_rank
     }
-    /// Eps of the `q_a` and `kv_a` norms (HF builds them with the default
+    /// Eps of HF's `q_a` and `kv_a` norms (it builds them with the default
     /// `DeepseekV3RMSNorm` eps, not `rms_norm_eps`).
-    pub const NORM_EPS: f32 = 1e-6;
+    pub const HF_NORM_EPS: f32 = 1e-6;
+
+    fn default_norm_eps() -> f32 {
+        Self::HF_NORM_EPS
+    }
 }
 
 /// Embedding lookup post-processing.

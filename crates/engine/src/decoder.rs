@@ -41,7 +41,7 @@ use crate::model::Model;
 use crate::scratch::{Buffers, DeltaRow};
 use crate::timing::{Phase, PhaseTimes};
 use crate::weights::{
-    DeltaNetWeights, DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights,
+    DeltaNetWeights, DenseWeights, FfnWeights, KvB, LayerWeights, MlaWeights, MoeWeights,
 };
 use crate::EngineError;
 use std::time::Instant;
@@ -94,8 +94,10 @@ fn dense_mlp<D: Device>(
 /// Latent attention's query and cache rows for `n` tokens (see
 /// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
 /// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `W_uk[h]` the first
-/// `nope` rows of head `h`'s block in `attn_kv_b`, multiplied in its own
-/// format ([`Stream::head_matmul`]); `bufs.k` `[n, rope + kv_lora]` the row
+/// `nope` rows of head `h`'s block in `attn_kv_b` (multiplied transposed),
+/// or head `h`'s block of `attn_k_b`, which holds `W_uk[h]ᵀ` (multiplied
+/// as it is), in its own format ([`Stream::head_matmul`]); `bufs.k`
+/// `[n, rope + kv_lora]` the row
 /// `[k_rope, rms(c)]` the cache keeps (rope is applied later, to the first
 /// `rope` dims of both).
 fn latent_qk<D: Device>(
@@ -112,7 +114,7 @@ fn latent_qk<D: Device>(
             feature: "latent attention without its scratch",
         });
     };
-    let norm = NormSpec::plain(MlaSpec::NORM_EPS);
+    let norm = NormSpec::plain(a.norm_eps);
     match (&w.q_a, a.q_lora_rank) {
         (Some((q_a, q_a_norm)), Some(rank)) => {
             st.matmul(q_a, &b.a, n, &mut s.q_a)?;
@@ -133,19 +135,23 @@ fn latent_qk<D: Device>(
     for th in 0..n * n_heads {
         st.copy(&s.q, th * qk + dn, &mut b.q, th * row, dr)?;
     }
+    let (w_uk, head_stride, rows, transpose) = match &w.kv_b {
+        KvB::Fused(kv_b) => (kv_b, dn + dv, dn, true),
+        KvB::Split { k_b, .. } => (k_b, r, r, false),
+    };
     let absorb = HeadMatmul {
         n_tokens: n,
         n_heads,
-        head_stride: dn + dv,
+        head_stride,
         first_row: 0,
-        rows: dn,
-        transpose: true,
+        rows,
+        transpose,
         x_stride: qk,
         x_at: 0,
         out_stride: row,
         out_at: dr,
     };
-    st.head_matmul(&w.kv_b, &s.q, &absorb, &mut b.q)?;
+    st.head_matmul(w_uk, &s.q, &absorb, &mut b.q)?;
     st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
     st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
     st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
@@ -159,23 +165,28 @@ fn latent_qk<D: Device>(
 /// Latent attention's values for `n` tokens: head `h`'s attention output
 /// `[n, n_heads, rope + kv_lora]` is a weighted sum of cached `[k_rope,
 /// c]` rows; its value is `W_uv[h]·(Σ p·c)` (`W_uv[h]` the last `v` rows
-/// of head `h`'s block in `attn_kv_b`), written to `out` `[n, n_heads ·
-/// v]`, the input of `attn_output`.
+/// of head `h`'s block in `attn_kv_b`, or head `h`'s block of
+/// `attn_v_b`), written to `out` `[n, n_heads · v]`, the input of
+/// `attn_output`.
 fn latent_values<D: Device>(
     st: &mut D::Stream,
     a: &MlaSpec,
     n_heads: usize,
-    kv_b: &D::Matrix,
+    kv_b: &KvB<D>,
     att: &D::Buf,
     n: usize,
     out: &mut D::Buf,
 ) -> Result<(), EngineError> {
     let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
+    let (w_uv, head_stride, first_row) = match kv_b {
+        KvB::Fused(kv_b) => (kv_b, dn + dv, dn),
+        KvB::Split { v_b, .. } => (v_b, dv, 0),
+    };
     let values = HeadMatmul {
         n_tokens: n,
         n_heads,
-        head_stride: dn + dv,
-        first_row: dn,
+        head_stride,
+        first_row,
         rows: dv,
         transpose: false,
         x_stride: a.latent_head_dim(),
@@ -183,7 +194,7 @@ fn latent_values<D: Device>(
         out_stride: dv,
         out_at: 0,
     };
-    st.head_matmul(kv_b, att, &values, out)?;
+    st.head_matmul(w_uv, att, &values, out)?;
     Ok(())
 }
 

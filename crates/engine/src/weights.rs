@@ -11,7 +11,7 @@ use crate::source::WeightSource;
 use crate::EngineError;
 use std::collections::HashMap;
 use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
-use turbospark_core::arch::{ArchSpec, FfnKind, Mixer, MlaSpec};
+use turbospark_core::arch::{ArchSpec, FfnKind, KvBLayout, Mixer, MlaSpec};
 use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
@@ -73,10 +73,20 @@ pub struct MlaWeights<D: Device> {
     pub kv_a_rope: D::Matrix,
     /// `attn_kv_a_norm` `[kv_lora]`.
     pub kv_a_norm: D::Vector,
-    /// `attn_kv_b` `[n_heads · (nope + v), kv_lora]`: per head, `W_uk[h]`
-    /// `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`, applied per head
+    /// The key/value up-projection, applied per head
     /// ([`turbospark_backend::Stream::head_matmul`]).
-    pub kv_b: D::Matrix,
+    pub kv_b: KvB<D>,
+}
+
+/// Latent attention's key/value up-projection, as the checkpoint stores it
+/// (`turbospark_core::arch::KvBLayout`).
+pub enum KvB<D: Device> {
+    /// `attn_kv_b` `[n_heads · (nope + v), kv_lora]`: per head, `W_uk[h]`
+    /// `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`.
+    Fused(D::Matrix),
+    /// `attn_k_b` `[n_heads · kv_lora, nope]` (each `W_uk[h]ᵀ`) and
+    /// `attn_v_b` `[n_heads · v, kv_lora]` (each `W_uv[h]`).
+    Split { k_b: D::Matrix, v_b: D::Matrix },
 }
 
 /// A gated DeltaNet layer (`turbospark_core::arch::DeltaNetSpec`).
@@ -317,7 +327,13 @@ impl<D: Device> Loader<'_, D> {
                 .ok_or(EngineError::NotImplemented {
                     feature: "latent attention without its kv_a norm",
                 })?,
-            kv_b: self.matrix(ts, Role::AttnKvB)?,
+            kv_b: match a.kv_b {
+                KvBLayout::Fused => KvB::Fused(self.matrix(ts, Role::AttnKvB)?),
+                KvBLayout::Split => KvB::Split {
+                    k_b: self.matrix(ts, Role::AttnKB)?,
+                    v_b: self.matrix(ts, Role::AttnVB)?,
+                },
+            },
         };
         if self.be.copies_weights() {
             if let Ok((name, _)) = ts.required(Role::AttnKvAMqa) {

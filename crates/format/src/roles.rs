@@ -13,7 +13,8 @@
 //! `down` (+ `.bias`) of a layer's expert file, each with a per-expert shape.
 
 use turbospark_core::arch::{
-    ArchSpec, DeltaNetSpec, FfnKind, LayerSpec, Mixer, MlaSpec, MoeSpec, NormSpec, RouterKind,
+    ArchSpec, DeltaNetSpec, FfnKind, KvBLayout, LayerSpec, Mixer, MlaSpec, MoeSpec, NormSpec,
+    RouterKind,
 };
 
 /// A resident tensor the install must contain.
@@ -88,10 +89,15 @@ pub enum Role {
     AttnQB,
     /// Latent attention: `[kv_lora + rope, hidden]` (latent, then the shared
     /// rope key), the latent's norm, and the per-head key/value
-    /// up-projection `[heads · (nope + v), kv_lora]`.
+    /// up-projection `[heads · (nope + v), kv_lora]` (HF's layout,
+    /// [`KvBLayout::Fused`]), or llama.cpp's split of it
+    /// ([`KvBLayout::Split`]): `attn_k_b` `[heads · kv_lora, nope]` (each
+    /// head's key block transposed) and `attn_v_b` `[heads · v, kv_lora]`.
     AttnKvAMqa,
     AttnKvANorm,
     AttnKvB,
+    AttnKB,
+    AttnVB,
     PostAttentionNorm,
     FfnNorm,
     PostFfwNorm,
@@ -299,9 +305,20 @@ pub const TENSORS: &[TensorDef] = &[
         Some(vec![a.mla()?.kv_lora_rank as u64])
     }),
     row(Role::AttnKvB, "attn_kv_b.weight", Layer, |a| {
-        let m = a.mla()?;
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Fused)?;
         let per_head = (m.qk_nope_head_dim + m.v_head_dim) as u64;
         Some(vec![a.nh() * per_head, m.kv_lora_rank as u64])
+    }),
+    row(Role::AttnKB, "attn_k_b.weight", Layer, |a| {
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Split)?;
+        Some(vec![
+            a.nh() * m.kv_lora_rank as u64,
+            m.qk_nope_head_dim as u64,
+        ])
+    }),
+    row(Role::AttnVB, "attn_v_b.weight", Layer, |a| {
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Split)?;
+        Some(vec![a.nh() * m.v_head_dim as u64, m.kv_lora_rank as u64])
     }),
     row(Role::AttnOutput, "attn_output.weight", Layer, |a| {
         match a.mla() {

@@ -120,7 +120,10 @@ pub fn convert(
         .collect();
     let mut resident_steps: BTreeMap<String, &Step> = BTreeMap::new();
     for step in &steps {
-        if let Target::Resident(name) | Target::ResidentSqueezed(name) = &step.target {
+        if let Target::Resident(name)
+        | Target::ResidentSqueezed(name)
+        | Target::ResidentRowsStacked(name) = &step.target
+        {
             let t = source.tensor(&step.src)?;
             let want = expected
                 .get(name)
@@ -133,6 +136,13 @@ pub fn convert(
                 Target::ResidentSqueezed(_) => {
                     t.shape.iter().copied().filter(|&d| d != 1).collect()
                 }
+                // Whole rows stay whole: the bytes are the same.
+                Target::ResidentRowsStacked(_) => match t.shape.split_last() {
+                    Some((&cols, lead)) if !lead.is_empty() => {
+                        vec![lead.iter().product(), cols]
+                    }
+                    _ => t.shape.clone(),
+                },
                 _ => t.shape.clone(),
             };
             check_shape(name, want, &found, &family)?;
@@ -215,10 +225,12 @@ pub fn convert(
         }
     }
     let mut written: HashSet<(usize, usize, &'static str)> = HashSet::new();
-    for step in steps
-        .iter()
-        .filter(|s| !matches!(s.target, Target::Resident(_) | Target::ResidentSqueezed(_)))
-    {
+    for step in steps.iter().filter(|s| {
+        !matches!(
+            s.target,
+            Target::Resident(_) | Target::ResidentSqueezed(_) | Target::ResidentRowsStacked(_)
+        )
+    }) {
         let n = write_expert_step(&mut writer, &source, step, &layouts, &mut written)?;
         source.release(&step.src);
         if let Some(s) = &step.scales {
@@ -354,6 +366,7 @@ fn parts_of_step(
         }
         Target::Resident(_)
         | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
         | Target::Ignored
         | Target::Skipped(_)
         | Target::Mxfp4Scales => {
@@ -373,6 +386,7 @@ fn step_layer(t: &Target) -> Option<usize> {
         | Target::DownBiasStack { layer } => Some(layer),
         Target::Resident(_)
         | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
         | Target::Ignored
         | Target::Skipped(_)
         | Target::Mxfp4Scales => None,
@@ -566,6 +580,7 @@ fn write_expert_step(
         }
         Target::Resident(_)
         | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
         | Target::Ignored
         | Target::Skipped(_)
         | Target::Mxfp4Scales => {}
@@ -610,7 +625,9 @@ pub fn inspect_source(path: &Path) -> Result<SourceSummary, FormatError> {
             None => "unmapped",
             Some(Target::Ignored) => "ignored",
             Some(Target::Skipped(_)) => "skipped",
-            Some(Target::Resident(_) | Target::ResidentSqueezed(_)) => "resident",
+            Some(
+                Target::Resident(_) | Target::ResidentSqueezed(_) | Target::ResidentRowsStacked(_),
+            ) => "resident",
             Some(_) => "expert",
         };
         tensors.push(SourceTensorRow {

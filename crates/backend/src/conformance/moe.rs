@@ -456,11 +456,20 @@ pub fn check_moe_intermediate<D: Device>(
                 let g = g + f64::from(e.biases[0][j]);
                 let u = u + f64::from(e.biases[1][j]);
                 want.push(reference::glu(act, g, u));
-                // Each projection's error scaled by the GLU's slope in it.
-                let (dg, du) = (1e-4 * (1.0 + g.abs()), 1e-4 * (1.0 + u.abs()));
-                let sg = (reference::glu(act, g + dg, u) - reference::glu(act, g - dg, u)) / dg;
-                let su = (reference::glu(act, g, u + du) - reference::glu(act, g, u - du)) / du;
-                mags.push(0.5 * (sg.abs() * gm + su.abs() * um) + 1.0);
+                // Each projection's error scaled by the GLU's slope in it:
+                // the secant over the error the tolerance allows that
+                // projection, so that a clamp's kink inside that interval
+                // counts (8-bit activations move g and u by up to it).
+                let (dg, du) = (tol.moe * (1.0 + gm), tol.moe * (1.0 + um));
+                let (dg, du) = (
+                    dg.max(1e-4 * (1.0 + g.abs())),
+                    du.max(1e-4 * (1.0 + u.abs())),
+                );
+                let sg =
+                    (reference::glu(act, g + dg, u) - reference::glu(act, g - dg, u)) / (2.0 * dg);
+                let su =
+                    (reference::glu(act, g, u + du) - reference::glu(act, g, u - du)) / (2.0 * du);
+                mags.push(sg.abs() * gm + su.abs() * um + 1.0);
             }
         }
         compare(OP, &case, &got, &want, tol.moe, |i| mags[i])?;

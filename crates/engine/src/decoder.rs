@@ -73,8 +73,9 @@ pub(crate) struct Buffers<D: Device> {
     moe: Option<MoeScratch<D::Buf>>,
     /// `[T, vocab]`
     logits: D::Buf,
-    /// One row of q, k, v and attention output, for rows that attend to
-    /// caches of their own ([`At::Rows`]).
+    /// q, k, v and attention output of one sequence's rows, for a batch
+    /// of sequences that attend to caches of their own ([`At::Rows`],
+    /// [`At::Chunks`]).
     row: RowScratch<D>,
     /// Latent attention's projections.
     mla: Option<MlaScratch<D>>,
@@ -90,8 +91,10 @@ struct MlaScratch<D: Device> {
     rope: D::Buf,
 }
 
-/// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
-/// and attention output `[n_heads · head_dim]`.
+/// One sequence's q `[T, n_heads · head_dim]`, k and v `[T, n_kv_heads ·
+/// head_dim]` and attention output `[T, n_heads · head_dim]`, its rows
+/// copied out of the batch so that rope, cache write and attention see
+/// them from row 0.
 struct RowScratch<D: Device> {
     q: D::Buf,
     k: D::Buf,
@@ -107,6 +110,9 @@ pub(crate) enum At<'a, 'b, D: Device> {
     /// rope, cache write and attention are per row, everything else is one
     /// batched op over all rows.
     Rows(&'a mut [BatchRow<'b, D>]),
+    /// Consecutive rows per sequence: chunk `c`'s tokens are at the next
+    /// positions of `chunks[c].kv`, after the rows of the chunks before it.
+    Chunks(&'a mut [BatchChunk<'b, D>]),
 }
 
 /// One sequence of a batched decode step: its cache and the token fed at
@@ -114,6 +120,16 @@ pub(crate) enum At<'a, 'b, D: Device> {
 pub struct BatchRow<'k, D: Device> {
     pub kv: &'k mut KvCache<D>,
     pub token: u32,
+}
+
+/// One sequence's part of a pass over several sequences
+/// ([`Session::forward_chunks`]): `tokens` at the next positions of `kv`
+/// (one token of a decode step, or a chunk of a prompt), and whether the
+/// pass returns the logits of its last token.
+pub struct BatchChunk<'k, D: Device> {
+    pub kv: &'k mut KvCache<D>,
+    pub tokens: &'k [u32],
+    pub logits: bool,
 }
 
 fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
@@ -180,10 +196,10 @@ impl<D: Device> Buffers<D> {
             moe,
             logits: alloc(t * spec.vocab_size)?,
             row: RowScratch {
-                q: alloc(qd)?,
-                k: alloc(kvd)?,
-                v: alloc(kvd)?,
-                att: alloc(qd)?,
+                q: alloc(t * qd)?,
+                k: alloc(t * kvd)?,
+                v: alloc(t * kvd)?,
+                att: alloc(t * qd)?,
             },
             mla: spec
                 .mla
@@ -328,6 +344,39 @@ impl<D: Device> Session<'_, D> {
         self.layers_and_head(&mut At::Rows(rows), tokens, Some((0, n, out)))
     }
 
+    /// One pass over chunks of several sequences (inputs already checked):
+    /// `tokens` is every chunk's tokens in order; the logits of the last
+    /// row of each chunk that asks for them go to `out`, in chunk order
+    /// (`[asking chunks, vocab]`).
+    pub(crate) fn run_chunks(
+        &mut self,
+        chunks: &mut [BatchChunk<'_, D>],
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let t = self.embed_and_layers(&mut At::Chunks(chunks), tokens)?;
+        // The rows that give logits, gathered to the front of the head's input.
+        let hidden = self.model.spec.hidden_size;
+        let (mut end, mut rows) = (0, 0);
+        for c in chunks.iter() {
+            end += c.tokens.len();
+            if c.logits {
+                let b = &mut self.bufs;
+                self.stream
+                    .copy(&b.h, (end - 1) * hidden, &mut b.a, rows * hidden, hidden)?;
+                rows += 1;
+            }
+        }
+        if rows > 0 {
+            self.head_on_a(rows)?;
+            let vocab = self.model.spec.vocab_size;
+            self.stream
+                .read(&self.bufs.logits, &mut out[..rows * vocab])?;
+        }
+        self.times.lap(Phase::Head, t);
+        Ok(())
+    }
+
     /// A recorded decode step: every op of one token's forward pass up to
     /// its logits on the device (the read-back stays outside the step).
     fn step_ops(&mut self, pos: usize, tokens: &[u32]) -> Result<(), EngineError> {
@@ -428,7 +477,18 @@ impl<D: Device> Session<'_, D> {
         }
         match at {
             At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
-            At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+            At::Rows(rows) => {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    self.attend_part(l, lw, row.kv, i, 1)?;
+                }
+            }
+            At::Chunks(chunks) => {
+                let mut first = 0;
+                for c in chunks.iter_mut() {
+                    self.attend_part(l, lw, c.kv, first, c.tokens.len())?;
+                    first += c.tokens.len();
+                }
+            }
         }
         let (st, b) = (&mut self.stream, &mut self.bufs);
         if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
@@ -527,15 +587,17 @@ impl<D: Device> Session<'_, D> {
         Ok(())
     }
 
-    /// Rope, cache write and attention of layer `l` for rows that are
-    /// sequences of their own: row `i` is at `rows[i].kv`'s next position and
-    /// attends to that cache only. Each row is computed exactly as a
-    /// one-token pass of its sequence alone would compute it.
-    fn attend_rows(
+    /// Rope, cache write and attention of layer `l` for batch rows
+    /// `first .. first + n`, a sequence of their own at the next positions
+    /// of `kv`, which they alone attend to. The rows are computed exactly as
+    /// a pass of the sequence alone over those tokens would compute them.
+    fn attend_part(
         &mut self,
         l: usize,
         lw: &LayerWeights<D>,
-        rows: &mut [BatchRow<'_, D>],
+        kv: &mut KvCache<D>,
+        first: usize,
+        n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
@@ -544,43 +606,41 @@ impl<D: Device> Session<'_, D> {
         let (qd, kvd) = (nh * hd, nkv * hd);
         let latent = spec.mla.is_some();
         let r = &mut b.row;
-        for (i, row) in rows.iter_mut().enumerate() {
-            let pos = row.kv.position();
-            st.copy(&b.q, i * qd, &mut r.q, 0, qd)?;
-            st.copy(&b.k, i * kvd, &mut r.k, 0, kvd)?;
-            if !latent {
-                st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
-            }
-            if let Some(rope) = &m.ropes[l] {
-                st.rope(&mut r.q, 1, nh, hd, pos, rope)?;
-                st.rope(&mut r.k, 1, nkv, hd, pos, rope)?;
-            }
-            let kv = &mut row.kv.layers[l];
-            st.kv_write(&mut kv.k, &r.k, 1, kv.row, pos, kv.capacity)?;
-            if !latent {
-                st.kv_write(&mut kv.v, &r.v, 1, kv.row, pos, kv.capacity)?;
-            }
-            let params = AttentionParams {
-                n_tokens: 1,
-                first_pos: pos,
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                capacity: kv.capacity,
-                window: ls.window,
-                scale: spec.attention.scale,
-                softcap: spec.attention.softcap,
-            };
-            st.attention(
-                &r.q,
-                &kv.k,
-                if latent { &kv.k } else { &kv.v },
-                &params,
-                lw.attn_sinks.as_ref(),
-                &mut r.att,
-            )?;
-            st.copy(&r.att, 0, &mut b.att, i * qd, qd)?;
+        let pos = kv.position();
+        st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
+        st.copy(&b.k, first * kvd, &mut r.k, 0, n * kvd)?;
+        if !latent {
+            st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
         }
+        if let Some(rope) = &m.ropes[l] {
+            st.rope(&mut r.q, n, nh, hd, pos, rope)?;
+            st.rope(&mut r.k, n, nkv, hd, pos, rope)?;
+        }
+        let kv = &mut kv.layers[l];
+        st.kv_write(&mut kv.k, &r.k, n, kv.row, pos, kv.capacity)?;
+        if !latent {
+            st.kv_write(&mut kv.v, &r.v, n, kv.row, pos, kv.capacity)?;
+        }
+        let params = AttentionParams {
+            n_tokens: n,
+            first_pos: pos,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            capacity: kv.capacity,
+            window: ls.window,
+            scale: spec.attention.scale,
+            softcap: spec.attention.softcap,
+        };
+        st.attention(
+            &r.q,
+            &kv.k,
+            if latent { &kv.k } else { &kv.v },
+            &params,
+            lw.attn_sinks.as_ref(),
+            &mut r.att,
+        )?;
+        st.copy(&r.att, 0, &mut b.att, first * qd, n * qd)?;
         Ok(())
     }
 
@@ -759,11 +819,20 @@ impl<D: Device> Session<'_, D> {
     /// Final norm, head, multiplier and soft-cap of batch rows `first ..
     /// first + rows` into the logits buffer.
     fn head_logits(&mut self, first: usize, rows: usize) -> Result<(), EngineError> {
+        let hidden = self.model.spec.hidden_size;
+        let b = &mut self.bufs;
+        self.stream
+            .copy(&b.h, first * hidden, &mut b.a, 0, rows * hidden)?;
+        self.head_on_a(rows)
+    }
+
+    /// Final norm, head, multiplier and soft-cap of the first `rows` rows
+    /// of `bufs.a` (residual rows) into the logits buffer.
+    fn head_on_a(&mut self, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st) = (&m.spec, &mut self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
         let b = &mut self.bufs;
-        st.copy(&b.h, first * hidden, &mut b.a, 0, rows * hidden)?;
         st.rms_norm(
             &mut b.a,
             rows,

@@ -51,7 +51,7 @@ pub mod weights;
 
 pub use census::{FfnCensus, FfnSite, SiteCensus};
 pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
-pub use decoder::BatchRow;
+pub use decoder::{BatchChunk, BatchRow};
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,

@@ -18,7 +18,8 @@
 //! - the chat page at `/` in headless Chromium (scripts/serve/page_check.py,
 //!   over the DevTools protocol): it streams the greedy answer `run` gives
 //!   and its live panel updates; the screenshot is left in the target's
-//!   tmp directory (`serve-page.png`). Skipped, saying why, without chromium.
+//!   tmp directory (`serve-page.png`). Skipped, saying why, without chromium
+//!   (scripts/test.sh installs it where apt-get can, and then requires it).
 //!
 //! Skipped, saying why, when the model is not cached (scripts/fetch-models.sh
 //! smollm2), unless `TURBOSPARK_REQUIRE_MODELS` is set.
@@ -617,6 +618,10 @@ fn chromium() -> Option<&'static str> {
                 .is_ok_and(|o| o.status.success())
         })
         .or_else(|| {
+            // scripts/test.sh sets it once it has installed chromium.
+            if std::env::var_os("TURBOSPARK_REQUIRE_CHROMIUM").is_some() {
+                panic!("TURBOSPARK_REQUIRE_CHROMIUM is set but chromium does not run");
+            }
             eprintln!(
                 "skipped the page test: chromium is not installed (apt-get install chromium)"
             );

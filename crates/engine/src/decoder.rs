@@ -29,6 +29,7 @@
 
 use crate::census::FfnSite;
 use crate::experts::routed::RoutedInput;
+use crate::hooks::PreparedSteering;
 use crate::kv::KvCache;
 use crate::session::Session;
 use crate::timing::Phase;
@@ -124,12 +125,14 @@ pub struct BatchRow<'k, D: Device> {
 
 /// One sequence's part of a pass over several sequences
 /// ([`Session::forward_chunks`]): `tokens` at the next positions of `kv`
-/// (one token of a decode step, or a chunk of a prompt), and whether the
-/// pass returns the logits of its last token.
+/// (one token of a decode step, or a chunk of a prompt), whether the pass
+/// returns the logits of its last token, and control vectors that steer
+/// this sequence's rows alone (after the session's own steering, if any).
 pub struct BatchChunk<'k, D: Device> {
     pub kv: &'k mut KvCache<D>,
     pub tokens: &'k [u32],
     pub logits: bool,
+    pub steering: Option<&'k PreparedSteering<D>>,
 }
 
 fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
@@ -442,6 +445,9 @@ impl<D: Device> Session<'_, D> {
             } else if steer_rows {
                 self.hooks.steer(&mut self.stream, l, &mut self.bufs.h, n)?;
             }
+            if let At::Chunks(chunks) = at {
+                self.steer_chunks(l, chunks)?;
+            }
         }
         if let Some(pos) = hooks {
             self.hooks
@@ -584,6 +590,30 @@ impl<D: Device> Session<'_, D> {
             lw.attn_sinks.as_ref(),
             &mut b.att,
         )?;
+        Ok(())
+    }
+
+    /// Steers each chunk's rows of the residual stream after layer `l` with
+    /// the chunk's own control vectors: rows that are not at the front of
+    /// the batch are steered in `bufs.a` (free between layers) and copied
+    /// back, so each row changes exactly as it would alone.
+    fn steer_chunks(&mut self, l: usize, chunks: &[BatchChunk<'_, D>]) -> Result<(), EngineError> {
+        let hidden = self.model.spec.hidden_size;
+        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let mut first = 0;
+        for c in chunks {
+            let n = c.tokens.len();
+            if let Some(s) = c.steering.filter(|s| s.steers_layer(l)) {
+                if first == 0 {
+                    s.apply(st, l, &mut b.h, n)?;
+                } else {
+                    st.copy(&b.h, first * hidden, &mut b.a, 0, n * hidden)?;
+                    s.apply(st, l, &mut b.a, n)?;
+                    st.copy(&b.a, 0, &mut b.h, first * hidden, n * hidden)?;
+                }
+            }
+            first += n;
+        }
         Ok(())
     }
 

@@ -57,7 +57,7 @@ pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
     RouterHistogram, SlotCount,
 };
-pub use hooks::{CapturedRows, ResidualSink, SteerMode, Steering};
+pub use hooks::{CapturedRows, PreparedSteering, ResidualSink, SteerMode, Steering};
 pub use kv::KvCache;
 pub use model::Model;
 pub use session::{Logits, Session, SessionOptions};

@@ -22,7 +22,7 @@ use crate::census::{CensusState, FfnCensus};
 use crate::decoder::{BatchChunk, BatchRow, Buffers};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
-use crate::hooks::{Hooks, ResidualSink, Steering};
+use crate::hooks::{Hooks, PreparedSteering, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::timing::PhaseTimes;
@@ -195,6 +195,22 @@ impl<'m, D: Device> Session<'m, D> {
     pub fn set_steering(&mut self, steering: Option<&Steering>) -> Result<(), EngineError> {
         let spec = &self.model.spec;
         self.hooks.set_steering(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            steering,
+        )
+    }
+
+    /// Control vectors uploaded for this session's model, to steer one
+    /// sequence of a batch ([`BatchChunk::steering`]); checked as
+    /// [`Session::set_steering`] checks them.
+    pub fn prepare_steering(
+        &self,
+        steering: &Steering,
+    ) -> Result<PreparedSteering<D>, EngineError> {
+        let spec = &self.model.spec;
+        PreparedSteering::new(
             &self.model.device,
             spec.layers.len(),
             spec.hidden_size,

@@ -248,12 +248,22 @@ fn alone_logits<D: turbospark_backend::Device>(
 /// join at different steps; every logits row equals the sequence's alone.
 #[test]
 fn mixed_prompt_chunks_and_decode_tokens_equal_each_sequence_alone() {
-    check_mixed_chunks(None);
-    check_mixed_chunks(Some(SteerMode::Add));
+    check_mixed_chunks(None, None);
+    check_mixed_chunks(Some(SteerMode::Add), None);
 }
 
-/// `session`: steering of the whole session (every sequence).
-fn check_mixed_chunks(session: Option<SteerMode>) {
+/// One sequence of the batch steered by control vectors of its own (the
+/// server's per-request steering): it gets the logits it gets steered
+/// alone, and the unsteered sequences beside it those they get alone.
+#[test]
+fn one_sequence_steered_in_a_batch_equals_it_steered_alone() {
+    check_mixed_chunks(None, Some(SteerMode::Add));
+    check_mixed_chunks(None, Some(SteerMode::Clamp));
+}
+
+/// `session`: steering of the whole session (every sequence); `own`:
+/// steering of sequence 1 alone, through its chunks.
+fn check_mixed_chunks(session: Option<SteerMode>, own: Option<SteerMode>) {
     const CHUNK: usize = 4;
     for numerics in [Numerics::Exact, Numerics::Fast] {
         for &family in FAMILIES {
@@ -267,6 +277,7 @@ fn check_mixed_chunks(session: Option<SteerMode>) {
             };
             let m = model_as(&spec, 2, format, numerics);
             let vocab = spec.vocab_size;
+            let own = own.map(|mode| steering(spec.hidden_size, mode));
             let steering = session.map(|mode| steering(spec.hidden_size, mode));
             let prompts: Vec<Vec<u32>> = PROMPTS
                 .iter()
@@ -277,11 +288,24 @@ fn check_mixed_chunks(session: Option<SteerMode>) {
                 .map(|seq| (0..STEPS).map(|step| fed(seq, step, vocab)).collect())
                 .collect();
             let alone: Vec<_> = (0..PROMPTS.len())
-                .map(|seq| alone_logits(&m, steering.as_ref(), &prompts[seq], &feds[seq]))
+                .map(|seq| {
+                    let steer = if seq == 1 && own.is_some() {
+                        own.as_ref()
+                    } else {
+                        steering.as_ref()
+                    };
+                    alone_logits(&m, steer, &prompts[seq], &feds[seq])
+                })
                 .collect();
 
+            if own.is_some() {
+                let plain = alone_logits(&m, steering.as_ref(), &prompts[1], &feds[1]);
+                assert_ne!(plain, alone[1], "{family}: the steering changes nothing");
+            }
             let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
             worker.set_steering(steering.as_ref()).unwrap();
+            let prepared = own.as_ref().map(|s| worker.prepare_steering(s).unwrap());
+            let chunk_steering = |seq: usize| prepared.as_ref().filter(|_| seq == 1);
             let mut caches: Vec<_> = PROMPTS
                 .iter()
                 .map(|_| worker.new_cache().unwrap())
@@ -305,6 +329,7 @@ fn check_mixed_chunks(session: Option<SteerMode>) {
                             kv,
                             tokens: &prompts[seq][prefilled[seq]..end],
                             logits: last,
+                            steering: chunk_steering(seq),
                         });
                         if last {
                             expect.push((seq, 0));
@@ -315,6 +340,7 @@ fn check_mixed_chunks(session: Option<SteerMode>) {
                             kv,
                             tokens: &feds[seq][steps_done[seq]..steps_done[seq] + 1],
                             logits: true,
+                            steering: chunk_steering(seq),
                         });
                         steps_done[seq] += 1;
                         expect.push((seq, steps_done[seq]));
@@ -369,7 +395,8 @@ fn rewound_cache_continues_like_a_fresh_prefill() {
                     kv: &mut kv,
                     tokens: &[t],
                     logits: true,
-                    }];
+                    steering: None,
+                }];
                 worker.forward_chunks(&mut c, &mut out).unwrap();
             }
             assert_eq!(kv.position(), 12);
@@ -394,7 +421,8 @@ fn rewound_cache_continues_like_a_fresh_prefill() {
                         kv: &mut kv,
                         tokens: &[t],
                         logits: true,
-                            }];
+                        steering: None,
+                    }];
                     worker.forward_chunks(&mut c, &mut out).unwrap();
                     assert_eq!(out, want[i + 1], "{family} {numerics:?}: prefix {keep}");
                 }
@@ -464,11 +492,13 @@ fn forward_chunks_checks_its_inputs() {
                 kv: a,
                 tokens: ta,
                 logits: true,
+                steering: None,
             },
             BatchChunk {
                 kv: b,
                 tokens: tb,
                 logits: true,
+                steering: None,
             },
         ];
         w.forward_chunks(&mut c, &mut logits[..rows * vocab])

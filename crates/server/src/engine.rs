@@ -8,7 +8,8 @@
 //!    its prompt (a place keeps the keys and values of the sequence that
 //!    last held it, and the tokens they belong to: requests that share a
 //!    system prompt, or a conversation's next turn, compute only what is
-//!    new);
+//!    new; a prefix is shared only between sequences steered alike, since
+//!    steering changes the keys and values of the layers after it);
 //! 2. ends sequences whose client went away (the receiving half of their
 //!    event channel is closed) or whose deadline passed, freeing their place;
 //! 3. runs one forward pass ([`Session::forward_chunks`]) over one token of
@@ -33,9 +34,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
+use std::rc::Rc;
 use tokio::sync::mpsc::UnboundedSender;
 use turbospark_backend::Device;
-use turbospark_engine::{BatchChunk, KvCache, Model, Session, SessionOptions};
+use turbospark_engine::{
+    BatchChunk, KvCache, Model, PreparedSteering, Session, SessionOptions, Steering,
+};
 use turbospark_text::{Sampler, SamplerConfig, StreamDecoder, Tokenizer};
 
 use crate::metrics::Metrics;
@@ -62,6 +66,9 @@ pub struct GenParams {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenParams,
+    /// Control vectors of this request alone, replacing the server's
+    /// default steering (checked against the model); `None`: the default.
+    pub steering: Option<Steering>,
     /// Text and the end of the generation go here; a closed receiver means
     /// the client went away.
     pub events: UnboundedSender<Event>,
@@ -107,21 +114,41 @@ pub struct EngineConfig {
     pub parallel: usize,
     /// KV positions of each sequence.
     pub context: usize,
-    /// Control vectors steering every sequence (`--control-vector`).
-    pub steering: Option<turbospark_engine::Steering>,
+    /// Control vectors steering every sequence whose request does not
+    /// bring its own (`--control-vector`).
+    pub steering: Option<Steering>,
 }
 
-/// A place of the batch: a KV cache and the tokens whose keys and values
-/// it holds (`tokens[p]` at position `p`, up to the cache's position).
+/// The steering that computed a place's keys and values: steering changes
+/// the residual stream, so a cached prefix serves only a sequence steered
+/// the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Steered {
+    /// Not steered.
+    No,
+    /// By the server's default control vectors.
+    Default,
+    /// By a request's own (never shared).
+    Own,
+}
+
+/// A place of the batch: a KV cache, the tokens whose keys and values it
+/// holds (`tokens[p]` at position `p`, up to the cache's position), and
+/// how they were steered.
 struct Place<D: Device> {
     kv: KvCache<D>,
     tokens: Vec<u32>,
+    steered: Steered,
 }
 
 impl<D: Device> Place<D> {
-    /// Positions of `prompt` this place already holds, leaving at least
-    /// one token to compute (its logits start the answer).
-    fn shared_prefix(&self, prompt: &[u32]) -> usize {
+    /// Positions of `prompt` this place already holds for a sequence
+    /// steered as `steered`, leaving at least one token to compute (its
+    /// logits start the answer).
+    fn shared_prefix(&self, prompt: &[u32], steered: Steered) -> usize {
+        if steered == Steered::Own || steered != self.steered {
+            return 0;
+        }
         let same = self
             .tokens
             .iter()
@@ -132,12 +159,18 @@ impl<D: Device> Place<D> {
     }
 }
 
-/// Takes the free place holding the longest prefix of `prompt` and keeps
-/// that prefix in it; returns the place and the prefix's length.
-fn take_place<D: Device>(free: &mut Vec<Place<D>>, prompt: &[u32]) -> Option<(Place<D>, usize)> {
-    let best = (0..free.len()).max_by_key(|&i| free[i].shared_prefix(prompt))?;
+/// Takes the free place holding the longest prefix of `prompt` computed
+/// with the same steering and keeps that prefix in it; returns the place
+/// and the prefix's length.
+fn take_place<D: Device>(
+    free: &mut Vec<Place<D>>,
+    prompt: &[u32],
+    steered: Steered,
+) -> Option<(Place<D>, usize)> {
+    let best = (0..free.len()).max_by_key(|&i| free[i].shared_prefix(prompt, steered))?;
     let mut place = free.swap_remove(best);
-    let mut keep = place.shared_prefix(prompt);
+    let mut keep = place.shared_prefix(prompt, steered);
+    place.steered = steered;
     if place.kv.rewind(keep).is_err() {
         keep = 0;
         place.kv.reset();
@@ -150,6 +183,8 @@ fn take_place<D: Device>(free: &mut Vec<Place<D>>, prompt: &[u32]) -> Option<(Pl
 struct Seq<'t, D: Device> {
     job: Job,
     place: Place<D>,
+    /// The control vectors steering it (none: unsteered).
+    steering: Option<Rc<PreparedSteering<D>>>,
     /// Prompt tokens already in the cache.
     prefilled: usize,
     sampler: Sampler,
@@ -176,12 +211,19 @@ pub fn run<D: Device>(
         context: cfg.context,
         max_batch: parallel + PREFILL_BUDGET,
     })?;
-    worker.set_steering(cfg.steering.as_ref())?;
+    // Steering is per sequence (a request may bring its own), so the
+    // server's default is prepared once and handed to each sequence.
+    let default_steering = match &cfg.steering {
+        Some(s) => Some(Rc::new(worker.prepare_steering(s)?)),
+        None => None,
+    }
+    .filter(|s| !s.is_empty());
     let mut caches = (0..parallel)
         .map(|_| {
             Ok::<_, ServerError>(Place {
                 kv: worker.new_cache()?,
                 tokens: Vec::with_capacity(cfg.context),
+                steered: Steered::No,
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -230,7 +272,19 @@ pub fn run<D: Device>(
                     continue;
                 }
             };
-            let Some((place, reused)) = take_place(&mut caches, &job.prompt) else {
+            let (steering, steered) = match &job.steering {
+                None if default_steering.is_some() => (default_steering.clone(), Steered::Default),
+                None => (None, Steered::No),
+                Some(s) => match worker.prepare_steering(s) {
+                    Ok(p) if p.is_empty() => (None, Steered::No),
+                    Ok(p) => (Some(Rc::new(p)), Steered::Own),
+                    Err(e) => {
+                        let _ = job.events.send(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                },
+            };
+            let Some((place, reused)) = take_place(&mut caches, &job.prompt, steered) else {
                 break;
             };
             metrics.reused(reused);
@@ -239,6 +293,7 @@ pub fn run<D: Device>(
             let mut seq = Seq {
                 job,
                 place,
+                steering,
                 prefilled: reused,
                 sampler,
                 detok,
@@ -297,6 +352,7 @@ pub fn run<D: Device>(
                     kv: &mut s.place.kv,
                     tokens: std::slice::from_ref(token),
                     logits: true,
+                    steering: s.steering.as_deref(),
                 });
                 members.push((i, None));
                 decoding += 1;
@@ -307,6 +363,7 @@ pub fn run<D: Device>(
                     kv: &mut s.place.kv,
                     tokens: &prompt[s.prefilled..end],
                     logits: end == prompt.len(),
+                    steering: s.steering.as_deref(),
                 });
                 members.push((i, Some(end)));
             }

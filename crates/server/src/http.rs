@@ -57,6 +57,11 @@ pub struct AppState {
     pub timeout: Duration,
     pub created: u64,
     pub next_id: AtomicU64,
+    /// The control vectors requests may name.
+    pub vectors: crate::steer::VectorLibrary,
+    /// The model's decoder layers and hidden size (to check vectors).
+    pub n_layers: usize,
+    pub hidden: usize,
 }
 
 type Shared = Arc<AppState>;
@@ -273,11 +278,21 @@ async fn start(state: &Shared, req: HttpRequest, endpoint: Endpoint) -> Result<R
         max_tokens,
         stops: request.stops.clone(),
     };
+    let steering = request
+        .steer
+        .as_ref()
+        .map(|s| {
+            state
+                .vectors
+                .resolve(dialect, s, state.n_layers, state.hidden)
+        })
+        .transpose()?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
     let job = Job {
         prompt,
         params,
+        steering,
         events: tx,
         deadline: arrived + state.timeout,
     };

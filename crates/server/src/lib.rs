@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod request;
+pub mod steer;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,6 +32,7 @@ use turbospark_text::{ChatTemplate, Tokenizer};
 
 pub use engine::EngineConfig;
 pub use error::{ApiError, ServerError};
+pub use steer::VectorLibrary;
 
 /// Everything `serve` needs besides the model.
 pub struct ServeConfig {
@@ -48,6 +50,8 @@ pub struct ServeConfig {
     /// After a shutdown signal, how long in-flight requests may run before
     /// they are cancelled.
     pub grace: Duration,
+    /// The control vectors requests may name ([`steer`]).
+    pub vectors: VectorLibrary,
 }
 
 /// Serves `model` until `shutdown` resolves (or SIGINT/SIGTERM, see
@@ -90,6 +94,9 @@ pub fn serve<D: Device>(
             .map(|d| d.as_secs())
             .unwrap_or(0),
         next_id: AtomicU64::new(1),
+        vectors: cfg.vectors,
+        n_layers: model.spec().layers.len(),
+        hidden: model.spec().hidden_size,
     });
     let (bound_tx, bound_rx) = std::sync::mpsc::channel();
     let (addr, grace, cancel) = (cfg.addr, cfg.grace, cancel_all.clone());

@@ -38,7 +38,7 @@ use crate::EngineError;
 use crate::Model;
 use std::time::Instant;
 use turbospark_backend::{
-    AttentionParams, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
+    AttentionParams, AttentionPart, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
 };
 use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, NormSpec};
 
@@ -483,6 +483,23 @@ impl<D: Device> Session<'_, D> {
         }
         match at {
             At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+            // One attention call over every sequence's rows, when the
+            // backend has it (the work splits between threads at once).
+            At::Rows(rows) if self.stream.attends_parts() => {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    self.write_part(l, row.kv, i, 1)?;
+                }
+                self.attend_parts(l, lw, rows.iter().map(|r| (&*r.kv, 1)))?;
+            }
+            At::Chunks(chunks) if self.stream.attends_parts() => {
+                let mut first = 0;
+                for c in chunks.iter_mut() {
+                    self.write_part(l, c.kv, first, c.tokens.len())?;
+                    first += c.tokens.len();
+                }
+                let parts = chunks.iter().map(|c| (&*c.kv, c.tokens.len()));
+                self.attend_parts(l, lw, parts)?;
+            }
             At::Rows(rows) => {
                 for (i, row) in rows.iter_mut().enumerate() {
                     self.attend_part(l, lw, row.kv, i, 1)?;
@@ -614,6 +631,87 @@ impl<D: Device> Session<'_, D> {
             }
             first += n;
         }
+        Ok(())
+    }
+
+    /// Rope and cache write of layer `l` for batch rows `first .. first +
+    /// n`, a sequence of their own at the next positions of `kv`: the roped
+    /// queries go back to their rows of `bufs.q` for [`Self::attend_parts`].
+    fn write_part(
+        &mut self,
+        l: usize,
+        kv: &mut KvCache<D>,
+        first: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
+        let latent = spec.mla.is_some();
+        let r = &mut b.row;
+        let pos = kv.position();
+        st.copy(&b.k, first * kvd, &mut r.k, 0, n * kvd)?;
+        if !latent {
+            st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
+        }
+        if let Some(rope) = &m.ropes[l] {
+            st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
+            st.rope(&mut r.q, n, nh, hd, pos, rope)?;
+            st.copy(&r.q, 0, &mut b.q, first * qd, n * qd)?;
+            st.rope(&mut r.k, n, nkv, hd, pos, rope)?;
+        }
+        let kv = &mut kv.layers[l];
+        st.kv_write(&mut kv.k, &r.k, n, kv.row, pos, kv.capacity)?;
+        if !latent {
+            st.kv_write(&mut kv.v, &r.v, n, kv.row, pos, kv.capacity)?;
+        }
+        Ok(())
+    }
+
+    /// Attention of layer `l` for consecutive groups of batch rows, each
+    /// `(cache, n)`: the `n` rows after the previous groups', whose keys
+    /// and values [`Self::write_part`] has just written, at the cache's
+    /// next positions. One backend call for all
+    /// ([`Stream::attention_parts`]); every row is computed as a pass of its
+    /// sequence alone would compute it.
+    fn attend_parts<'c>(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        parts: impl Iterator<Item = (&'c KvCache<D>, usize)>,
+    ) -> Result<(), EngineError>
+    where
+        D: 'c,
+    {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let ls = &spec.layers[l];
+        let latent = spec.mla.is_some();
+        // A few dozen bytes per sequence and layer; the per-sequence caches
+        // it borrows change every layer.
+        let parts: Vec<AttentionPart<'_, D::Buf>> = parts
+            .map(|(kv, n)| {
+                let kl = &kv.layers[l];
+                AttentionPart {
+                    k_cache: &kl.k,
+                    v_cache: if latent { &kl.k } else { &kl.v },
+                    params: AttentionParams {
+                        n_tokens: n,
+                        first_pos: kv.position(),
+                        n_heads: spec.num_heads,
+                        n_kv_heads: ls.num_kv_heads,
+                        head_dim: ls.head_dim,
+                        capacity: kl.capacity,
+                        window: ls.window,
+                        scale: spec.attention.scale,
+                        softcap: spec.attention.softcap,
+                    },
+                }
+            })
+            .collect();
+        st.attention_parts(&b.q, &parts, lw.attn_sinks.as_ref(), &mut b.att)?;
         Ok(())
     }
 

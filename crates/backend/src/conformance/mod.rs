@@ -25,7 +25,7 @@ pub mod reference;
 
 use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
-pub use attention::{check_attention, check_kv_write};
+pub use attention::{check_attention, check_attention_parts, check_kv_write};
 pub use elementwise::{
     check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
     check_rms_norm, check_rope, check_scale, check_softcap,
@@ -127,6 +127,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_rope(device, tol)?;
     check_kv_write(device, tol)?;
     check_attention(device, tol)?;
+    check_attention_parts(device, tol)?;
     check_glu(device, tol)?;
     check_add(device, tol)?;
     check_scale(device, tol)?;

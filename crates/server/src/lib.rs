@@ -5,8 +5,11 @@
 //!   responses whole or as server-sent events; requests are parsed by
 //!   [`request`] and fail in their API's error shape ([`error`]).
 //! - [`engine`]: the scheduler, on the thread that loaded the model (never
-//!   on the async runtime), that decodes up to `parallel` sequences together in one forward pass
-//!   per step, each over its own KV cache.
+//!   on the async runtime), that computes up to `parallel` sequences
+//!   together in one forward pass per step (decode tokens and prompt
+//!   chunks), each over its own KV cache, reusing cached prompt prefixes.
+//! - [`steer`]: the control vectors a request may name in its `turbospark`
+//!   object.
 //! - [`metrics`]: counters and histograms, exposed as Prometheus text.
 //!
 //! References: the OpenAI API reference (chat completions, completions,

@@ -10,17 +10,30 @@
 #   conformance  the backend conformance suite on the GPU (exact and fast)
 #   fixtures     every tiny fixture family: CUDA logits vs CPU exact logits
 #                (max |Δ| / max |logit|) and 32 greedy tokens, CUDA exact and fast
+#   census       every MoE fixture: --ffn-census on CUDA (experts resident and
+#                streamed through top_k slots) vs the CPU's, exact numerics
 #   bench        gpt-oss-20b-shaped synthetic model (synth --gguf): our
 #                pp512 / tg128 with resident experts, and the roofline
 #   llamacpp     builds llama.cpp with CUDA for sm_90 from the packed sources
 #                and races it on the same GGUF (resident, and --n-cpu-moe)
 #   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
 #                uniform and skewed routing
+#   like         parity on `synth --like` installs of the three real models
+#                (layouts saved here with --save-layout as
+#                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
+#   faults       bad requests on the GPU: more VRAM than exists, a KV cache
+#                that cannot fit, NVRTC missing with an empty kernel cache —
+#                each must end with a clear error and no output file
+#   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
+#                when the call does not race llama.cpp
+#   profile      Nsight Compute on a few decode steps of the synthetic
+#                model: time, DRAM bytes and bandwidth per kernel
 #
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
 #   .devcarry/llama.cpp-cuda.tgz, made by scripts/gpu/pack-llamacpp.sh),
-#   REPS (benchmark repetitions, default 3).
+#   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
+#   CPU_MOE=0 (llama.cpp only with every layer on the GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
@@ -29,7 +42,7 @@ LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
-STAGES=${*:-prepare info conformance bench llamacpp fixtures streamed}
+STAGES=${*:-prepare info conformance bench llamacpp fixtures census streamed}
 t_all=$SECONDS
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }
 
@@ -66,10 +79,93 @@ for s in $STAGES; do
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
         ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
-        ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        if [ "${SKEW:-1}" = 1 ]; then
+            ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+        fi
         build_llamacpp &
         wait
         ls "$WORK"
+        ;;
+    faults)
+        stage "faults: clear errors, no partial output"
+        inst="$WORK/fx-llama"
+        [ -d "$inst" ] || "$TS" convert -q --force tests/fixtures/tiny/llama "$inst"
+        fault() {
+            local label=$1; shift
+            rm -f "$WORK/fault.npy"
+            "$@" > "$WORK/fault.out" 2> "$WORK/fault.err"
+            local rc=$?
+            echo "--- $label: exit $rc; output file $([ -e "$WORK/fault.npy" ] && echo LEFT BEHIND || echo absent)"
+            grep -v "^experts resident" "$WORK/fault.err" | tail -3
+        }
+        fault "VRAM budget past the GPU" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy" --gpu-memory-budget 100000
+        fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
+        fault "no NVRTC, empty kernel cache" env LD_LIBRARY_PATH= TURBOSPARK_CACHE="$WORK/empty-cache" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy"
+        fault "GPU ordinal past the GPUs" "$TS" logits --model "$inst" --backend cuda --gpu 7 --tokens 1,2,3 --out "$WORK/fault.npy"
+        ;;
+    like)
+        stage "like: synth --like installs of the real models, CUDA vs CPU"
+        printf '%-36s %-6s %12s %12s %s\n' model mode "max|Δ|/max" "greedy32" ""
+        toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(40)))")
+        for layout in .devcarry/layout-*.json; do
+            name=$(basename "$layout" .json); name=${name#layout-}
+            inst="$WORK/like-$name"
+            [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
+            for mode in exact fast; do
+                "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$name-cpu-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$name-cpu-$mode.txt" 2>/dev/null || { echo "$name $mode: cpu failed"; continue; }
+                "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$name-cuda-$mode.npy" --numerics $mode --greedy 32 > "$WORK/$name-cuda-$mode.txt" 2>/dev/null || { echo "$name $mode: cuda failed"; continue; }
+                python3 - "$WORK/$name-cpu-$mode" "$WORK/$name-cuda-$mode" "$name" "$mode" <<'PY'
+import sys, numpy as np
+a, b, name, mode = sys.argv[1:5]
+x, y = np.load(a + ".npy").astype(np.float64), np.load(b + ".npy").astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
+print(f"{name:<36} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if rel <= 2e-3 and ga == gb else 'CHECK'}")
+PY
+            done
+        done
+        ;;
+    synth)
+        stage "synth: the gpt-oss-20b-shaped model alone"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        ;;
+    profile)
+        stage "profile: Nsight Compute, decode kernels"
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+        [ -n "$NCU" ] || { echo "ncu not found"; continue; }
+        whats=("decode:-p 1 -n 8:500" "prefill:-p 512 -n 1:400")
+        [ "${PROFILE:-all}" = decode ] && whats=("decode:-p 1 -n 8:500")
+        for what in "${whats[@]}"; do
+            IFS=: read -r label bargs count <<< "$what"
+            echo "--- $label ($bargs)"
+            # shellcheck disable=SC2086
+            "$NCU" --csv --print-units base -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
+                "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 \
+                --numerics ${NUMERICS:-fast} > "$WORK/ncu-$label.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
+            python3 - "$WORK/ncu-$label.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]
+ki, mi, vi = head.index("Kernel Name"), head.index("Metric Name"), head.index("Metric Value")
+ii = head.index("ID")
+per = collections.defaultdict(dict)
+for r in rows[1:]:
+    try:
+        per[(r[ii], r[ki].split("(")[0])][r[mi]] = float(r[vi].replace(",", ""))
+    except ValueError:
+        pass
+agg = collections.defaultdict(lambda: [0, 0.0, 0.0])
+for (_, name), m in per.items():
+    a = agg[name]
+    a[0] += 1
+    a[1] += m.get("gpu__time_duration.sum", 0)
+    a[2] += m.get("dram__bytes_read.sum", 0)
+total = sum(a[1] for a in agg.values())
+print(f"{'kernel':<36} {'calls':>6} {'mean us':>9} {'MB/call':>9} {'GB/s':>8} {'share':>6}")
+for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+    print(f"{name[:36]:<36} {n:>6} {t / n / 1e3:>9.2f} {b / n / 1e6:>9.3f} {b / t if t else 0:>8.0f} {t / total:>6.1%}")
+PY
+        done
         ;;
     info)
         stage "info"
@@ -106,6 +202,7 @@ PY
             "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
             toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
             "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpu.npy" --numerics exact --greedy 32 > "$WORK/$fam-cpu.txt" || { echo "$fam: cpu failed"; continue; }
+            "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/$fam-cpufast.npy" --numerics fast --greedy 32 > "$WORK/$fam-cpufast.txt" || { echo "$fam: cpu fast failed"; continue; }
             # Token by token (recorded decode steps replayed) against the CPU's prefill.
             if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-decode.npy" --numerics exact --decode > /dev/null; then
                 python3 -c "
@@ -123,11 +220,49 @@ x, y = np.load(a + ".npy").astype(np.float64), np.load(b + ".npy").astype(np.flo
 rel = np.abs(x - y).max() / np.abs(x).max()
 ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
 ok = rel <= 2e-3 and ga == gb
-print(f"{fam:<14} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if ok else 'FAIL'}")
+line = f"{fam:<14} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if ok else 'FAIL'}"
+if mode == "fast":
+    # Both backends' fast numerics (8-bit activations) against each other,
+    # and the CPU's own distance from exact.
+    c = a.replace("-cpu", "-cpufast")
+    z = np.load(c + ".npy").astype(np.float64)
+    line += f"   vs CPU fast {np.abs(z - y).max() / np.abs(z).max():.2e}; CPU fast vs exact {np.abs(z - x).max() / np.abs(x).max():.2e}"
+    # Per position (rows of the prompt): where the two fast runs part.
+    per = np.abs(z - y).max(axis=-1) / np.abs(z).max()
+    line += "; by position " + " ".join(f"{v:.0e}" for v in per[:8]) + " …"
+print(line)
 PY
                 else
                     echo "$fam $mode: cuda failed"
                 fi
+            done
+        done
+        ;;
+    census)
+        stage "census: CUDA vs CPU --ffn-census, exact"
+        for fam in mixtral qwen3moe gpt_oss glm4_moe gemma4 deepseek_v3; do
+            dir=tests/fixtures/tiny/$fam
+            [ -f "$dir/config.json" ] || continue
+            inst="$WORK/fx-$fam"
+            [ -f "$inst/manifest.json" ] || "$TS" convert -q --force "$dir" "$inst" || { echo "$fam: convert failed"; continue; }
+            toks=$(python3 -c "import json; print(','.join(map(str, json.load(open('$dir/tokens.json'))['tokens'])))")
+            k=$(python3 -c "import json; print(json.load(open('$inst/manifest.json'))['arch']['moe']['top_k'])")
+            run_census() { "$TS" logits --model "$inst" --tokens "$toks" --out "$WORK/c.npy" --numerics exact --ffn-census "$@" > /dev/null 2>&1; }
+            run_census "$WORK/$fam-census-cpu.json" --backend cpu --experts resident || { echo "$fam: cpu census failed"; continue; }
+            for ex in resident streamed; do
+                slots=(); [ $ex = streamed ] && slots=(--expert-slots "$k")
+                run_census "$WORK/$fam-census-cuda-$ex.json" --backend cuda --experts $ex "${slots[@]}" || { echo "$fam $ex: cuda census failed"; continue; }
+                python3 - "$WORK/$fam-census-cpu.json" "$WORK/$fam-census-cuda-$ex.json" "$fam" "$ex" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["sites"] for p in sys.argv[1:3])
+key = lambda s: (s["layer"], s["site"])
+a, b = {key(s): s for s in a}, {key(s): s for s in b}
+rows = all(a[k].get("rows_per_expert") == b[k].get("rows_per_expert") and a[k]["rows"] == b[k]["rows"] for k in a) and a.keys() == b.keys()
+mean = max(abs(a[k]["mean_abs"] - b[k]["mean_abs"]) / max(a[k]["mean_abs"], 1e-30) for k in a)
+share = max(abs(x - y) for k in a for x, y in zip(a[k]["share_below"], b[k]["share_below"]))
+ok = rows and mean <= 1e-4 and share <= 5e-3  # a value within rounding of a threshold may fall either side
+print(f"{sys.argv[3]:<12} {sys.argv[4]:<9} sites {len(a):3}  rows {'same' if rows else 'DIFFER'}  mean|a| rel {mean:.1e}  share_below {share:.1e}  {'ok' if ok else 'FAIL'}")
+PY
             done
         done
         ;;
@@ -155,13 +290,17 @@ PY
         build_llamacpp || { echo "llama.cpp build failed"; continue; }
         LB="$WORK/lcb/bin/llama-bench"
         "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md
-        echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
-        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
-        "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        if [ "${CPU_MOE:-1}" = 1 ]; then
+            echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
+            "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md
+            "$LB" -m "$WORK/synth20b-skew.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 0 -n 128 -r 1 -o md
+        fi
         ;;
     streamed)
         stage "streamed experts: VRAM slot cache at 50 % and 25 % of the experts"
-        for m in synth20b synth20b-skew; do
+        models=synth20b
+        [ "${SKEW:-1}" = 1 ] && models="synth20b synth20b-skew"
+        for m in $models; do
             echo "--- $m"
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
         done

@@ -53,6 +53,22 @@ impl SharedBytes {
         Self::from_vec(values.iter().flat_map(|v| v.to_le_bytes()).collect())
     }
 
+    /// The bytes `range` of these bytes, sharing their owner.
+    pub fn slice(&self, range: Range<usize>) -> Result<Self, BackendError> {
+        if range.start > range.end || range.end > self.len {
+            return Err(BackendError::OutOfBounds {
+                start: range.start,
+                end: range.end,
+                len: self.len,
+            });
+        }
+        Ok(SharedBytes {
+            owner: Arc::clone(&self.owner),
+            start: self.start + range.start,
+            len: range.end - range.start,
+        })
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
     }
@@ -109,6 +125,26 @@ impl HostTensor {
             }));
         }
         Ok((rows, cols, rb))
+    }
+
+    /// Rows `rows` of a 2-D tensor as a tensor of their own named `name`,
+    /// sharing the bytes (no copy, whatever the format: every format packs
+    /// rows independently).
+    pub fn row_block(&self, name: String, rows: Range<usize>) -> Result<HostTensor, BackendError> {
+        let (n_rows, cols, rb) = self.matrix_layout()?;
+        if rows.start > rows.end || rows.end > n_rows {
+            return Err(BackendError::OutOfBounds {
+                start: rows.start,
+                end: rows.end,
+                len: n_rows,
+            });
+        }
+        Ok(HostTensor {
+            name,
+            format: self.format,
+            shape: vec![rows.len(), cols],
+            bytes: self.bytes.slice(rows.start * rb..rows.end * rb)?,
+        })
     }
 
     /// The values of a 1-D tensor, widened to f32.

@@ -24,6 +24,7 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod delta_net;
 pub mod device;
 pub mod dtype;
 pub mod error;
@@ -34,6 +35,7 @@ pub mod rope;
 pub mod routing;
 pub mod stream;
 
+pub use delta_net::{ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams};
 pub use device::{
     routes_for, Device, DeviceBuf, ExpertBank, ExpertTensors, Limits, MemoryInfo, RouteBuf,
 };
@@ -44,7 +46,9 @@ pub use moe::{ExpertWeights, MoeInput, MoeScratch, Route};
 pub use numerics::{Numerics, UnknownNumerics};
 pub use rope::RopeTable;
 pub use routing::{RouterScratch, RouterSpec, RouterTables};
-pub use stream::{bias_mismatch, check_rope, check_tokens, AttentionParams, AttentionPart, Stream};
+pub use stream::{
+    bias_mismatch, check_rope, check_tokens, AttentionParams, AttentionPart, HeadMatmul, Stream,
+};
 
 /// Fails with [`BackendError::BufferTooSmall`] when `have < need`.
 pub fn check_len(

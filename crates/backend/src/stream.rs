@@ -19,8 +19,8 @@
 //! created ([`Device::stream`](crate::Device::stream)).
 
 use crate::{
-    BackendError, Device, ExpertBank, ExpertTensors, MoeInput, MoeScratch, RopeTable, Route,
-    RouterSpec, RouterTables,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors,
+    MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -104,6 +104,89 @@ impl<B> Clone for AttentionPart<'_, B> {
 }
 
 impl<B> Copy for AttentionPart<'_, B> {}
+
+/// One per-head matmul ([`Stream::head_matmul`]) over a weight matrix
+/// `W` `[rows_total, cols]` that stacks a block of `head_stride` rows per
+/// head: head `h`'s matrix `W_h` is rows `h · head_stride + first_row ..
+/// + rows` (DeepSeek's `attn_kv_b` stacks `W_uk[h]` `[nope, kv_lora]` over
+/// `W_uv[h]` `[v, kv_lora]` for each head). The input of token `t`, head
+/// `h` is `x[(t · n_heads + h) · x_stride + x_at ..]`, its output
+/// `out[(t · n_heads + h) · out_stride + out_at ..]`:
+///
+/// ```text
+/// plain:      out[t, h, o] = Σ_{i < cols} W_h[o, i] · x[t, h, i]   (o < rows)
+/// transposed: out[t, h, j] = Σ_{i < rows} W_h[i, j] · x[t, h, i]   (j < cols)
+/// ```
+///
+/// Elements of `out` outside each head's output are left as they are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeadMatmul {
+    pub n_tokens: usize,
+    pub n_heads: usize,
+    pub head_stride: usize,
+    pub first_row: usize,
+    pub rows: usize,
+    /// Multiply by each head's matrix transposed.
+    pub transpose: bool,
+    pub x_stride: usize,
+    pub x_at: usize,
+    pub out_stride: usize,
+    pub out_at: usize,
+}
+
+impl HeadMatmul {
+    /// The lengths of one head's input and output for a matrix of `cols`
+    /// columns.
+    pub fn widths(&self, cols: usize) -> (usize, usize) {
+        if self.transpose {
+            (self.rows, cols)
+        } else {
+            (cols, self.rows)
+        }
+    }
+
+    /// Checks the head blocks against the matrix `[w_rows, cols]` and the
+    /// strided rows against `x_len` and `out_len` elements.
+    pub fn check(
+        &self,
+        w_rows: usize,
+        cols: usize,
+        x_len: usize,
+        out_len: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "head_matmul";
+        let (input, output) = self.widths(cols);
+        let last_row = (self.n_heads.max(1) - 1)
+            .checked_mul(self.head_stride)
+            .and_then(|r| r.checked_add(self.first_row))
+            .and_then(|r| r.checked_add(self.rows));
+        let bad = |detail: String| Err(BackendError::Shape { op: OP, detail });
+        if self.rows == 0 || self.first_row + self.rows > self.head_stride {
+            return bad(format!(
+                "rows {}..{} of a {}-row head block",
+                self.first_row,
+                self.first_row + self.rows,
+                self.head_stride
+            ));
+        }
+        if last_row.is_none_or(|r| r > w_rows) {
+            return bad(format!(
+                "{} heads of {} rows need more than the matrix's {w_rows}",
+                self.n_heads, self.head_stride
+            ));
+        }
+        if self.x_at + input > self.x_stride || self.out_at + output > self.out_stride {
+            return bad(format!(
+                "a head's input ({input} at {} of {}) or output ({output} at {} of {}) \
+                 overruns its stride",
+                self.x_at, self.x_stride, self.out_at, self.out_stride
+            ));
+        }
+        let heads = self.n_tokens * self.n_heads;
+        crate::check_len(OP, "x", x_len, heads * self.x_stride)?;
+        crate::check_len(OP, "out", out_len, heads * self.out_stride)
+    }
+}
 
 /// Checks that `table` rotates at most `head_dim` dimensions in pairs.
 pub fn check_rope(table: &RopeTable, head_dim: usize) -> Result<(), BackendError> {
@@ -234,6 +317,20 @@ pub trait Stream<D: Device>: Send {
         n: usize,
         out: &mut D::Buf,
     ) -> Result<(), BackendError>;
+    /// The per-head matmul `p` describes (see [`HeadMatmul`]): one small
+    /// matrix per head, stored as row blocks of one (possibly quantized)
+    /// weight, used as it is or transposed. Latent attention needs it; a
+    /// backend without it says so.
+    fn head_matmul(
+        &mut self,
+        w: &D::Matrix,
+        x: &D::Buf,
+        p: &HeadMatmul,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (w, x, p, out);
+        Err(BackendError::Unsupported { op: "head_matmul" })
+    }
     /// `x[t, i] += bias[i]` for `t < n`.
     fn add_bias(&mut self, x: &mut D::Buf, bias: &D::Vector, n: usize) -> Result<(), BackendError>;
     /// RMS norm of each of `rows` rows of width `dim`, in place:
@@ -337,6 +434,55 @@ pub trait Stream<D: Device>: Send {
         gate: &D::Buf,
         len: usize,
     ) -> Result<(), BackendError>;
+    /// `x[t, i] *= sigmoid(gate[t])` for `t < rows`, `i < dim`: one gate
+    /// logit per row (a gated shared expert).
+    fn mul_sigmoid_rows(
+        &mut self,
+        x: &mut D::Buf,
+        gate: &D::Buf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        let _ = (x, gate, rows, dim);
+        Err(BackendError::Unsupported {
+            op: "mul_sigmoid_rows",
+        })
+    }
+    /// Depthwise causal convolution with SiLU over `x` `[n_tokens,
+    /// channels]` into `out`, continuing from `state` (the last `kernel −
+    /// 1` inputs before `x`, oldest first), which it then replaces by the
+    /// last `kernel − 1` inputs including `x`; see [`ConvParams`]. A
+    /// backend without gated DeltaNet says so.
+    fn causal_conv1d_silu(
+        &mut self,
+        x: &D::Buf,
+        state: &mut D::Buf,
+        weight: &D::Vector,
+        params: &ConvParams,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (x, state, weight, params, out);
+        Err(BackendError::Unsupported {
+            op: "causal_conv1d_silu (gated DeltaNet)",
+        })
+    }
+    /// The gated delta rule over `n_tokens` tokens, token after token,
+    /// continuing from `state` `[v_heads, k_head_dim, v_head_dim]` and
+    /// leaving the state after the last token there; `out` is `[n_tokens,
+    /// v_heads · v_head_dim]`. See [`DeltaNetParams`]. A backend without
+    /// gated DeltaNet says so.
+    fn gated_delta_rule(
+        &mut self,
+        input: DeltaNetInput<'_, D>,
+        params: &DeltaNetParams,
+        state: &mut D::Buf,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (input, params, state, out);
+        Err(BackendError::Unsupported {
+            op: "gated_delta_rule (gated DeltaNet)",
+        })
+    }
     /// `x[i] = c · tanh(x[i] / c)` for `i < len`.
     fn softcap(&mut self, x: &mut D::Buf, len: usize, cap: f32) -> Result<(), BackendError>;
 

@@ -34,6 +34,7 @@ const TINY_FAMILIES: &[&str] = &[
     "glm4_moe",
     "gemma4",
     "deepseek_v3",
+    "qwen3_5_moe",
 ];
 
 fn turbospark(args: &[&str]) -> Output {

@@ -131,6 +131,27 @@ fn check_fixture(dir: &Path, work: &Path) {
             assert_eq!(l["window"].as_u64(), want, "{name} layer {i} window");
         }
     }
+    if let Some(k_heads) = first_u64(cfg, &["linear_num_key_heads"]) {
+        // Gated DeltaNet: its widths, and which layers it mixes.
+        let d = &arch["delta_net"];
+        assert_eq!(u(&d["k_heads"]), k_heads, "{name} DeltaNet key heads");
+        for (key, field) in [
+            ("linear_num_value_heads", "v_heads"),
+            ("linear_key_head_dim", "k_head_dim"),
+            ("linear_value_head_dim", "v_head_dim"),
+            ("linear_conv_kernel_dim", "conv_kernel"),
+        ] {
+            assert_eq!(d[field], cfg[key], "{name} {key}");
+        }
+        let types = cfg["layer_types"].as_array().unwrap();
+        for (i, (t, l)) in types.iter().zip(layers).enumerate() {
+            let want = match t.as_str() {
+                Some("linear_attention") => Value::from("delta_net"),
+                _ => Value::Null,
+            };
+            assert_eq!(l["mixer"], want, "{name} layer {i} mixer");
+        }
+    }
     if let Some(overrides) = cfg.get("per_layer_config").and_then(Value::as_object) {
         for (i, o) in overrides {
             let l = &layers[i.parse::<usize>().unwrap()];

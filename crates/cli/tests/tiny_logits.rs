@@ -9,7 +9,9 @@
 //! - `max|ours − hf| / max|hf| ≤ 1e-4`, and
 //! - the same argmax;
 //!
-//! and decode must agree with prefill to the same tolerance. MoE families
+//! and decode must agree with prefill to the same tolerance (and with HF's
+//! own cached decode, `decode_logits.npy`, where the fixture has it: the
+//! recurrent families). MoE families
 //! are run once more with streamed experts in top_k slots, which must match
 //! HF the same way and the default logits bit for bit. The reference is
 //! HF's output, independent of this code.
@@ -32,6 +34,7 @@ const FAMILIES: &[&str] = &[
     "glm4_moe",
     "gemma4",
     "deepseek_v3",
+    "qwen3_5_moe",
 ];
 
 fn fixtures() -> PathBuf {
@@ -196,6 +199,14 @@ fn tiny_fixtures_match_hf_logits() {
         println!(
             "{family:>13}: max rel error vs HF {vs_hf:.2e} (decode {decode_vs_hf:.2e}), decode vs prefill {decode_vs_prefill:.2e}"
         );
+        // Families with a recurrent state also carry HF's own cached decode.
+        let hf_decode_path = dir.join("decode_logits.npy");
+        if hf_decode_path.is_file() {
+            let (s, hf_decode) = read_npy(&hf_decode_path);
+            assert_eq!(s, hf_shape, "{family}: HF decode logits shape");
+            let d = compare(family, "decode vs HF decode", &decoded, &hf_decode, vocab);
+            println!("{family:>13}: decode vs HF's cached decode {d:.2e}");
+        }
 
         // Streamed experts in the fewest slots: against HF too, and bit for
         // bit the default (resident) logits.

@@ -57,6 +57,7 @@ families! {
     Gemma4 => "gemma4",
     Glm4Moe => "glm4_moe",
     DeepseekV3 => "deepseek_v3",
+    Qwen35Moe => "qwen3_5_moe",
 }
 
 impl fmt::Display for Family {
@@ -219,6 +220,10 @@ pub struct MoeSpec {
     pub shared_intermediate: Option<usize>,
     /// A dense MLP runs beside the experts and is summed with them (Gemma 4).
     pub parallel_dense: bool,
+    /// The shared expert's output is scaled by `sigmoid(w·x)`, one learned
+    /// row `ffn_gate_inp_shexp` (Qwen2-MoE, Qwen3.5).
+    #[serde(default)]
+    pub shared_gate: bool,
 }
 
 /// Feed-forward block of one layer.
@@ -245,6 +250,72 @@ pub struct LayerSpec {
     /// (before k norm and rope), then the v norm (Gemma 4 full layers with
     /// `attention_k_eq_v`).
     pub value_from_key: bool,
+    /// What mixes the tokens: attention over a KV cache, or a gated
+    /// DeltaNet recurrence ([`DeltaNetSpec`]).
+    #[serde(default, skip_serializing_if = "Mixer::is_attention")]
+    pub mixer: Mixer,
+}
+
+/// The token mixer of a layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mixer {
+    /// Softmax attention over the layer's KV cache.
+    #[default]
+    Attention,
+    /// Gated DeltaNet linear attention ([`ArchSpec::delta_net`]): a
+    /// constant-size recurrent state per sequence instead of a KV cache.
+    DeltaNet,
+}
+
+impl Mixer {
+    pub fn is_attention(&self) -> bool {
+        *self == Mixer::Attention
+    }
+}
+
+/// Gated DeltaNet (Yang et al. 2024; HF `Qwen3_5MoeGatedDeltaNet` of
+/// transformers 5.24.0), the linear-attention layers of Qwen3-Next and
+/// Qwen3.5/3.6. For a token `x` (after the layer's input norm):
+///
+/// ```text
+/// c      = silu(conv1d_causal(W_qkv·x))    depthwise, kernel `conv_kernel`, state: the last k−1 inputs
+/// q, k, v = split(c)                        q, k [k_heads, k_head_dim], v [v_heads, v_head_dim]
+/// q, k   = l2norm(q)·k_head_dim^-½, l2norm(k);  each k head serves v_heads/k_heads consecutive v heads
+/// β      = sigmoid(W_b·x) ;  g = −exp(A_log) · softplus(W_a·x + dt_bias)      per v head
+/// S      = S·exp(g) ;  S += k ⊗ β(v − Sᵀk) ;  o = Sᵀq                        S [v_heads, k_head_dim, v_head_dim]
+/// out    = W_out · (rms(o)·w ⊙ silu(W_z·x))                                  per v head, plain weight
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeltaNetSpec {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_head_dim: usize,
+    pub v_head_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetSpec {
+    /// Width of the q and k parts of the mixed projection.
+    pub const fn key_dim(&self) -> usize {
+        self.k_heads * self.k_head_dim
+    }
+    /// Width of the v part (and of the output before `W_out`).
+    pub const fn value_dim(&self) -> usize {
+        self.v_heads * self.v_head_dim
+    }
+    /// Channels of the convolution: `[q, k, v]`.
+    pub const fn conv_dim(&self) -> usize {
+        2 * self.key_dim() + self.value_dim()
+    }
+    /// Elements of one layer's convolution state, `[conv_kernel − 1, conv_dim]`.
+    pub const fn conv_state_len(&self) -> usize {
+        (self.conv_kernel - 1) * self.conv_dim()
+    }
+    /// Elements of one layer's recurrent state, `[v_heads, k_head_dim, v_head_dim]`.
+    pub const fn recurrent_state_len(&self) -> usize {
+        self.v_heads * self.k_head_dim * self.v_head_dim
+    }
 }
 
 /// Attention options shared by all layers.
@@ -258,6 +329,11 @@ pub struct AttentionSpec {
     pub sinks: bool,
     /// `o *= sigmoid(x · W_gate)` before the output projection (Muse Glimmer).
     pub output_gate: bool,
+    /// The same output gate, its rows inside the q projection: per head,
+    /// `head_dim` query rows then `head_dim` gate rows (Qwen3.5 `q_proj`,
+    /// llama.cpp's `attn_q` of `qwen35moe`).
+    #[serde(default)]
+    pub gate_in_q: bool,
     /// Multiplier on `q·k` (usually `head_dim^-0.5`).
     pub scale: f32,
     /// `c · tanh(s / c)` on attention scores.
@@ -290,7 +366,7 @@ impl AttentionSpec {
 /// values alike), and `o_h = W_uv[h]·(Σ p·c)`. Each layer's [`LayerSpec`]
 /// carries that latent head (`head_dim = qk_rope_head_dim + kv_lora_rank`,
 /// one KV head, rope over its first `qk_rope_head_dim` dims).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct MlaSpec {
     /// Rank of the low-rank query (`q_a`/`q_b`); `None`: one `q` projection.
     pub q_lora_rank: Option<usize>,
@@ -298,6 +374,28 @@ pub struct MlaSpec {
     pub qk_nope_head_dim: usize,
     pub qk_rope_head_dim: usize,
     pub v_head_dim: usize,
+    /// How the checkpoint stores `kv_b`.
+    #[serde(default)]
+    pub kv_b: KvBLayout,
+    /// Eps of the `q_a` and `kv_a` norms: 1e-6 in HF (`DeepseekV3RMSNorm`'s
+    /// default, whatever `rms_norm_eps` says); llama.cpp uses the file's
+    /// one `layer_norm_rms_epsilon` for every norm.
+    #[serde(default = "MlaSpec::default_norm_eps")]
+    pub norm_eps: f32,
+}
+
+/// The layout of latent attention's key/value up-projection.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvBLayout {
+    /// HF `kv_b_proj`: one `attn_kv_b` `[heads · (nope + v), kv_lora]`,
+    /// per head `W_uk[h]` `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`.
+    #[default]
+    Fused,
+    /// llama.cpp's converter (`deepseek2`): `attn_k_b` `[heads, kv_lora,
+    /// nope]` holding each `W_uk[h]ᵀ`, and `attn_v_b` `[heads, v, kv_lora]`
+    /// holding each `W_uv[h]`.
+    Split,
 }
 
 impl MlaSpec {
@@ -309,9 +407,13 @@ impl MlaSpec {
     pub const fn latent_head_dim(&self) -> usize {
         self.qk_rope_head_dim + self.kv_lora_rank
     }
-    /// Eps of the `q_a` and `kv_a` norms (HF builds them with the default
+    /// Eps of HF's `q_a` and `kv_a` norms (it builds them with the default
     /// `DeepseekV3RMSNorm` eps, not `rms_norm_eps`).
-    pub const NORM_EPS: f32 = 1e-6;
+    pub const HF_NORM_EPS: f32 = 1e-6;
+
+    fn default_norm_eps() -> f32 {
+        Self::HF_NORM_EPS
+    }
 }
 
 /// Embedding lookup post-processing.
@@ -383,6 +485,10 @@ pub struct ArchSpec {
     /// Multi-head latent attention in every layer (DeepSeek-V3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mla: Option<MlaSpec>,
+    /// The gated DeltaNet of the layers whose mixer is
+    /// [`Mixer::DeltaNet`] (Qwen3.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_net: Option<DeltaNetSpec>,
     pub layers: Vec<LayerSpec>,
 }
 
@@ -404,9 +510,10 @@ impl ArchSpec {
     /// repeated, for `inspect`.
     pub fn layer_pattern(&self) -> String {
         let describe = |l: &LayerSpec| {
-            let attn = match l.window {
-                Some(w) => format!("swa{w}"),
-                None => "full".to_string(),
+            let attn = match (l.mixer, l.window) {
+                (Mixer::DeltaNet, _) => "deltanet".to_string(),
+                (Mixer::Attention, Some(w)) => format!("swa{w}"),
+                (Mixer::Attention, None) => "full".to_string(),
             };
             let rope = match &l.rope {
                 Some(r) => format!("rope{}", r.theta),
@@ -492,6 +599,23 @@ impl ArchSpec {
                     a.qk_rope_head_dim
                 ));
             }
+        }
+        let delta_layers = self.layers.iter().any(|l| l.mixer == Mixer::DeltaNet);
+        match (&self.delta_net, delta_layers) {
+            (None, true) => return Err("DeltaNet layers without a DeltaNet spec".into()),
+            (Some(d), _) => {
+                if [d.k_heads, d.v_heads, d.k_head_dim, d.v_head_dim].contains(&0)
+                    || d.conv_kernel < 2
+                    || d.v_heads % d.k_heads != 0
+                {
+                    return Err(format!(
+                        "DeltaNet: {} value heads of {} over {} key heads of {}, conv kernel {} \
+                         (heads and widths positive, value heads a multiple of key heads, kernel ≥ 2)",
+                        d.v_heads, d.v_head_dim, d.k_heads, d.k_head_dim, d.conv_kernel
+                    ));
+                }
+            }
+            (None, false) => {}
         }
         if let Some(m) = &self.moe {
             if m.top_k == 0 || m.top_k > m.num_experts {

@@ -44,7 +44,7 @@ pub(crate) fn rms_norm(x: &mut [f32], dim: usize, spec: NormSpec, weight: Option
     }
 }
 
-fn sigmoid(x: f32) -> f32 {
+pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 

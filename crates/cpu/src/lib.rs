@@ -23,11 +23,13 @@
 //! weights repacked at upload, SIMD attention, GLU and RMS norm.
 
 mod attention;
+mod delta_net;
 mod dequant;
 mod device;
 mod disjoint;
 mod elementwise;
 pub mod ggml;
+mod head_matmul;
 mod kernels;
 mod matmul;
 mod moe;

@@ -9,12 +9,14 @@ use crate::pool::split;
 use crate::scratch::StreamScratch;
 use crate::stream::{add_bias_slice, parallel, CpuStream};
 use crate::types::{CpuBank, CpuBuf, CpuHostBuf, CpuMatrix, CpuRoutes, CpuVector};
-use crate::{check_len, elementwise, ggml, kernels, moe, rope, shape_err, CpuDevice};
+use crate::{
+    check_len, delta_net, elementwise, ggml, head_matmul, kernels, moe, rope, shape_err, CpuDevice,
+};
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
     bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, AttentionPart,
-    BackendError, ExpertTensors, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec,
-    RouterTables, Stream,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors,
+    HeadMatmul, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -144,6 +146,20 @@ impl Stream<CpuDevice> for CpuStream {
         out: &mut CpuBuf,
     ) -> Result<(), BackendError> {
         self.matmul_slices(w, x.f32s("matmul", "x")?, n, out.f32s_mut("matmul", "out")?)
+    }
+
+    fn head_matmul(
+        &mut self,
+        w: &CpuMatrix,
+        x: &CpuBuf,
+        p: &HeadMatmul,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        let x = x.f32s("head_matmul", "x")?;
+        let out = out.f32s_mut("head_matmul", "out")?;
+        p.check(w.rows, w.cols, x.len(), out.len())?;
+        let threads = &mut self.scratch.threads;
+        head_matmul::head_matmul(&self.pool, threads, w, x, p, out)
     }
 
     fn add_bias(&mut self, x: &mut CpuBuf, bias: &CpuVector, n: usize) -> Result<(), BackendError> {
@@ -580,6 +596,82 @@ impl Stream<CpuDevice> for CpuStream {
         check_len("mul_sigmoid", "x", x.len(), len)?;
         check_len("mul_sigmoid", "gate", gate.len(), len)?;
         elementwise::mul_sigmoid(&mut x[..len], &gate[..len]);
+        Ok(())
+    }
+
+    fn mul_sigmoid_rows(
+        &mut self,
+        x: &mut CpuBuf,
+        gate: &CpuBuf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "mul_sigmoid_rows";
+        let x = x.f32s_mut(OP, "x")?;
+        let gate = gate.f32s(OP, "gate")?;
+        check_len(OP, "x", x.len(), rows * dim)?;
+        check_len(OP, "gate", gate.len(), rows)?;
+        if dim > 0 {
+            for (row, &g) in x[..rows * dim].chunks_exact_mut(dim).zip(gate) {
+                let s = elementwise::sigmoid(g);
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        Ok(())
+    }
+
+    fn causal_conv1d_silu(
+        &mut self,
+        x: &CpuBuf,
+        state: &mut CpuBuf,
+        weight: &CpuVector,
+        params: &ConvParams,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "causal_conv1d_silu";
+        let x = x.f32s(OP, "x")?;
+        let state = state.f32s_mut(OP, "state")?;
+        let out = out.f32s_mut(OP, "out")?;
+        params.check(x.len(), state.len(), weight.data.len(), out.len())?;
+        delta_net::causal_conv1d_silu(x, state, &weight.data, params, out);
+        Ok(())
+    }
+
+    fn gated_delta_rule(
+        &mut self,
+        input: DeltaNetInput<'_, CpuDevice>,
+        params: &DeltaNetParams,
+        state: &mut CpuBuf,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "gated_delta_rule";
+        let state = state.f32s_mut(OP, "state")?;
+        let out = out.f32s_mut(OP, "out")?;
+        params.check(&DeltaNetLens {
+            qkv: input.qkv.len(),
+            alpha: input.alpha.len(),
+            beta: input.beta.len(),
+            a_log: input.a_log.data.len(),
+            dt_bias: input.dt_bias.data.len(),
+            state: state.len(),
+            out: out.len(),
+        })?;
+        let qk = &mut self.scratch.delta_qk;
+        if qk.len() < 2 * params.k_head_dim {
+            return Err(BackendError::ScratchTooSmall {
+                op: OP,
+                need: 2 * params.k_head_dim,
+                have: qk.len(),
+            });
+        }
+        let inputs = delta_net::Inputs {
+            qkv: input.qkv.f32s(OP, "qkv")?,
+            alpha: input.alpha.f32s(OP, "alpha")?,
+            beta: input.beta.f32s(OP, "beta")?,
+            a_log: &input.a_log.data,
+            dt_bias: &input.dt_bias.data,
+        };
+        delta_net::gated_delta_rule(&inputs, params, state, qk, out);
         Ok(())
     }
 

@@ -59,6 +59,9 @@ pub(crate) struct StreamScratch {
     pub fast_act: crate::kernels::ActScratch,
     /// Router values, scores and choices of one token.
     pub router: RouterScratch,
+    /// One normalised query and key head of the gated delta rule
+    /// `[2 · max_head_dim]`.
+    pub delta_qk: Vec<f32>,
 }
 
 impl StreamScratch {
@@ -116,6 +119,7 @@ impl StreamScratch {
             act,
             fast_act,
             router: RouterScratch::new(limits.max_experts),
+            delta_qk: vec![0.0; 2 * limits.max_head_dim],
         }
     }
 }

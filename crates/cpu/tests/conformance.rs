@@ -14,7 +14,9 @@ fn run_on(numerics: Numerics, isa: Isa) -> Result<(), ConformanceError> {
             .expect("thread pool")
             .with_numerics(numerics)
             .with_isa(isa);
-        conformance::check_all(&device, &Tolerances::for_numerics(numerics))?;
+        let tol = Tolerances::for_numerics(numerics);
+        conformance::check_all(&device, &tol)?;
+        conformance::check_delta_net(&device, &tol)?;
     }
     Ok(())
 }

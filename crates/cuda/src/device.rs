@@ -9,15 +9,18 @@
 //! projection so that one launch reaches any of them.
 
 use crate::kernels::Kernels;
+use crate::memory::runtime;
 use crate::memory::{DevMem, PinnedF32};
 use crate::stream::CudaStream;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector, Stacked};
-use crate::{nvrtc, CudaError};
+use crate::{layout, nvrtc, CudaError};
 use cudarc::driver::CudaContext;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use turbospark_backend::{
     BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics,
 };
+use turbospark_core::QuantFormat;
 
 /// One CUDA GPU (see the module docs).
 pub struct CudaDevice {
@@ -26,6 +29,9 @@ pub struct CudaDevice {
     numerics: Numerics,
     name: String,
     capability: (i32, i32),
+    /// The widest matrix input uploaded so far (columns), which sizes a
+    /// new stream's quantized-activation scratch.
+    pub(crate) widest: AtomicUsize,
 }
 
 impl CudaDevice {
@@ -65,6 +71,7 @@ impl CudaDevice {
             numerics,
             name,
             capability,
+            widest: AtomicUsize::new(0),
         })
     }
 
@@ -83,6 +90,45 @@ impl CudaDevice {
         DevMem::from_host(&self.ctx, &bytes, what)
     }
 
+    /// Copies `bytes` (`rows` rows of `host_row_bytes` in `format`, as the
+    /// host holds them) to byte `at` of `dst`, in the device layout
+    /// ([`crate::layout`]); synchronous.
+    #[allow(clippy::too_many_arguments)]
+    fn upload_rows(
+        &self,
+        dst: &DevMem,
+        at: usize,
+        bytes: &[u8],
+        format: QuantFormat,
+        rows: usize,
+        host_row_bytes: usize,
+        what: &'static str,
+    ) -> Result<(), BackendError> {
+        if layout::split_parts(format).is_none() {
+            return dst.upload_at(at, bytes, what);
+        }
+        let need = rows * layout::device_row_bytes(format, host_row_bytes);
+        if at + need > dst.bytes {
+            return Err(BackendError::OutOfBounds {
+                start: at,
+                end: at + need,
+                len: dst.bytes,
+            });
+        }
+        let staging = DevMem::from_host(&self.ctx, bytes, what)?;
+        let stream = self.ctx.default_stream();
+        layout::queue_split(
+            &self.kernels,
+            &stream,
+            format,
+            staging.ptr,
+            dst.ptr + at as u64,
+            rows,
+            host_row_bytes,
+        )?;
+        stream.synchronize().map_err(runtime(what))
+    }
+
     /// Stacks one projection of every expert.
     fn stack(
         &self,
@@ -91,7 +137,8 @@ impl CudaDevice {
         shape: [usize; 2],
     ) -> Result<Stacked, BackendError> {
         let first = pick(&experts[0]);
-        let (_, _, rb) = first.matrix_layout()?;
+        let (_, _, host_rb) = first.matrix_layout()?;
+        let rb = layout::device_row_bytes(first.format, host_rb);
         let slot_bytes = shape[0] * rb;
         let mem = DevMem::zeroed(&self.ctx, slot_bytes * experts.len(), "upload_bank")?;
         for (s, e) in experts.iter().enumerate() {
@@ -106,12 +153,21 @@ impl CudaDevice {
                     ),
                 });
             }
-            mem.upload_at(s * slot_bytes, t.bytes.as_slice(), "upload_bank")?;
+            self.upload_rows(
+                &mem,
+                s * slot_bytes,
+                t.bytes.as_slice(),
+                t.format,
+                rows,
+                host_rb,
+                "upload_bank",
+            )?;
         }
         Ok(Stacked {
             format: first.format,
             rows: shape[0],
             row_bytes: rb,
+            host_row_bytes: host_rb,
             mem,
         })
     }
@@ -188,13 +244,18 @@ impl Device for CudaDevice {
     }
 
     fn upload_matrix(&self, t: &HostTensor) -> Result<CudaMatrix, BackendError> {
-        let (rows, cols, rb) = t.matrix_layout()?;
+        let (rows, cols, host_rb) = t.matrix_layout()?;
+        let rb = layout::device_row_bytes(t.format, host_rb);
+        let mem = DevMem::zeroed(&self.ctx, rows * rb, "upload_matrix")?;
+        let bytes = t.bytes.as_slice();
+        self.upload_rows(&mem, 0, bytes, t.format, rows, host_rb, "upload_matrix")?;
+        self.widest.fetch_max(cols, Ordering::Relaxed);
         Ok(CudaMatrix {
             format: t.format,
             rows,
             cols,
             row_bytes: rb,
-            mem: DevMem::from_host(&self.ctx, t.bytes.as_slice(), "upload_matrix")?,
+            mem,
         })
     }
 
@@ -222,6 +283,7 @@ impl Device for CudaDevice {
             });
         };
         let (inter, hidden, _) = first.gate.matrix_layout()?;
+        self.widest.fetch_max(hidden.max(inter), Ordering::Relaxed);
         let gate = self.stack(experts, |e| &e.gate, [inter, hidden])?;
         let up = self.stack(experts, |e| &e.up, [inter, hidden])?;
         let down = self.stack(experts, |e| &e.down, [hidden, inter])?;

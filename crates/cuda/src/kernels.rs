@@ -45,6 +45,66 @@ impl PerFormat {
     }
 }
 
+/// The fast-numerics kernels of one split format (`kernels/q8dot.cu`):
+/// activations quantized to 8 bits in the order the format's codes decode,
+/// and the products that read them.
+pub(crate) struct Q8Set {
+    pub quantize: CudaFunction,
+    pub matmul: CudaFunction,
+    pub gate_up: CudaFunction,
+    pub down: CudaFunction,
+    pub gate_up_grouped: CudaFunction,
+    pub down_grouped: CudaFunction,
+    /// Tensor-core versions for batches (`kernels/mmq.cu`).
+    pub mmq_matmul: CudaFunction,
+    pub mmq_gate_up: CudaFunction,
+    pub mmq_down: CudaFunction,
+    /// The same through shared-memory tiles (`kernels/mmq2.cu`).
+    pub mq_matmul: CudaFunction,
+    pub mq_gate_up: CudaFunction,
+    pub mq_down: CudaFunction,
+}
+
+impl Q8Set {
+    fn load(m: &Arc<CudaModule>, fmt: QuantFormat, order: &str) -> Result<Q8Set, CudaError> {
+        let f = |name: String| {
+            m.load_function(&name)
+                .map_err(CudaError::driver("loading a kernel"))
+        };
+        let n = fmt.name();
+        Ok(Q8Set {
+            quantize: f(format!("quantize_q8_{order}"))?,
+            matmul: f(format!("matmul_q8x_{n}"))?,
+            gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
+            down: f(format!("moe_down_q8x_{n}"))?,
+            gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
+            down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
+            mmq_matmul: f(format!("mmq_matmul_{n}"))?,
+            mmq_gate_up: f(format!("mmq_gate_up_{n}"))?,
+            mmq_down: f(format!("mmq_down_{n}"))?,
+            mq_matmul: f(format!("mq_matmul_{n}"))?,
+            mq_gate_up: f(format!("mq_gate_up_{n}"))?,
+            mq_down: f(format!("mq_down_{n}"))?,
+        })
+    }
+}
+
+/// [`Q8Set`]s of the formats that have them.
+pub(crate) struct Q8Kernels {
+    q8_0: Q8Set,
+    mxfp4: Q8Set,
+}
+
+impl Q8Kernels {
+    pub(crate) fn get(&self, fmt: QuantFormat) -> Option<&Q8Set> {
+        match fmt {
+            QuantFormat::Q8_0 => Some(&self.q8_0),
+            QuantFormat::Mxfp4 => Some(&self.mxfp4),
+            _ => None,
+        }
+    }
+}
+
 /// Every kernel of the module.
 pub(crate) struct Kernels {
     pub matmul: PerFormat,
@@ -54,6 +114,13 @@ pub(crate) struct Kernels {
     pub moe_gate_up_grouped: PerFormat,
     pub moe_down_grouped: PerFormat,
     pub moe_group: CudaFunction,
+    pub causal_conv1d_silu: CudaFunction,
+    pub gated_delta_rule: CudaFunction,
+    pub mul_sigmoid_rows: CudaFunction,
+    pub head_plain: PerFormat,
+    pub head_t: PerFormat,
+    pub q8: Q8Kernels,
+    pub split_rows: CudaFunction,
     pub add_bias: CudaFunction,
     pub add: CudaFunction,
     pub scale: CudaFunction,
@@ -108,6 +175,16 @@ impl Kernels {
             moe_gate_up_grouped: PerFormat::load(&m, "moe_gate_up_grouped")?,
             moe_down_grouped: PerFormat::load(&m, "moe_down_grouped")?,
             moe_group: f("moe_group")?,
+            causal_conv1d_silu: f("causal_conv1d_silu")?,
+            gated_delta_rule: f("gated_delta_rule")?,
+            mul_sigmoid_rows: f("mul_sigmoid_rows")?,
+            head_plain: PerFormat::load(&m, "head_plain")?,
+            head_t: PerFormat::load(&m, "head_t")?,
+            q8: Q8Kernels {
+                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural")?,
+                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4")?,
+            },
+            split_rows: f("split_rows")?,
             add_bias: f("add_bias")?,
             add: f("add")?,
             scale: f("scale")?,
@@ -177,6 +254,8 @@ pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
 }
 
 pub(crate) const MAX_ROPE_PAIRS: usize = 256;
+/// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
+pub(crate) const CONV_MAX_PAST: usize = 16;
 pub(crate) const MAX_EMBED_TOKENS: usize = 256;
 pub(crate) const MAX_ROUTE_EXPERTS: usize = 512;
 pub(crate) const MAX_TOP_K: usize = 32;
@@ -185,6 +264,24 @@ pub(crate) const MAX_GROUPS: usize = 64;
 pub(crate) const MM_WARPS: usize = 8;
 /// Tokens per block of the matmul kernel (`MM_TOKENS`).
 pub(crate) const MM_TOKENS: usize = 4;
+/// Rows and threads per block of the fast matrix-vector kernels
+/// (`Q8_BLOCK_ROWS`, `Q8_WARPS` in `kernels/q8dot.cu`).
+pub(crate) const Q8_BLOCK_ROWS: usize = 16;
+pub(crate) const Q8_THREADS: u32 = 128;
+/// Threads, rows and tokens of a tensor-core block (`kernels/mmq.cu`):
+/// dense and down blocks take 32 rows, gate/up blocks 16 (gate and up).
+pub(crate) const MMQ_THREADS: u32 = 128;
+/// Threads of a routed-experts tensor-core block (one warp).
+pub(crate) const MMQ_MOE_THREADS: u32 = 32;
+pub(crate) const MMQ_ROWS: usize = 32;
+pub(crate) const MMQ_TOKENS: usize = 128;
+/// Rows and tokens of a shared-memory tensor-core tile (`kernels/mmq2.cu`;
+/// gate/up tiles hold MQ_BM / 2 rows of each).
+pub(crate) const MQ_BM: usize = 64;
+pub(crate) const MQ_BN: usize = 64;
+/// Batches from which the tensor-core kernels take over (the same bits
+/// either way; only speed decides).
+pub(crate) const MMQ_MIN_TOKENS: usize = 16;
 
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -193,6 +290,20 @@ pub(crate) struct RopeParams {
     pub attention_factor: f32,
     pub pairs: i32,
     pub kind: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct HeadParams {
+    pub n_tokens: i32,
+    pub n_heads: i32,
+    pub head_stride: i32,
+    pub first_row: i32,
+    pub rows: i32,
+    pub x_stride: i32,
+    pub x_at: i32,
+    pub out_stride: i32,
+    pub out_at: i32,
 }
 
 #[repr(C)]

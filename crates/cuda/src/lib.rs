@@ -20,8 +20,10 @@
 pub mod device;
 pub mod error;
 mod kernels;
+mod layout;
 mod memory;
 pub mod nvrtc;
+mod staging;
 pub mod stream;
 pub mod types;
 

@@ -12,13 +12,19 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 6] = [
+const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
+    ("layout.cu", include_str!("kernels/layout.cu")),
+    ("headmm.cu", include_str!("kernels/headmm.cu")),
+    ("deltanet.cu", include_str!("kernels/deltanet.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("route.cu", include_str!("kernels/route.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
+    ("q8dot.cu", include_str!("kernels/q8dot.cu")),
+    ("mmq.cu", include_str!("kernels/mmq.cu")),
+    ("mmq2.cu", include_str!("kernels/mmq2.cu")),
 ];
 
 /// The whole translation unit, with `#line` markers so that compiler
@@ -56,8 +62,14 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
-/// PTX for `compute_{major}{minor}`, compiled now.
+/// PTX of the kernels for `compute_{major}{minor}`, compiled now.
 pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
+    compile_source(source(), major, minor)
+}
+
+/// PTX of `src` for `compute_{major}{minor}`; a failed compile is
+/// [`CudaError::Compile`] with NVRTC's log.
+pub fn compile_source(src: String, major: i32, minor: i32) -> Result<String, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc);
     }
@@ -66,11 +78,10 @@ pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         ..Default::default()
     };
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
-            arch: arch.clone(),
-            log: compile_log(e),
-        })?;
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| CudaError::Compile {
+        arch: arch.clone(),
+        log: compile_log(e),
+    })?;
     Ok(ptx.to_src())
 }
 

@@ -10,17 +10,21 @@
 //! a fault inside a kernel surfaces there as [`BackendError::Runtime`].
 
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
+use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
+use crate::staging;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
     bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
-    DType, Device, ExpertTensors, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route,
-    RouterSpec, RouterTables, Stream,
+    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertTensors,
+    HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables,
+    Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
+use turbospark_core::QuantFormat;
 
 /// Threads of the element-wise kernels' blocks.
 const THREADS: u32 = 256;
@@ -43,6 +47,19 @@ pub struct CudaStream {
     /// A recorded decode step's `{token, position}` (two i32), which the
     /// position-dependent kernels read while a step is recorded.
     step: DevMem,
+    /// Quantized activations of the fast kernels (`kernels/q8dot.cu`):
+    /// a matmul's or MoE call's input, then the MoE activations.
+    q8: DevMem,
+    /// Pinned staging of `fill_slot` (see [`crate::staging`]).
+    ring: staging::Ring,
+    /// The input whose 8-bit quantization the scratch holds — `(address,
+    /// values, kernel order)` — while only matmuls have run since: q, k
+    /// and v projections of one input quantize it once.
+    quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
+    /// Whether batches use the shared-memory tensor-core kernels
+    /// (`kernels/mmq2.cu`) rather than the register-only ones (`mmq.cu`),
+    /// which `TURBOSPARK_CUDA_MMQ=1` selects (same bits, for comparison).
+    tiles: bool,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -81,6 +98,11 @@ impl CudaStream {
         let stream = ctx.new_stream().map_err(runtime("stream"))?;
         let act_len = limits.max_routes * limits.max_expert_intermediate;
         let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
+        let widest = dev.widest.load(std::sync::atomic::Ordering::Relaxed);
+        let q8_bytes = match dev.numerics() {
+            Numerics::Fast => Q8Regions::new(limits.max_tokens * widest, act_len).bytes,
+            _ => 0,
+        };
         Ok(CudaStream {
             stream,
             k: dev.kernels.clone(),
@@ -90,6 +112,10 @@ impl CudaStream {
             order: zeroed(limits.max_routes * 4)?,
             offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
             step: zeroed(8)?,
+            q8: zeroed(q8_bytes)?,
+            ring: staging::Ring::default(),
+            quantized: std::cell::Cell::new(None),
+            tiles: std::env::var("TURBOSPARK_CUDA_MMQ").map_or(true, |v| v != "1"),
             recording: false,
             graph: None,
             ctx,
@@ -122,12 +148,76 @@ impl CudaStream {
         self.numerics
     }
 
+    /// Binds the context for `op`. Every op starts here, which is also
+    /// where the reuse of quantized activations ends (see `quantized`):
+    /// any op but a matmul may write the buffer they came from.
     fn bind(&self, op: &'static str) -> Result<(), BackendError> {
+        if op != "matmul" {
+            self.quantized.set(None);
+        }
         self.ctx.bind_to_thread().map_err(runtime(op))
     }
 
     fn raw(&self) -> &RawStream {
         &self.stream
+    }
+
+    /// The quantized-activation scratch for `x_vals` input values and
+    /// `act_vals` MoE activations, grown when too small. Growing drops a
+    /// recorded step (it refers to the old buffer) and is refused while
+    /// recording.
+    fn q8_regions(
+        &mut self,
+        op: &'static str,
+        x_vals: usize,
+        act_vals: usize,
+    ) -> Result<Q8Regions, BackendError> {
+        let mut r = Q8Regions::new(x_vals, act_vals);
+        if r.bytes > self.q8.bytes {
+            if self.recording {
+                return Err(BackendError::ScratchTooSmall {
+                    op,
+                    need: r.bytes,
+                    have: self.q8.bytes,
+                });
+            }
+            self.graph = None;
+            self.quantized.set(None);
+            self.q8 = DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?;
+        }
+        r.rebase(self.q8.ptr);
+        Ok(r)
+    }
+
+    /// Queues quantizing `x` (`n · cols` values, cols a multiple of 32) to
+    /// 8 bits per block in the order `fmt`'s fast kernels read.
+    fn quantize(
+        &self,
+        set: &kernels::Q8Set,
+        x: u64,
+        vals: usize,
+        codes: u64,
+        scales: u64,
+    ) -> Result<(), BackendError> {
+        let blocks = (vals / 32) as i64;
+        launch(
+            "quantize",
+            &set.quantize,
+            self.raw(),
+            ((vals / 32).div_ceil(8) as u32, 1, 1),
+            256,
+            0,
+            &mut args![x, blocks, codes, scales],
+        )
+    }
+
+    /// The fast kernels of `fmt` when this stream computes in
+    /// [`Numerics::Fast`] and the format has them.
+    fn q8_set(&self, fmt: turbospark_core::QuantFormat) -> Option<&kernels::Q8Set> {
+        match self.numerics {
+            Numerics::Fast => self.k.q8.get(fmt),
+            _ => None,
+        }
     }
 
     /// Launches a grid-stride element-wise kernel over `n` elements.
@@ -395,13 +485,14 @@ impl Stream<CudaDevice> for CudaStream {
             });
         }
         self.bind("fill_slot")?;
+        let cu = self.raw().cu_stream();
         for (stacked, t) in [
             (&bank.gate, &expert.gate),
             (&bank.up, &expert.up),
             (&bank.down, &expert.down),
         ] {
             let n = stacked.slot_bytes();
-            if t.format != stacked.format || t.bytes.len() != n {
+            if t.format != stacked.format || t.bytes.len() != stacked.host_slot_bytes() {
                 return Err(shape(
                     "fill_slot",
                     format!(
@@ -409,21 +500,26 @@ impl Stream<CudaDevice> for CudaStream {
                         t.name,
                         t.format,
                         t.bytes.len(),
-                        n,
+                        stacked.host_slot_bytes(),
                         stacked.format
                     ),
                 ));
             }
-            // SAFETY: the slot's byte range lies inside the stacked
-            // projection (slot < slots, n = its slot size).
-            unsafe {
-                result::memcpy_htod_async(
-                    stacked.mem.ptr + (slot * n) as u64,
-                    t.bytes.as_slice(),
-                    self.raw().cu_stream(),
-                )
+            // The slot's byte range lies inside the stacked projection
+            // (slot < slots, n = its slot size).
+            let at = stacked.mem.ptr + (slot * n) as u64;
+            let host = t.bytes.as_slice();
+            if layout::split_parts(stacked.format).is_none() {
+                let staged = self.ring.stage(&self.ctx, cu, host, Some(at))?;
+                self.ring.release(staged, cu)?;
+                continue;
             }
-            .map_err(runtime("fill_slot"))?;
+            let staged = self.ring.stage(&self.ctx, cu, host, None)?;
+            let (src, rows, hrb) = (staged.device, stacked.rows, stacked.host_row_bytes);
+            let queued =
+                layout::queue_split(&self.k, &self.stream, stacked.format, src, at, rows, hrb);
+            self.ring.release(staged, cu)?;
+            queued?;
         }
         for (mem, t, len) in [
             (&bank.gate_bias, &expert.gate_bias, bank.inter),
@@ -438,15 +534,11 @@ impl Stream<CudaDevice> for CudaStream {
                             name: t.name.clone(),
                             source,
                         })?;
-                    // SAFETY: slot < slots and each slot holds `len` floats.
-                    unsafe {
-                        result::memcpy_htod_async(
-                            mem.ptr + (slot * len * 4) as u64,
-                            &v[..],
-                            self.raw().cu_stream(),
-                        )
-                    }
-                    .map_err(runtime("fill_slot"))?;
+                    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    // slot < slots and each slot holds `len` floats.
+                    let at = mem.ptr + (slot * len * 4) as u64;
+                    let staged = self.ring.stage(&self.ctx, cu, &bytes, Some(at))?;
+                    self.ring.release(staged, cu)?;
                 }
                 (None, None) => {}
                 _ => return Err(bias_mismatch(expert)),
@@ -500,12 +592,67 @@ impl Stream<CudaDevice> for CudaStream {
             return Ok(());
         }
         self.bind("matmul")?;
+        if self.quantized.get().is_some_and(|(p, ..)| p == op) {
+            // This matmul overwrites the input last quantized.
+            self.quantized.set(None);
+        }
         let grid = (
             w.rows.div_ceil(kernels::MM_WARPS) as u32,
             n.div_ceil(kernels::MM_TOKENS) as u32,
             1,
         );
         let (rows, cols, rb, nn) = (w.rows as i32, w.cols as i32, w.row_bytes as i64, n as i32);
+        if self.q8_set(w.format).is_some() {
+            let r = self.q8_regions("matmul", n * w.cols, 0)?;
+            let set = self.q8_set(w.format).expect("checked above");
+            // The kernel order: MXFP4's differs from Q8_0's.
+            let key = (xp, n * w.cols, usize::from(w.format == QuantFormat::Mxfp4));
+            if self.quantized.get() != Some(key) {
+                self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
+                self.quantized.set(Some(key));
+            }
+            let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
+            return if n >= kernels::MMQ_MIN_TOKENS {
+                let grid = (
+                    w.rows.div_ceil(kernels::MMQ_ROWS) as u32,
+                    n.div_ceil(kernels::MMQ_TOKENS) as u32,
+                    1,
+                );
+                if self.tiles {
+                    let grid = (
+                        w.rows.div_ceil(kernels::MQ_BM) as u32,
+                        n.div_ceil(kernels::MQ_BN) as u32,
+                        1,
+                    );
+                    let f = &set.mq_matmul;
+                    return launch("matmul", f, self.raw(), grid, kernels::MMQ_THREADS, 0, args);
+                }
+                launch(
+                    "matmul",
+                    &set.mmq_matmul,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    args,
+                )
+            } else {
+                let grid = (
+                    w.rows.div_ceil(kernels::Q8_BLOCK_ROWS) as u32,
+                    n.div_ceil(kernels::MM_TOKENS) as u32,
+                    1,
+                );
+                launch(
+                    "matmul",
+                    &set.matmul,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )
+            };
+        }
         launch(
             "matmul",
             self.k.matmul.get(w.format),
@@ -514,6 +661,166 @@ impl Stream<CudaDevice> for CudaStream {
             (kernels::MM_WARPS * 32) as u32,
             0,
             &mut args![w.mem.ptr, rows, cols, rb, xp, nn, op],
+        )
+    }
+
+    fn mul_sigmoid_rows(
+        &mut self,
+        x: &mut CudaBuf,
+        gate: &CudaBuf,
+        rows: usize,
+        dim: usize,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "mul_sigmoid_rows";
+        let xp = x.f32_ptr(OP, "x", rows * dim)?;
+        let gp = gate.f32_ptr(OP, "gate", rows)?;
+        if dim == 0 {
+            return Ok(());
+        }
+        let (r, d) = (rows as i64, dim as i32);
+        self.elementwise(
+            OP,
+            &self.k.mul_sigmoid_rows,
+            rows * dim,
+            &mut args![xp, gp, r, d],
+        )
+    }
+
+    fn causal_conv1d_silu(
+        &mut self,
+        x: &CudaBuf,
+        state: &mut CudaBuf,
+        weight: &CudaVector,
+        params: &ConvParams,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "causal_conv1d_silu";
+        params.check(x.len, state.len, weight.len, out.len)?;
+        if params.kernel - 1 > kernels::CONV_MAX_PAST {
+            return Err(shape(
+                OP,
+                format!(
+                    "a kernel of {} taps (at most {})",
+                    params.kernel,
+                    kernels::CONV_MAX_PAST + 1
+                ),
+            ));
+        }
+        let xp = x.f32_ptr(OP, "x", 0)?;
+        let sp = state.f32_ptr(OP, "state", 0)?;
+        let op = out.f32_ptr(OP, "out", 0)?;
+        let (n, ch, k) = (
+            params.n_tokens as i32,
+            params.channels as i32,
+            params.kernel as i32,
+        );
+        let fresh = params.fresh as i32;
+        self.bind(OP)?;
+        launch(
+            OP,
+            &self.k.causal_conv1d_silu,
+            self.raw(),
+            (params.channels.div_ceil(128) as u32, 1, 1),
+            128,
+            0,
+            &mut args![xp, sp, weight.mem.ptr, n, ch, k, fresh, op],
+        )
+    }
+
+    fn gated_delta_rule(
+        &mut self,
+        input: DeltaNetInput<'_, CudaDevice>,
+        params: &DeltaNetParams,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "gated_delta_rule";
+        params.check(&DeltaNetLens {
+            qkv: input.qkv.len,
+            alpha: input.alpha.len,
+            beta: input.beta.len,
+            a_log: input.a_log.len,
+            dt_bias: input.dt_bias.len,
+            state: state.len,
+            out: out.len,
+        })?;
+        let qp = input.qkv.f32_ptr(OP, "qkv", 0)?;
+        let ap = input.alpha.f32_ptr(OP, "alpha", 0)?;
+        let bp = input.beta.f32_ptr(OP, "beta", 0)?;
+        let sp = state.f32_ptr(OP, "state", 0)?;
+        let op = out.f32_ptr(OP, "out", 0)?;
+        let p = params;
+        let (n, hk, hv, dk, dv) = (
+            p.n_tokens as i32,
+            p.k_heads as i32,
+            p.v_heads as i32,
+            p.k_head_dim as i32,
+            p.v_head_dim as i32,
+        );
+        let fresh = p.fresh as i32;
+        let threads = (p.v_head_dim.max(p.k_head_dim).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        self.bind(OP)?;
+        launch(
+            OP,
+            &self.k.gated_delta_rule,
+            self.raw(),
+            (p.v_heads as u32, 1, 1),
+            threads,
+            (2 * p.k_head_dim * 4) as u32,
+            &mut args![
+                qp,
+                ap,
+                bp,
+                input.a_log.mem.ptr,
+                input.dt_bias.mem.ptr,
+                n,
+                hk,
+                hv,
+                dk,
+                dv,
+                fresh,
+                sp,
+                op
+            ],
+        )
+    }
+
+    fn head_matmul(
+        &mut self,
+        w: &CudaMatrix,
+        x: &CudaBuf,
+        p: &HeadMatmul,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        let xp = x.f32_ptr("head_matmul", "x", 0)?;
+        let op = out.f32_ptr("head_matmul", "out", 0)?;
+        p.check(w.rows, w.cols, x.len, out.len)?;
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| shape("head_matmul", format!("{v} beyond i32")))
+        };
+        let hp = kernels::HeadParams {
+            n_tokens: int(p.n_tokens)?,
+            n_heads: int(p.n_heads)?,
+            head_stride: int(p.head_stride)?,
+            first_row: int(p.first_row)?,
+            rows: int(p.rows)?,
+            x_stride: int(p.x_stride)?,
+            x_at: int(p.x_at)?,
+            out_stride: int(p.out_stride)?,
+            out_at: int(p.out_at)?,
+        };
+        self.bind("head_matmul")?;
+        let (f, per) = if p.transpose {
+            (self.k.head_t.get(w.format), w.cols.div_ceil(32))
+        } else {
+            (self.k.head_plain.get(w.format), p.rows)
+        };
+        let (rb, cols) = (w.row_bytes as i64, w.cols as i32);
+        self.elementwise(
+            "head_matmul",
+            f,
+            p.n_tokens * p.n_heads * per,
+            &mut args![w.mem.ptr, rb, cols, hp, xp, op],
         )
     }
 
@@ -575,7 +882,7 @@ impl Stream<CudaDevice> for CudaStream {
             &self.k.rms_norm,
             self.raw(),
             (rows as u32, 1, 1),
-            256,
+            (dim.div_ceil(32 * 4) * 32).clamp(32, 1024) as u32,
             0,
             &mut args![xp, d, eps, mode, w],
         )
@@ -887,8 +1194,8 @@ impl Stream<CudaDevice> for CudaStream {
             "route",
             &self.k.route,
             self.raw(),
-            (n_tokens.div_ceil(64) as u32, 1, 1),
-            64,
+            (n_tokens as u32, 1, 1),
+            32,
             0,
             &mut args![lp, n, p, cp, sp, out.mem.ptr],
         )
@@ -951,7 +1258,6 @@ impl Stream<CudaDevice> for CudaStream {
         let view = Self::bank_view(bank);
         let a = activation(act);
         let kk = k as i32;
-        let routes_n = (n * k) as u32;
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -961,75 +1267,236 @@ impl Stream<CudaDevice> for CudaStream {
         };
         let grouped =
             n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        let fast = bank.gate.format == bank.up.format
+            && self.q8_set(bank.gate.format).is_some()
+            && self.q8_set(bank.down.format).is_some();
+        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
+        if grouped {
+            let (nr, slots) = ((n * k) as i32, bank.slots as i32);
+            launch(
+                "moe",
+                &self.k.moe_group,
+                self.raw(),
+                (1, 1, 1),
+                1024,
+                ((bank.slots + 1) * 4) as u32,
+                &mut args![routes.mem.ptr, nr, slots, mask, order, offsets],
+            )?;
+        }
+        let rows_grid = |rows: usize| {
+            let y = if grouped { bank.slots } else { n * k };
+            (rows.div_ceil(kernels::MM_WARPS) as u32, y as u32, 1)
+        };
+        let act_ptr = self.act.ptr;
+        if fast {
+            let r = self.q8_regions("moe", n * hidden, n * k * inter)?;
+            let gate = self.q8_set(bank.gate.format).expect("checked above");
+            let down = self.q8_set(bank.down.format).expect("checked above");
+            let q8_grid = |rows: usize, per: usize| {
+                let y = if grouped { bank.slots } else { n * k };
+                (rows.div_ceil(per) as u32, y as u32, 1)
+            };
+            let rp = routes.mem.ptr;
+            let mmq = grouped && n >= kernels::MMQ_MIN_TOKENS;
+            self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+            let gate_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
+            if mmq && self.tiles {
+                let grid = q8_grid(inter, kernels::MQ_BM / 2);
+                let f = &gate.mq_gate_up;
+                launch(
+                    "moe",
+                    f,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    gate_args,
+                )?;
+            } else if mmq {
+                let grid = q8_grid(inter, kernels::MMQ_ROWS / 2);
+                launch(
+                    "moe",
+                    &gate.mmq_gate_up,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_MOE_THREADS,
+                    0,
+                    gate_args,
+                )?;
+            } else if grouped {
+                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
+                launch(
+                    "moe",
+                    &gate.gate_up_grouped,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    gate_args,
+                )?;
+            } else {
+                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
+                let args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
+                launch(
+                    "moe",
+                    &gate.gate_up,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )?;
+            }
+            self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+            let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
+            return if mmq && self.tiles {
+                let grid = q8_grid(hidden, kernels::MQ_BM);
+                let f = &down.mq_down;
+                launch(
+                    "moe",
+                    f,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_THREADS,
+                    0,
+                    down_args,
+                )
+            } else if mmq {
+                let grid = q8_grid(hidden, kernels::MMQ_ROWS);
+                launch(
+                    "moe",
+                    &down.mmq_down,
+                    self.raw(),
+                    grid,
+                    kernels::MMQ_MOE_THREADS,
+                    0,
+                    down_args,
+                )
+            } else if grouped {
+                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
+                launch(
+                    "moe",
+                    &down.down_grouped,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    down_args,
+                )
+            } else {
+                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
+                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+                launch(
+                    "moe",
+                    &down.down,
+                    self.raw(),
+                    grid,
+                    kernels::Q8_THREADS,
+                    0,
+                    args,
+                )
+            };
+        }
         if !grouped {
-            let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1);
             for &(fmt, mode) in passes {
                 launch(
                     "moe",
                     self.k.moe_gate_up.get(fmt),
                     self.raw(),
-                    grid,
+                    rows_grid(inter),
                     threads,
                     0,
-                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, self.act.ptr, mode],
+                    &mut args![xp, routes.mem.ptr, kk, mask, view, a, act_ptr, mode],
                 )?;
             }
             return launch(
                 "moe",
                 self.k.moe_down.get(bank.down.format),
                 self.raw(),
-                (hidden.div_ceil(kernels::MM_WARPS) as u32, routes_n, 1),
+                rows_grid(hidden),
                 threads,
                 0,
-                &mut args![self.act.ptr, routes.mem.ptr, mask, view, yp],
+                &mut args![act_ptr, routes.mem.ptr, mask, view, yp],
             );
         }
-        let (nr, slots) = ((n * k) as i32, bank.slots as i32);
-        launch(
-            "moe",
-            &self.k.moe_group,
-            self.raw(),
-            (1, 1, 1),
-            1024,
-            ((bank.slots + 1) * 4) as u32,
-            &mut args![
-                routes.mem.ptr,
-                nr,
-                slots,
-                mask,
-                self.order.ptr,
-                self.offsets.ptr
-            ],
-        )?;
-        let (order, offsets) = (self.order.ptr, self.offsets.ptr);
         for &(fmt, mode) in passes {
             launch(
                 "moe",
                 self.k.moe_gate_up_grouped.get(fmt),
                 self.raw(),
-                (
-                    inter.div_ceil(kernels::MM_WARPS) as u32,
-                    bank.slots as u32,
-                    1,
-                ),
+                rows_grid(inter),
                 threads,
                 0,
-                &mut args![xp, order, offsets, kk, view, a, self.act.ptr, mode],
+                &mut args![xp, order, offsets, kk, view, a, act_ptr, mode],
             )?;
         }
         launch(
             "moe",
             self.k.moe_down_grouped.get(bank.down.format),
             self.raw(),
-            (
-                hidden.div_ceil(kernels::MM_WARPS) as u32,
-                bank.slots as u32,
-                1,
-            ),
+            rows_grid(hidden),
             threads,
             0,
-            &mut args![self.act.ptr, order, offsets, view, yp],
+            &mut args![act_ptr, order, offsets, view, yp],
         )
+    }
+
+    /// The gate/up stage of [`Stream::moe_experts`] (the per-route
+    /// `moe_gate_up` kernels of moe.cu) writing its `[n · k, inter]`
+    /// activations into `out` instead of the stream's own buffer.
+    fn moe_intermediate(
+        &mut self,
+        input: MoeInput<'_, CudaDevice>,
+        _scratch: &mut MoeScratch<CudaBuf>,
+        out: &mut CudaBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "moe_intermediate";
+        let MoeInput {
+            x,
+            n_tokens: n,
+            routes,
+            bank,
+            activation: act,
+        } = input;
+        if n == 0 {
+            return Ok(());
+        }
+        let k = routes_for(OP, routes, n)?;
+        let (hidden, inter) = (bank.hidden, bank.inter);
+        let xp = x.f32_ptr(OP, "x", n * hidden)?;
+        let op = out.f32_ptr(OP, "out", n * k * inter)?;
+        if routes.max_slot as usize >= bank.slots {
+            return Err(BackendError::BadRoute {
+                slot: routes.max_slot as usize,
+                available: bank.slots,
+            });
+        }
+        let all = kernels::SlotMask {
+            bits: [0; kernels::MAX_MASK_SLOTS / 32],
+            on: 0,
+        };
+        let view = Self::bank_view(bank);
+        let a = activation(act);
+        let kk = k as i32;
+        let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
+            &[(bank.gate.format, 0)]
+        } else {
+            &[(bank.gate.format, 1), (bank.up.format, 2)]
+        };
+        self.bind(OP)?;
+        let grid = (inter.div_ceil(kernels::MM_WARPS) as u32, (n * k) as u32, 1);
+        for &(fmt, mode) in passes {
+            launch(
+                OP,
+                self.k.moe_gate_up.get(fmt),
+                self.raw(),
+                grid,
+                (kernels::MM_WARPS * 32) as u32,
+                0,
+                &mut args![xp, routes.mem.ptr, kk, all, view, a, op, mode],
+            )?;
+        }
+        Ok(())
     }
 
     fn moe_combine(
@@ -1058,5 +1525,41 @@ impl Stream<CudaDevice> for CudaStream {
             n_tokens * hidden,
             &mut args![yp, routes.mem.ptr, n, kk, h, op],
         )
+    }
+}
+
+/// Where the quantized activations of one fast call lie in the stream's
+/// scratch: input codes `xq` and block scales `xd`, MoE activation codes
+/// `aq` and scales `ad` (each region 16-byte aligned).
+struct Q8Regions {
+    xq: u64,
+    xd: u64,
+    aq: u64,
+    ad: u64,
+    bytes: usize,
+}
+
+impl Q8Regions {
+    /// Offsets (from 0) for `x_vals` input and `act_vals` activation values.
+    fn new(x_vals: usize, act_vals: usize) -> Q8Regions {
+        let up = |b: usize| b.div_ceil(16) * 16;
+        let xd = up(x_vals);
+        let aq = xd + up(x_vals / 32 * 4);
+        let ad = aq + up(act_vals);
+        let bytes = ad + up(act_vals / 32 * 4);
+        Q8Regions {
+            xq: 0,
+            xd: xd as u64,
+            aq: aq as u64,
+            ad: ad as u64,
+            bytes,
+        }
+    }
+
+    fn rebase(&mut self, base: u64) {
+        self.xq += base;
+        self.xd += base;
+        self.aq += base;
+        self.ad += base;
     }
 }

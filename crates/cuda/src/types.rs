@@ -43,12 +43,14 @@ impl CudaBuf {
     }
 }
 
-/// A weight matrix `[rows, cols]` in its storage format.
+/// A weight matrix `[rows, cols]` in its storage format, in the device
+/// layout of [`crate::layout`].
 #[derive(Debug)]
 pub struct CudaMatrix {
     pub(crate) format: QuantFormat,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
+    /// Bytes between rows on the device.
     pub(crate) row_bytes: usize,
     pub(crate) mem: DevMem,
 }
@@ -88,13 +90,22 @@ impl RouteBuf for CudaRoutes {
 pub(crate) struct Stacked {
     pub(crate) format: QuantFormat,
     pub(crate) rows: usize,
+    /// Bytes between rows on the device (see [`crate::layout`]).
     pub(crate) row_bytes: usize,
+    /// Bytes of a row as the host holds it.
+    pub(crate) host_row_bytes: usize,
     pub(crate) mem: DevMem,
 }
 
 impl Stacked {
+    /// Bytes of one slot on the device.
     pub(crate) fn slot_bytes(&self) -> usize {
         self.rows * self.row_bytes
+    }
+
+    /// Bytes of one expert's projection as the host holds it.
+    pub(crate) fn host_slot_bytes(&self) -> usize {
+        self.rows * self.host_row_bytes
     }
 }
 

@@ -1,7 +1,7 @@
 //! The backend conformance suite on the GPU, in exact and fast numerics.
 //! Skips with a message on machines without an NVIDIA driver, GPU or NVRTC.
 
-use turbospark_backend::conformance::{check_all, Tolerances};
+use turbospark_backend::conformance::{check_all, check_delta_net, Tolerances};
 use turbospark_backend::Numerics;
 use turbospark_cuda::{CudaDevice, CudaError};
 
@@ -27,7 +27,8 @@ fn exact_numerics_conform() {
         dev.capability().0,
         dev.capability().1
     );
-    if let Err(e) = check_all(&dev, &Tolerances::for_numerics(Numerics::Exact)) {
+    let tol = Tolerances::for_numerics(Numerics::Exact);
+    if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
 }
@@ -37,7 +38,8 @@ fn fast_numerics_conform() {
     let Some(dev) = device(Numerics::Fast) else {
         return;
     };
-    if let Err(e) = check_all(&dev, &Tolerances::for_numerics(Numerics::Fast)) {
+    let tol = Tolerances::for_numerics(Numerics::Fast);
+    if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
 }

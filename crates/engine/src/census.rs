@@ -20,7 +20,10 @@
 //! The dense intermediate is read back from the decoder's own scratch
 //! buffer after the GLU; the routed one is recomputed into a buffer of the
 //! census with [`Stream::moe_intermediate`], so a backend's fused expert
-//! kernels stay as they are. None of it runs unless the session has a
+//! kernels stay as they are. With streamed experts it is recomputed per
+//! token group over the slots the group's experts were read into, and each
+//! row is counted under the expert its route named, so the counts are
+//! those of resident experts. None of it runs unless the session has a
 //! census: the decoder pays one branch per FFN.
 
 use crate::EngineError;
@@ -211,6 +214,8 @@ pub(crate) struct CensusState<D: Device> {
     /// Read-back of the routes `[max_batch, top_k]`.
     routes: Vec<turbospark_backend::Route>,
     top_k: usize,
+    /// Groups of the routed site: one per expert of the model.
+    num_experts: usize,
 }
 
 impl<D: Device> CensusState<D> {
@@ -255,6 +260,7 @@ impl<D: Device> CensusState<D> {
             host: vec![0.0; (max_batch * dense).max(routed)],
             routes: vec![Default::default(); routes],
             top_k: spec.moe.as_ref().map_or(0, |m| m.top_k),
+            num_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
         })
     }
 
@@ -276,35 +282,51 @@ impl<D: Device> CensusState<D> {
         Ok(())
     }
 
-    /// Counts the routed experts' intermediate of `input` (every expert of
-    /// the layer in `input.bank`, slot = expert id), each row into its
-    /// expert's group.
+    /// Counts the routed experts' intermediate of `input`, each row into
+    /// its expert's group. `experts` gives the expert id of each route
+    /// (`[n_tokens, top_k]`) when `input.bank` is a bank of slots that a
+    /// streamed store filled; without it the routes are read back and
+    /// their slots are the expert ids (a bank of every expert).
     pub(crate) fn experts(
         &mut self,
         st: &mut D::Stream,
         layer: usize,
         input: MoeInput<'_, D>,
         scratch: &mut MoeScratch<D::Buf>,
+        experts: Option<&[turbospark_backend::Route]>,
     ) -> Result<(), EngineError> {
         use turbospark_backend::ExpertBank;
         let inter = self.inter.as_mut().ok_or(EngineError::NotImplemented {
             feature: "an FFN census of routed experts in a model without MoE layers",
         })?;
-        let (n, width, groups) = (
-            input.n_tokens,
-            input.bank.intermediate(),
-            input.bank.slots(),
-        );
+        let (n, width, k) = (input.n_tokens, input.bank.intermediate(), self.top_k);
         st.moe_intermediate(input, scratch, inter)?;
-        let k = self.top_k;
-        let routes = &mut self.routes[..n * k];
-        st.read_routes(input.routes, routes)?;
+        let ids = match experts {
+            Some(ids) => ids.get(..n * k).ok_or(EngineError::NotImplemented {
+                feature: "an FFN census given fewer routes than rows",
+            })?,
+            None => {
+                let routes = &mut self.routes[..n * k];
+                st.read_routes(input.routes, routes)?;
+                &*routes
+            }
+        };
         let host = &mut self.host[..n * k * width];
         st.read(inter, host)?;
-        let i = self.data.site_mut(layer, FfnSite::Experts, width, groups);
+        let i = self
+            .data
+            .site_mut(layer, FfnSite::Experts, width, self.num_experts);
         let site = &mut self.data.sites[i];
-        for (r, row) in routes.iter().zip(host.chunks_exact(width)) {
-            site.count(&self.data.thresholds, r.slot as usize, row);
+        for (r, row) in ids.iter().zip(host.chunks_exact(width)) {
+            let group = r.slot as usize;
+            if group >= self.num_experts {
+                return Err(turbospark_backend::BackendError::BadRoute {
+                    slot: group,
+                    available: self.num_experts,
+                }
+                .into());
+            }
+            site.count(&self.data.thresholds, group, row);
         }
         Ok(())
     }

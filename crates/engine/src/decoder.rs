@@ -8,13 +8,19 @@
 //! h = embed(tokens) · embedding.scale ; h = embedding.norm(h)
 //! per layer (head_dim and n_kv_heads are the layer's own):
 //!   a = attn_norm(h)
+//!   DeltaNet layer (the recurrence in `turbospark_core::arch::DeltaNetSpec`):
+//!     c = conv1d_silu(a·W_qkv) ; o = delta_rule(c, a·W_alpha, a·W_beta)   (state per sequence)
+//!     h += W_out · (rms(o)·w ⊙ silu(a·W_z))
+//!   attention layer:
 //!   q, k = a·Wq (+b), a·Wk (+b) ; v = a·Wv (+b), or k itself (value_from_key)
+//!     (latent attention: q = [q_rope, W_ukᵀ·q_nope], k = v = [k_rope, rms(c)])
 //!   q, k, v = per-head q/k/v norms ; q, k = rope(q, k)
 //!   cache k, v ; o = attention(q, cache)          (window, sinks, softcap, GQA)
 //!   o ⊙= sigmoid(a·Wgate)                          (output gate)
-//!   h += attn_post_norm(o·Wo (+b))
+//!   h += attn_post_norm(o·Wo (+b))                (latent: o_h = W_uv[h]·o_h first)
 //!   a = ffn_norm(h)
 //!   dense layer: f = dense(a)
+//!   (shared expert × sigmoid(a·w_shexp_gate) where the spec gates it)
 //!   MoE layer:   z = router(a), or (Gemma 4) router(rms(h) · router.scale · hidden^-½)
 //!                routes = route(z)                 (a device op: no host round trip)
 //!                x = a, or moe_input_norm(h) when the spec has one
@@ -28,80 +34,22 @@
 //! ```
 
 use crate::census::FfnSite;
-use crate::experts::routed::RoutedInput;
-use crate::hooks::PreparedSteering;
-use crate::kv::KvCache;
-use crate::session::Session;
-use crate::timing::Phase;
-use crate::weights::{DenseWeights, FfnWeights, LayerWeights, MlaWeights, MoeWeights};
+use crate::experts::routed::{RoutedInput, SessionExperts};
+use crate::hooks::{Hooks, PreparedSteering};
+use crate::kv::{KvCache, KvLayer, RecurrentState};
+use crate::model::Model;
+use crate::scratch::{Buffers, DeltaRow, DeltaScratch};
+use crate::timing::{Phase, PhaseTimes};
+use crate::weights::{
+    DeltaNetWeights, DenseWeights, FfnWeights, KvB, LayerWeights, MlaWeights, MoeWeights,
+};
 use crate::EngineError;
-use crate::Model;
 use std::time::Instant;
 use turbospark_backend::{
-    AttentionParams, AttentionPart, DType, Device, MoeInput, MoeScratch, RouterTables, Stream,
+    AttentionParams, AttentionPart, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul,
+    RouterTables, Stream,
 };
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, NormSpec};
-
-/// Scratch activations of a session, `T = max_batch` rows each.
-pub(crate) struct Buffers<D: Device> {
-    /// Residual stream `[T, hidden]`.
-    h: D::Buf,
-    /// Normed block input `[T, hidden]`.
-    a: D::Buf,
-    /// `[T, n_heads · head_dim]`
-    q: D::Buf,
-    /// `[T, n_kv_heads · head_dim]`
-    k: D::Buf,
-    v: D::Buf,
-    /// Attention output `[T, n_heads · head_dim]`.
-    att: D::Buf,
-    /// Output-gate logits `[T, n_heads · head_dim]`.
-    gate: Option<D::Buf>,
-    /// Block output before the residual add `[T, hidden]`.
-    o: D::Buf,
-    /// Dense / shared MLP `[T, intermediate]`.
-    mlp_gate: D::Buf,
-    mlp_up: D::Buf,
-    /// Second FFN branch (shared expert, parallel dense) `[T, hidden]`.
-    branch: D::Buf,
-    /// Router logits `[T, num_experts]`.
-    router: Option<D::Buf>,
-    /// Routes `[T, top_k]`, expert ids.
-    routes: Option<D::Routes>,
-    /// Router or expert input taken from the residual stream under its own
-    /// norm (Gemma 4) `[T, hidden]`.
-    moe_in: Option<D::Buf>,
-    moe: Option<MoeScratch<D::Buf>>,
-    /// `[T, vocab]`
-    logits: D::Buf,
-    /// q, k, v and attention output of one sequence's rows, for a batch
-    /// of sequences that attend to caches of their own ([`At::Rows`],
-    /// [`At::Chunks`]).
-    row: RowScratch<D>,
-    /// Latent attention's projections.
-    mla: Option<MlaScratch<D>>,
-}
-
-/// Latent attention's intermediate rows, `T` of each.
-struct MlaScratch<D: Device> {
-    /// `q_a · x` `[T, q_lora]`
-    q_a: D::Buf,
-    /// The latent `c` `[T, kv_lora]`.
-    latent: D::Buf,
-    /// The shared rope key `[T, rope]`.
-    rope: D::Buf,
-}
-
-/// One sequence's q `[T, n_heads · head_dim]`, k and v `[T, n_kv_heads ·
-/// head_dim]` and attention output `[T, n_heads · head_dim]`, its rows
-/// copied out of the batch so that rope, cache write and attention see
-/// them from row 0.
-struct RowScratch<D: Device> {
-    q: D::Buf,
-    k: D::Buf,
-    v: D::Buf,
-    att: D::Buf,
-}
+use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, LayerSpec, MlaSpec, NormSpec};
 
 /// Where the tokens of a pass sit and which KV cache each attends to.
 pub(crate) enum At<'a, 'b, D: Device> {
@@ -124,7 +72,7 @@ pub struct BatchRow<'k, D: Device> {
 }
 
 /// One sequence's part of a pass over several sequences
-/// ([`Session::forward_chunks`]): `tokens` at the next positions of `kv`
+/// (`Session::forward_chunks`): `tokens` at the next positions of `kv`
 /// (one token of a decode step, or a chunk of a prompt), whether the pass
 /// returns the logits of its last token, and control vectors that steer
 /// this sequence's rows alone (after the session's own steering, if any).
@@ -133,90 +81,6 @@ pub struct BatchChunk<'k, D: Device> {
     pub tokens: &'k [u32],
     pub logits: bool,
     pub steering: Option<&'k PreparedSteering<D>>,
-}
-
-fn max_over<'a>(layers: &'a [LayerSpec], f: impl Fn(&'a LayerSpec) -> usize) -> usize {
-    layers.iter().map(f).max().unwrap_or(0)
-}
-
-impl<D: Device> Buffers<D> {
-    pub(crate) fn new(device: &D, spec: &ArchSpec, t: usize) -> Result<Self, EngineError> {
-        let alloc = |len| device.alloc(DType::F32, len);
-        let h = spec.hidden_size;
-        let qd = max_over(&spec.layers, |l| spec.num_heads * l.head_dim);
-        let kvd = max_over(&spec.layers, |l| l.num_kv_heads * l.head_dim);
-        let any_dense = spec.layers.iter().any(|l| l.ffn == FfnKind::Dense)
-            || spec.moe.as_ref().is_some_and(|m| m.parallel_dense);
-        let inter = [
-            if any_dense { spec.intermediate_size } else { 0 },
-            spec.moe
-                .as_ref()
-                .and_then(|m| m.shared_intermediate)
-                .unwrap_or(0),
-        ]
-        .into_iter()
-        .max()
-        .unwrap_or(0);
-        let moe = spec
-            .moe
-            .as_ref()
-            .map(|m| {
-                Ok::<_, EngineError>(MoeScratch {
-                    x: alloc(t * h)?,
-                    gate: alloc(t * m.expert_intermediate)?,
-                    up: alloc(t * m.expert_intermediate)?,
-                    y: alloc(t * m.top_k * h)?,
-                })
-            })
-            .transpose()?;
-        Ok(Buffers {
-            h: alloc(t * h)?,
-            a: alloc(t * h)?,
-            q: alloc(t * qd)?,
-            k: alloc(t * kvd)?,
-            v: alloc(t * kvd)?,
-            att: alloc(t * qd)?,
-            gate: spec
-                .attention
-                .output_gate
-                .then(|| alloc(t * qd))
-                .transpose()?,
-            o: alloc(t * h)?,
-            mlp_gate: alloc(t * inter)?,
-            mlp_up: alloc(t * inter)?,
-            branch: alloc(t * h)?,
-            router: spec
-                .moe
-                .as_ref()
-                .map(|m| alloc(t * m.num_experts))
-                .transpose()?,
-            routes: spec
-                .moe
-                .as_ref()
-                .map(|m| device.alloc_routes(t, m.top_k))
-                .transpose()?,
-            moe_in: spec.moe.as_ref().map(|_| alloc(t * h)).transpose()?,
-            moe,
-            logits: alloc(t * spec.vocab_size)?,
-            row: RowScratch {
-                q: alloc(t * qd)?,
-                k: alloc(t * kvd)?,
-                v: alloc(t * kvd)?,
-                att: alloc(t * qd)?,
-            },
-            mla: spec
-                .mla
-                .as_ref()
-                .map(|a| {
-                    Ok::<_, EngineError>(MlaScratch {
-                        q_a: alloc(t * a.q_lora_rank.unwrap_or(0))?,
-                        latent: alloc(t * a.kv_lora_rank)?,
-                        rope: alloc(t * a.qk_rope_head_dim)?,
-                    })
-                })
-                .transpose()?,
-        })
-    }
 }
 
 /// Scratch of [`dense_mlp`]: `[n, intermediate]` each.
@@ -244,13 +108,18 @@ fn dense_mlp<D: Device>(
 
 /// Latent attention's query and cache rows for `n` tokens (see
 /// [`MlaSpec`]): `bufs.q` `[n, n_heads, rope + kv_lora]` is the absorbed
-/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `bufs.k` `[n, rope +
-/// kv_lora]` the row `[k_rope, rms(c)]` the cache keeps (rope is applied
-/// later, to the first `rope` dims of both).
+/// query `[q_rope, W_uk[h]ᵀ·q_nope]` of each head, `W_uk[h]` the first
+/// `nope` rows of head `h`'s block in `attn_kv_b` (multiplied transposed),
+/// or head `h`'s block of `attn_k_b`, which holds `W_uk[h]ᵀ` (multiplied
+/// as it is), in its own format ([`Stream::head_matmul`]); `bufs.k`
+/// `[n, rope + kv_lora]` the row
+/// `[k_rope, rms(c)]` the cache keeps (rope is applied later, to the first
+/// `rope` dims of both).
 fn latent_qk<D: Device>(
     st: &mut D::Stream,
     b: &mut Buffers<D>,
     a: &MlaSpec,
+    n_heads: usize,
     attn_q: &D::Matrix,
     w: &MlaWeights<D>,
     n: usize,
@@ -260,24 +129,87 @@ fn latent_qk<D: Device>(
             feature: "latent attention without its scratch",
         });
     };
-    let norm = NormSpec::plain(MlaSpec::NORM_EPS);
+    let norm = NormSpec::plain(a.norm_eps);
     match (&w.q_a, a.q_lora_rank) {
         (Some((q_a, q_a_norm)), Some(rank)) => {
             st.matmul(q_a, &b.a, n, &mut s.q_a)?;
             st.rms_norm(&mut s.q_a, n, rank, norm, Some(q_a_norm))?;
-            st.matmul(attn_q, &s.q_a, n, &mut b.q)?;
+            st.matmul(attn_q, &s.q_a, n, &mut s.q)?;
         }
-        _ => st.matmul(attn_q, &b.a, n, &mut b.q)?,
+        _ => st.matmul(attn_q, &b.a, n, &mut s.q)?,
     }
-    let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
+    let (r, dn, dr, dv) = (
+        a.kv_lora_rank,
+        a.qk_nope_head_dim,
+        a.qk_rope_head_dim,
+        a.v_head_dim,
+    );
+    let (qk, row) = (a.qk_head_dim(), a.latent_head_dim());
+    // Each head's query is `[q_nope, q_rope]`: the rope part goes to the
+    // front of its absorbed row as it is, the rest is `W_uk[h]ᵀ·q_nope`.
+    for th in 0..n * n_heads {
+        st.copy(&s.q, th * qk + dn, &mut b.q, th * row, dr)?;
+    }
+    let (w_uk, head_stride, rows, transpose) = match &w.kv_b {
+        KvB::Fused(kv_b) => (kv_b, dn + dv, dn, true),
+        KvB::Split { k_b, .. } => (k_b, r, r, false),
+    };
+    let absorb = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride,
+        first_row: 0,
+        rows,
+        transpose,
+        x_stride: qk,
+        x_at: 0,
+        out_stride: row,
+        out_at: dr,
+    };
+    st.head_matmul(w_uk, &s.q, &absorb, &mut b.q)?;
     st.matmul(&w.kv_a_latent, &b.a, n, &mut s.latent)?;
     st.rms_norm(&mut s.latent, n, r, norm, Some(&w.kv_a_norm))?;
     st.matmul(&w.kv_a_rope, &b.a, n, &mut s.rope)?;
-    let row = a.latent_head_dim();
     for t in 0..n {
         st.copy(&s.rope, t * dr, &mut b.k, t * row, dr)?;
         st.copy(&s.latent, t * r, &mut b.k, t * row + dr, r)?;
     }
+    Ok(())
+}
+
+/// Latent attention's values for `n` tokens: head `h`'s attention output
+/// `[n, n_heads, rope + kv_lora]` is a weighted sum of cached `[k_rope,
+/// c]` rows; its value is `W_uv[h]·(Σ p·c)` (`W_uv[h]` the last `v` rows
+/// of head `h`'s block in `attn_kv_b`, or head `h`'s block of
+/// `attn_v_b`), written to `out` `[n, n_heads · v]`, the input of
+/// `attn_output`.
+fn latent_values<D: Device>(
+    st: &mut D::Stream,
+    a: &MlaSpec,
+    n_heads: usize,
+    kv_b: &KvB<D>,
+    att: &D::Buf,
+    n: usize,
+    out: &mut D::Buf,
+) -> Result<(), EngineError> {
+    let (dn, dr, dv) = (a.qk_nope_head_dim, a.qk_rope_head_dim, a.v_head_dim);
+    let (w_uv, head_stride, first_row) = match kv_b {
+        KvB::Fused(kv_b) => (kv_b, dn + dv, dn),
+        KvB::Split { v_b, .. } => (v_b, dv, 0),
+    };
+    let values = HeadMatmul {
+        n_tokens: n,
+        n_heads,
+        head_stride,
+        first_row,
+        rows: dv,
+        transpose: false,
+        x_stride: a.latent_head_dim(),
+        x_at: dr,
+        out_stride: dv,
+        out_at: 0,
+    };
+    st.head_matmul(w_uv, att, &values, out)?;
     Ok(())
 }
 
@@ -293,7 +225,170 @@ fn add_bias<D: Device>(
     Ok(())
 }
 
-impl<D: Device> Session<'_, D> {
+/// The convolution and the recurrence of one DeltaNet layer for `n` rows
+/// of one sequence, from `r.mixed`, `r.alpha`, `r.beta` into `r.core`;
+/// `fresh` when the sequence starts.
+fn delta_recurrence<D: Device>(
+    st: &mut D::Stream,
+    d: &DeltaNetSpec,
+    w: &DeltaNetWeights<D>,
+    r: &mut DeltaRow<D>,
+    state: &mut RecurrentState<D>,
+    n: usize,
+    fresh: bool,
+) -> Result<(), EngineError> {
+    let conv = ConvParams {
+        n_tokens: n,
+        channels: d.conv_dim(),
+        kernel: d.conv_kernel,
+        fresh,
+    };
+    st.causal_conv1d_silu(&r.mixed, &mut state.conv, &w.conv, &conv, &mut r.conv)?;
+    let params = DeltaNetParams {
+        n_tokens: n,
+        k_heads: d.k_heads,
+        v_heads: d.v_heads,
+        k_head_dim: d.k_head_dim,
+        v_head_dim: d.v_head_dim,
+        fresh,
+    };
+    let input = DeltaNetInput {
+        qkv: &r.conv,
+        alpha: &r.alpha,
+        beta: &r.beta,
+        a_log: &w.a_log,
+        dt_bias: &w.dt_bias,
+    };
+    st.gated_delta_rule(input, &params, &mut state.recurrent, &mut r.core)?;
+    Ok(())
+}
+
+/// The convolution and the recurrence of one DeltaNet layer `l` for batch
+/// rows `first .. first + n`, a sequence of their own at the next
+/// positions of `kv`, over that sequence's own state: the rows are copied
+/// to `s.row` and their output back to `s.batch.core`.
+#[allow(clippy::too_many_arguments)]
+fn delta_part<D: Device>(
+    st: &mut D::Stream,
+    d: &DeltaNetSpec,
+    w: &DeltaNetWeights<D>,
+    s: &mut DeltaScratch<D>,
+    kv: &mut KvCache<D>,
+    l: usize,
+    first: usize,
+    n: usize,
+) -> Result<(), EngineError> {
+    let (c, hv, vd) = (d.conv_dim(), d.v_heads, d.value_dim());
+    let fresh = kv.position() == 0;
+    let state = kv.layers[l]
+        .state
+        .as_mut()
+        .ok_or(EngineError::NotImplemented {
+            feature: "a DeltaNet layer whose cache holds no recurrent state",
+        })?;
+    let r = &mut s.row;
+    st.copy(&s.batch.mixed, first * c, &mut r.mixed, 0, n * c)?;
+    st.copy(&s.batch.alpha, first * hv, &mut r.alpha, 0, n * hv)?;
+    st.copy(&s.batch.beta, first * hv, &mut r.beta, 0, n * hv)?;
+    delta_recurrence(st, d, w, r, state, n, fresh)?;
+    st.copy(&r.core, 0, &mut s.batch.core, first * vd, n * vd)?;
+    Ok(())
+}
+
+/// The query, key and value rows of `n` tokens at consecutive positions
+/// from `pos`, and where their attention output goes.
+struct Rows<'a, B> {
+    q: &'a mut B,
+    k: &'a mut B,
+    v: &'a B,
+    out: &'a mut B,
+    n: usize,
+    pos: usize,
+}
+
+/// Rope and cache write of layer `l` for the rows `r` (their queries
+/// roped in place; `r.out` untouched), into the layer cache `kv`.
+fn rope_and_write<D: Device>(
+    st: &mut D::Stream,
+    m: &Model<D>,
+    l: usize,
+    kv: &mut KvLayer<D>,
+    r: &mut Rows<'_, D::Buf>,
+) -> Result<(), EngineError> {
+    let (n, pos) = (r.n, r.pos);
+    let spec = &m.spec;
+    let ls = &spec.layers[l];
+    let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
+    if let Some(rope) = &m.ropes[l] {
+        st.rope(r.q, n, nh, hd, pos, rope)?;
+        st.rope(r.k, n, nkv, hd, pos, rope)?;
+    }
+    // Latent attention reads its one cached row as keys and values.
+    st.kv_write(&mut kv.k, r.k, n, kv.row, pos, kv.capacity)?;
+    if spec.mla.is_none() {
+        st.kv_write(&mut kv.v, r.v, n, kv.row, pos, kv.capacity)?;
+    }
+    Ok(())
+}
+
+/// The attention parameters of `n` queries of layer `l` at consecutive
+/// positions from `pos`, over the layer cache `kv`.
+fn attention_params<D: Device>(
+    m: &Model<D>,
+    l: usize,
+    kv: &KvLayer<D>,
+    n: usize,
+    pos: usize,
+) -> AttentionParams {
+    let spec = &m.spec;
+    let ls = &spec.layers[l];
+    AttentionParams {
+        n_tokens: n,
+        first_pos: pos,
+        n_heads: spec.num_heads,
+        n_kv_heads: ls.num_kv_heads,
+        head_dim: ls.head_dim,
+        capacity: kv.capacity,
+        window: ls.window,
+        scale: spec.attention.scale,
+        softcap: spec.attention.softcap,
+    }
+}
+
+/// Rope, cache write and attention of layer `l` for the rows `r`, into
+/// the layer cache `kv`: the one block both the session's own tokens and
+/// each sequence of a batch of sequences run (when the backend has no
+/// [`Stream::attention_parts`]).
+fn attend<D: Device>(
+    st: &mut D::Stream,
+    m: &Model<D>,
+    l: usize,
+    lw: &LayerWeights<D>,
+    kv: &mut KvLayer<D>,
+    mut r: Rows<'_, D::Buf>,
+) -> Result<(), EngineError> {
+    rope_and_write(st, m, l, kv, &mut r)?;
+    let params = attention_params(m, l, kv, r.n, r.pos);
+    // Latent attention reads its one cached row as keys and values.
+    let v = if m.spec.mla.is_some() { &kv.k } else { &kv.v };
+    st.attention(r.q, &kv.k, v, &params, lw.attn_sinks.as_ref(), r.out)?;
+    Ok(())
+}
+
+/// One forward pass's view of a session: the model and the session's
+/// parts the pass reads and writes (its stream, own KV cache, scratch,
+/// expert slots, timings and hooks), borrowed for the pass.
+pub(crate) struct Pass<'s, D: Device> {
+    pub(crate) model: &'s Model<D>,
+    pub(crate) stream: &'s mut D::Stream,
+    pub(crate) kv: &'s mut KvCache<D>,
+    pub(crate) bufs: &'s mut Buffers<D>,
+    pub(crate) experts: &'s mut SessionExperts<D>,
+    pub(crate) times: &'s mut PhaseTimes,
+    pub(crate) hooks: &'s mut Hooks<D>,
+}
+
+impl<D: Device> Pass<'_, D> {
     /// Runs one batch of at most `max_batch` tokens at `pos` (inputs already
     /// checked) and, if asked, writes the logits of `rows` rows starting at
     /// batch row `first` into `out`.
@@ -303,7 +398,11 @@ impl<D: Device> Session<'_, D> {
         tokens: &[u32],
         head: Option<(usize, usize, &mut [f32])>,
     ) -> Result<(), EngineError> {
+        // A step at position 0 starts the recurrent layers' state afresh
+        // (their ops take that as a parameter, which a recording would keep
+        // for every replay), so recording starts at position 1.
         let recordable = tokens.len() == 1
+            && pos > 0
             && matches!(head, Some((0, 1, _)))
             && !self.hooks.active()
             && (self.model.spec.moe.is_none() || self.experts.device_only())
@@ -404,7 +503,7 @@ impl<D: Device> Session<'_, D> {
 
     /// Embedding, every layer and the hooks; returns when the last phase
     /// ended. Hooks run only for a sequence's own tokens ([`At::Own`]);
-    /// [`Session::decode_batch`] refuses to run while they are set.
+    /// `Session::decode_batch` refuses to run while they are set.
     fn embed_and_layers(
         &mut self,
         at: &mut At<'_, '_, D>,
@@ -414,7 +513,7 @@ impl<D: Device> Session<'_, D> {
         let spec = &m.spec;
         let n = tokens.len();
         let hidden = spec.hidden_size;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
 
         let start = Instant::now();
         st.embed(&m.weights.token_embd, tokens, &mut b.h)?;
@@ -441,9 +540,10 @@ impl<D: Device> Session<'_, D> {
             }
             if hooks.is_some() {
                 let h = &mut self.bufs.h;
-                self.hooks.after_layer(&mut self.stream, l, h, n, hidden)?;
+                self.hooks.after_layer(&mut *self.stream, l, h, n, hidden)?;
             } else if steer_rows {
-                self.hooks.steer(&mut self.stream, l, &mut self.bufs.h, n)?;
+                self.hooks
+                    .steer(&mut *self.stream, l, &mut self.bufs.h, n)?;
             }
             if let At::Chunks(chunks) = at {
                 self.steer_chunks(l, chunks)?;
@@ -451,7 +551,7 @@ impl<D: Device> Session<'_, D> {
         }
         if let Some(pos) = hooks {
             self.hooks
-                .end_chunk(&mut self.stream, pos, tokens, hidden)?;
+                .end_chunk(&mut *self.stream, pos, tokens, hidden)?;
         }
         Ok(t)
     }
@@ -464,62 +564,75 @@ impl<D: Device> Session<'_, D> {
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st) = (&m.spec, &mut self.stream);
+        let (spec, st) = (&m.spec, &mut *self.stream);
         let ls = &spec.layers[l];
         let (hidden, nh, hd) = (spec.hidden_size, spec.num_heads, ls.head_dim);
         let norms = &spec.norms;
-        let b = &mut self.bufs;
+        let b = &mut *self.bufs;
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(&mut b.a, n, hidden, norms.attn_input, lw.attn_norm.as_ref())?;
-        match (&spec.mla, &lw.mla, &lw.attn_k) {
-            (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, &lw.attn_q, w, n)?,
-            (None, None, Some(wk)) => Self::project_qkv(st, b, lw, spec, ls, n, wk)?,
-            _ => {
-                return Err(EngineError::NotImplemented {
-                    feature: "attention weights that do not match the spec",
-                })
+        let mismatch = EngineError::NotImplemented {
+            feature: "attention weights that do not match the spec",
+        };
+        if let Some(dw) = &lw.delta {
+            self.delta_mix(l, dw, at, n)?;
+        } else {
+            let (Some(attn_q), Some(attn_output)) = (&lw.attn_q, &lw.attn_output) else {
+                return Err(mismatch);
+            };
+            match (&spec.mla, &lw.mla, &lw.attn_k) {
+                (Some(a), Some(w), _) => latent_qk::<D>(st, b, a, nh, attn_q, w, n)?,
+                (None, None, Some(wk)) => Self::project_qkv(st, b, lw, attn_q, spec, ls, n, wk)?,
+                _ => return Err(mismatch),
             }
+            match at {
+                At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
+                // One attention call over every sequence's rows, when the
+                // backend has it (the work splits between threads at once).
+                At::Rows(rows) if self.stream.attends_parts() => {
+                    for (i, row) in rows.iter_mut().enumerate() {
+                        self.write_part(l, row.kv, i, 1)?;
+                    }
+                    self.attend_parts(l, lw, rows.iter().map(|r| (&*r.kv, 1)))?;
+                }
+                At::Chunks(chunks) if self.stream.attends_parts() => {
+                    let mut first = 0;
+                    for c in chunks.iter_mut() {
+                        self.write_part(l, c.kv, first, c.tokens.len())?;
+                        first += c.tokens.len();
+                    }
+                    let parts = chunks.iter().map(|c| (&*c.kv, c.tokens.len()));
+                    self.attend_parts(l, lw, parts)?;
+                }
+                At::Rows(rows) => {
+                    for (i, row) in rows.iter_mut().enumerate() {
+                        self.attend_part(l, lw, row.kv, i, 1)?;
+                    }
+                }
+                At::Chunks(chunks) => {
+                    let mut first = 0;
+                    for c in chunks.iter_mut() {
+                        self.attend_part(l, lw, c.kv, first, c.tokens.len())?;
+                        first += c.tokens.len();
+                    }
+                }
+            }
+            let (st, b) = (&mut *self.stream, &mut *self.bufs);
+            if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
+                st.matmul(wg, &b.a, n, g)?;
+                st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
+            }
+            match (&spec.mla, &lw.mla, b.mla.as_mut()) {
+                (Some(a), Some(w), Some(s)) => {
+                    latent_values::<D>(st, a, nh, &w.kv_b, &b.att, n, &mut s.v)?;
+                    st.matmul(attn_output, &s.v, n, &mut b.o)?;
+                }
+                _ => st.matmul(attn_output, &b.att, n, &mut b.o)?,
+            }
+            add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
         }
-        match at {
-            At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
-            // One attention call over every sequence's rows, when the
-            // backend has it (the work splits between threads at once).
-            At::Rows(rows) if self.stream.attends_parts() => {
-                for (i, row) in rows.iter_mut().enumerate() {
-                    self.write_part(l, row.kv, i, 1)?;
-                }
-                self.attend_parts(l, lw, rows.iter().map(|r| (&*r.kv, 1)))?;
-            }
-            At::Chunks(chunks) if self.stream.attends_parts() => {
-                let mut first = 0;
-                for c in chunks.iter_mut() {
-                    self.write_part(l, c.kv, first, c.tokens.len())?;
-                    first += c.tokens.len();
-                }
-                let parts = chunks.iter().map(|c| (&*c.kv, c.tokens.len()));
-                self.attend_parts(l, lw, parts)?;
-            }
-            At::Rows(rows) => {
-                for (i, row) in rows.iter_mut().enumerate() {
-                    self.attend_part(l, lw, row.kv, i, 1)?;
-                }
-            }
-            At::Chunks(chunks) => {
-                let mut first = 0;
-                for c in chunks.iter_mut() {
-                    self.attend_part(l, lw, c.kv, first, c.tokens.len())?;
-                    first += c.tokens.len();
-                }
-            }
-        }
-        let (st, b) = (&mut self.stream, &mut self.bufs);
-        if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
-            st.matmul(wg, &b.a, n, g)?;
-            st.mul_sigmoid(&mut b.att, g, n * nh * hd)?;
-        }
-        st.matmul(&lw.attn_output, &b.att, n, &mut b.o)?;
-        add_bias::<D>(st, &mut b.o, lw.attn_output_bias.as_ref(), n)?;
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         if let Some(ns) = norms.attn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_attention_norm.as_ref())?;
         }
@@ -529,10 +642,12 @@ impl<D: Device> Session<'_, D> {
 
     /// q, k, v of plain attention for `n` tokens, with their biases and
     /// per-head norms.
+    #[allow(clippy::too_many_arguments)]
     fn project_qkv(
         st: &mut D::Stream,
         b: &mut Buffers<D>,
         lw: &LayerWeights<D>,
+        attn_q: &D::Matrix,
         spec: &ArchSpec,
         ls: &LayerSpec,
         n: usize,
@@ -540,7 +655,7 @@ impl<D: Device> Session<'_, D> {
     ) -> Result<(), EngineError> {
         let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
         let norms = &spec.norms;
-        st.matmul(&lw.attn_q, &b.a, n, &mut b.q)?;
+        st.matmul(attn_q, &b.a, n, &mut b.q)?;
         add_bias::<D>(st, &mut b.q, lw.attn_q_bias.as_ref(), n)?;
         st.matmul(attn_k, &b.a, n, &mut b.k)?;
         add_bias::<D>(st, &mut b.k, lw.attn_k_bias.as_ref(), n)?;
@@ -564,6 +679,69 @@ impl<D: Device> Session<'_, D> {
         Ok(())
     }
 
+    /// A gated DeltaNet layer's token mixing for `n` rows of `bufs.a` into
+    /// `bufs.o` (see [`DeltaNetSpec`]): the projections are batched; the
+    /// convolution and the recurrence run over the session's own state
+    /// ([`At::Own`]) or each sequence's ([`At::Rows`], [`At::Chunks`]).
+    fn delta_mix(
+        &mut self,
+        l: usize,
+        w: &DeltaNetWeights<D>,
+        at: &mut At<'_, '_, D>,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
+        let (Some(d), Some(s)) = (&spec.delta_net, b.delta.as_mut()) else {
+            return Err(EngineError::NotImplemented {
+                feature: "a DeltaNet layer without its spec or scratch",
+            });
+        };
+        let no_state = || EngineError::NotImplemented {
+            feature: "a DeltaNet layer whose cache holds no recurrent state",
+        };
+        st.matmul(&w.qkv, &b.a, n, &mut s.batch.mixed)?;
+        st.matmul(&w.alpha, &b.a, n, &mut s.batch.alpha)?;
+        st.matmul(&w.beta, &b.a, n, &mut s.batch.beta)?;
+        st.matmul(&w.z, &b.a, n, &mut s.z)?;
+        match at {
+            At::Own(pos) => {
+                let state = self.kv.layers[l].state.as_mut().ok_or_else(no_state)?;
+                delta_recurrence(st, d, w, &mut s.batch, state, n, *pos == 0)?;
+            }
+            At::Rows(rows) => {
+                for (i, row) in rows.iter_mut().enumerate() {
+                    delta_part(st, d, w, s, row.kv, l, i, 1)?;
+                }
+            }
+            At::Chunks(chunks) => {
+                let mut first = 0;
+                for c in chunks.iter_mut() {
+                    delta_part(st, d, w, s, c.kv, l, first, c.tokens.len())?;
+                    first += c.tokens.len();
+                }
+            }
+        }
+        // Gated RMSNorm per value head (plain weight, the model's eps), then
+        // `z ← silu(z) · norm(o)`, then the output projection.
+        let eps = spec.norms.attn_input.eps;
+        st.rms_norm(
+            &mut s.batch.core,
+            n * d.v_heads,
+            d.v_head_dim,
+            NormSpec::plain(eps),
+            Some(&w.norm),
+        )?;
+        st.glu(
+            &mut s.z,
+            &s.batch.core,
+            n * d.value_dim(),
+            Activation::Swiglu,
+        )?;
+        st.matmul(&w.out, &s.z, n, &mut b.o)?;
+        Ok(())
+    }
+
     /// Rope, cache write and attention of layer `l` for `n` tokens at
     /// consecutive positions from `pos` in the session's own cache.
     fn attend_own(
@@ -573,41 +751,16 @@ impl<D: Device> Session<'_, D> {
         pos: usize,
         n: usize,
     ) -> Result<(), EngineError> {
-        let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
-        let ls = &spec.layers[l];
-        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
-        if let Some(rope) = &m.ropes[l] {
-            st.rope(&mut b.q, n, nh, hd, pos, rope)?;
-            st.rope(&mut b.k, n, nkv, hd, pos, rope)?;
-        }
-        let kv = &mut self.kv.layers[l];
-        // Latent attention reads its one cached row as keys and values.
-        let latent = spec.mla.is_some();
-        st.kv_write(&mut kv.k, &b.k, n, kv.row, pos, kv.capacity)?;
-        if !latent {
-            st.kv_write(&mut kv.v, &b.v, n, kv.row, pos, kv.capacity)?;
-        }
-        let params = AttentionParams {
-            n_tokens: n,
-            first_pos: pos,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            capacity: kv.capacity,
-            window: ls.window,
-            scale: spec.attention.scale,
-            softcap: spec.attention.softcap,
+        let b = &mut *self.bufs;
+        let rows = Rows {
+            q: &mut b.q,
+            k: &mut b.k,
+            v: &b.v,
+            out: &mut b.att,
+            n,
+            pos,
         };
-        st.attention(
-            &b.q,
-            &kv.k,
-            if latent { &kv.k } else { &kv.v },
-            &params,
-            lw.attn_sinks.as_ref(),
-            &mut b.att,
-        )?;
-        Ok(())
+        attend(self.stream, self.model, l, lw, &mut self.kv.layers[l], rows)
     }
 
     /// Steers each chunk's rows of the residual stream after layer `l` with
@@ -645,27 +798,30 @@ impl<D: Device> Session<'_, D> {
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
         let ls = &spec.layers[l];
-        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
-        let (qd, kvd) = (nh * hd, nkv * hd);
-        let latent = spec.mla.is_some();
+        let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
+        let (latent, roped) = (spec.mla.is_some(), m.ropes[l].is_some());
         let r = &mut b.row;
         let pos = kv.position();
+        if roped {
+            st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
+        }
         st.copy(&b.k, first * kvd, &mut r.k, 0, n * kvd)?;
         if !latent {
             st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
         }
-        if let Some(rope) = &m.ropes[l] {
-            st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
-            st.rope(&mut r.q, n, nh, hd, pos, rope)?;
+        let mut rows = Rows {
+            q: &mut r.q,
+            k: &mut r.k,
+            v: &r.v,
+            out: &mut r.att,
+            n,
+            pos,
+        };
+        rope_and_write(st, m, l, &mut kv.layers[l], &mut rows)?;
+        if roped {
             st.copy(&r.q, 0, &mut b.q, first * qd, n * qd)?;
-            st.rope(&mut r.k, n, nkv, hd, pos, rope)?;
-        }
-        let kv = &mut kv.layers[l];
-        st.kv_write(&mut kv.k, &r.k, n, kv.row, pos, kv.capacity)?;
-        if !latent {
-            st.kv_write(&mut kv.v, &r.v, n, kv.row, pos, kv.capacity)?;
         }
         Ok(())
     }
@@ -686,8 +842,7 @@ impl<D: Device> Session<'_, D> {
         D: 'c,
     {
         let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
-        let ls = &spec.layers[l];
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
         let latent = spec.mla.is_some();
         // A few dozen bytes per sequence and layer; the per-sequence caches
         // it borrows change every layer.
@@ -697,17 +852,7 @@ impl<D: Device> Session<'_, D> {
                 AttentionPart {
                     k_cache: &kl.k,
                     v_cache: if latent { &kl.k } else { &kl.v },
-                    params: AttentionParams {
-                        n_tokens: n,
-                        first_pos: kv.position(),
-                        n_heads: spec.num_heads,
-                        n_kv_heads: ls.num_kv_heads,
-                        head_dim: ls.head_dim,
-                        capacity: kl.capacity,
-                        window: ls.window,
-                        scale: spec.attention.scale,
-                        softcap: spec.attention.softcap,
-                    },
+                    params: attention_params(m, l, kl, n, kv.position()),
                 }
             })
             .collect();
@@ -728,10 +873,9 @@ impl<D: Device> Session<'_, D> {
         n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st, b) = (&m.spec, &mut self.stream, &mut self.bufs);
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
         let ls = &spec.layers[l];
-        let (nh, nkv, hd) = (spec.num_heads, ls.num_kv_heads, ls.head_dim);
-        let (qd, kvd) = (nh * hd, nkv * hd);
+        let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
         let latent = spec.mla.is_some();
         let r = &mut b.row;
         let pos = kv.position();
@@ -740,34 +884,15 @@ impl<D: Device> Session<'_, D> {
         if !latent {
             st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
         }
-        if let Some(rope) = &m.ropes[l] {
-            st.rope(&mut r.q, n, nh, hd, pos, rope)?;
-            st.rope(&mut r.k, n, nkv, hd, pos, rope)?;
-        }
-        let kv = &mut kv.layers[l];
-        st.kv_write(&mut kv.k, &r.k, n, kv.row, pos, kv.capacity)?;
-        if !latent {
-            st.kv_write(&mut kv.v, &r.v, n, kv.row, pos, kv.capacity)?;
-        }
-        let params = AttentionParams {
-            n_tokens: n,
-            first_pos: pos,
-            n_heads: nh,
-            n_kv_heads: nkv,
-            head_dim: hd,
-            capacity: kv.capacity,
-            window: ls.window,
-            scale: spec.attention.scale,
-            softcap: spec.attention.softcap,
+        let rows = Rows {
+            q: &mut r.q,
+            k: &mut r.k,
+            v: &r.v,
+            out: &mut r.att,
+            n,
+            pos,
         };
-        st.attention(
-            &r.q,
-            &kv.k,
-            if latent { &kv.k } else { &kv.v },
-            &params,
-            lw.attn_sinks.as_ref(),
-            &mut r.att,
-        )?;
+        attend(st, m, l, lw, &mut kv.layers[l], rows)?;
         st.copy(&r.att, 0, &mut b.att, first * qd, n * qd)?;
         Ok(())
     }
@@ -784,7 +909,7 @@ impl<D: Device> Session<'_, D> {
         let m = self.model;
         let spec = &m.spec;
         let hidden = spec.hidden_size;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
 
         st.copy(&b.h, 0, &mut b.a, 0, n * hidden)?;
         st.rms_norm(
@@ -808,7 +933,7 @@ impl<D: Device> Session<'_, D> {
             }
             FfnWeights::Moe(mw) => (self.moe_block(l, lw, mw, n, t)?, Phase::Experts),
         };
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         if let Some(ns) = spec.norms.ffn_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm.as_ref())?;
         }
@@ -832,7 +957,7 @@ impl<D: Device> Session<'_, D> {
         let spec = &m.spec;
         let hidden = spec.hidden_size;
         let norms = &spec.norms;
-        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let (st, b) = (&mut *self.stream, &mut *self.bufs);
         let (Some(router_buf), Some(routes), Some(scratch), Some(moe_in), Some(router)) = (
             b.router.as_mut(),
             b.routes.as_mut(),
@@ -885,20 +1010,11 @@ impl<D: Device> Session<'_, D> {
                 routes,
                 resident: mw.experts.as_ref(),
                 activation: spec.activation,
+                census: self.hooks.census.as_mut(),
             },
             scratch,
             &mut b.o,
         )?;
-        if let (Some(c), Some(bank)) = (self.hooks.census.as_mut(), mw.experts.as_ref()) {
-            let input = MoeInput {
-                x,
-                n_tokens: n,
-                routes,
-                bank,
-                activation: spec.activation,
-            };
-            c.experts(st, l, input, scratch)?;
-        }
         if let Some(ns) = norms.moe_post {
             st.rms_norm(&mut b.o, n, hidden, ns, lw.post_ffw_norm_2.as_ref())?;
         }
@@ -924,6 +1040,12 @@ impl<D: Device> Session<'_, D> {
             dense_mlp(st, m, w, &b.a, n, tmp, &mut b.branch)?;
             if let Some(c) = self.hooks.census.as_mut() {
                 c.dense(st, l, site, &b.mlp_gate, n, w.intermediate)?;
+            }
+            if let (FfnSite::Shared, Some(gw), Some(g)) =
+                (site, &mw.shared_gate, b.shared_gate.as_mut())
+            {
+                st.matmul(gw, &b.a, n, g)?;
+                st.mul_sigmoid_rows(&mut b.branch, g, n, hidden)?;
             }
             if let Some((ns, weight)) = post {
                 st.rms_norm(&mut b.branch, n, hidden, ns, weight)?;
@@ -958,9 +1080,9 @@ impl<D: Device> Session<'_, D> {
     /// of `bufs.a` (residual rows) into the logits buffer.
     fn head_on_a(&mut self, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
-        let (spec, st) = (&m.spec, &mut self.stream);
+        let (spec, st) = (&m.spec, &mut *self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
-        let b = &mut self.bufs;
+        let b = &mut *self.bufs;
         st.rms_norm(
             &mut b.a,
             rows,

@@ -98,5 +98,5 @@ pub enum EngineError {
     Format(#[from] FormatError),
     /// Opening or reading routed experts.
     #[error(transparent)]
-    Experts(#[from] crate::experts::ExpertError),
+    Experts(#[from] crate::expert_error::ExpertError),
 }

@@ -11,10 +11,29 @@
 //!
 //! With latent attention (DeepSeek-V3) a layer caches one row `[rope(k_rope),
 //! c]` per position, read as both keys and values: the `v` buffer is empty.
+//!
+//! A gated DeltaNet layer (Qwen3.5) keeps no rows: its state is the last
+//! `kernel − 1` convolution inputs and the recurrent matrix per value head
+//! ([`RecurrentState`], f32), constant in the sequence length. The state
+//! holds exactly the positions before [`KvCache::position`]: a pass starts
+//! there (a sequence cannot rewind), and one at position 0 reads the state
+//! as zeros, so a reset sequence never sees a stale state. A pass that
+//! fails midway may have moved the state without the position; the session
+//! then resets the cache ([`KvCache::reset`]) so that it recomputes.
 
 use crate::EngineError;
-use turbospark_backend::Device;
-use turbospark_core::arch::ArchSpec;
+use turbospark_backend::DType;
+use turbospark_backend::{Device, DeviceBuf};
+use turbospark_core::arch::{ArchSpec, Mixer};
+
+/// The per-sequence state of a gated DeltaNet layer, f32.
+pub struct RecurrentState<D: Device> {
+    /// The last `kernel − 1` inputs of the convolution `[kernel − 1,
+    /// conv_dim]`, oldest first.
+    pub conv: D::Buf,
+    /// `[v_heads, k_head_dim, v_head_dim]`
+    pub recurrent: D::Buf,
+}
 
 /// One layer's cache.
 pub struct KvLayer<D: Device> {
@@ -28,6 +47,9 @@ pub struct KvLayer<D: Device> {
     pub row: usize,
     /// Values are the key rows (latent attention); `v` is empty.
     pub values_are_keys: bool,
+    /// A DeltaNet layer's state; `k` and `v` are then empty and the
+    /// capacity 0.
+    pub state: Option<RecurrentState<D>>,
 }
 
 pub struct KvCache<D: Device> {
@@ -58,6 +80,19 @@ impl<D: Device> KvCache<D> {
             .layers
             .iter()
             .map(|l| {
+                if let (Mixer::DeltaNet, Some(d)) = (l.mixer, &spec.delta_net) {
+                    return Ok(KvLayer {
+                        k: device.alloc(dtype, 0)?,
+                        v: device.alloc(dtype, 0)?,
+                        capacity: 0,
+                        row: 0,
+                        values_are_keys: false,
+                        state: Some(RecurrentState {
+                            conv: device.alloc(DType::F32, d.conv_state_len())?,
+                            recurrent: device.alloc(DType::F32, d.recurrent_state_len())?,
+                        }),
+                    });
+                }
                 let capacity = layer_capacity(l.window, context, max_batch);
                 let row = l.num_kv_heads * l.head_dim;
                 Ok(KvLayer {
@@ -66,6 +101,7 @@ impl<D: Device> KvCache<D> {
                     capacity,
                     row,
                     values_are_keys: latent,
+                    state: None,
                 })
             })
             .collect::<Result<Vec<_>, EngineError>>()?;
@@ -95,6 +131,22 @@ impl<D: Device> KvCache<D> {
             .filter(|l| l.capacity == self.context)
             .map(|l| if l.values_are_keys { l.row } else { 2 * l.row })
             .sum()
+    }
+
+    /// Elements of the recurrent (DeltaNet) state of every layer: the same
+    /// whatever the context; multiply by 4 for bytes (f32).
+    pub fn state_elements(&self) -> usize {
+        self.layers
+            .iter()
+            .filter_map(|l| l.state.as_ref())
+            .map(|s| s.conv.len() + s.recurrent.len())
+            .sum()
+    }
+
+    /// Whether some layer keeps a recurrent state (which a pass that
+    /// failed midway may have moved).
+    pub fn has_recurrent_state(&self) -> bool {
+        self.layers.iter().any(|l| l.state.is_some())
     }
 
     /// Rows held for `layer`.
@@ -138,19 +190,24 @@ impl<D: Device> KvCache<D> {
     /// computed once for several requests). A row depends only on its
     /// token and the positions before it, so what follows computes as it
     /// would after computing the prefix anew. Refused when `position` is
-    /// past the cache's, or when a sliding layer's ring has wrapped (its
-    /// rows no longer hold every position the prefix's last queries read).
+    /// past the cache's, when a sliding layer's ring has wrapped (its rows
+    /// no longer hold every position the prefix's last queries read), or,
+    /// but for position 0, when a layer keeps a recurrent state (it holds
+    /// every position before the cache's, and cannot go back).
     pub fn rewind(&mut self, position: usize) -> Result<(), EngineError> {
         let wrapped = self
             .layers
             .iter()
-            .any(|l| l.capacity < self.context && self.position > l.capacity);
-        if position > self.position || (wrapped && position != self.position) {
+            .any(|l| l.state.is_none() && l.capacity < self.context && self.position > l.capacity);
+        let recurrent = self.has_recurrent_state() && position != 0;
+        if position > self.position || ((wrapped || recurrent) && position != self.position) {
             return Err(EngineError::BadOptions {
                 detail: format!(
                     "cannot rewind a KV cache at position {} to {position}{}",
                     self.position,
-                    if wrapped {
+                    if recurrent {
+                        " (a layer keeps a recurrent state)"
+                    } else if wrapped {
                         " (a sliding layer's ring has wrapped)"
                     } else {
                         ""

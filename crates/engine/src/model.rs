@@ -4,7 +4,6 @@
 //! missing weight.
 
 use crate::experts::{ExpertOptions, ExpertStore, Residency};
-use crate::session::{Session, SessionOptions};
 use crate::source::{ExpertBacking, InstallSource, WeightSource};
 use crate::weights::Weights;
 use crate::EngineError;
@@ -122,11 +121,6 @@ impl<D: Device> Model<D> {
 
     pub fn vocab_size(&self) -> usize {
         self.spec.vocab_size
-    }
-
-    /// A new session (KV cache and scratch) over this model.
-    pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
-        Session::new(self, options)
     }
 }
 

@@ -19,12 +19,13 @@
 //! numerics are).
 
 use crate::census::{CensusState, FfnCensus};
-use crate::decoder::{BatchChunk, BatchRow, Buffers};
+use crate::decoder::{BatchChunk, BatchRow, Pass};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
 use crate::hooks::{Hooks, PreparedSteering, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
+use crate::scratch::Buffers;
 use crate::timing::PhaseTimes;
 use crate::EngineError;
 use turbospark_backend::{Device, Limits, Stream};
@@ -80,8 +81,15 @@ pub struct Session<'m, D: Device> {
     max_batch: usize,
 }
 
+impl<D: Device> Model<D> {
+    /// A new session (KV cache and scratch) over this model.
+    pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
+        Session::new(self, options)
+    }
+}
+
 impl<'m, D: Device> Session<'m, D> {
-    pub(crate) fn new(model: &'m Model<D>, opts: SessionOptions) -> Result<Self, EngineError> {
+    fn new(model: &'m Model<D>, opts: SessionOptions) -> Result<Self, EngineError> {
         if opts.context == 0 || opts.max_batch == 0 {
             return Err(EngineError::BadOptions {
                 detail: format!(
@@ -100,7 +108,14 @@ impl<'m, D: Device> Session<'m, D> {
             .map(|l| layer_capacity(l.window, opts.context, max_batch))
             .max()
             .unwrap_or(0);
-        let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        // The gated delta rule works on one key head at a time.
+        let max_head_dim = spec
+            .layers
+            .iter()
+            .map(|l| l.head_dim)
+            .chain(spec.delta_net.map(|d| d.k_head_dim))
+            .max()
+            .unwrap_or(0);
         // Streamed expert slots are uploaded first: the stream's scratch
         // fits every matrix on the device when it is created.
         let experts = SessionExperts::new(&model.spec, &model.device, &model.experts, max_batch)?;
@@ -124,6 +139,20 @@ impl<'m, D: Device> Session<'m, D> {
             batch_tokens: Vec::with_capacity(max_batch),
             max_batch,
         })
+    }
+
+    /// The decoder's view of this session for one forward pass over its
+    /// own cache.
+    fn pass(&mut self) -> Pass<'_, D> {
+        Pass {
+            model: self.model,
+            stream: &mut self.stream,
+            kv: &mut self.kv,
+            bufs: &mut self.bufs,
+            experts: &mut self.experts,
+            times: &mut self.times,
+            hooks: &mut self.hooks,
+        }
     }
 
     /// The next position the cache expects.
@@ -245,25 +274,12 @@ impl<'m, D: Device> Session<'m, D> {
     }
 
     /// Starts an FFN census with `thresholds` (see [`crate::census`]),
-    /// replacing any, or stops it (`None`). A model whose routed experts
-    /// are streamed has no bank of every expert to recompute their
-    /// intermediate from: refused.
+    /// replacing any, or stops it (`None`).
     pub fn set_ffn_census(&mut self, thresholds: Option<&[f32]>) -> Result<(), EngineError> {
         let Some(thresholds) = thresholds else {
             self.hooks.set_census(None);
             return Ok(());
         };
-        let streamed =
-            self.model.weights.layers.iter().any(
-                |l| matches!(&l.ffn, crate::weights::FfnWeights::Moe(mw) if mw.experts.is_none()),
-            );
-        if streamed {
-            return Err(EngineError::BadOptions {
-                detail: "an FFN census of routed experts needs them resident or mapped \
-                         (--experts resident|mapped), not streamed"
-                    .into(),
-            });
-        }
         let c = CensusState::new(
             &self.model.device,
             &self.model.spec,
@@ -346,7 +362,14 @@ impl<'m, D: Device> Session<'m, D> {
                     Some((0, chunk.len(), &mut out[at..at + chunk.len() * vocab]))
                 }
             };
-            self.run_chunk(pos, chunk, head)?;
+            if let Err(e) = self.pass().run_chunk(pos, chunk, head) {
+                // A recurrent state may have moved past the position: the
+                // sequence must be recomputed, never continued.
+                if self.kv.has_recurrent_state() {
+                    self.kv.reset();
+                }
+                return Err(e);
+            }
             self.kv.advance(chunk.len());
         }
         Ok(())
@@ -454,9 +477,15 @@ impl<'m, D: Device> Session<'m, D> {
         let mut tokens = std::mem::take(&mut self.batch_tokens);
         tokens.clear();
         tokens.extend(rows.iter().map(|r| r.token));
-        let result = self.run_rows(rows, &tokens, logits);
+        let result = self.pass().run_rows(rows, &tokens, logits);
         self.batch_tokens = tokens;
-        result?;
+        if let Err(e) = result {
+            // As in forward_chunks: a moved recurrent state is not continued.
+            for row in rows.iter_mut().filter(|r| r.kv.has_recurrent_state()) {
+                row.kv.reset();
+            }
+            return Err(e);
+        }
         for row in rows.iter_mut() {
             row.kv.advance(1);
         }
@@ -524,9 +553,16 @@ impl<'m, D: Device> Session<'m, D> {
         for c in chunks.iter() {
             tokens.extend_from_slice(c.tokens);
         }
-        let result = self.run_chunks(chunks, &tokens, logits);
+        let result = self.pass().run_chunks(chunks, &tokens, logits);
         self.batch_tokens = tokens;
-        result?;
+        if let Err(e) = result {
+            // A recurrent state may have moved past its cache's position:
+            // those sequences must be recomputed, never continued.
+            for c in chunks.iter_mut().filter(|c| c.kv.has_recurrent_state()) {
+                c.kv.reset();
+            }
+            return Err(e);
+        }
         for c in chunks.iter_mut() {
             c.kv.advance(c.tokens.len());
         }
@@ -545,5 +581,14 @@ impl<'m, D: Device> Session<'m, D> {
         let result = self.forward(position, &[token], Logits::Last(&mut out));
         self.last_logits = out;
         result.map(|()| self.last_logits.as_slice())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sessions_stay_sendable() {
+        fn send<T: Send>() {}
+        send::<super::Session<'static, turbospark_cpu::CpuDevice>>();
     }
 }

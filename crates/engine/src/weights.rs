@@ -11,8 +11,7 @@ use crate::source::WeightSource;
 use crate::EngineError;
 use std::collections::HashMap;
 use turbospark_backend::{Device, ExpertTensors, ExpertWeights, HostTensor, SharedBytes};
-use turbospark_core::arch::{ArchSpec, FfnKind, MlaSpec};
-use turbospark_core::QuantFormat;
+use turbospark_core::arch::{ArchSpec, FfnKind, KvBLayout, Mixer, MlaSpec};
 use turbospark_format::roles::{present, Placement, Role};
 
 /// `ffn_gate` / `ffn_up` / `ffn_down` of a dense MLP (or shared expert).
@@ -47,6 +46,9 @@ pub struct MoeWeights<D: Device> {
     pub experts: Option<D::Bank>,
     /// `ffn_{gate,up,down}_shexp`: the always-on shared expert.
     pub shared: Option<DenseWeights<D>>,
+    /// `ffn_gate_inp_shexp` `[1, hidden]`: the shared expert's output is
+    /// scaled by `sigmoid` of this row times the input (Qwen3.5).
+    pub shared_gate: Option<D::Matrix>,
     /// The dense MLP that runs beside the experts (Gemma 4).
     pub parallel_dense: Option<DenseWeights<D>>,
 }
@@ -56,8 +58,11 @@ pub enum FfnWeights<D: Device> {
     Moe(MoeWeights<D>),
 }
 
-/// Latent attention of one layer ([`MlaSpec`]), beside the absorbed
-/// [`LayerWeights::attn_q`] and [`LayerWeights::attn_output`].
+/// Latent attention of one layer ([`MlaSpec`]), beside
+/// [`LayerWeights::attn_q`] and [`LayerWeights::attn_output`]. Every
+/// matrix keeps the checkpoint's format: nothing is folded into another
+/// matrix at load (the absorbed products of DeepSeek-V3 in f32 would be
+/// about 150 GB).
 pub struct MlaWeights<D: Device> {
     /// `attn_q_a` `[q_lora, hidden]` and `attn_q_a_norm` `[q_lora]`, when
     /// the query is low-rank.
@@ -68,23 +73,61 @@ pub struct MlaWeights<D: Device> {
     pub kv_a_rope: D::Matrix,
     /// `attn_kv_a_norm` `[kv_lora]`.
     pub kv_a_norm: D::Vector,
+    /// The key/value up-projection, applied per head
+    /// ([`turbospark_backend::Stream::head_matmul`]).
+    pub kv_b: KvB<D>,
+}
+
+/// Latent attention's key/value up-projection, as the checkpoint stores it
+/// (`turbospark_core::arch::KvBLayout`).
+pub enum KvB<D: Device> {
+    /// `attn_kv_b` `[n_heads · (nope + v), kv_lora]`: per head, `W_uk[h]`
+    /// `[nope, kv_lora]` over `W_uv[h]` `[v, kv_lora]`.
+    Fused(D::Matrix),
+    /// `attn_k_b` `[n_heads · kv_lora, nope]` (each `W_uk[h]ᵀ`) and
+    /// `attn_v_b` `[n_heads · v, kv_lora]` (each `W_uv[h]`).
+    Split { k_b: D::Matrix, v_b: D::Matrix },
+}
+
+/// A gated DeltaNet layer (`turbospark_core::arch::DeltaNetSpec`).
+pub struct DeltaNetWeights<D: Device> {
+    /// `attn_qkv` `[2 · key_dim + value_dim, hidden]`
+    pub qkv: D::Matrix,
+    /// `attn_gate` (HF `in_proj_z`) `[value_dim, hidden]`
+    pub z: D::Matrix,
+    /// `ssm_beta` `[v_heads, hidden]`
+    pub beta: D::Matrix,
+    /// `ssm_alpha` `[v_heads, hidden]`
+    pub alpha: D::Matrix,
+    /// `ssm_conv1d` `[conv_dim · kernel]` (channel-major).
+    pub conv: D::Vector,
+    /// `ssm_dt.bias` `[v_heads]`
+    pub dt_bias: D::Vector,
+    /// `ssm_a_log` `[v_heads]`
+    pub a_log: D::Vector,
+    /// `ssm_norm` `[v_head_dim]`, a plain weight.
+    pub norm: D::Vector,
+    /// `ssm_out` `[hidden, value_dim]`
+    pub out: D::Matrix,
 }
 
 /// One decoder layer.
 pub struct LayerWeights<D: Device> {
     pub attn_norm: Option<D::Vector>,
-    /// `[n_heads · head_dim, hidden]`; with latent attention the absorbed
-    /// query `[n_heads · (rope + kv_lora), q_lora or hidden]` (see
-    /// [`absorb_query`]).
-    pub attn_q: D::Matrix,
+    /// `[n_heads · head_dim, hidden]`; with latent attention `attn_q_b` (or
+    /// `attn_q`) `[n_heads · (nope + rope), q_lora or hidden]`; `None` on
+    /// DeltaNet layers.
+    pub attn_q: Option<D::Matrix>,
     /// `[n_kv_heads · head_dim, hidden]`; `None` with latent attention.
     pub attn_k: Option<D::Matrix>,
     /// `None` on layers whose values are the key projection
     /// ([`LayerSpec::value_from_key`]).
     pub attn_v: Option<D::Matrix>,
-    /// `[hidden, n_heads · head_dim]`; with latent attention the absorbed
-    /// output `[hidden, n_heads · (rope + kv_lora)]` (see [`absorb_output`]).
-    pub attn_output: D::Matrix,
+    /// `[hidden, n_heads · head_dim]`; with latent attention `[hidden,
+    /// n_heads · v]`; `None` on DeltaNet layers.
+    pub attn_output: Option<D::Matrix>,
+    /// Gated DeltaNet, on the layers whose mixer it is.
+    pub delta: Option<DeltaNetWeights<D>>,
     /// Latent attention (DeepSeek-V3).
     pub mla: Option<MlaWeights<D>>,
     pub attn_q_bias: Option<D::Vector>,
@@ -95,7 +138,8 @@ pub struct LayerWeights<D: Device> {
     pub attn_q_norm: Option<D::Vector>,
     pub attn_k_norm: Option<D::Vector>,
     pub attn_v_norm: Option<D::Vector>,
-    /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer).
+    /// Output gate `[n_heads · head_dim, hidden]` (Muse Glimmer; Qwen3.5's
+    /// rows of `attn_q`, see [`split_q_gate`]).
     pub attn_gate: Option<D::Matrix>,
     /// One sink logit per query head (gpt-oss).
     pub attn_sinks: Option<D::Vector>,
@@ -227,45 +271,31 @@ impl<D: Device> Loader<'_, D> {
         Ok(Some(v))
     }
 
-    /// A tensor read to the host as f32 `[rows, cols]`.
-    fn host_matrix(&self, ts: &Listed, role: Role) -> Result<Vec<f32>, EngineError> {
-        let (name, shape) = ts.required(role)?;
-        let t = self.src.resident(name)?;
+    /// Rows `rows` of the matrix `role`, in its own format, as a matrix
+    /// named `name` (the bytes are shared, not copied).
+    fn row_block(
+        &self,
+        ts: &Listed,
+        role: Role,
+        name: String,
+        rows: std::ops::Range<usize>,
+    ) -> Result<D::Matrix, EngineError> {
+        let (src_name, shape) = ts.required(role)?;
+        let t = self.src.resident(src_name)?;
         check_shape(&t, shape)?;
-        let mut v = vec![0f32; shape.iter().product()];
-        turbospark_core::quant::dequantize_row(t.format, t.bytes.as_slice(), &mut v).map_err(
-            |source| turbospark_backend::BackendError::Quant {
-                name: t.name.clone(),
-                source,
-            },
-        )?;
-        Ok(v)
+        Ok(self.be.upload_matrix(&t.row_block(name, rows)?)?)
     }
 
-    /// Uploads host f32 values as a matrix `[rows, cols]`.
-    fn upload_f32(&self, name: String, rows: usize, v: &[f32]) -> Result<D::Matrix, EngineError> {
-        let t = HostTensor {
-            name,
-            format: QuantFormat::F32,
-            shape: vec![rows, v.len() / rows],
-            bytes: SharedBytes::from_f32(v),
-        };
-        Ok(self.be.upload_matrix(&t)?)
-    }
-
-    /// Latent attention of layer `l`: the absorbed query and output
-    /// matrices, and the rest of [`MlaWeights`].
+    /// Latent attention of layer `l` ([`MlaWeights`]), and its query and
+    /// output matrices.
     #[allow(clippy::type_complexity)]
     fn mla(
         &self,
-        spec: &ArchSpec,
         a: &MlaSpec,
         l: usize,
         ts: &Listed,
     ) -> Result<(D::Matrix, D::Matrix, MlaWeights<D>), EngineError> {
-        let nh = spec.num_heads;
         let (r, dr) = (a.kv_lora_rank, a.qk_rope_head_dim);
-        let kv_b = self.host_matrix(ts, Role::AttnKvB)?;
         let (q, q_a) = match a.q_lora_rank {
             Some(_) => {
                 let q_a = self.matrix(ts, Role::AttnQA)?;
@@ -274,40 +304,43 @@ impl<D: Device> Loader<'_, D> {
                         .ok_or(EngineError::NotImplemented {
                             feature: "a low-rank query without its norm",
                         })?;
-                (self.host_matrix(ts, Role::AttnQB)?, Some((q_a, norm)))
+                (self.matrix(ts, Role::AttnQB)?, Some((q_a, norm)))
             }
-            None => (self.host_matrix(ts, Role::AttnQ)?, None),
+            None => (self.matrix(ts, Role::AttnQ)?, None),
         };
-        let q_abs = absorb_query(a, nh, &q, &kv_b);
-        let o = self.host_matrix(ts, Role::AttnOutput)?;
-        let o_abs = absorb_output(a, nh, spec.hidden_size, &o, &kv_b);
-        let kv_a = self.host_matrix(ts, Role::AttnKvAMqa)?;
-        let cols = spec.hidden_size;
         let weights = MlaWeights {
             q_a,
-            kv_a_latent: self.upload_f32(
+            kv_a_latent: self.row_block(
+                ts,
+                Role::AttnKvAMqa,
                 format!("blk.{l}.attn_kv_a_mqa.weight (latent rows)"),
-                r,
-                &kv_a[..r * cols],
+                0..r,
             )?,
-            kv_a_rope: self.upload_f32(
+            kv_a_rope: self.row_block(
+                ts,
+                Role::AttnKvAMqa,
                 format!("blk.{l}.attn_kv_a_mqa.weight (rope rows)"),
-                dr,
-                &kv_a[r * cols..],
+                r..r + dr,
             )?,
             kv_a_norm: self
                 .vector(ts, Role::AttnKvANorm)?
                 .ok_or(EngineError::NotImplemented {
                     feature: "latent attention without its kv_a norm",
                 })?,
+            kv_b: match a.kv_b {
+                KvBLayout::Fused => KvB::Fused(self.matrix(ts, Role::AttnKvB)?),
+                KvBLayout::Split => KvB::Split {
+                    k_b: self.matrix(ts, Role::AttnKB)?,
+                    v_b: self.matrix(ts, Role::AttnVB)?,
+                },
+            },
         };
-        let q_abs = self.upload_f32(
-            format!("blk.{l}.attn_q (absorbed)"),
-            nh * a.latent_head_dim(),
-            &q_abs,
-        )?;
-        let o_abs = self.upload_f32(format!("blk.{l}.attn_output (absorbed)"), cols, &o_abs)?;
-        Ok((q_abs, o_abs, weights))
+        if self.be.copies_weights() {
+            if let Ok((name, _)) = ts.required(Role::AttnKvAMqa) {
+                self.src.release_resident(name);
+            }
+        }
+        Ok((q, self.matrix(ts, Role::AttnOutput)?, weights))
     }
 
     /// A dense MLP (or shared expert) of the three roles, when the table
@@ -391,22 +424,78 @@ impl<D: Device> Loader<'_, D> {
                 ts,
                 [Role::FfnGateShexp, Role::FfnUpShexp, Role::FfnDownShexp],
             )?,
+            shared_gate: self.opt_matrix(ts, Role::FfnGateInpShexp)?,
             parallel_dense: self.dense(ts, DENSE)?,
         })
     }
 
+    /// A gated DeltaNet layer's weights.
+    fn delta_net(&self, ts: &Listed) -> Result<DeltaNetWeights<D>, EngineError> {
+        let required = |role| {
+            self.vector(ts, role)?.ok_or(EngineError::NotImplemented {
+                feature: "a DeltaNet layer whose tensor table lacks a vector",
+            })
+        };
+        // The depthwise kernel `[channels, kernel]` as one vector.
+        let (name, shape) = ts.required(Role::SsmConv1d)?;
+        let mut conv = self.src.resident(name)?;
+        check_shape(&conv, shape)?;
+        conv.shape = vec![shape.iter().product()];
+        Ok(DeltaNetWeights {
+            qkv: self.matrix(ts, Role::AttnQkv)?,
+            z: self.matrix(ts, Role::AttnGate)?,
+            beta: self.matrix(ts, Role::SsmBeta)?,
+            alpha: self.matrix(ts, Role::SsmAlpha)?,
+            conv: self.be.upload_vector(&conv)?,
+            dt_bias: required(Role::SsmDt)?,
+            a_log: required(Role::SsmALog)?,
+            norm: required(Role::SsmNorm)?,
+            out: self.matrix(ts, Role::SsmOut)?,
+        })
+    }
+
+    /// `attn_q` with the output gate's rows inside it, as two matrices.
+    fn q_and_gate(
+        &self,
+        spec: &ArchSpec,
+        l: usize,
+        ts: &Listed,
+    ) -> Result<(D::Matrix, D::Matrix), EngineError> {
+        let (name, shape) = ts.required(Role::AttnQ)?;
+        let t = self.src.resident(name)?;
+        check_shape(&t, shape)?;
+        let (q, gate) = split_q_gate(&t, spec.num_heads, spec.layers[l].head_dim)?;
+        Ok((self.be.upload_matrix(&q)?, self.be.upload_matrix(&gate)?))
+    }
+
     fn layer(&self, spec: &ArchSpec, l: usize) -> Result<LayerWeights<D>, EngineError> {
         let ts = Listed::of(spec, Placement::Layer, l);
+        let delta_layer = spec.layers[l].mixer == Mixer::DeltaNet;
+        let mut attn_gate = None;
         let (attn_q, attn_output, mla) = match &spec.mla {
+            _ if delta_layer => (None, None, None),
             Some(a) => {
-                let (q, o, w) = self.mla(spec, a, l, &ts)?;
-                (q, o, Some(w))
+                let (q, o, w) = self.mla(a, l, &ts)?;
+                (Some(q), Some(o), Some(w))
+            }
+            None if spec.attention.gate_in_q => {
+                let (q, gate) = self.q_and_gate(spec, l, &ts)?;
+                attn_gate = Some(gate);
+                (Some(q), Some(self.matrix(&ts, Role::AttnOutput)?), None)
             }
             None => (
-                self.matrix(&ts, Role::AttnQ)?,
-                self.matrix(&ts, Role::AttnOutput)?,
+                Some(self.matrix(&ts, Role::AttnQ)?),
+                Some(self.matrix(&ts, Role::AttnOutput)?),
                 None,
             ),
+        };
+        let (delta, attn_gate) = if delta_layer {
+            (Some(self.delta_net(&ts)?), None)
+        } else {
+            match attn_gate {
+                Some(g) => (None, Some(g)),
+                None => (None, self.opt_matrix(&ts, Role::AttnGate)?),
+            }
         };
         Ok(LayerWeights {
             attn_norm: self.vector(&ts, Role::AttnNorm)?,
@@ -414,6 +503,7 @@ impl<D: Device> Loader<'_, D> {
             attn_k: self.opt_matrix(&ts, Role::AttnK)?,
             attn_v: self.opt_matrix(&ts, Role::AttnV)?,
             attn_output,
+            delta,
             mla,
             attn_q_bias: self.vector(&ts, Role::AttnQBias)?,
             attn_k_bias: self.vector(&ts, Role::AttnKBias)?,
@@ -422,7 +512,7 @@ impl<D: Device> Loader<'_, D> {
             attn_q_norm: self.vector(&ts, Role::AttnQNorm)?,
             attn_k_norm: self.vector(&ts, Role::AttnKNorm)?,
             attn_v_norm: self.vector(&ts, Role::AttnVNorm)?,
-            attn_gate: self.opt_matrix(&ts, Role::AttnGate)?,
+            attn_gate,
             attn_sinks: self.vector(&ts, Role::AttnSinks)?,
             post_attention_norm: self.vector(&ts, Role::PostAttentionNorm)?,
             ffn_norm: self.vector(&ts, Role::FfnNorm)?,
@@ -443,78 +533,39 @@ impl<D: Device> Loader<'_, D> {
     }
 }
 
-/// The absorbed query of latent attention, `[n_heads · (rope + kv_lora),
-/// q_in]`, from the query projection `q` (`attn_q_b`, or `attn_q`)
-/// `[n_heads · (nope + rope), q_in]` and `attn_kv_b` `[n_heads · (nope +
-/// v), kv_lora]`: head `h`'s rows are its rope rows of `q` as they are,
-/// then `W_uk[h]ᵀ · q_nope[h]` (`W_uk[h]` the first `nope` rows of head
-/// `h` in `attn_kv_b`), so that `q_abs · x = [q_rope, W_uk[h]ᵀ q_nope]` and
-/// its dot product with a cached `[k_rope, c]` is `q_rope·k_rope +
-/// q_nope·k_nope`. Accumulated in f64.
-pub fn absorb_query(a: &MlaSpec, nh: usize, q: &[f32], kv_b: &[f32]) -> Vec<f32> {
-    let (dn, dr, dv, r) = (
-        a.qk_nope_head_dim,
-        a.qk_rope_head_dim,
-        a.v_head_dim,
-        a.kv_lora_rank,
-    );
-    let q_in = q.len() / (nh * (dn + dr));
-    let lat = dr + r;
-    let mut out = vec![0f32; nh * lat * q_in];
-    let mut acc = vec![0f64; q_in];
-    for h in 0..nh {
-        let q_head = &q[h * (dn + dr) * q_in..(h + 1) * (dn + dr) * q_in];
-        let uk = &kv_b[h * (dn + dv) * r..(h * (dn + dv) + dn) * r];
-        let dst = &mut out[h * lat * q_in..(h + 1) * lat * q_in];
-        dst[..dr * q_in].copy_from_slice(&q_head[dn * q_in..]);
-        for j in 0..r {
-            acc.iter_mut().for_each(|v| *v = 0.0);
-            for i in 0..dn {
-                let w = f64::from(uk[i * r + j]);
-                let row = &q_head[i * q_in..(i + 1) * q_in];
-                for (s, &x) in acc.iter_mut().zip(row) {
-                    *s += w * f64::from(x);
-                }
-            }
-            let d = &mut dst[(dr + j) * q_in..(dr + j + 1) * q_in];
-            for (o, s) in d.iter_mut().zip(&acc) {
-                *o = *s as f32;
-            }
-        }
+/// Splits a q projection whose rows hold, per head, `head_dim` query rows
+/// then `head_dim` output-gate rows (HF Qwen3.5 `q_proj`, viewed as
+/// `[heads, 2 · head_dim]` and chunked in halves) into the query `[heads ·
+/// head_dim, in]` and the gate `[heads · head_dim, in]`. Rows are copied
+/// as they are, in any format.
+pub fn split_q_gate(
+    t: &HostTensor,
+    heads: usize,
+    head_dim: usize,
+) -> Result<(HostTensor, HostTensor), EngineError> {
+    let (rows, cols, rb) = t.matrix_layout()?;
+    if rows != 2 * heads * head_dim {
+        return Err(EngineError::TensorShape {
+            name: t.name.clone(),
+            expected: vec![2 * heads * head_dim, cols],
+            found: t.shape.clone(),
+        });
     }
-    out
-}
-
-/// The absorbed output of latent attention, `[hidden, n_heads · (rope +
-/// kv_lora)]`, from `attn_output` `[hidden, n_heads · v]` and `attn_kv_b`:
-/// head `h`'s columns are zero over its rope part (the attention output's
-/// rope dims are not values) and `W_o[:, h] · W_uv[h]` over its latent
-/// part (`W_uv[h]` the last `v` rows of head `h` in `attn_kv_b`), so that
-/// `o_abs · Σ p [k_rope, c] = Σ_h W_o[:, h] · W_uv[h] · Σ p c`.
-/// Accumulated in f64.
-pub fn absorb_output(a: &MlaSpec, nh: usize, hidden: usize, o: &[f32], kv_b: &[f32]) -> Vec<f32> {
-    let (dn, dr, dv, r) = (
-        a.qk_nope_head_dim,
-        a.qk_rope_head_dim,
-        a.v_head_dim,
-        a.kv_lora_rank,
-    );
-    let lat = dr + r;
-    let cols = nh * lat;
-    let mut out = vec![0f32; hidden * cols];
-    for h in 0..nh {
-        let uv = &kv_b[(h * (dn + dv) + dn) * r..(h + 1) * (dn + dv) * r];
-        for row in 0..hidden {
-            let w_o = &o[row * nh * dv + h * dv..row * nh * dv + (h + 1) * dv];
-            for j in 0..r {
-                let s: f64 = (0..dv)
-                    .map(|k| f64::from(w_o[k]) * f64::from(uv[k * r + j]))
-                    .sum();
-                out[row * cols + h * lat + dr + j] = s as f32;
-            }
-        }
+    let bytes = t.bytes.as_slice();
+    let half = heads * head_dim * rb;
+    let (mut q, mut g) = (Vec::with_capacity(half), Vec::with_capacity(half));
+    for h in 0..heads {
+        let at = 2 * h * head_dim * rb;
+        q.extend_from_slice(&bytes[at..at + head_dim * rb]);
+        g.extend_from_slice(&bytes[at + head_dim * rb..at + 2 * head_dim * rb]);
     }
-    out
+    let part = |suffix: &str, b: Vec<u8>| HostTensor {
+        name: format!("{} ({suffix} rows)", t.name),
+        format: t.format,
+        shape: vec![heads * head_dim, cols],
+        bytes: SharedBytes::from_vec(b),
+    };
+    Ok((part("query", q), part("gate", g)))
 }
 
 /// The roles of the dense MLP.

@@ -400,6 +400,17 @@ fn rewound_cache_continues_like_a_fresh_prefill() {
                 worker.forward_chunks(&mut c, &mut out).unwrap();
             }
             assert_eq!(kv.position(), 12);
+            if kv.has_recurrent_state() {
+                // A recurrent state holds every position before the cache's:
+                // it goes back only to the start.
+                let err = kv.rewind(6).unwrap_err();
+                assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+                assert_eq!(kv.position(), 12, "{family}");
+                kv.rewind(12).unwrap();
+                kv.rewind(0).unwrap();
+                assert_eq!(kv.position(), 0, "{family}");
+                continue;
+            }
             let held: Vec<u32> = first.iter().chain(&decoded).copied().collect();
             // Shares 6 prompt tokens, or the prompt and 2 decoded tokens.
             for keep in [6usize, 11] {

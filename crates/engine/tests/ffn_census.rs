@@ -8,7 +8,9 @@
 //! the census from it, and compares: counts below each threshold exactly
 //! (but for values within rounding of a threshold), sums of `|a|` per
 //! neuron to 1e-5, rows per expert exactly (and against the router
-//! histogram).
+//! histogram). With streamed experts (slot caches of top_k, a middle
+//! count and every expert) the census meets the same reference and equals
+//! the resident one bit for bit.
 
 mod common;
 
@@ -18,7 +20,12 @@ use turbospark_core::arch::NormScale;
 use turbospark_core::{ArchSpec, QuantFormat};
 use turbospark_cpu::{CpuDevice, Numerics};
 use turbospark_engine::synthetic::SyntheticSource;
-use turbospark_engine::{EngineError, FfnSite, Model, SessionOptions, SiteCensus, WeightSource};
+use turbospark_engine::synthetic_install::{write_synthetic_install, SynthOptions};
+use turbospark_engine::{
+    EngineError, ExpertMode, ExpertOptions, FfnSite, InstallSource, Model, SessionOptions,
+    SiteCensus, WeightSource,
+};
+use turbospark_format::install::Install;
 
 /// [`SyntheticSource`] with a zero attention output matrix.
 struct NoAttention(SyntheticSource);
@@ -59,7 +66,7 @@ fn silu(x: f64) -> f64 {
 }
 
 /// The FFN input of `token` in the one-layer model.
-fn ffn_input(spec: &ArchSpec, src: &NoAttention, token: u32) -> Vec<f64> {
+fn ffn_input(spec: &ArchSpec, src: &dyn WeightSource, token: u32) -> Vec<f64> {
     let h = spec.hidden_size;
     let embd = f32s(&src.resident("token_embd.weight").unwrap());
     let x: Vec<f64> = embd[token as usize * h..(token as usize + 1) * h]
@@ -192,23 +199,11 @@ fn dense_census_matches_the_weights() {
     assert!(s.ffn_census().is_none());
 }
 
-#[test]
-fn routed_census_matches_the_weights_and_the_router() {
-    let (spec, src) = one_layer("mixtral");
+/// The routed experts' census of `tokens` in the one-layer model of
+/// `src` (attention output zero): routing with `route_token` on the host,
+/// then each chosen expert's intermediate, in f64.
+fn routed_reference(spec: &ArchSpec, src: &dyn WeightSource, tokens: &[u32]) -> Reference {
     let moe = spec.moe.unwrap();
-    let model = Model::from_source(
-        spec.clone(),
-        &src,
-        CpuDevice::new(2).unwrap().with_numerics(Numerics::Exact),
-    )
-    .unwrap();
-    let tokens = common::tokens(24, spec.vocab_size);
-    let mut s = model.session(SessionOptions::new(32)).unwrap();
-    s.set_route_statistics(true);
-    s.set_ffn_census(Some(&THRESHOLDS)).unwrap();
-    let mut logits = vec![0.0; tokens.len() * spec.vocab_size];
-    s.prefill(&tokens, &mut logits).unwrap();
-
     let router = f32s(&src.resident("blk.0.ffn_gate_inp.weight").unwrap());
     let rspec = RouterSpec::of(&moe).unwrap();
     let mut scratch = RouterScratch::new(moe.num_experts);
@@ -222,8 +217,8 @@ fn routed_census_matches_the_weights_and_the_router() {
         })
         .collect();
     let mut r = Reference::new(moe.num_experts, width, &THRESHOLDS);
-    for &t in &tokens {
-        let a = ffn_input(&spec, &src, t);
+    for &t in tokens {
+        let a = ffn_input(spec, src, t);
         let a32: Vec<f32> = matvec(&router, &a).iter().map(|&v| v as f32).collect();
         let mut routes = vec![Route::default(); moe.top_k];
         let none = RouterTables {
@@ -242,9 +237,33 @@ fn routed_census_matches_the_weights_and_the_router() {
             r.count(&THRESHOLDS, route.slot as usize, &row);
         }
     }
+    r
+}
+
+#[test]
+fn routed_census_matches_the_weights_and_the_router() {
+    let (spec, src) = one_layer("mixtral");
+    let moe = spec.moe.unwrap();
+    let model = Model::from_source(
+        spec.clone(),
+        &src,
+        CpuDevice::new(2).unwrap().with_numerics(Numerics::Exact),
+    )
+    .unwrap();
+    let tokens = common::tokens(24, spec.vocab_size);
+    let mut s = model.session(SessionOptions::new(32)).unwrap();
+    s.set_route_statistics(true);
+    s.set_ffn_census(Some(&THRESHOLDS)).unwrap();
+    let mut logits = vec![0.0; tokens.len() * spec.vocab_size];
+    s.prefill(&tokens, &mut logits).unwrap();
+
+    let r = routed_reference(&spec, &src, &tokens);
     let census = s.ffn_census().unwrap();
     let site = census.site(0, FfnSite::Experts).unwrap();
-    assert_eq!(site.values(), (tokens.len() * moe.top_k * width) as u64);
+    assert_eq!(
+        site.values(),
+        (tokens.len() * moe.top_k * moe.expert_intermediate) as u64
+    );
     r.check(site);
     // Rows per expert are the router histogram's counts.
     let hist = s.router_histogram();
@@ -252,6 +271,90 @@ fn routed_census_matches_the_weights_and_the_router() {
     // Every listed neuron belongs to an expert some token reached.
     for n in site.top(10) {
         assert!(site.rows[n.group] > 0);
+    }
+}
+
+/// A one-layer mixtral install on disk whose attention output matrix is
+/// zero, removed when dropped.
+struct ZeroAttentionInstall(std::path::PathBuf);
+
+impl ZeroAttentionInstall {
+    fn write(spec: &ArchSpec) -> Self {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir =
+            std::env::temp_dir().join(format!("turbospark-census-streamed-{}", std::process::id()));
+        let opts = SynthOptions {
+            seed: 7,
+            resident_format: QuantFormat::F32,
+            expert_format: QuantFormat::F32,
+            threads: 1,
+            force: true,
+            router_skew: None,
+        };
+        write_synthetic_install(spec, &dir, &opts, &mut |_| {}).unwrap();
+        let install = Install::open(&dir).unwrap();
+        let (t, _) = install.tensor("blk.0.attn_output.weight").unwrap();
+        let (offset, len) = (t.offset, t.length as usize);
+        let path = dir.join(&install.manifest.resident_file);
+        drop(install);
+        let mut f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+        f.seek(SeekFrom::Start(offset)).unwrap();
+        f.write_all(&vec![0u8; len]).unwrap();
+        ZeroAttentionInstall(dir)
+    }
+}
+
+impl Drop for ZeroAttentionInstall {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn streamed_census_matches_the_weights_and_resident_experts() {
+    let (spec, _) = one_layer("mixtral");
+    let moe = spec.moe.unwrap();
+    let tmp = ZeroAttentionInstall::write(&spec);
+    let install = Install::open(&tmp.0).unwrap();
+    let src = InstallSource::new(&install).unwrap();
+    let tokens = common::tokens(24, spec.vocab_size);
+    let r = routed_reference(&spec, &src, &tokens);
+
+    // Prefill in chunks of 8 (with top_k slots a chunk needs more experts
+    // than there are slots, so it runs in token groups), then decode.
+    let census = |opts: &ExpertOptions| -> SiteCensus {
+        let device = CpuDevice::new(2).unwrap().with_numerics(Numerics::Exact);
+        let model = Model::open(&install, device, opts).unwrap();
+        let mut s = model
+            .session(SessionOptions {
+                context: 32,
+                max_batch: 8,
+            })
+            .unwrap();
+        s.set_ffn_census(Some(&THRESHOLDS)).unwrap();
+        let mut logits = vec![0.0; 20 * spec.vocab_size];
+        s.prefill(&tokens[..20], &mut logits).unwrap();
+        for (i, &t) in tokens.iter().enumerate().skip(20) {
+            s.decode(t, i).unwrap();
+        }
+        s.ffn_census()
+            .unwrap()
+            .site(0, FfnSite::Experts)
+            .unwrap()
+            .clone()
+    };
+    let resident = census(&ExpertOptions {
+        mode: ExpertMode::Resident,
+        ..ExpertOptions::default()
+    });
+    r.check(&resident);
+    let (k, ne) = (moe.top_k, moe.num_experts);
+    for slots in [k, (k + ne) / 2, ne] {
+        let streamed = census(&ExpertOptions::streamed(slots));
+        r.check(&streamed);
+        // The same rows through the same arithmetic, counted in the same
+        // order: equal to the last bit.
+        assert_eq!(streamed, resident, "{slots} slots");
     }
 }
 

@@ -8,7 +8,9 @@
 //!   give the logits one session alone gives, with or without route
 //!   statistics (which only decide whether routes are read back);
 //! - bad input is a typed error and leaves the session usable;
-//! - the phase timers see exactly the phases a family runs.
+//! - the phase timers see exactly the phases a family runs;
+//! - a recurrent (DeltaNet) state is constant in the context and never
+//!   outlives its sequence.
 
 mod common;
 
@@ -294,4 +296,97 @@ fn latent_attention_caches_the_compressed_rows() {
         compressed * 4,
         expanded * 4
     );
+}
+
+/// Gated DeltaNet keeps a state per sequence whose size does not depend on
+/// the context: the same at 1k and 8k positions; only the full-attention
+/// layers keep rows per position.
+#[test]
+fn recurrent_state_is_constant_in_the_context() {
+    let Some(spec) = spec("qwen3_5_moe", &[]) else {
+        println!("skipped qwen3_5_moe: fixture absent");
+        return;
+    };
+    let d = spec.delta_net.expect("qwen3_5_moe has DeltaNet layers");
+    let delta_layers = spec
+        .layers
+        .iter()
+        .filter(|l| l.mixer == turbospark_core::arch::Mixer::DeltaNet)
+        .count();
+    let m = model(&spec, 1);
+    let mut sizes = Vec::new();
+    for context in [1024, 8192] {
+        let s = m.session(SessionOptions::new(context)).unwrap();
+        let kv = s.kv();
+        // By hand: (k − 1)·(2·hk·dk + hv·dv) + hv·dk·dv per DeltaNet layer.
+        let per_layer = (d.conv_kernel - 1)
+            * (2 * d.k_heads * d.k_head_dim + d.v_heads * d.v_head_dim)
+            + d.v_heads * d.k_head_dim * d.v_head_dim;
+        assert_eq!(kv.state_elements(), delta_layers * per_layer);
+        // The one full-attention layer: k and v rows of 2 heads of 16.
+        assert_eq!(kv.elements_per_position(), 2 * 2 * 16);
+        sizes.push((context, kv.state_elements()));
+    }
+    assert_eq!(sizes[0].1, sizes[1].1);
+    for (context, n) in sizes {
+        println!(
+            "qwen3_5_moe (tiny) at {context} positions: recurrent state {n} elements ({} bytes f32)",
+            n * 4
+        );
+    }
+}
+
+/// A sequence with a recurrent state cannot rewind: a pass must start at
+/// the cache's position, and after a reset the state restarts from zeros,
+/// so the logits of a new conversation are those of a fresh session (the
+/// stale state of the old one is never read).
+#[test]
+fn recurrent_state_never_outlives_its_sequence() {
+    let Some(spec) = spec("qwen3_5_moe", &[]) else {
+        println!("skipped qwen3_5_moe: fixture absent");
+        return;
+    };
+    let m = model(&spec, 1);
+    let vocab = spec.vocab_size;
+    let first = tokens(12, vocab);
+    // Shares a prefix of 5 tokens with `first`, then diverges (a rewind).
+    let mut second = first[..5].to_vec();
+    second.extend(tokens(9, vocab).iter().map(|t| (t + 7) % vocab as u32));
+
+    let mut fresh = m.session(SessionOptions::new(32)).unwrap();
+    let mut want = vec![0f32; second.len() * vocab];
+    fresh.prefill(&second, &mut want).unwrap();
+
+    let mut s = m.session(SessionOptions::new(32)).unwrap();
+    let mut out = vec![0f32; first.len() * vocab];
+    s.prefill(&first, &mut out).unwrap();
+    s.decode(3, first.len()).unwrap();
+    // Rewinding to the shared prefix is refused: the state holds 13 tokens.
+    let mut last = vec![0f32; vocab];
+    let e = s
+        .forward(5, &second[5..], Logits::Last(&mut last))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            EngineError::NonSequentialPosition {
+                expected: 13,
+                got: 5
+            }
+        ),
+        "{e}"
+    );
+    s.reset();
+    let mut got = vec![0f32; second.len() * vocab];
+    s.prefill(&second, &mut got).unwrap();
+    assert_eq!(
+        got, want,
+        "after a reset the old state leaked into the logits"
+    );
+    // And token by token after another reset.
+    s.reset();
+    for (i, &t) in second.iter().enumerate() {
+        let row = s.decode(t, i).unwrap();
+        assert_eq!(row, &want[i * vocab..(i + 1) * vocab], "decode at {i}");
+    }
 }

@@ -12,7 +12,10 @@
 //! Routed experts are not resident tensors: they are the parts `gate`, `up`,
 //! `down` (+ `.bias`) of a layer's expert file, each with a per-expert shape.
 
-use turbospark_core::arch::{ArchSpec, FfnKind, LayerSpec, MlaSpec, MoeSpec, NormSpec, RouterKind};
+use turbospark_core::arch::{
+    ArchSpec, DeltaNetSpec, FfnKind, KvBLayout, LayerSpec, Mixer, MlaSpec, MoeSpec, NormSpec,
+    RouterKind,
+};
 
 /// A resident tensor the install must contain.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,8 +63,25 @@ pub enum Role {
     AttnQNorm,
     AttnKNorm,
     AttnVNorm,
+    /// The attention output gate `[n_heads · head_dim, hidden]` (Muse
+    /// Glimmer); on gated DeltaNet layers the output gate `z` `[value_dim,
+    /// hidden]` (llama.cpp files both as `attn_gate`).
     AttnGate,
     AttnSinks,
+    /// Gated DeltaNet (Qwen3.5): the mixed `[q, k, v]` projection
+    /// `[conv_dim, hidden]`, its depthwise convolution `[conv_dim, kernel]`,
+    /// `dt_bias` and `A_log` `[v_heads]` (llama.cpp's `ssm_a` holds
+    /// `−exp(A_log)` instead), the β and decay-rate projections `[v_heads,
+    /// hidden]`, the output norm `[v_head_dim]` and the output projection
+    /// `[hidden, value_dim]`.
+    AttnQkv,
+    SsmConv1d,
+    SsmDt,
+    SsmALog,
+    SsmBeta,
+    SsmAlpha,
+    SsmNorm,
+    SsmOut,
     /// Latent attention (DeepSeek-V3): low-rank query `[q_lora, hidden]`,
     /// its norm, and its up-projection `[heads · (nope + rope), q_lora]`.
     AttnQA,
@@ -69,10 +89,15 @@ pub enum Role {
     AttnQB,
     /// Latent attention: `[kv_lora + rope, hidden]` (latent, then the shared
     /// rope key), the latent's norm, and the per-head key/value
-    /// up-projection `[heads · (nope + v), kv_lora]`.
+    /// up-projection `[heads · (nope + v), kv_lora]` (HF's layout,
+    /// [`KvBLayout::Fused`]), or llama.cpp's split of it
+    /// ([`KvBLayout::Split`]): `attn_k_b` `[heads · kv_lora, nope]` (each
+    /// head's key block transposed) and `attn_v_b` `[heads · v, kv_lora]`.
     AttnKvAMqa,
     AttnKvANorm,
     AttnKvB,
+    AttnKB,
+    AttnVB,
     PostAttentionNorm,
     FfnNorm,
     PostFfwNorm,
@@ -85,6 +110,8 @@ pub enum Role {
     FfnGateInpScale,
     /// Multiplier on each chosen expert's weight (Gemma 4).
     FfnGateInpExpertScale,
+    /// The shared expert's gate row `[1, hidden]`.
+    FfnGateInpShexp,
     FfnGateShexp,
     FfnUpShexp,
     FfnDownShexp,
@@ -158,7 +185,18 @@ impl At<'_> {
     }
     /// Plain (not latent) attention: the q/k/v projections exist.
     fn qkv(&self) -> bool {
-        self.spec.mla.is_none()
+        self.spec.mla.is_none() && self.attention()
+    }
+    /// The layer mixes tokens by attention (not a DeltaNet recurrence).
+    fn attention(&self) -> bool {
+        self.ls().mixer == Mixer::Attention
+    }
+    /// The DeltaNet spec, on DeltaNet layers only.
+    fn delta(&self) -> Option<&DeltaNetSpec> {
+        match self.ls().mixer {
+            Mixer::DeltaNet => self.spec.delta_net.as_ref(),
+            Mixer::Attention => None,
+        }
     }
     fn nh(&self) -> u64 {
         self.spec.num_heads as u64
@@ -232,6 +270,8 @@ pub const TENSORS: &[TensorDef] = &[
         a.norm(Some(a.spec.norms.attn_input), a.h())
     }),
     row(Role::AttnQ, "attn_q.weight", Layer, |a| match a.mla() {
+        None if !a.attention() => None,
+        None if a.spec.attention.gate_in_q => Some(vec![2 * a.q(), a.h()]),
         None => Some(vec![a.q(), a.h()]),
         Some(m) => m
             .q_lora_rank
@@ -265,42 +305,91 @@ pub const TENSORS: &[TensorDef] = &[
         Some(vec![a.mla()?.kv_lora_rank as u64])
     }),
     row(Role::AttnKvB, "attn_kv_b.weight", Layer, |a| {
-        let m = a.mla()?;
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Fused)?;
         let per_head = (m.qk_nope_head_dim + m.v_head_dim) as u64;
         Some(vec![a.nh() * per_head, m.kv_lora_rank as u64])
     }),
+    row(Role::AttnKB, "attn_k_b.weight", Layer, |a| {
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Split)?;
+        Some(vec![
+            a.nh() * m.kv_lora_rank as u64,
+            m.qk_nope_head_dim as u64,
+        ])
+    }),
+    row(Role::AttnVB, "attn_v_b.weight", Layer, |a| {
+        let m = a.mla().filter(|m| m.kv_b == KvBLayout::Split)?;
+        Some(vec![a.nh() * m.v_head_dim as u64, m.kv_lora_rank as u64])
+    }),
     row(Role::AttnOutput, "attn_output.weight", Layer, |a| {
         match a.mla() {
+            None if !a.attention() => None,
             None => Some(vec![a.h(), a.q()]),
             Some(m) => Some(vec![a.h(), a.nh() * m.v_head_dim as u64]),
         }
     }),
     row(Role::AttnQBias, "attn_q.bias", Layer, |a| {
-        a.when(a.spec.attention.q_bias, vec![a.q()])
+        a.when(a.attention() && a.spec.attention.q_bias, vec![a.q()])
     }),
     row(Role::AttnKBias, "attn_k.bias", Layer, |a| {
-        a.when(a.spec.attention.k_bias, vec![a.kv()])
+        a.when(a.attention() && a.spec.attention.k_bias, vec![a.kv()])
     }),
     row(Role::AttnVBias, "attn_v.bias", Layer, |a| {
-        a.when(a.spec.attention.v_bias && a.has_v(), vec![a.kv()])
+        a.when(
+            a.attention() && a.spec.attention.v_bias && a.has_v(),
+            vec![a.kv()],
+        )
     }),
     row(Role::AttnOutputBias, "attn_output.bias", Layer, |a| {
-        a.when(a.spec.attention.o_bias, vec![a.h()])
+        a.when(a.attention() && a.spec.attention.o_bias, vec![a.h()])
     }),
     row(Role::AttnQNorm, "attn_q_norm.weight", Layer, |a| {
-        a.norm(a.spec.norms.q, a.head_dim())
+        a.norm(a.spec.norms.q.filter(|_| a.attention()), a.head_dim())
     }),
     row(Role::AttnKNorm, "attn_k_norm.weight", Layer, |a| {
-        a.norm(a.spec.norms.k, a.head_dim())
+        a.norm(a.spec.norms.k.filter(|_| a.attention()), a.head_dim())
     }),
     row(Role::AttnVNorm, "attn_v_norm.weight", Layer, |a| {
-        a.norm(a.spec.norms.v, a.head_dim())
+        a.norm(a.spec.norms.v.filter(|_| a.attention()), a.head_dim())
     }),
     row(Role::AttnGate, "attn_gate.weight", Layer, |a| {
-        a.when(a.spec.attention.output_gate, vec![a.q(), a.h()])
+        match a.delta() {
+            Some(d) => Some(vec![d.value_dim() as u64, a.h()]),
+            None => a.when(
+                a.attention() && a.spec.attention.output_gate,
+                vec![a.q(), a.h()],
+            ),
+        }
     }),
     row(Role::AttnSinks, "attn_sinks.weight", Layer, |a| {
-        a.when(a.spec.attention.sinks, vec![a.spec.num_heads as u64])
+        a.when(
+            a.attention() && a.spec.attention.sinks,
+            vec![a.spec.num_heads as u64],
+        )
+    }),
+    row(Role::AttnQkv, "attn_qkv.weight", Layer, |a| {
+        a.delta().map(|d| vec![d.conv_dim() as u64, a.h()])
+    }),
+    row(Role::SsmConv1d, "ssm_conv1d.weight", Layer, |a| {
+        a.delta()
+            .map(|d| vec![d.conv_dim() as u64, d.conv_kernel as u64])
+    }),
+    row(Role::SsmDt, "ssm_dt.bias", Layer, |a| {
+        a.delta().map(|d| vec![d.v_heads as u64])
+    }),
+    row(Role::SsmALog, "ssm_a_log", Layer, |a| {
+        a.delta().map(|d| vec![d.v_heads as u64])
+    }),
+    row(Role::SsmBeta, "ssm_beta.weight", Layer, |a| {
+        a.delta().map(|d| vec![d.v_heads as u64, a.h()])
+    }),
+    row(Role::SsmAlpha, "ssm_alpha.weight", Layer, |a| {
+        a.delta().map(|d| vec![d.v_heads as u64, a.h()])
+    }),
+    row(Role::SsmNorm, "ssm_norm.weight", Layer, |a| {
+        a.delta().map(|d| vec![d.v_head_dim as u64])
+    }),
+    row(Role::SsmOut, "ssm_out.weight", Layer, |a| {
+        a.delta().map(|d| vec![a.h(), d.value_dim() as u64])
     }),
     row(
         Role::PostAttentionNorm,
@@ -336,6 +425,15 @@ pub const TENSORS: &[TensorDef] = &[
         |a| {
             let m = a.moe()?;
             (m.router == RouterKind::Gemma4).then(|| vec![m.num_experts as u64])
+        },
+    ),
+    row(
+        Role::FfnGateInpShexp,
+        "ffn_gate_inp_shexp.weight",
+        Layer,
+        |a| {
+            let m = a.moe()?;
+            (m.shared_gate && m.shared_intermediate.is_some()).then(|| vec![1, a.h()])
         },
     ),
     row(Role::FfnGateShexp, "ffn_gate_shexp.weight", Layer, |a| {

@@ -1,10 +1,10 @@
-//! Buffers and copies, embedding lookup, and the matmul of every weight
-//! format.
+//! Buffers and copies, embedding lookup, and the matmul (and per-head
+//! matmul) of every weight format.
 
 use super::data::{dequantized, random_matrix, Rng};
 use super::reference::dot;
 use super::{compare, property, ConformanceError, Context, Harness, Tolerances};
-use crate::{DType, Device, DeviceBuf, Limits, Route, RouteBuf, Stream};
+use crate::{DType, Device, DeviceBuf, HeadMatmul, Limits, Route, RouteBuf, Stream};
 use turbospark_core::QuantFormat;
 
 /// Allocation (every dtype the device claims, zeroed, refused otherwise),
@@ -125,7 +125,8 @@ fn matmul_cols(fmt: QuantFormat) -> usize {
 }
 
 const MATMUL_ROWS: usize = 37;
-const MATMUL_TOKENS: usize = 5;
+/// Enough tokens that backends' batched (tensor-core) paths take part.
+const MATMUL_TOKENS: usize = 40;
 
 /// `matmul` of every format against the f64 dot of the reference-dequantized
 /// rows, within `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows
@@ -154,7 +155,7 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
         let xb = h.buf(x)?;
         let mut out = h.zeros(MATMUL_TOKENS * MATMUL_ROWS)?;
         let mut batch = Vec::new();
-        for n in [1, 4, MATMUL_TOKENS] {
+        for n in [1, 4, 5, MATMUL_TOKENS] {
             h.st.matmul(m, &xb, n, &mut out).at(OP, fmt.name())?;
             let got = h.get(&out, n * MATMUL_ROWS)?;
             let (want, mag): (Vec<f64>, Vec<f64>) = (0..n * MATMUL_ROWS)
@@ -174,7 +175,7 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
         let x4 = h.buf(&x[4 * cols..5 * cols])?;
         h.st.matmul(m, &x4, 1, &mut out).at(OP, fmt.name())?;
         let alone = h.get(&out, MATMUL_ROWS)?;
-        if tol.batch_invariant && alone[..] != batch[4 * MATMUL_ROWS..] {
+        if tol.batch_invariant && alone[..] != batch[4 * MATMUL_ROWS..5 * MATMUL_ROWS] {
             return Err(property(
                 OP,
                 fmt.name(),
@@ -183,6 +184,138 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
         }
         if h.st.matmul(m, &x4, 2, &mut out).is_ok() {
             return Err(property(OP, fmt.name(), "read past the input".into()));
+        }
+    }
+    Ok(())
+}
+
+/// `head_matmul` of every format, plain and transposed, against the f64
+/// reference over the reference-dequantized head blocks (within
+/// `tol.matmul · Σ|w·x|`); elements outside each head's output keep their
+/// values; a token alone gives the bits it has in a batch; a head block
+/// past the matrix is refused. A backend without the op (it answers
+/// [`BackendError::Unsupported`](crate::BackendError::Unsupported)) passes.
+pub fn check_head_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "head_matmul";
+    const HEADS: usize = 3;
+    // Each head's block: 3 rows used transposed over 4 rows used as they are.
+    const STRIDE: usize = 7;
+    let mut cases = Vec::new();
+    for fmt in QuantFormat::ALL {
+        let mut rng = Rng(0xbeef ^ u64::from(fmt.ggml_type()));
+        let cols = matmul_cols(fmt);
+        let t = random_matrix(fmt.name(), fmt, HEADS * STRIDE, cols, &mut rng);
+        let m = dev.upload_matrix(&t).at(OP, fmt.name())?;
+        cases.push((fmt, t, m));
+    }
+    let limits = Limits {
+        max_tokens: MATMUL_TOKENS,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    for (fmt, t, m) in &cases {
+        let cols = t.shape[1];
+        let w = dequantized(t);
+        for (transpose, first_row, rows) in [(true, 0, 3), (false, 3, 4)] {
+            let (input, output) = if transpose {
+                (rows, cols)
+            } else {
+                (cols, rows)
+            };
+            // Inputs and outputs sit inside wider per-head rows.
+            let (x_at, out_at) = (2, 5);
+            let (x_stride, out_stride) = (input + 3, output + 7);
+            let heads = MATMUL_TOKENS * HEADS;
+            let mut rng = Rng(0xf00d ^ u64::from(fmt.ggml_type()));
+            let x = rng.vec(heads * x_stride);
+            let fill = rng.vec(heads * out_stride);
+            let xb = h.buf(&x)?;
+            let case = format!("{fmt}, {}", if transpose { "transposed" } else { "plain" });
+            let mut batch = Vec::new();
+            for n in [1, MATMUL_TOKENS] {
+                let p = HeadMatmul {
+                    n_tokens: n,
+                    n_heads: HEADS,
+                    head_stride: STRIDE,
+                    first_row,
+                    rows,
+                    transpose,
+                    x_stride,
+                    x_at,
+                    out_stride,
+                    out_at,
+                };
+                let mut out = h.buf(&fill)?;
+                match h.st.head_matmul(m, &xb, &p, &mut out) {
+                    Err(crate::BackendError::Unsupported { .. }) => return Ok(()),
+                    r => r.at(OP, &case)?,
+                }
+                let got = h.get(&out, heads * out_stride)?;
+                let (want, mag): (Vec<f64>, Vec<f64>) = (0..heads * out_stride)
+                    .map(|e| {
+                        let (th, k) = (e / out_stride, e % out_stride);
+                        let (tok, hd) = (th / HEADS, th % HEADS);
+                        if tok >= n || k < out_at || k >= out_at + output {
+                            return (f64::from(fill[e]), 0.0);
+                        }
+                        let o = k - out_at;
+                        let xin = &x[th * x_stride + x_at..][..input];
+                        let row = |i: usize| {
+                            let r = hd * STRIDE + first_row + i;
+                            &w[r * cols..(r + 1) * cols]
+                        };
+                        if transpose {
+                            let terms: Vec<f64> = (0..rows)
+                                .map(|i| f64::from(row(i)[o]) * f64::from(xin[i]))
+                                .collect();
+                            (terms.iter().sum(), terms.iter().map(|v| v.abs()).sum())
+                        } else {
+                            dot(row(o), xin)
+                        }
+                    })
+                    .unzip();
+                compare(
+                    OP,
+                    &format!("{case}, {n} tokens"),
+                    &got,
+                    &want,
+                    tol.matmul,
+                    |i| mag[i],
+                )?;
+                batch = got;
+            }
+            // The last token alone gives the bits it had in the batch.
+            let last = (MATMUL_TOKENS - 1) * HEADS;
+            let x1 = h.buf(&x[last * x_stride..])?;
+            let p = HeadMatmul {
+                n_tokens: 1,
+                n_heads: HEADS,
+                head_stride: STRIDE,
+                first_row,
+                rows,
+                transpose,
+                x_stride,
+                x_at,
+                out_stride,
+                out_at,
+            };
+            let mut out = h.buf(&fill[last * out_stride..])?;
+            h.st.head_matmul(m, &x1, &p, &mut out).at(OP, &case)?;
+            let alone = h.get(&out, HEADS * out_stride)?;
+            if tol.batch_invariant && alone[..] != batch[last * out_stride..] {
+                return Err(property(
+                    OP,
+                    &case,
+                    "a token alone differs from the same token in a batch".into(),
+                ));
+            }
+            let past = HeadMatmul {
+                head_stride: 2 * STRIDE,
+                ..p
+            };
+            if h.st.head_matmul(m, &x1, &past, &mut out).is_ok() {
+                return Err(property(OP, &case, "read heads past the matrix".into()));
+            }
         }
     }
     Ok(())

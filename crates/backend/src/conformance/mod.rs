@@ -18,6 +18,7 @@
 
 mod attention;
 pub mod data;
+mod delta_net;
 mod elementwise;
 mod linear;
 mod moe;
@@ -26,12 +27,15 @@ pub mod reference;
 use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{check_attention, check_attention_parts, check_kv_write};
+pub use delta_net::{
+    check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_mul_sigmoid_rows,
+};
 pub use elementwise::{
     check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,
     check_rms_norm, check_rope, check_scale, check_softcap,
 };
-pub use linear::{check_buffers, check_embed, check_matmul};
-pub use moe::{check_moe, check_route};
+pub use linear::{check_buffers, check_embed, check_head_matmul, check_matmul};
+pub use moe::{check_moe, check_moe_intermediate, check_route};
 
 /// How far a backend's results may be from the f64 reference, per op
 /// family, and whether a row's bits may depend on its batch. Each tolerance
@@ -117,11 +121,14 @@ pub enum ConformanceError {
     },
 }
 
-/// Runs every check of the suite on `device`.
+/// Runs every check of the suite on `device` but the optional gated
+/// DeltaNet ops ([`check_delta_net`]), which a backend that runs the
+/// linear-attention families must pass too.
 pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     check_buffers(device)?;
     check_embed(device)?;
     check_matmul(device, tol)?;
+    check_head_matmul(device, tol)?;
     check_add_bias(device, tol)?;
     check_rms_norm(device, tol)?;
     check_rope(device, tol)?;
@@ -136,6 +143,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_softcap(device, tol)?;
     check_route(device, tol)?;
     check_moe(device, tol)?;
+    check_moe_intermediate(device, tol)?;
     Ok(())
 }
 

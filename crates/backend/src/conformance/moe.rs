@@ -106,11 +106,20 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
     Ok(())
 }
 
-const HIDDEN: usize = 64;
-const INTER: usize = 32;
+const HIDDEN: usize = 320;
+const INTER: usize = 160;
 const EXPERTS: usize = 6;
 const TOP_K: usize = 2;
-const TOKENS: usize = 5;
+/// Enough tokens that backends' batched (tensor-core) paths take part.
+const TOKENS: usize = 40;
+
+/// Formats of (gate, up, down): mixed, as gpt-oss stores them (MXFP4),
+/// and Q8_0 throughout.
+const FORMAT_SETS: [[QuantFormat; 3]; 3] = [
+    [QuantFormat::Mxfp4, QuantFormat::Q8_0, QuantFormat::F32],
+    [QuantFormat::Mxfp4, QuantFormat::Mxfp4, QuantFormat::Mxfp4],
+    [QuantFormat::Q8_0, QuantFormat::Q8_0, QuantFormat::Q8_0],
+];
 
 /// One expert's host tensors and their reference-dequantized values.
 struct Expert {
@@ -121,10 +130,11 @@ struct Expert {
     biases: [Vec<f32>; 3],
 }
 
-fn random_expert(e: usize, rng: &mut Rng) -> Expert {
-    let gate = random_matrix(&format!("gate{e}"), QuantFormat::Mxfp4, INTER, HIDDEN, rng);
-    let up = random_matrix(&format!("up{e}"), QuantFormat::Q8_0, INTER, HIDDEN, rng);
-    let down = random_matrix(&format!("down{e}"), QuantFormat::F32, HIDDEN, INTER, rng);
+fn random_expert(e: usize, formats: [QuantFormat; 3], rng: &mut Rng) -> Expert {
+    let [gf, uf, df] = formats;
+    let gate = random_matrix(&format!("gate{e}"), gf, INTER, HIDDEN, rng);
+    let up = random_matrix(&format!("up{e}"), uf, INTER, HIDDEN, rng);
+    let down = random_matrix(&format!("down{e}"), df, HIDDEN, INTER, rng);
     let biases = [rng.vec(INTER), rng.vec(INTER), rng.vec(HIDDEN)];
     Expert {
         gate: dequantized(&gate),
@@ -176,9 +186,22 @@ fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, 
 /// same bits alone as in the batch; `moe_experts` split by slot plus
 /// `moe_combine` the same bits as `moe`; routes outside the bank refused.
 pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    for formats in FORMAT_SETS {
+        check_moe_formats(dev, tol, formats)?;
+    }
+    Ok(())
+}
+
+fn check_moe_formats<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+    formats: [QuantFormat; 3],
+) -> Result<(), ConformanceError> {
     const OP: &str = "moe";
     let mut rng = Rng(9);
-    let experts: Vec<Expert> = (0..EXPERTS).map(|e| random_expert(e, &mut rng)).collect();
+    let experts: Vec<Expert> = (0..EXPERTS)
+        .map(|e| random_expert(e, formats, &mut rng))
+        .collect();
     let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
     let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
     if (bank.slots(), bank.hidden(), bank.intermediate()) != (EXPERTS, HIDDEN, INTER) {
@@ -217,7 +240,7 @@ pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         },
         Activation::GeluTanh,
     ] {
-        let case = format!("{act:?}");
+        let case = format!("{act:?}, {}/{}/{}", formats[0], formats[1], formats[2]);
         let input = MoeInput {
             x: &xb,
             n_tokens: TOKENS,
@@ -240,6 +263,24 @@ pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         }
         let (values, mags): (Vec<f64>, Vec<f64>) = want.into_iter().unzip();
         compare(OP, &case, &got, &values, tol.moe, |i| mags[i])?;
+
+        // Smaller batches (the backends' other batched paths) give the
+        // bits of the same tokens in the whole batch.
+        for n in [2, 7, 16, 24] {
+            let part = MoeInput {
+                n_tokens: n,
+                ..input
+            };
+            let mut o = h.zeros(n * HIDDEN)?;
+            h.st.moe(part, &mut scratch, &mut o).at(OP, &case)?;
+            if tol.batch_invariant && h.get(&o, n * HIDDEN)?[..] != got[..n * HIDDEN] {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("the first {n} tokens alone differ from the whole batch"),
+                ));
+            }
+        }
 
         // The split: odd slots first, then even ones, then the sum.
         for parity in [1, 0] {
@@ -333,6 +374,189 @@ pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         activation: Activation::Swiglu,
     };
     match h.st.moe(input, &mut scratch, &mut out) {
+        Err(BackendError::BadRoute { .. }) => Ok(()),
+        other => Err(property(
+            OP,
+            "bad route",
+            format!("expected BadRoute, got {other:?}"),
+        )),
+    }
+}
+
+/// [`Stream::moe_intermediate`] over a resident bank: the f64 GLU
+/// intermediate of every route within `tol.moe`; each token the same bits
+/// alone as in the batch, and over a slot bank refilled with its experts
+/// (what a census of streamed experts relies on); routes outside the bank
+/// and an output too small refused.
+pub fn check_moe_intermediate<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "moe_intermediate";
+    let mut rng = Rng(17);
+    let experts: Vec<Expert> = (0..EXPERTS)
+        .map(|e| random_expert(e, FORMAT_SETS[0], &mut rng))
+        .collect();
+    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
+    let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
+    let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
+    let limits = Limits {
+        max_tokens: TOKENS,
+        max_routes: TOKENS * TOP_K,
+        max_expert_intermediate: INTER,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut scratch = MoeScratch {
+        x: h.zeros(TOKENS * HIDDEN)?,
+        gate: h.zeros(TOKENS * INTER)?,
+        up: h.zeros(TOKENS * INTER)?,
+        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
+    };
+    let x = rng.vec(TOKENS * HIDDEN);
+    let xb = h.buf(&x)?;
+    let routes: Vec<Route> = (0..TOKENS * TOP_K)
+        .map(|i| Route {
+            slot: ((i * 5 + i / TOP_K) % EXPERTS) as u32,
+            weight: 0.5,
+        })
+        .collect();
+    let mut rb = dev.alloc_routes(TOKENS, TOP_K).at(OP, "alloc_routes")?;
+    h.st.write_routes(&mut rb, &routes).at(OP, "write_routes")?;
+    let mut out = h.zeros(TOKENS * TOP_K * INTER)?;
+    let mut one = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
+    let mut one_out = h.zeros(TOP_K * INTER)?;
+    for act in [
+        Activation::Swiglu,
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 0.5,
+        },
+        Activation::GeluTanh,
+    ] {
+        let case = format!("{act:?}");
+        let input = MoeInput {
+            x: &xb,
+            n_tokens: TOKENS,
+            routes: &rb,
+            bank: &bank,
+            activation: act,
+        };
+        h.st.moe_intermediate(input, &mut scratch, &mut out)
+            .at(OP, &case)?;
+        let got = h.get(&out, TOKENS * TOP_K * INTER)?;
+        let mut want = Vec::with_capacity(TOKENS * TOP_K * INTER);
+        let mut mags = Vec::with_capacity(TOKENS * TOP_K * INTER);
+        for (i, r) in routes.iter().enumerate() {
+            let e = &experts[r.slot as usize];
+            let xt = &x[(i / TOP_K) * HIDDEN..(i / TOP_K + 1) * HIDDEN];
+            for j in 0..INTER {
+                let row = |m: &[f32]| reference::dot(&m[j * HIDDEN..(j + 1) * HIDDEN], xt);
+                let ((g, gm), (u, um)) = (row(&e.gate), row(&e.up));
+                let g = g + f64::from(e.biases[0][j]);
+                let u = u + f64::from(e.biases[1][j]);
+                want.push(reference::glu(act, g, u));
+                // Each projection's error scaled by the GLU's slope in it:
+                // the secant over the error the tolerance allows that
+                // projection, so that a clamp's kink inside that interval
+                // counts (8-bit activations move g and u by up to it).
+                let (dg, du) = (tol.moe * (1.0 + gm), tol.moe * (1.0 + um));
+                let (dg, du) = (
+                    dg.max(1e-4 * (1.0 + g.abs())),
+                    du.max(1e-4 * (1.0 + u.abs())),
+                );
+                let sg =
+                    (reference::glu(act, g + dg, u) - reference::glu(act, g - dg, u)) / (2.0 * dg);
+                let su =
+                    (reference::glu(act, g, u + du) - reference::glu(act, g, u - du)) / (2.0 * du);
+                mags.push(sg.abs() * gm + su.abs() * um + 1.0);
+            }
+        }
+        compare(OP, &case, &got, &want, tol.moe, |i| mags[i])?;
+
+        // Each token alone, over the resident bank and over slots
+        // refilled with its experts.
+        let width = TOP_K * INTER;
+        let x1 = |h: &mut Harness<'_, D>, t: usize| h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN]);
+        for t in 0..TOKENS {
+            let r = &routes[t * TOP_K..(t + 1) * TOP_K];
+            let xt = x1(&mut h, t)?;
+            h.st.write_routes(&mut one, r).at(OP, &case)?;
+            let input = MoeInput {
+                x: &xt,
+                n_tokens: 1,
+                routes: &one,
+                bank: &bank,
+                activation: act,
+            };
+            h.st.moe_intermediate(input, &mut scratch, &mut one_out)
+                .at(OP, &case)?;
+            let alone = h.get(&one_out, width)?;
+            if tol.batch_invariant && alone[..] != got[t * width..(t + 1) * width] {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} alone differs from the batch"),
+                ));
+            }
+            let mut remap = [Route::default(); TOP_K];
+            for (s, (m, r)) in remap.iter_mut().zip(r).enumerate() {
+                h.st.fill_slot(&mut slots, s, &tensors[r.slot as usize])
+                    .at(OP, "fill_slot")?;
+                *m = Route {
+                    slot: s as u32,
+                    weight: r.weight,
+                };
+            }
+            h.st.write_routes(&mut one, &remap).at(OP, &case)?;
+            let input = MoeInput {
+                x: &xt,
+                n_tokens: 1,
+                routes: &one,
+                bank: &slots,
+                activation: act,
+            };
+            h.st.moe_intermediate(input, &mut scratch, &mut one_out)
+                .at(OP, &case)?;
+            if h.get(&one_out, width)? != alone {
+                return Err(property(
+                    OP,
+                    &case,
+                    format!("token {t} over refilled slots differs from the resident bank"),
+                ));
+            }
+        }
+    }
+
+    let input = MoeInput {
+        x: &xb,
+        n_tokens: TOKENS,
+        routes: &rb,
+        bank: &bank,
+        activation: Activation::Swiglu,
+    };
+    let mut short = h.zeros(TOKENS * TOP_K * INTER - 1)?;
+    if h.st
+        .moe_intermediate(input, &mut scratch, &mut short)
+        .is_ok()
+    {
+        return Err(property(
+            OP,
+            "short output",
+            "wrote into a buffer smaller than [n · top_k, intermediate]".into(),
+        ));
+    }
+    let bad = [Route {
+        slot: EXPERTS as u32,
+        weight: 1.0,
+    }; TOP_K];
+    h.st.write_routes(&mut one, &bad).at(OP, "bad route")?;
+    let input = MoeInput {
+        n_tokens: 1,
+        routes: &one,
+        ..input
+    };
+    match h.st.moe_intermediate(input, &mut scratch, &mut one_out) {
         Err(BackendError::BadRoute { .. }) => Ok(()),
         other => Err(property(
             OP,

@@ -199,3 +199,92 @@ pub fn route(
         }
     }
 }
+
+/// Depthwise causal convolution with SiLU over `x` `[n, channels]` after
+/// `history` (`[kernel − 1, channels]`, oldest first): `out[t, c] =
+/// silu(Σ_j w[c, j] · in[t − (kernel − 1) + j, c])` (HF `causal_conv1d_fn`).
+pub fn causal_conv1d_silu(
+    x: &[f32],
+    history: &[f32],
+    w: &[f32],
+    channels: usize,
+    kernel: usize,
+) -> Vec<f64> {
+    let n = x.len() / channels;
+    let past = kernel - 1;
+    let input = |t: usize, c: usize| -> f64 {
+        // `t` counts from the oldest history row.
+        if t < past {
+            f64::from(history[t * channels + c])
+        } else {
+            f64::from(x[(t - past) * channels + c])
+        }
+    };
+    let mut out = vec![0.0; n * channels];
+    for t in 0..n {
+        for c in 0..channels {
+            let s: f64 = (0..kernel)
+                .map(|j| f64::from(w[c * kernel + j]) * input(t + j, c))
+                .sum();
+            out[t * channels + c] = s * sigmoid(s);
+        }
+    }
+    out
+}
+
+/// Shapes of [`gated_delta_rule`]: `(k_heads, v_heads, k_head_dim,
+/// v_head_dim)`.
+pub type DeltaShape = (usize, usize, usize, usize);
+
+/// The gated delta rule token by token (HF
+/// `torch_recurrent_gated_delta_rule` with `use_qk_l2norm_in_kernel`, and
+/// the `beta`/`g` of `Qwen3_5MoeGatedDeltaNet.forward`), from `state`
+/// `[v_heads, k_head_dim, v_head_dim]`, which it updates; returns `out`
+/// `[n, v_heads · v_head_dim]`.
+pub fn gated_delta_rule(
+    qkv: &[f32],
+    alpha: &[f32],
+    beta: &[f32],
+    a_log: &[f32],
+    dt_bias: &[f32],
+    (hk, hv, dk, dv): DeltaShape,
+    state: &mut [f64],
+) -> Vec<f64> {
+    let row = 2 * hk * dk + hv * dv;
+    let n = qkv.len() / row;
+    let l2 = |v: &[f32]| -> Vec<f64> {
+        let ss: f64 = v.iter().map(|&x| f64::from(x).powi(2)).sum();
+        let r = 1.0 / (ss + 1e-6).sqrt();
+        v.iter().map(|&x| f64::from(x) * r).collect()
+    };
+    let mut out = vec![0.0; n * hv * dv];
+    for t in 0..n {
+        let r = &qkv[t * row..(t + 1) * row];
+        for h in 0..hv {
+            let kh = h / (hv / hk);
+            let q: Vec<f64> = l2(&r[kh * dk..(kh + 1) * dk])
+                .iter()
+                .map(|x| x / (dk as f64).sqrt())
+                .collect();
+            let k = l2(&r[hk * dk + kh * dk..hk * dk + (kh + 1) * dk]);
+            let v = &r[2 * hk * dk + h * dv..2 * hk * dk + (h + 1) * dv];
+            let b = sigmoid(f64::from(beta[t * hv + h]));
+            let a = f64::from(alpha[t * hv + h]) + f64::from(dt_bias[h]);
+            let softplus = if a > 20.0 { a } else { a.exp().ln_1p() };
+            let g = -f64::from(a_log[h]).exp() * softplus;
+            let s = &mut state[h * dk * dv..(h + 1) * dk * dv];
+            s.iter_mut().for_each(|x| *x *= g.exp());
+            for j in 0..dv {
+                let kv: f64 = (0..dk).map(|i| s[i * dv + j] * k[i]).sum();
+                let delta = (f64::from(v[j]) - kv) * b;
+                for i in 0..dk {
+                    s[i * dv + j] += k[i] * delta;
+                }
+            }
+            for j in 0..dv {
+                out[t * hv * dv + h * dv + j] = (0..dk).map(|i| s[i * dv + j] * q[i]).sum();
+            }
+        }
+    }
+    out
+}

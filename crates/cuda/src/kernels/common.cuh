@@ -110,6 +110,20 @@ __device__ __forceinline__ void k4_scale_min(const u8* sc, int j, int* s, int* m
     }
 }
 
+// Device row layout of the split formats (layout.rs): Q8_0 and MXFP4 rows
+// hold their blocks' code bytes first (32 per Q8_0 block, 16 per MXFP4
+// block), then the blocks' scales (an f16 or an e8m0 byte each), and rows
+// start 16-byte aligned, so that a block's codes are one aligned load.
+template <int F>
+__device__ __forceinline__ const u8* split_codes(const u8* row, int b) {
+    return row + (i64)b * (F == F_Q8_0 ? 32 : 16);
+}
+template <int F>
+__device__ __forceinline__ const u8* split_scale(const u8* row, int cols, int b) {
+    int nb = cols / 32;
+    return F == F_Q8_0 ? row + (i64)nb * 32 + 2 * b : row + (i64)nb * 16 + b;
+}
+
 // Products and sums are rounded separately (no fused multiply-add), as the
 // reference dequantization computes them, so `embed` is exact.
 // Decodes unit `u` of `row` into w[0..32] (zeros past `cols` for float rows).
@@ -129,10 +143,10 @@ __device__ __forceinline__ void load_unit(const u8* row, int u, int cols, float*
             w[j] = v;
         }
     } else if (F == F_Q8_0) {
-        const u8* b = row + (i64)u * 34;
-        float d = f16_to_f32(ld_u16(b));
+        const signed char* q = (const signed char*)split_codes<F>(row, u);
+        float d = f16_to_f32(*(const u16*)split_scale<F>(row, cols, u));
 #pragma unroll
-        for (int j = 0; j < 32; j++) w[j] = (float)(signed char)b[2 + j] * d;
+        for (int j = 0; j < 32; j++) w[j] = (float)q[j] * d;
     } else if (F == F_Q4_0) {
         const u8* b = row + (i64)u * 18;
         float d = f16_to_f32(ld_u16(b));
@@ -208,14 +222,14 @@ __device__ __forceinline__ void load_unit(const u8* row, int u, int cols, float*
             w[l] = (l < 16 ? d0 : d1) * (float)q;
         }
     } else if (F == F_MXFP4) {
-        const u8* b = row + (i64)u * 17;
-        float d = e8m0_half(b[0]);
+        const u8* q = split_codes<F>(row, u);
+        float d = e8m0_half(*split_scale<F>(row, cols, u));
         const signed char kv[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            u8 q = b[1 + j];
-            w[j] = (float)kv[q & 15] * d;
-            w[j + 16] = (float)kv[q >> 4] * d;
+            u8 c = q[j];
+            w[j] = (float)kv[c & 15] * d;
+            w[j + 16] = (float)kv[c >> 4] * d;
         }
     }
 }
@@ -252,19 +266,17 @@ struct QuarterRaw {
 };
 
 template <int F>
-__device__ __forceinline__ QuarterRaw quarter_load(const u8* row, int b, int q) {
+__device__ __forceinline__ QuarterRaw quarter_load(const u8* row, int cols, int b, int q) {
     QuarterRaw r;
     if (F == F_Q8_0) {
-        const u8* blk = row + (i64)b * 34;
-        const u16* p = (const u16*)(blk + 2 + 8 * q);  // 2-byte aligned
-        r.lo = (u32)p[0] | ((u32)p[1] << 16);
-        r.hi = (u32)p[2] | ((u32)p[3] << 16);
-        r.scale = ld_u16(blk);
+        uint2 c = *(const uint2*)(split_codes<F>(row, b) + 8 * q);
+        r.lo = c.x;
+        r.hi = c.y;
+        r.scale = *(const u16*)split_scale<F>(row, cols, b);
     } else {
-        const u8* blk = row + (i64)b * 17;
-        r.lo = ld_u32(blk + 1 + 4 * q);
+        r.lo = *(const u32*)(split_codes<F>(row, b) + 4 * q);
         r.hi = 0;
-        r.scale = blk[0];
+        r.scale = *split_scale<F>(row, cols, b);
     }
     return r;
 }
@@ -338,7 +350,7 @@ __device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* c
 #pragma unroll
             for (int u = 0; u < QUNROLL; u++) {
                 int s = s0 + 32 * u;
-                if (s < quarters) raw[u] = quarter_load<F>(row, s >> 2, s & 3);
+                if (s < quarters) raw[u] = quarter_load<F>(row, cols, s >> 2, s & 3);
             }
 #pragma unroll
             for (int u = 0; u < QUNROLL; u++) {

@@ -64,18 +64,47 @@ __device__ double block_sum_f64(double s) {
 #define NORM_CENTERED 1
 #define NORM_NONE 2
 
-// One block per row; the mean of squares is accumulated in f64.
+// One block per row (NORM_THREADS threads); the mean of squares is
+// accumulated in f64. Rows up to NORM_THREADS · NORM_PER wide are read once
+// into registers, every load issued before any is used.
+#define NORM_THREADS 1024
+#define NORM_PER 4
 extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, const float* w) {
     float* row = x + (i64)blockIdx.x * dim;
     double s = 0.0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
+    float v[NORM_PER];
+    bool held = dim <= (int)blockDim.x * NORM_PER;
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            v[k] = i < dim ? row[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) s += (double)v[k] * (double)v[k];
+    } else {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
+    }
     double t = block_sum_f64(s);
     float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
+    if (held) {
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            if (i < dim) {
+                float r = __fmul_rn(v[k], inv);
+                if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
+                else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
+                row[i] = r;
+            }
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float v = __fmul_rn(row[i], inv);
-        if (mode == NORM_PLAIN) v = __fmul_rn(v, w[i]);
-        else if (mode == NORM_CENTERED) v = __fmul_rn(v, 1.0f + w[i]);
-        row[i] = v;
+        float r = __fmul_rn(row[i], inv);
+        if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
+        else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
+        row[i] = r;
     }
 }
 

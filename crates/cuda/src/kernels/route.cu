@@ -1,7 +1,9 @@
-// Routing on the device: one thread per token runs the router math of
-// `turbospark_backend::routing::route_token` (its docs give the formulas
-// of each router kind); ties go to the lower expert index and sums run in
-// expert order, as there.
+// Routing on the device: one warp per token, the router math of
+// `turbospark_backend::routing::route_token` (its docs give the formulas of
+// each router kind). The token's logits and every per-expert array live in
+// shared memory; the top-k choices are warp-wide argmaxes (the largest
+// value, ties to the lower expert index, as there), and sums over experts
+// run serially in expert order on lane 0, as there.
 
 #define ROUTE_MAX_EXPERTS 512
 #define ROUTE_MAX_K 32
@@ -25,7 +27,8 @@ struct RouteOut {
     float weight;
 };
 
-// Index of the largest eligible value not yet taken; -1 when none.
+// Index of the largest eligible value not yet taken; -1 when none (a
+// serial scan, for the short group list).
 __device__ int best_of(const float* v, int e, const int* taken, int nt, const u8* eligible) {
     int best = -1;
     for (int i = 0; i < e; i++) {
@@ -38,27 +41,78 @@ __device__ int best_of(const float* v, int e, const int* taken, int nt, const u8
     return best;
 }
 
+// The same over the warp: lane l scans experts l, l + 32, ...; every lane
+// gets the index. `taken` and `eligible` are per-expert flags (eligible may
+// be null).
+__device__ int warp_best(const float* v, int e, const u8* taken, const u8* eligible) {
+    int lane = threadIdx.x & 31;
+    int bi = -1;
+    float bv = 0.0f;
+    for (int i = lane; i < e; i += 32) {
+        if (taken[i] || (eligible && !eligible[i])) continue;
+        if (bi < 0 || v[i] > bv) {
+            bi = i;
+            bv = v[i];
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+        float ov = __shfl_xor_sync(FULL_MASK, bv, o);
+        if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+            bi = oi;
+            bv = ov;
+        }
+    }
+    return bi;
+}
+
+// Picks k experts into chosen[] (every lane holds them), marking them taken.
+__device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* eligible,
+                           int* chosen) {
+    for (int r = 0; r < k; r++) {
+        int c = warp_best(v, e, taken, eligible);
+        chosen[r] = c;
+        if ((threadIdx.x & 31) == 0 && c >= 0) taken[c] = 1;
+        __syncwarp();
+    }
+}
+
 extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
                                  const float* correction, const float* expert_scale,
                                  RouteOut* out) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ float z[ROUTE_MAX_EXPERTS];
+    __shared__ float values[ROUTE_MAX_EXPERTS];
+    __shared__ float scores[ROUTE_MAX_EXPERTS];
+    __shared__ u8 eligible[ROUTE_MAX_EXPERTS];
+    __shared__ u8 taken[ROUTE_MAX_EXPERTS];
+    __shared__ float total_s;
+    int t = blockIdx.x, lane = threadIdx.x;
     if (t >= n_tokens) return;
     int e = p.num_experts, k = p.top_k;
-    const float* z = logits + (i64)t * e;
-    float values[ROUTE_MAX_EXPERTS];
-    float scores[ROUTE_MAX_EXPERTS];
+    for (int i = lane; i < e; i += 32) {
+        z[i] = logits[(i64)t * e + i];
+        taken[i] = 0;
+    }
+    __syncwarp();
     int chosen[ROUTE_MAX_K];
     RouteOut* o = out + (i64)t * k;
     if (p.kind == R_SOFTMAX_TOPK || p.kind == R_GEMMA4) {
         float m = -INFINITY;
-        for (int i = 0; i < e; i++) m = fmaxf(m, z[i]);
-        float sum = 0.0f;
-        for (int i = 0; i < e; i++) {
-            values[i] = expf(z[i] - m);
-            sum += values[i];
+        for (int i = lane; i < e; i += 32) m = fmaxf(m, z[i]);
+        m = warp_max(m);
+        for (int i = lane; i < e; i += 32) values[i] = expf(z[i] - m);
+        __syncwarp();
+        if (lane == 0) {
+            float sum = 0.0f;
+            for (int i = 0; i < e; i++) sum += values[i];
+            total_s = sum;
         }
-        for (int i = 0; i < e; i++) values[i] /= sum;
-        for (int r = 0; r < k; r++) chosen[r] = best_of(values, e, chosen, r, 0);
+        __syncwarp();
+        float sum = total_s;
+        for (int i = lane; i < e; i += 32) values[i] /= sum;
+        __syncwarp();
+        warp_top_k(values, e, k, taken, 0, chosen);
+        if (lane != 0) return;
         float total = 0.0f;
         for (int r = 0; r < k; r++) total += values[chosen[r]];
         for (int r = 0; r < k; r++) {
@@ -70,7 +124,8 @@ extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams
             o[r].weight = w;
         }
     } else if (p.kind == R_TOPK_SOFTMAX) {
-        for (int r = 0; r < k; r++) chosen[r] = best_of(z, e, chosen, r, 0);
+        warp_top_k(z, e, k, taken, 0, chosen);
+        if (lane != 0) return;
         float m = z[chosen[0]];
         float sum = 0.0f;
         for (int r = 0; r < k; r++) sum += expf(z[chosen[r]] - m);
@@ -80,29 +135,33 @@ extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams
         }
     } else {
         int per = e / p.n_group;
-        for (int i = 0; i < e; i++) {
+        for (int i = lane; i < e; i += 32) {
             scores[i] = sigmoidf_(z[i]);
             values[i] = scores[i] + (correction ? correction[i] : 0.0f);
         }
-        float groups[ROUTE_MAX_K * 2];
-        for (int g = 0; g < p.n_group; g++) {
-            float a = -INFINITY, b = -INFINITY;
-            for (int i = g * per; i < (g + 1) * per; i++) {
-                float v = values[i];
-                if (v > a) { b = a; a = v; }
-                else if (v > b) b = v;
+        __syncwarp();
+        if (lane == 0) {
+            float groups[ROUTE_MAX_K * 2];
+            for (int g = 0; g < p.n_group; g++) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int i = g * per; i < (g + 1) * per; i++) {
+                    float v = values[i];
+                    if (v > a) { b = a; a = v; }
+                    else if (v > b) b = v;
+                }
+                groups[g] = per >= 2 ? a + b : a;
             }
-            groups[g] = per >= 2 ? a + b : a;
+            int kept[ROUTE_MAX_K * 2];
+            for (int r = 0; r < p.topk_group; r++) kept[r] = best_of(groups, p.n_group, kept, r, 0);
+            for (int i = 0; i < e; i++) {
+                bool in = false;
+                for (int r = 0; r < p.topk_group; r++) in |= kept[r] == i / per;
+                eligible[i] = in;
+            }
         }
-        int kept[ROUTE_MAX_K * 2];
-        for (int r = 0; r < p.topk_group; r++) kept[r] = best_of(groups, p.n_group, kept, r, 0);
-        u8 eligible[ROUTE_MAX_EXPERTS];
-        for (int i = 0; i < e; i++) {
-            bool in = false;
-            for (int r = 0; r < p.topk_group; r++) in |= kept[r] == i / per;
-            eligible[i] = in;
-        }
-        for (int r = 0; r < k; r++) chosen[r] = best_of(values, e, chosen, r, eligible);
+        __syncwarp();
+        warp_top_k(values, e, k, taken, eligible, chosen);
+        if (lane != 0) return;
         float total = 0.0f;
         for (int r = 0; r < k; r++) total += scores[chosen[r]];
         total += 1e-20f;

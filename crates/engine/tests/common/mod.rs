@@ -21,6 +21,7 @@ pub const FAMILIES: &[&str] = &[
     "glm4_moe",
     "gemma4",
     "deepseek_v3",
+    "qwen3_5_moe",
 ];
 
 /// The fixture's config.json with `overrides` applied at the top level.
@@ -77,6 +78,7 @@ pub const MOE_FAMILIES: &[&str] = &[
     "gemma4",
     "glm4_moe",
     "deepseek_v3",
+    "qwen3_5_moe",
 ];
 
 /// A fresh install of the `family` fixture, converted into a temporary

@@ -15,6 +15,15 @@ use turbospark_core::arch::Family;
 pub enum Target {
     /// A resident tensor, copied as is.
     Resident(String),
+    /// A resident tensor copied as is, whose source shape has extra
+    /// dimensions of size 1 (a depthwise convolution's `[channels, 1,
+    /// kernel]`); it is stored with the table's shape.
+    ResidentSqueezed(String),
+    /// A resident tensor copied as is, whose source stacks per-head
+    /// matrices on extra leading dimensions (llama.cpp's `attn_k_b`
+    /// `[heads, kv_lora, nope]`); it is stored with the table's shape, the
+    /// leading dimensions merged into rows (`[heads · kv_lora, nope]`).
+    ResidentRowsStacked(String),
     /// One expert's part (`gate`, `up`, `down`).
     ExpertOne {
         layer: usize,

@@ -120,7 +120,10 @@ pub fn convert(
         .collect();
     let mut resident_steps: BTreeMap<String, &Step> = BTreeMap::new();
     for step in &steps {
-        if let Target::Resident(name) = &step.target {
+        if let Target::Resident(name)
+        | Target::ResidentSqueezed(name)
+        | Target::ResidentRowsStacked(name) = &step.target
+        {
             let t = source.tensor(&step.src)?;
             let want = expected
                 .get(name)
@@ -128,7 +131,21 @@ pub fn convert(
                     tensor: step.src.clone(),
                     family: family.clone(),
                 })?;
-            check_shape(name, want, &t.shape, &family)?;
+            let found = match step.target {
+                // Only size-1 dimensions go: the bytes are the same.
+                Target::ResidentSqueezed(_) => {
+                    t.shape.iter().copied().filter(|&d| d != 1).collect()
+                }
+                // Whole rows stay whole: the bytes are the same.
+                Target::ResidentRowsStacked(_) => match t.shape.split_last() {
+                    Some((&cols, lead)) if !lead.is_empty() => {
+                        vec![lead.iter().product(), cols]
+                    }
+                    _ => t.shape.clone(),
+                },
+                _ => t.shape.clone(),
+            };
+            check_shape(name, want, &found, &family)?;
             t.format()?;
             if resident_steps.insert(name.clone(), step).is_some() {
                 return Err(FormatError::BadTensor {
@@ -208,10 +225,12 @@ pub fn convert(
         }
     }
     let mut written: HashSet<(usize, usize, &'static str)> = HashSet::new();
-    for step in steps
-        .iter()
-        .filter(|s| !matches!(s.target, Target::Resident(_)))
-    {
+    for step in steps.iter().filter(|s| {
+        !matches!(
+            s.target,
+            Target::Resident(_) | Target::ResidentSqueezed(_) | Target::ResidentRowsStacked(_)
+        )
+    }) {
         let n = write_expert_step(&mut writer, &source, step, &layouts, &mut written)?;
         source.release(&step.src);
         if let Some(s) = &step.scales {
@@ -345,7 +364,12 @@ fn parts_of_step(
             stacked(2)?;
             vec![("down.bias", t.format()?, vec![s[1]])]
         }
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => {
             vec![]
         }
     })
@@ -360,7 +384,12 @@ fn step_layer(t: &Target) -> Option<usize> {
         | Target::Mxfp4Down { layer }
         | Target::GateUpBiasInterleaved { layer }
         | Target::DownBiasStack { layer } => Some(layer),
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => None,
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => None,
     }
 }
 
@@ -549,7 +578,12 @@ fn write_expert_step(
                 }
             }
         }
-        Target::Resident(_) | Target::Ignored | Target::Skipped(_) | Target::Mxfp4Scales => {}
+        Target::Resident(_)
+        | Target::ResidentSqueezed(_)
+        | Target::ResidentRowsStacked(_)
+        | Target::Ignored
+        | Target::Skipped(_)
+        | Target::Mxfp4Scales => {}
     }
     Ok(t.bytes.len() as u64)
 }
@@ -591,7 +625,9 @@ pub fn inspect_source(path: &Path) -> Result<SourceSummary, FormatError> {
             None => "unmapped",
             Some(Target::Ignored) => "ignored",
             Some(Target::Skipped(_)) => "skipped",
-            Some(Target::Resident(_)) => "resident",
+            Some(
+                Target::Resident(_) | Target::ResidentSqueezed(_) | Target::ResidentRowsStacked(_),
+            ) => "resident",
             Some(_) => "expert",
         };
         tensors.push(SourceTensorRow {

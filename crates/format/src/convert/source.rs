@@ -134,6 +134,10 @@ impl GgufMeta for GgufFile {
 /// (Gemma 4's proportional rope); layers past the decoder stack are
 /// multi-token-prediction layers (llama.cpp's `nextn_predict_layers`).
 fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
+    /// llama.cpp's 3-D per-head matrices `[heads, rows, cols]` (the split
+    /// `kv_b` of DeepSeek's latent attention), stored as `[heads · rows,
+    /// cols]`.
+    const GGUF_PER_HEAD_STACKS: &[&str] = &["attn_k_b.weight", "attn_v_b.weight"];
     if name == "rope_freqs.weight" {
         let consumed = spec.layers.iter().any(|l| {
             matches!(
@@ -156,6 +160,9 @@ fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
     }
     if tail == "ffn_gate_up_exps.weight" {
         return Some(Target::ExpertGateUpHalves { layer });
+    }
+    if GGUF_PER_HEAD_STACKS.contains(&tail) {
+        return Some(Target::ResidentRowsStacked(name.clone()));
     }
     match GGUF_EXPERT_STACKS.iter().find(|(_, stack)| *stack == tail) {
         Some(&(part, _)) => Some(Target::ExpertStack { layer, part }),

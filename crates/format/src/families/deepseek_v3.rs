@@ -27,22 +27,44 @@
 //! - Checkpoints may carry multi-token-prediction layers past the decoder
 //!   stack (`num_nextn_predict_layers`); `convert` skips them.
 //!
-//! GGUF files (llama.cpp's `deepseek2`) are not read yet.
+//!
+//! GGUF files (llama.cpp's `deepseek2`, as its `convert_hf_to_gguf.py`
+//! writes them; llama.cpp's `src/models/deepseek2.cpp` reads them):
+//!
+//! - the spec is already the absorbed one: `attention.head_count_kv` 1,
+//!   `attention.key_length` `kv_lora + rope`, `attention.value_length`
+//!   `kv_lora`; the checkpoint's head widths are `key_length_mla` (nope +
+//!   rope) and `value_length_mla`, the rope width `rope.dimension_count`;
+//! - `kv_b_proj` is split ([`KvBLayout::Split`]): `attn_k_b` `[heads,
+//!   kv_lora, nope]` holds each head's key block transposed, `attn_v_b`
+//!   `[heads, v, kv_lora]` its value block;
+//! - every norm, the `q_a` and `kv_a` ones included, uses
+//!   `layer_norm_rms_epsilon`;
+//! - YaRN: the converter writes `0.1 · mscale_all_dim` as
+//!   `rope.scaling.yarn_log_multiplier` and no `mscale`; llama.cpp takes
+//!   `mscale = mscale_all_dim`, so the cos/sin factor is 1 and the score
+//!   scale `qk_head_dim^-0.5 · (0.1 · mscale_all_dim · ln(factor) + 1)²`;
+//! - routing by `expert_gating_func` (2 = sigmoid, the grouped router;
+//!   llama.cpp reads a file without it as DeepSeek-V2's softmax, which is
+//!   not supported here), `expert_group_count`, `expert_group_used_count`,
+//!   `expert_weights_norm`, `expert_weights_scale`, and the correction bias
+//!   `exp_probs_b.bias`.
 
 use super::FamilyDef;
 use crate::convert::hf_names::Target;
-use crate::spec::gguf::{Common, Meta};
+use crate::spec::gguf::{routed_experts, Common, Meta};
 use crate::spec::hf::{activation_for, build_layers, dims, rope_spec, set_moe_layers, Cfg, Dims};
 use crate::spec::SpecError;
 use serde_json::Value;
 use turbospark_core::arch::{
-    ArchSpec, Family, FfnKind, MlaSpec, MoeSpec, NormSpec, RopeKind, RouterKind,
+    ArchSpec, Family, FfnKind, KvBLayout, MlaSpec, MoeSpec, NormSpec, RopeKind, RopeScaling,
+    RouterKind,
 };
 
 pub const FAMILY: FamilyDef = FamilyDef {
     family: Family::DeepseekV3,
     hf_model_types: &["deepseek_v3"],
-    gguf_architectures: &[],
+    gguf_architectures: &["deepseek2"],
     gguf_experts_of: None,
     gguf_renames: &[],
     default_chat_template: None,
@@ -93,6 +115,8 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         qk_nope_head_dim: c.usize_or("qk_nope_head_dim", 128)?,
         qk_rope_head_dim: c.usize_or("qk_rope_head_dim", 64)?,
         v_head_dim: c.usize_or("v_head_dim", 128)?,
+        kv_b: KvBLayout::Fused,
+        norm_eps: MlaSpec::HF_NORM_EPS,
     };
     let mut rope = rope_spec(
         c.v,
@@ -160,23 +184,232 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         expert_biases: false,
         shared_intermediate: (shared > 0).then_some(moe_inter * shared),
         parallel_dense: false,
+        shared_gate: false,
     });
     let first_dense = c.usize_or("first_k_dense_replace", 3)?;
     set_moe_layers(&mut spec, |i| i >= first_dense);
     Ok(spec)
 }
 
-fn from_gguf(_: &Meta<'_>, _: &Common, _: &mut ArchSpec) -> Result<(), SpecError> {
-    Err(SpecError::Unsupported {
-        what: "GGUF source".into(),
-        detail: "deepseek_v3 converts from its HF checkpoint only".into(),
-    })
+/// llama.cpp's `LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID`.
+const GATING_SIGMOID: usize = 2;
+
+fn from_gguf(g: &Meta<'_>, c: &Common, spec: &mut ArchSpec) -> Result<(), SpecError> {
+    let rope = c.rope.rotary_dim;
+    let kv_lora = g.req("attention.kv_lora_rank")?;
+    let key_mla = g.req("attention.key_length_mla")?;
+    let mla = MlaSpec {
+        q_lora_rank: g.opt("attention.q_lora_rank").filter(|&r| r > 0),
+        kv_lora_rank: kv_lora,
+        qk_nope_head_dim: key_mla.checked_sub(rope).filter(|&d| d > 0).ok_or_else(|| {
+            SpecError::Inconsistent(format!(
+                "deepseek2.attention.key_length_mla {key_mla} is not above rope.dimension_count {rope}"
+            ))
+        })?,
+        qk_rope_head_dim: rope,
+        v_head_dim: g.req("attention.value_length_mla")?,
+        kv_b: KvBLayout::Split,
+        norm_eps: c.eps,
+    };
+    // The absorbed layout the converter declares: one KV head as wide as a
+    // cached row.
+    let latent = mla.latent_head_dim();
+    let (kv_heads, head_dim, value) = (
+        spec.num_kv_heads,
+        spec.head_dim,
+        g.opt("attention.value_length").unwrap_or(kv_lora),
+    );
+    if (kv_heads, head_dim, value) != (1, latent, kv_lora) {
+        return Err(SpecError::Inconsistent(format!(
+            "deepseek2: head_count_kv {kv_heads}, key_length {head_dim}, value_length {value}; \
+             expected 1, kv_lora_rank + rope ({latent}), kv_lora_rank ({kv_lora}) (the MLA \
+             layout of llama.cpp's converter; older files with attn_kv_b are not read)"
+        )));
+    }
+    if mla.q_lora_rank.is_none() != g.m.has_tensor("blk.0.attn_q.weight") {
+        return Err(SpecError::Inconsistent(
+            "deepseek2: attention.q_lora_rank and the query tensors (attn_q_a / attn_q) disagree"
+                .into(),
+        ));
+    }
+
+    // YaRN as llama.cpp computes it for deepseek2 (llama-context.cpp and
+    // src/models/deepseek2.cpp): `mscale` is taken to equal
+    // `mscale_all_dim`, so the cos/sin factor is 1, and the scores carry
+    // `yarn_get_mscale(factor, mscale_all_dim)²`.
+    let mut scale = (mla.qk_head_dim() as f64).powf(-0.5);
+    for l in spec.layers.iter_mut() {
+        if let Some(r) = l.rope.as_mut() {
+            if let RopeScaling::Yarn {
+                attention_factor, ..
+            } = &mut r.scaling
+            {
+                if g.m
+                    .meta_f64(&g.key("rope.scaling.yarn_log_multiplier"))
+                    .is_some()
+                {
+                    *attention_factor = 1.0;
+                }
+            }
+        }
+    }
+    if let RopeScaling::Yarn { factor, .. } = c.rope.scaling {
+        let log_mul =
+            g.m.meta_f64(&g.key("rope.scaling.yarn_log_multiplier"))
+                .map_or(1.0, |v| v / 0.1);
+        let m = mscale(f64::from(factor), log_mul);
+        scale *= m * m;
+    }
+    spec.attention.scale = scale as f32;
+    spec.mla = Some(mla);
+
+    let gating = g.opt("expert_gating_func");
+    if g.opt("expert_count").unwrap_or(0) > 0 && gating != Some(GATING_SIGMOID) {
+        return Err(SpecError::Unsupported {
+            what: "deepseek2 expert routing".into(),
+            detail: format!(
+                "expert_gating_func {} (only 2, sigmoid, DeepSeek-V3's router, is supported; \
+                 llama.cpp reads a missing value as DeepSeek-V2's softmax)",
+                gating.map_or("missing".to_string(), |v| v.to_string())
+            ),
+        });
+    }
+    routed_experts(g, c, spec, |g| RouterKind::SigmoidGrouped {
+        n_group: g.opt("expert_group_count").unwrap_or(1).max(1),
+        topk_group: g.opt("expert_group_used_count").unwrap_or(1).max(1),
+        renormalize: g.b("expert_weights_norm").unwrap_or(false),
+        scaling: g.f("expert_weights_scale", 1.0) as f32,
+    })?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::gguf::{spec_from_gguf, GgufMeta};
     use serde_json::json;
+    use std::collections::HashMap;
+
+    /// GGUF metadata as llama.cpp's converter writes it for the tiny
+    /// fixture (tests/fixtures/tiny-gguf/deepseek_v3.f32.gguf).
+    struct Md(HashMap<String, Value>);
+
+    impl GgufMeta for Md {
+        fn meta_u64(&self, k: &str) -> Option<u64> {
+            self.0.get(k)?.as_u64()
+        }
+        fn meta_f64(&self, k: &str) -> Option<f64> {
+            self.0.get(k)?.as_f64()
+        }
+        fn meta_str(&self, k: &str) -> Option<&str> {
+            self.0.get(k)?.as_str()
+        }
+        fn meta_bool(&self, k: &str) -> Option<bool> {
+            self.0.get(k)?.as_bool()
+        }
+        fn meta_array_len(&self, _: &str) -> Option<usize> {
+            None
+        }
+        fn meta_u64s(&self, _: &str) -> Option<Vec<u64>> {
+            None
+        }
+        fn meta_bools(&self, _: &str) -> Option<Vec<bool>> {
+            None
+        }
+        fn has_tensor(&self, name: &str) -> bool {
+            name == "output.weight" || name == "blk.0.attn_q_a.weight"
+        }
+        fn tensor_f32s(&self, _: &str) -> Option<Vec<f32>> {
+            None
+        }
+    }
+
+    fn tiny_deepseek2() -> Md {
+        let kv = json!({
+            "general.architecture": "deepseek2",
+            "deepseek2.block_count": 3, "deepseek2.context_length": 1024,
+            "deepseek2.embedding_length": 64, "deepseek2.feed_forward_length": 128,
+            "deepseek2.attention.head_count": 4, "deepseek2.attention.head_count_kv": 1,
+            "deepseek2.rope.scaling.type": "yarn", "deepseek2.rope.scaling.factor": 4.0,
+            "deepseek2.rope.scaling.original_context_length": 256,
+            "deepseek2.rope.freq_base": 10000.0,
+            "deepseek2.attention.layer_norm_rms_epsilon": 1e-5,
+            "deepseek2.expert_count": 8, "deepseek2.expert_used_count": 2,
+            "deepseek2.expert_group_count": 2, "deepseek2.expert_group_used_count": 1,
+            "deepseek2.attention.key_length": 32, "deepseek2.attention.value_length": 24,
+            "deepseek2.leading_dense_block_count": 1, "deepseek2.vocab_size": 256,
+            "deepseek2.attention.q_lora_rank": 32, "deepseek2.attention.kv_lora_rank": 24,
+            "deepseek2.attention.key_length_mla": 24, "deepseek2.attention.value_length_mla": 12,
+            "deepseek2.expert_feed_forward_length": 16, "deepseek2.expert_shared_count": 1,
+            "deepseek2.expert_weights_scale": 2.5, "deepseek2.expert_weights_norm": true,
+            "deepseek2.expert_gating_func": 2, "deepseek2.rope.dimension_count": 8,
+            "deepseek2.rope.scaling.yarn_log_multiplier": 0.1,
+        });
+        Md(kv.as_object().unwrap().clone().into_iter().collect())
+    }
+
+    #[test]
+    fn gguf_split_kv_b_file_eps_and_yarn_as_llamacpp_reads_them() {
+        let spec = spec_from_gguf(&tiny_deepseek2()).unwrap();
+        let mla = spec.mla.unwrap();
+        assert_eq!(
+            mla,
+            MlaSpec {
+                q_lora_rank: Some(32),
+                kv_lora_rank: 24,
+                qk_nope_head_dim: 16,
+                qk_rope_head_dim: 8,
+                v_head_dim: 12,
+                kv_b: KvBLayout::Split,
+                norm_eps: 1e-5,
+            }
+        );
+        assert_eq!(
+            (spec.layers[0].head_dim, spec.layers[0].num_kv_heads),
+            (32, 1)
+        );
+        let rope = spec.layers[0].rope.unwrap();
+        assert_eq!(rope.kind, RopeKind::Interleaved);
+        match rope.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => assert_eq!(attention_factor, 1.0),
+            other => panic!("{other:?}"),
+        }
+        // 24^-0.5 · (0.1 · 1 · ln 4 + 1)²
+        let m = 0.1 * 4f64.ln() + 1.0;
+        assert!((spec.attention.scale - (m * m / 24f64.sqrt()) as f32).abs() < 1e-7);
+        assert_eq!(
+            spec.moe.unwrap().router,
+            RouterKind::SigmoidGrouped {
+                n_group: 2,
+                topk_group: 1,
+                renormalize: true,
+                scaling: 2.5
+            }
+        );
+        assert_eq!(spec.layers[0].ffn, FfnKind::Dense);
+        assert_eq!(spec.layers[1].ffn, FfnKind::Moe);
+    }
+
+    #[test]
+    fn gguf_softmax_routing_and_unabsorbed_layout_are_typed_errors() {
+        let mut md = tiny_deepseek2();
+        md.0.remove("deepseek2.expert_gating_func");
+        let e = spec_from_gguf(&md).unwrap_err();
+        assert!(matches!(e, SpecError::Unsupported { .. }), "{e}");
+        assert!(e.to_string().contains("expert_gating_func"), "{e}");
+
+        let mut md = tiny_deepseek2();
+        md.0.insert("deepseek2.attention.head_count_kv".into(), json!(4));
+        let e = spec_from_gguf(&md).unwrap_err();
+        assert!(matches!(e, SpecError::Inconsistent(_)), "{e}");
+
+        let mut md = tiny_deepseek2();
+        md.0.remove("deepseek2.attention.key_length_mla");
+        let e = spec_from_gguf(&md).unwrap_err();
+        assert!(matches!(e, SpecError::MissingField { .. }), "{e}");
+    }
 
     #[test]
     fn latent_heads_yarn_mscale_and_null_q_lora() {

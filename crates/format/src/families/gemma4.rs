@@ -156,6 +156,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
                 FfnKind::Dense
             },
             value_from_key: k_eq_v && !is_sliding,
+            mixer: Mixer::Attention,
         });
     }
     let moe = if enable_moe {
@@ -168,6 +169,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
             expert_biases: false,
             shared_intermediate: None,
             parallel_dense: true,
+            shared_gate: false,
         })
     } else {
         None
@@ -295,6 +297,7 @@ pub(crate) fn from_gguf(g: &Meta<'_>, c: &Common, spec: &mut ArchSpec) -> Result
             expert_biases: false,
             shared_intermediate: None,
             parallel_dense: true,
+            shared_gate: false,
         });
         spec.layers.iter_mut().for_each(|l| l.ffn = FfnKind::Moe);
         spec.norms.dense_branch_post = Some(plain);

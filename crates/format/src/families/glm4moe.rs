@@ -57,6 +57,7 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         expert_biases: false,
         shared_intermediate: (shared > 0).then_some(moe_inter * shared),
         parallel_dense: false,
+        shared_gate: false,
     });
     let first_dense = c.usize_or("first_k_dense_replace", 1)?;
     set_moe_layers(&mut spec, |i| i >= first_dense);

@@ -85,6 +85,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         expert_biases: true,
         shared_intermediate: None,
         parallel_dense: false,
+        shared_gate: false,
     });
     spec.head.tied = c.bool_or("tie_word_embeddings", false)?;
     Ok(spec)

@@ -46,6 +46,7 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         expert_biases: false,
         shared_intermediate: None,
         parallel_dense: false,
+        shared_gate: false,
     });
     set_moe_layers(&mut spec, |_| true);
     Ok(spec)

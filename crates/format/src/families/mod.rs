@@ -28,6 +28,7 @@ mod llama;
 mod mixtral;
 mod muse_glimmer;
 mod qwen2;
+mod qwen35moe;
 mod qwen3moe;
 
 /// Every family, in the order error messages list them.
@@ -42,6 +43,7 @@ pub const FAMILIES: &[&FamilyDef] = &[
     &gemma4::FAMILY,
     &glm4moe::FAMILY,
     &deepseek_v3::FAMILY,
+    &qwen35moe::FAMILY,
 ];
 
 /// One family: its names and its readers.

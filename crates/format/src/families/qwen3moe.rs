@@ -51,6 +51,7 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         expert_biases: false,
         shared_intermediate: None,
         parallel_dense: false,
+        shared_gate: false,
     };
     let mlp_only = c.usize_list("mlp_only_layers")?.unwrap_or_default();
     let step = c.usize_or("decoder_sparse_step", 1)?.max(1);

@@ -231,6 +231,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
             o_bias: has("blk.0.attn_output.bias"),
             sinks: has("blk.0.attn_sinks.weight"),
             output_gate: false,
+            gate_in_q: false,
             scale: (head_dim as f32).powf(-0.5),
             softcap: None,
         },
@@ -243,6 +244,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
         },
         layer_scalar: false,
         mla: None,
+        delta_net: None,
         layers: (0..n_layers)
             .map(|i| LayerSpec {
                 head_dim,
@@ -251,6 +253,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
                 rope: Some(rope),
                 ffn: FfnKind::Dense,
                 value_from_key: false,
+                mixer: Mixer::Attention,
             })
             .collect(),
     };
@@ -305,6 +308,7 @@ pub(crate) fn routed_experts(
                 .unwrap_or(expert_inter * shared)
         }),
         parallel_dense: false,
+        shared_gate: false,
     });
     for (i, l) in spec.layers.iter_mut().enumerate() {
         l.ffn = if i < leading_dense {

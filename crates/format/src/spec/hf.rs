@@ -217,6 +217,7 @@ impl Dims {
                 o_bias: false,
                 sinks: false,
                 output_gate: false,
+                gate_in_q: false,
                 scale: (self.head_dim as f32).powf(-0.5),
                 softcap: None,
             },
@@ -229,6 +230,7 @@ impl Dims {
             },
             layer_scalar: false,
             mla: None,
+            delta_net: None,
             layers,
         }
     }
@@ -281,6 +283,7 @@ pub(crate) fn build_layers(
                 rope: ropes(i, is_sliding)?,
                 ffn: ffn[i],
                 value_from_key: false,
+                mixer: Mixer::Attention,
             })
         })
         .collect()

@@ -1,0 +1,154 @@
+//! Staging for [`Stream::fill_slot`](turbospark_backend::Stream::fill_slot):
+//! a ring of page-locked host buffers, each with a device buffer and an
+//! event, so that filling a slot neither waits for the GPU nor leaves the
+//! caller's bytes in use.
+//!
+//! A piece (one projection or bias of an expert) is copied by the CPU into
+//! the next ring entry's pinned buffer, then copied to the device
+//! asynchronously on the session's stream (a true DMA, from page-locked
+//! memory) — into the slot itself, or into the entry's device buffer when a
+//! kernel must reorganise it (the split layout, `crate::layout`) — and the
+//! entry's event is recorded after its last use. An entry is reused once its
+//! event has completed: the host waits only when the ring has wrapped
+//! around onto work the GPU has not reached. Everything is ordered on the
+//! stream, so a slot is never overwritten before the kernels queued earlier
+//! have read it.
+
+use crate::memory::{runtime, DevMem};
+use cudarc::driver::{result, sys, CudaContext};
+use std::sync::Arc;
+use turbospark_backend::BackendError;
+
+/// Entries of the ring: pieces in flight at once.
+const ENTRIES: usize = 8;
+
+/// Page-locked host bytes, freed on drop.
+struct PinnedBytes {
+    ptr: *mut u8,
+    len: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl PinnedBytes {
+    fn new(ctx: &Arc<CudaContext>, len: usize) -> Result<PinnedBytes, BackendError> {
+        ctx.bind_to_thread().map_err(runtime("fill_slot"))?;
+        // SAFETY: a plain page-locked allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(len.max(1), 0) }.map_err(runtime("fill_slot"))?;
+        Ok(PinnedBytes {
+            ptr: ptr as *mut u8,
+            len,
+            ctx: ctx.clone(),
+        })
+    }
+}
+
+impl Drop for PinnedBytes {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by malloc_host, freed once (its entry's
+            // event was waited for first, see Entry::drop).
+            let _ = unsafe { result::free_host(self.ptr as *mut std::ffi::c_void) };
+        }
+    }
+}
+
+struct Entry {
+    host: PinnedBytes,
+    device: DevMem,
+    event: sys::CUevent,
+    /// Whether the event was recorded since the entry was last waited for.
+    pending: bool,
+}
+
+impl Entry {
+    fn wait(&mut self) -> Result<(), BackendError> {
+        if self.pending {
+            // SAFETY: a valid event of this context.
+            unsafe { result::event::synchronize(self.event) }.map_err(runtime("fill_slot"))?;
+            self.pending = false;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        // The DMA may still read the pinned buffer.
+        let _ = self.wait();
+        // SAFETY: created in Ring::take, destroyed once.
+        let _ = unsafe { result::event::destroy(self.event) };
+    }
+}
+
+// SAFETY: the pinned buffer and the event belong to this entry alone and are
+// used from whichever thread owns the stream.
+unsafe impl Send for Entry {}
+
+/// The ring (see the module docs).
+#[derive(Default)]
+pub(crate) struct Ring {
+    entries: Vec<Entry>,
+    next: usize,
+}
+
+/// A staged piece: where its bytes are on the device once the copy queued
+/// on the stream has run (the entry's device buffer, or the destination).
+pub(crate) struct Staged {
+    pub(crate) device: u64,
+    index: usize,
+}
+
+impl Ring {
+    /// Copies `bytes` into the next entry and queues its copy to `dst` (or,
+    /// when `dst` is None, to the entry's device buffer) on `stream`.
+    pub(crate) fn stage(
+        &mut self,
+        ctx: &Arc<CudaContext>,
+        stream: sys::CUstream,
+        bytes: &[u8],
+        dst: Option<u64>,
+    ) -> Result<Staged, BackendError> {
+        let index = self.next;
+        self.next = (self.next + 1) % ENTRIES;
+        if self.entries.len() <= index {
+            // SAFETY: creating an event in the bound context.
+            ctx.bind_to_thread().map_err(runtime("fill_slot"))?;
+            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(runtime("fill_slot"))?;
+            self.entries.push(Entry {
+                host: PinnedBytes::new(ctx, bytes.len())?,
+                device: DevMem::zeroed(ctx, bytes.len(), "fill_slot")?,
+                event,
+                pending: false,
+            });
+        }
+        let e = &mut self.entries[index];
+        e.wait()?;
+        if e.host.len < bytes.len() {
+            e.host = PinnedBytes::new(ctx, bytes.len())?;
+            e.device = DevMem::zeroed(ctx, bytes.len(), "fill_slot")?;
+        }
+        // SAFETY: the pinned buffer holds at least bytes.len() bytes and no
+        // queued copy reads it (its event completed above).
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), e.host.ptr, bytes.len()) };
+        let to = dst.unwrap_or(e.device.ptr);
+        // SAFETY: page-locked source of bytes.len() bytes, alive until the
+        // entry's event completes; the destination holds that many bytes
+        // (the caller's slot range, or the entry's device buffer).
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(to, e.host.ptr as *const _, bytes.len(), stream).result()
+        }
+        .map_err(runtime("fill_slot"))?;
+        Ok(Staged { device: to, index })
+    }
+
+    /// Marks the end of a staged piece's use on `stream` (after the kernel
+    /// that reads its device buffer, if any).
+    pub(crate) fn release(&mut self, s: Staged, stream: sys::CUstream) -> Result<(), BackendError> {
+        let e = &mut self.entries[s.index];
+        // SAFETY: a valid event and stream of this context.
+        unsafe { result::event::record(e.event, stream) }.map_err(runtime("fill_slot"))?;
+        e.pending = true;
+        Ok(())
+    }
+}

@@ -36,5 +36,36 @@ install_nvrtc() {
     export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 stage "install NVRTC 13.0 (pip)" install_nvrtc
+# The serve test drives the chat page in headless Chromium (Debian's
+# `chromium`; scripts/serve/page_check.py). A fresh CI machine (Debian, root)
+# lacks it: install it when apt-get can, else the page test skips and says
+# why. Once chromium is there the test must run (TURBOSPARK_REQUIRE_CHROMIUM).
+install_chromium() {
+    if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+        if ! command -v apt-get >/dev/null; then
+            echo "chromium is not installed and there is no apt-get: the page test will skip"
+            return 0
+        fi
+        if [ "$(id -u)" != 0 ]; then
+            echo "chromium is not installed and apt-get needs root: the page test will skip"
+            return 0
+        fi
+        # Fonts so the saved screenshot shows text rather than boxes.
+        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                chromium fonts-dejavu-core >/dev/null; }; then
+            echo "apt-get could not install chromium: the page test will skip"
+            return 0
+        fi
+    fi
+    local version
+    if ! version=$( (chromium --version || chromium-browser --version) 2>/dev/null); then
+        echo "chromium does not run (--version failed): the page test will skip"
+        return 0
+    fi
+    echo "$version"
+    export TURBOSPARK_REQUIRE_CHROMIUM=1
+}
+stage "install chromium (apt-get) for the page test" install_chromium
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt
 echo "all stages passed in ${SECONDS}s"

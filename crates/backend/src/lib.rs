@@ -46,7 +46,9 @@ pub use moe::{ExpertWeights, MoeInput, MoeScratch, Route};
 pub use numerics::{Numerics, UnknownNumerics};
 pub use rope::RopeTable;
 pub use routing::{RouterScratch, RouterSpec, RouterTables};
-pub use stream::{bias_mismatch, check_rope, check_tokens, AttentionParams, HeadMatmul, Stream};
+pub use stream::{
+    bias_mismatch, check_rope, check_tokens, AttentionParams, AttentionPart, HeadMatmul, Stream,
+};
 
 /// Fails with [`BackendError::BufferTooSmall`] when `have < need`.
 pub fn check_len(

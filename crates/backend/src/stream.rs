@@ -87,6 +87,24 @@ impl AttentionParams {
     }
 }
 
+/// One sequence's queries in [`Stream::attention_parts`]: `params.n_tokens`
+/// rows of the queries, attending to this sequence's own cache.
+#[derive(Debug)]
+pub struct AttentionPart<'a, B> {
+    pub k_cache: &'a B,
+    pub v_cache: &'a B,
+    pub params: AttentionParams,
+}
+
+// By hand: a derive would ask `B: Copy`, and only references are copied.
+impl<B> Clone for AttentionPart<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B> Copy for AttentionPart<'_, B> {}
+
 /// One per-head matmul ([`Stream::head_matmul`]) over a weight matrix
 /// `W` `[rows_total, cols]` that stacks a block of `head_stride` rows per
 /// head: head `h`'s matrix `W_h` is rows `h · head_stride + first_row ..
@@ -361,6 +379,29 @@ pub trait Stream<D: Device>: Send {
         sinks: Option<&D::Vector>,
         out: &mut D::Buf,
     ) -> Result<(), BackendError>;
+    /// Whether [`Stream::attention_parts`] is implemented.
+    fn attends_parts(&self) -> bool {
+        false
+    }
+    /// [`Stream::attention`] of several sequences in one call (one launch,
+    /// one split of the work between threads): part `i`'s queries are the
+    /// `parts[i].params.n_tokens` rows of `q` that follow the rows of the
+    /// parts before it, and its outputs the same rows of `out`. Every part
+    /// has the same `n_heads`, `n_kv_heads` and `head_dim`, and each row is
+    /// computed exactly as [`Stream::attention`] computes it for its part
+    /// alone. Backends without it say so ([`Stream::attends_parts`]).
+    fn attention_parts(
+        &mut self,
+        q: &D::Buf,
+        parts: &[AttentionPart<'_, D::Buf>],
+        sinks: Option<&D::Vector>,
+        out: &mut D::Buf,
+    ) -> Result<(), BackendError> {
+        let _ = (q, parts, sinks, out);
+        Err(BackendError::Unsupported {
+            op: "attention_parts",
+        })
+    }
     /// `gate[i] = act(gate[i]) · up[i]` (or gpt-oss's clamped form) for `i < len`.
     fn glu(
         &mut self,

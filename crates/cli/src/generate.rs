@@ -31,7 +31,7 @@ use turbospark_format::identity::default_chat_template;
 use turbospark_format::install::reader::read_manifest;
 use turbospark_text::builtin_templates::{builtin_template, builtin_template_names};
 use turbospark_text::{
-    ChatOptions, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
+    chat_prompt_tokens, ChatTemplate, Message, Sampler, SamplerConfig, StreamDecoder, Tokenizer,
 };
 
 use crate::experts::ExpertArgs;
@@ -182,23 +182,10 @@ impl Text {
         }
     }
 
-    /// Renders `messages` with the generation prompt and tokenizes the
-    /// result. BOS is added only when the vocabulary asks for it and the
-    /// template did not already write it.
+    /// The prompt tokens of `messages` ([`chat_prompt_tokens`], shared
+    /// with the server).
     pub fn chat_tokens(&self, template: &ChatTemplate, messages: &[Message]) -> Result<Vec<u32>> {
-        let tok = &self.tokenizer;
-        let bos_text = tok.bos().and_then(|b| tok.token_text(b));
-        let opts = ChatOptions {
-            add_generation_prompt: true,
-            bos_token: bos_text.clone(),
-            eos_token: tok.eos().and_then(|e| tok.token_text(e)),
-            ..ChatOptions::default()
-        };
-        let text = template
-            .render(messages, &opts)
-            .context("rendering the chat template")?;
-        let has_bos = bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-        Ok(tok.encode(&text, !has_bos)?)
+        chat_prompt_tokens(&self.tokenizer, template, messages).context("building the chat prompt")
     }
 
     /// Tokenizes raw prompt text (BOS as the vocabulary asks).

@@ -15,10 +15,16 @@
 //! - concurrent requests, decoded in one batch, each equal to its answer alone;
 //! - a full queue (429 with Retry-After), the per-request timeout (408, or an
 //!   error frame in a stream) and SIGTERM during load (exit 0);
+//! - per-request steering (the `turbospark` extension object): a steered
+//!   request's greedy answer equals `turbospark run --control-vector`'s, the
+//!   unsteered requests decoded beside it equal `run`'s without one, and
+//!   unknown vectors, other hidden sizes, bad scales and paths are 400s in
+//!   each API's shape;
 //! - the chat page at `/` in headless Chromium (scripts/serve/page_check.py,
 //!   over the DevTools protocol): it streams the greedy answer `run` gives
 //!   and its live panel updates; the screenshot is left in the target's
-//!   tmp directory (`serve-page.png`). Skipped, saying why, without chromium.
+//!   tmp directory (`serve-page.png`). Skipped, saying why, without chromium
+//!   (scripts/test.sh installs it where apt-get can, and then requires it).
 //!
 //! Skipped, saying why, when the model is not cached (scripts/fetch-models.sh
 //! smollm2), unless `TURBOSPARK_REQUIRE_MODELS` is set.
@@ -159,6 +165,18 @@ fn run_answer(
     raw: Option<&str>,
     max: usize,
 ) -> (String, String) {
+    run_answer_with(dir, system, user, raw, max, &[])
+}
+
+/// [`run_answer`] with further options for `run`.
+fn run_answer_with(
+    dir: &Path,
+    system: Option<&str>,
+    user: Option<&str>,
+    raw: Option<&str>,
+    max: usize,
+    extra: &[&str],
+) -> (String, String) {
     let mut cmd = Command::new(BIN);
     cmd.args([
         "run",
@@ -168,7 +186,8 @@ fn run_answer(
         "0",
     ])
     .args(["--numerics", "exact", "--context", "1024", "--threads", "2"])
-    .args(["--max-tokens", &max.to_string()]);
+    .args(["--max-tokens", &max.to_string()])
+    .args(extra);
     if let Some(s) = system {
         cmd.args(["--system", s]);
     }
@@ -617,6 +636,10 @@ fn chromium() -> Option<&'static str> {
                 .is_ok_and(|o| o.status.success())
         })
         .or_else(|| {
+            // scripts/test.sh sets it once it has installed chromium.
+            if std::env::var_os("TURBOSPARK_REQUIRE_CHROMIUM").is_some() {
+                panic!("TURBOSPARK_REQUIRE_CHROMIUM is set but chromium does not run");
+            }
             eprintln!(
                 "skipped the page test: chromium is not installed (apt-get install chromium)"
             );
@@ -690,4 +713,168 @@ fn request_past_the_timeout_is_408_in_each_api_shape() {
     assert!(sse.contains("\"timeout\""), "{sse}");
     wait_idle(addr);
     assert!(metric(addr, "turbospark_timed_out_total ") >= 3.0);
+}
+
+/// A control vector for SmolLM2 (hidden 576, 30 layers): one fixed
+/// pseudo-random unit direction on layers 5–20, written in llama.cpp's
+/// format; and one of the wrong width.
+fn steering_vectors(dir: &Path) {
+    use turbospark_engine::ControlVector;
+    std::fs::create_dir_all(dir).unwrap();
+    let hidden = 576;
+    let u: Vec<f32> = (0..hidden)
+        .map(|i| (((i * 7919 + 13) % 101) as f32 - 50.0) / 50.0)
+        .collect();
+    let norm = u.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let mut cv = ControlVector::new(hidden);
+    for layer in 5..=20 {
+        cv.set(layer, u.iter().map(|v| v / norm).collect()).unwrap();
+    }
+    cv.write_gguf(&dir.join("tilt.gguf"), "smollm2").unwrap();
+    let mut narrow = ControlVector::new(64);
+    narrow.set(3, vec![0.125; 64]).unwrap();
+    narrow
+        .write_gguf(&dir.join("narrow.gguf"), "other")
+        .unwrap();
+}
+
+#[test]
+fn per_request_steering_in_a_batch() {
+    let Some(dir) = install() else { return };
+    let vectors = Path::new(env!("CARGO_TARGET_TMPDIR")).join("serve-vectors");
+    steering_vectors(&vectors);
+    let tilt = vectors.join("tilt.gguf");
+    let named = format!("tilt={}", tilt.display());
+    let server = Server::start(
+        dir,
+        &[
+            "--parallel",
+            "4",
+            "--request-control-vector",
+            &named,
+            "--request-control-vector-dir",
+            vectors.to_str().unwrap(),
+        ],
+    );
+    let addr = server.addr;
+    let question = "Describe the weather today.";
+    let scale = 6.0;
+    let (want_plain, _) = run_answer(dir, None, Some(question), None, 40);
+    let cv_arg = format!("{}:{scale}", tilt.display());
+    let steer = ["--control-vector", cv_arg.as_str()];
+    let (want_steered, _) = run_answer_with(dir, None, Some(question), None, 40, &steer);
+    assert_ne!(
+        want_steered, want_plain,
+        "the vector does not change the answer; the test would prove nothing"
+    );
+    let body = |ext: Option<serde_json::Value>| {
+        let mut b = chat(question, 40, false);
+        if let Some(e) = ext {
+            b["turbospark"] = e;
+        }
+        b
+    };
+    let by_name = serde_json::json!({"control_vectors": [{"name": "tilt", "scale": scale}]});
+    let by_file = serde_json::json!({"control_vectors": [{"name": "tilt.gguf", "scale": scale}],
+                                      "mode": "add"});
+    // Four at once: two steered (a registered name, a file of the
+    // directory), two plain (one with an empty list).
+    let requests = [
+        (Some(by_name), &want_steered),
+        (None, &want_plain),
+        (Some(by_file), &want_steered),
+        (
+            Some(serde_json::json!({"control_vectors": []})),
+            &want_plain,
+        ),
+    ];
+    let handles: Vec<_> = requests
+        .iter()
+        .map(|(ext, _)| {
+            let b = body(ext.clone());
+            std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &b))
+        })
+        .collect();
+    for ((ext, want), h) in requests.iter().zip(handles) {
+        let (status, v) = h.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            want.as_str(),
+            "steering {ext:?}"
+        );
+    }
+    // Anthropic's endpoint takes the same object.
+    let (status, v) = post_json(
+        addr,
+        "/v1/messages",
+        &serde_json::json!({"model": "smollm2", "max_tokens": 40, "temperature": 0,
+            "messages": [{"role": "user", "content": question}],
+            "turbospark": {"control_vectors": [{"name": "tilt", "scale": scale}]}}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["content"][0]["text"], want_steered.as_str());
+
+    // Refused, in each API's shape, and the server stays healthy.
+    for (ext, says) in [
+        (
+            serde_json::json!({"control_vectors": [{"name": "nope"}]}),
+            "unknown control vector",
+        ),
+        (
+            serde_json::json!({"control_vectors": [{"name": "narrow"}]}),
+            "control vectors",
+        ),
+        (
+            serde_json::json!({"control_vectors": [{"name": "tilt", "scale": 1e9}]}),
+            "scale",
+        ),
+        (
+            serde_json::json!({"control_vectors": [{"name": "../serve-vectors/tilt"}]}),
+            "only letters",
+        ),
+        (
+            serde_json::json!({"control_vectors": [{"name": "tilt"}], "mode": "double"}),
+            "mode",
+        ),
+        (
+            serde_json::json!({"control_vectors": [{"name": "tilt"}], "layer_range": [3, 99]}),
+            "control vectors",
+        ),
+    ] {
+        let (status, v) = post_json(addr, "/v1/chat/completions", &body(Some(ext.clone())));
+        assert_eq!(status, 400, "{ext}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{ext}: {msg}");
+        let (status, v) = post_json(
+            addr,
+            "/v1/messages",
+            &serde_json::json!({"model": "smollm2", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "x"}], "turbospark": ext}),
+        );
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["type"], "error", "{v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    }
+    let (status, v) = post_json(addr, "/v1/chat/completions", &body(None));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], want_plain.as_str());
+    wait_idle(addr);
+
+    // A server started without request vectors refuses any.
+    drop(server);
+    let plain = Server::start(dir, &[]);
+    let (status, v) = post_json(
+        plain.addr,
+        "/v1/chat/completions",
+        &body(Some(
+            serde_json::json!({"control_vectors": [{"name": "tilt"}]}),
+        )),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("allows no per-request control vectors"));
 }

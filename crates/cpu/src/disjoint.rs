@@ -2,21 +2,22 @@
 
 use std::marker::PhantomData;
 
-/// A mutable f32 slice that pool threads write in disjoint ranges.
-pub(crate) struct DisjointMut<'a> {
-    ptr: *mut f32,
+/// A mutable slice (of f32 unless said) that pool threads write in
+/// disjoint ranges.
+pub(crate) struct DisjointMut<'a, T = f32> {
+    ptr: *mut T,
     len: usize,
-    _borrow: PhantomData<&'a mut [f32]>,
+    _borrow: PhantomData<&'a mut [T]>,
 }
 
 // SAFETY: the wrapper only hands out ranges through `range`, whose contract
 // makes concurrent ranges disjoint, so sharing it is like sharing `&mut`
 // sub-slices obtained by `split_at_mut`.
-unsafe impl Sync for DisjointMut<'_> {}
-unsafe impl Send for DisjointMut<'_> {}
+unsafe impl<T: Send> Sync for DisjointMut<'_, T> {}
+unsafe impl<T: Send> Send for DisjointMut<'_, T> {}
 
-impl<'a> DisjointMut<'a> {
-    pub(crate) fn new(s: &'a mut [f32]) -> Self {
+impl<'a, T> DisjointMut<'a, T> {
+    pub(crate) fn new(s: &'a mut [T]) -> Self {
         DisjointMut {
             ptr: s.as_mut_ptr(),
             len: s.len(),
@@ -29,7 +30,7 @@ impl<'a> DisjointMut<'a> {
     /// # Safety
     /// No two live results of `range` (on any thread) may overlap.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &mut [f32] {
+    pub(crate) unsafe fn range(&self, start: usize, len: usize) -> &mut [T] {
         assert!(
             start.checked_add(len).is_some_and(|end| end <= self.len),
             "disjoint range {start}+{len} outside {}",

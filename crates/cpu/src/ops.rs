@@ -14,9 +14,9 @@ use crate::{
 };
 use turbospark_backend::routing::route_token;
 use turbospark_backend::{
-    bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, BackendError, ConvParams,
-    DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors, HeadMatmul, MoeInput, MoeScratch,
-    Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
+    bias_mismatch, check_rope, check_tokens, routes_for, AttentionParams, AttentionPart,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams, ExpertTensors,
+    HeadMatmul, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -382,6 +382,156 @@ impl Stream<CpuDevice> for CpuStream {
                 }
             },
         )
+    }
+
+    fn attends_parts(&self) -> bool {
+        true
+    }
+
+    fn attention_parts(
+        &mut self,
+        q: &CpuBuf,
+        parts: &[AttentionPart<'_, CpuBuf>],
+        sinks: Option<&CpuVector>,
+        out: &mut CpuBuf,
+    ) -> Result<(), BackendError> {
+        const OP: &str = "attention_parts";
+        let q = q.f32s(OP, "q")?;
+        let out = out.f32s_mut(OP, "out")?;
+        let Some(first) = parts.first().map(|p| p.params) else {
+            return Ok(());
+        };
+        let (nh, nkv, hd) = (first.n_heads, first.n_kv_heads, first.head_dim);
+        let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
+        // Each part is split as `attention` splits it: items of one query
+        // head, or (prefill in fast numerics) of up to HEADS_PER_ITEM heads
+        // sharing a KV head.
+        let heads_per_item = |p: &AttentionParams| {
+            if fast && kernels::attends_heads(isa, p) {
+                kernels::HEADS_PER_ITEM
+            } else {
+                1
+            }
+        };
+        let items_per_token = |p: &AttentionParams| {
+            let g = heads_per_item(p);
+            p.n_kv_heads * (p.n_heads / p.n_kv_heads).div_ceil(g)
+        };
+        let (mut rows, mut items, mut need, mut work) = (0, 0, 0, 0);
+        for part in parts {
+            let p = &part.params;
+            if (p.n_heads, p.n_kv_heads, p.head_dim) != (nh, nkv, hd) {
+                return Err(BackendError::Shape {
+                    op: OP,
+                    detail: format!(
+                        "a part of {} heads over {} kv heads of {} dims among parts of \
+                         {nh} over {nkv} of {hd}",
+                        p.n_heads, p.n_kv_heads, p.head_dim
+                    ),
+                });
+            }
+            if p.n_tokens == 0 {
+                continue;
+            }
+            let keys = p.check()?;
+            let cache_len = p.capacity * nkv * hd;
+            check_len(
+                OP,
+                "k_cache",
+                part.k_cache.f32s(OP, "k_cache")?.len(),
+                cache_len,
+            )?;
+            check_len(
+                OP,
+                "v_cache",
+                part.v_cache.f32s(OP, "v_cache")?.len(),
+                cache_len,
+            )?;
+            need = need.max(heads_per_item(p) * keys);
+            rows += p.n_tokens;
+            items += p.n_tokens * items_per_token(p);
+            work += p.n_tokens * nh * keys * hd * 2;
+        }
+        let q_len = rows * nh * hd;
+        check_len(OP, "q", q.len(), q_len)?;
+        check_len(OP, "out", out.len(), q_len)?;
+        if let Some(s) = sinks {
+            check_len(OP, "sinks", s.data.len(), nh)?;
+        }
+        let llama_cpp = self.llama_cpp();
+        let StreamScratch { threads, .. } = &mut self.scratch;
+        if threads[0].scores.len() < need {
+            return Err(BackendError::ScratchTooSmall {
+                op: OP,
+                need,
+                have: threads[0].scores.len(),
+            });
+        }
+        if llama_cpp && threads[0].q16.len() < hd {
+            return Err(BackendError::ScratchTooSmall {
+                op: OP,
+                need: hd,
+                have: threads[0].q16.len(),
+            });
+        }
+        let sinks = sinks.map(|s| s.data.as_slice());
+        let out = DisjointMut::new(&mut out[..q_len]);
+        parallel(&self.pool, threads, work, &|i, n_parts, s| {
+            let range = split(items, n_parts, i);
+            // Walk the parts, computing the items of this share.
+            let (mut row0, mut item0) = (0, 0);
+            for part in parts {
+                let p = &part.params;
+                let per = items_per_token(p);
+                let (lo, hi) = (item0, item0 + p.n_tokens * per);
+                let first_row = row0;
+                row0 += p.n_tokens;
+                item0 = hi;
+                if hi <= range.start || lo >= range.end {
+                    continue;
+                }
+                // Checked above; a failure here would be a broken invariant.
+                let (Ok(k_cache), Ok(v_cache)) = (
+                    part.k_cache.f32s(OP, "k_cache"),
+                    part.v_cache.f32s(OP, "v_cache"),
+                ) else {
+                    continue;
+                };
+                let inputs = AttentionInputs {
+                    q: &q[first_row * nh * hd..row0 * nh * hd],
+                    k_cache,
+                    v_cache,
+                    params: p,
+                    sinks,
+                };
+                let g_max = heads_per_item(p);
+                for item in range.start.max(lo)..range.end.min(hi) {
+                    let (t, rest) = ((item - lo) / per, (item - lo) % per);
+                    let at = (first_row + t) * nh * hd;
+                    if g_max > 1 {
+                        let group = nh / nkv;
+                        let chunks = group.div_ceil(g_max);
+                        let (kv, c) = (rest / chunks, rest % chunks);
+                        let h0 = kv * group + c * g_max;
+                        let g = g_max.min(group - c * g_max);
+                        // SAFETY: items are split disjointly among shares
+                        // and each owns the outputs of its own `g` heads.
+                        let o = unsafe { out.range(at + h0 * hd, g * hd) };
+                        kernels::attend_heads(isa, &inputs, t, h0, g, &mut s.scores, o);
+                    } else {
+                        // SAFETY: as above, one head's `head_dim` outputs.
+                        let o = unsafe { out.range(at + rest * hd, hd) };
+                        if llama_cpp {
+                            inputs.attend_ggml(t, rest, &mut s.scores, &mut s.q16, o);
+                        } else if fast {
+                            kernels::attend(isa, &inputs, t, rest, &mut s.scores, o);
+                        } else {
+                            inputs.attend(t, rest, &mut s.scores, o);
+                        }
+                    }
+                }
+            }
+        })
     }
 
     fn glu(

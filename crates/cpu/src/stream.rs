@@ -25,6 +25,10 @@ use turbospark_core::arch::Activation;
 /// waking the pool costs more than the work.
 const PARALLEL_MIN_WORK: usize = 1 << 15;
 
+/// Activations (f32 values) from which a fast matmul quantizes them on
+/// every thread: a batch of several tokens.
+const PARALLEL_QUANTIZE: usize = 1 << 12;
+
 /// A CPU stream (see the module docs).
 pub struct CpuStream {
     pub(crate) pool: Arc<Pool>,
@@ -199,13 +203,21 @@ impl CpuStream {
             threads, fast_act, ..
         } = &mut self.scratch;
         let have = fast_act.capacity();
-        let acts = fast_act
-            .quantize(w.format, x)
-            .ok_or(BackendError::ScratchTooSmall {
-                op: "matmul",
-                need: x.len(),
-                have,
-            })?;
+        // A batch's activations are quantized by every thread (else one
+        // thread would quantize while the others wait for the matmul).
+        let pool = &self.pool;
+        let acts = if x.len() >= PARALLEL_QUANTIZE {
+            fast_act.quantize_split(w.format, x, |f| {
+                let _ = parallel(pool, threads, PARALLEL_MIN_WORK, &|i, parts, _| f(i, parts));
+            })
+        } else {
+            fast_act.quantize(w.format, x)
+        };
+        let acts = acts.ok_or(BackendError::ScratchTooSmall {
+            op: "matmul",
+            need: x.len(),
+            have,
+        })?;
         let out = DisjointMut::new(&mut out[..n * w.rows]);
         let isa = self.isa;
         let unit = kernels::row_unit(w);

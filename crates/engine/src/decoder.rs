@@ -35,10 +35,10 @@
 
 use crate::census::FfnSite;
 use crate::experts::routed::{RoutedInput, SessionExperts};
-use crate::hooks::Hooks;
+use crate::hooks::{Hooks, PreparedSteering};
 use crate::kv::{KvCache, KvLayer, RecurrentState};
 use crate::model::Model;
-use crate::scratch::{Buffers, DeltaRow};
+use crate::scratch::{Buffers, DeltaRow, DeltaScratch};
 use crate::timing::{Phase, PhaseTimes};
 use crate::weights::{
     DeltaNetWeights, DenseWeights, FfnWeights, KvB, LayerWeights, MlaWeights, MoeWeights,
@@ -46,8 +46,8 @@ use crate::weights::{
 use crate::EngineError;
 use std::time::Instant;
 use turbospark_backend::{
-    AttentionParams, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul, RouterTables,
-    Stream,
+    AttentionParams, AttentionPart, ConvParams, DeltaNetInput, DeltaNetParams, Device, HeadMatmul,
+    RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec, DeltaNetSpec, LayerSpec, MlaSpec, NormSpec};
 
@@ -59,6 +59,9 @@ pub(crate) enum At<'a, 'b, D: Device> {
     /// rope, cache write and attention are per row, everything else is one
     /// batched op over all rows.
     Rows(&'a mut [BatchRow<'b, D>]),
+    /// Consecutive rows per sequence: chunk `c`'s tokens are at the next
+    /// positions of `chunks[c].kv`, after the rows of the chunks before it.
+    Chunks(&'a mut [BatchChunk<'b, D>]),
 }
 
 /// One sequence of a batched decode step: its cache and the token fed at
@@ -66,6 +69,18 @@ pub(crate) enum At<'a, 'b, D: Device> {
 pub struct BatchRow<'k, D: Device> {
     pub kv: &'k mut KvCache<D>,
     pub token: u32,
+}
+
+/// One sequence's part of a pass over several sequences
+/// (`Session::forward_chunks`): `tokens` at the next positions of `kv`
+/// (one token of a decode step, or a chunk of a prompt), whether the pass
+/// returns the logits of its last token, and control vectors that steer
+/// this sequence's rows alone (after the session's own steering, if any).
+pub struct BatchChunk<'k, D: Device> {
+    pub kv: &'k mut KvCache<D>,
+    pub tokens: &'k [u32],
+    pub logits: bool,
+    pub steering: Option<&'k PreparedSteering<D>>,
 }
 
 /// Scratch of [`dense_mlp`]: `[n, intermediate]` each.
@@ -248,6 +263,38 @@ fn delta_recurrence<D: Device>(
     Ok(())
 }
 
+/// The convolution and the recurrence of one DeltaNet layer `l` for batch
+/// rows `first .. first + n`, a sequence of their own at the next
+/// positions of `kv`, over that sequence's own state: the rows are copied
+/// to `s.row` and their output back to `s.batch.core`.
+#[allow(clippy::too_many_arguments)]
+fn delta_part<D: Device>(
+    st: &mut D::Stream,
+    d: &DeltaNetSpec,
+    w: &DeltaNetWeights<D>,
+    s: &mut DeltaScratch<D>,
+    kv: &mut KvCache<D>,
+    l: usize,
+    first: usize,
+    n: usize,
+) -> Result<(), EngineError> {
+    let (c, hv, vd) = (d.conv_dim(), d.v_heads, d.value_dim());
+    let fresh = kv.position() == 0;
+    let state = kv.layers[l]
+        .state
+        .as_mut()
+        .ok_or(EngineError::NotImplemented {
+            feature: "a DeltaNet layer whose cache holds no recurrent state",
+        })?;
+    let r = &mut s.row;
+    st.copy(&s.batch.mixed, first * c, &mut r.mixed, 0, n * c)?;
+    st.copy(&s.batch.alpha, first * hv, &mut r.alpha, 0, n * hv)?;
+    st.copy(&s.batch.beta, first * hv, &mut r.beta, 0, n * hv)?;
+    delta_recurrence(st, d, w, r, state, n, fresh)?;
+    st.copy(&r.core, 0, &mut s.batch.core, first * vd, n * vd)?;
+    Ok(())
+}
+
 /// The query, key and value rows of `n` tokens at consecutive positions
 /// from `pos`, and where their attention output goes.
 struct Rows<'a, B> {
@@ -259,16 +306,14 @@ struct Rows<'a, B> {
     pos: usize,
 }
 
-/// Rope, cache write and attention of layer `l` for the rows `r`, into
-/// the layer cache `kv`: the one block both the session's own tokens and
-/// each row of a batch of sequences run.
-fn attend<D: Device>(
+/// Rope and cache write of layer `l` for the rows `r` (their queries
+/// roped in place; `r.out` untouched), into the layer cache `kv`.
+fn rope_and_write<D: Device>(
     st: &mut D::Stream,
     m: &Model<D>,
     l: usize,
-    lw: &LayerWeights<D>,
     kv: &mut KvLayer<D>,
-    r: Rows<'_, D::Buf>,
+    r: &mut Rows<'_, D::Buf>,
 ) -> Result<(), EngineError> {
     let (n, pos) = (r.n, r.pos);
     let spec = &m.spec;
@@ -279,30 +324,54 @@ fn attend<D: Device>(
         st.rope(r.k, n, nkv, hd, pos, rope)?;
     }
     // Latent attention reads its one cached row as keys and values.
-    let latent = spec.mla.is_some();
     st.kv_write(&mut kv.k, r.k, n, kv.row, pos, kv.capacity)?;
-    if !latent {
+    if spec.mla.is_none() {
         st.kv_write(&mut kv.v, r.v, n, kv.row, pos, kv.capacity)?;
     }
-    let params = AttentionParams {
+    Ok(())
+}
+
+/// The attention parameters of `n` queries of layer `l` at consecutive
+/// positions from `pos`, over the layer cache `kv`.
+fn attention_params<D: Device>(
+    m: &Model<D>,
+    l: usize,
+    kv: &KvLayer<D>,
+    n: usize,
+    pos: usize,
+) -> AttentionParams {
+    let spec = &m.spec;
+    let ls = &spec.layers[l];
+    AttentionParams {
         n_tokens: n,
         first_pos: pos,
-        n_heads: nh,
-        n_kv_heads: nkv,
-        head_dim: hd,
+        n_heads: spec.num_heads,
+        n_kv_heads: ls.num_kv_heads,
+        head_dim: ls.head_dim,
         capacity: kv.capacity,
         window: ls.window,
         scale: spec.attention.scale,
         softcap: spec.attention.softcap,
-    };
-    st.attention(
-        r.q,
-        &kv.k,
-        if latent { &kv.k } else { &kv.v },
-        &params,
-        lw.attn_sinks.as_ref(),
-        r.out,
-    )?;
+    }
+}
+
+/// Rope, cache write and attention of layer `l` for the rows `r`, into
+/// the layer cache `kv`: the one block both the session's own tokens and
+/// each sequence of a batch of sequences run (when the backend has no
+/// [`Stream::attention_parts`]).
+fn attend<D: Device>(
+    st: &mut D::Stream,
+    m: &Model<D>,
+    l: usize,
+    lw: &LayerWeights<D>,
+    kv: &mut KvLayer<D>,
+    mut r: Rows<'_, D::Buf>,
+) -> Result<(), EngineError> {
+    rope_and_write(st, m, l, kv, &mut r)?;
+    let params = attention_params(m, l, kv, r.n, r.pos);
+    // Latent attention reads its one cached row as keys and values.
+    let v = if m.spec.mla.is_some() { &kv.k } else { &kv.v };
+    st.attention(r.q, &kv.k, v, &params, lw.attn_sinks.as_ref(), r.out)?;
     Ok(())
 }
 
@@ -377,6 +446,39 @@ impl<D: Device> Pass<'_, D> {
         self.layers_and_head(&mut At::Rows(rows), tokens, Some((0, n, out)))
     }
 
+    /// One pass over chunks of several sequences (inputs already checked):
+    /// `tokens` is every chunk's tokens in order; the logits of the last
+    /// row of each chunk that asks for them go to `out`, in chunk order
+    /// (`[asking chunks, vocab]`).
+    pub(crate) fn run_chunks(
+        &mut self,
+        chunks: &mut [BatchChunk<'_, D>],
+        tokens: &[u32],
+        out: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let t = self.embed_and_layers(&mut At::Chunks(chunks), tokens)?;
+        // The rows that give logits, gathered to the front of the head's input.
+        let hidden = self.model.spec.hidden_size;
+        let (mut end, mut rows) = (0, 0);
+        for c in chunks.iter() {
+            end += c.tokens.len();
+            if c.logits {
+                let b = &mut self.bufs;
+                self.stream
+                    .copy(&b.h, (end - 1) * hidden, &mut b.a, rows * hidden, hidden)?;
+                rows += 1;
+            }
+        }
+        if rows > 0 {
+            self.head_on_a(rows)?;
+            let vocab = self.model.spec.vocab_size;
+            self.stream
+                .read(&self.bufs.logits, &mut out[..rows * vocab])?;
+        }
+        self.times.lap(Phase::Head, t);
+        Ok(())
+    }
+
     /// A recorded decode step: every op of one token's forward pass up to
     /// its logits on the device (the read-back stays outside the step).
     fn step_ops(&mut self, pos: usize, tokens: &[u32]) -> Result<(), EngineError> {
@@ -443,6 +545,9 @@ impl<D: Device> Pass<'_, D> {
                 self.hooks
                     .steer(&mut *self.stream, l, &mut self.bufs.h, n)?;
             }
+            if let At::Chunks(chunks) = at {
+                self.steer_chunks(l, chunks)?;
+            }
         }
         if let Some(pos) = hooks {
             self.hooks
@@ -483,7 +588,35 @@ impl<D: Device> Pass<'_, D> {
             }
             match at {
                 At::Own(pos) => self.attend_own(l, lw, *pos, n)?,
-                At::Rows(rows) => self.attend_rows(l, lw, rows)?,
+                // One attention call over every sequence's rows, when the
+                // backend has it (the work splits between threads at once).
+                At::Rows(rows) if self.stream.attends_parts() => {
+                    for (i, row) in rows.iter_mut().enumerate() {
+                        self.write_part(l, row.kv, i, 1)?;
+                    }
+                    self.attend_parts(l, lw, rows.iter().map(|r| (&*r.kv, 1)))?;
+                }
+                At::Chunks(chunks) if self.stream.attends_parts() => {
+                    let mut first = 0;
+                    for c in chunks.iter_mut() {
+                        self.write_part(l, c.kv, first, c.tokens.len())?;
+                        first += c.tokens.len();
+                    }
+                    let parts = chunks.iter().map(|c| (&*c.kv, c.tokens.len()));
+                    self.attend_parts(l, lw, parts)?;
+                }
+                At::Rows(rows) => {
+                    for (i, row) in rows.iter_mut().enumerate() {
+                        self.attend_part(l, lw, row.kv, i, 1)?;
+                    }
+                }
+                At::Chunks(chunks) => {
+                    let mut first = 0;
+                    for c in chunks.iter_mut() {
+                        self.attend_part(l, lw, c.kv, first, c.tokens.len())?;
+                        first += c.tokens.len();
+                    }
+                }
             }
             let (st, b) = (&mut *self.stream, &mut *self.bufs);
             if let (Some(wg), Some(g)) = (&lw.attn_gate, b.gate.as_mut()) {
@@ -549,7 +682,7 @@ impl<D: Device> Pass<'_, D> {
     /// A gated DeltaNet layer's token mixing for `n` rows of `bufs.a` into
     /// `bufs.o` (see [`DeltaNetSpec`]): the projections are batched; the
     /// convolution and the recurrence run over the session's own state
-    /// ([`At::Own`]) or each row's ([`At::Rows`]).
+    /// ([`At::Own`]) or each sequence's ([`At::Rows`], [`At::Chunks`]).
     fn delta_mix(
         &mut self,
         l: usize,
@@ -577,16 +710,15 @@ impl<D: Device> Pass<'_, D> {
                 delta_recurrence(st, d, w, &mut s.batch, state, n, *pos == 0)?;
             }
             At::Rows(rows) => {
-                let (c, hv, vd) = (d.conv_dim(), d.v_heads, d.value_dim());
-                let r = &mut s.row;
                 for (i, row) in rows.iter_mut().enumerate() {
-                    let fresh = row.kv.position() == 0;
-                    let state = row.kv.layers[l].state.as_mut().ok_or_else(no_state)?;
-                    st.copy(&s.batch.mixed, i * c, &mut r.mixed, 0, c)?;
-                    st.copy(&s.batch.alpha, i * hv, &mut r.alpha, 0, hv)?;
-                    st.copy(&s.batch.beta, i * hv, &mut r.beta, 0, hv)?;
-                    delta_recurrence(st, d, w, r, state, 1, fresh)?;
-                    st.copy(&r.core, 0, &mut s.batch.core, i * vd, vd)?;
+                    delta_part(st, d, w, s, row.kv, l, i, 1)?;
+                }
+            }
+            At::Chunks(chunks) => {
+                let mut first = 0;
+                for c in chunks.iter_mut() {
+                    delta_part(st, d, w, s, c.kv, l, first, c.tokens.len())?;
+                    first += c.tokens.len();
                 }
             }
         }
@@ -631,15 +763,114 @@ impl<D: Device> Pass<'_, D> {
         attend(self.stream, self.model, l, lw, &mut self.kv.layers[l], rows)
     }
 
-    /// Rope, cache write and attention of layer `l` for rows that are
-    /// sequences of their own: row `i` is at `rows[i].kv`'s next position and
-    /// attends to that cache only. Each row is computed exactly as a
-    /// one-token pass of its sequence alone would compute it.
-    fn attend_rows(
+    /// Steers each chunk's rows of the residual stream after layer `l` with
+    /// the chunk's own control vectors: rows that are not at the front of
+    /// the batch are steered in `bufs.a` (free between layers) and copied
+    /// back, so each row changes exactly as it would alone.
+    fn steer_chunks(&mut self, l: usize, chunks: &[BatchChunk<'_, D>]) -> Result<(), EngineError> {
+        let hidden = self.model.spec.hidden_size;
+        let (st, b) = (&mut self.stream, &mut self.bufs);
+        let mut first = 0;
+        for c in chunks {
+            let n = c.tokens.len();
+            if let Some(s) = c.steering.filter(|s| s.steers_layer(l)) {
+                if first == 0 {
+                    s.apply(st, l, &mut b.h, n)?;
+                } else {
+                    st.copy(&b.h, first * hidden, &mut b.a, 0, n * hidden)?;
+                    s.apply(st, l, &mut b.a, n)?;
+                    st.copy(&b.a, 0, &mut b.h, first * hidden, n * hidden)?;
+                }
+            }
+            first += n;
+        }
+        Ok(())
+    }
+
+    /// Rope and cache write of layer `l` for batch rows `first .. first +
+    /// n`, a sequence of their own at the next positions of `kv`: the roped
+    /// queries go back to their rows of `bufs.q` for [`Self::attend_parts`].
+    fn write_part(
+        &mut self,
+        l: usize,
+        kv: &mut KvCache<D>,
+        first: usize,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
+        let ls = &spec.layers[l];
+        let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
+        let (latent, roped) = (spec.mla.is_some(), m.ropes[l].is_some());
+        let r = &mut b.row;
+        let pos = kv.position();
+        if roped {
+            st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
+        }
+        st.copy(&b.k, first * kvd, &mut r.k, 0, n * kvd)?;
+        if !latent {
+            st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
+        }
+        let mut rows = Rows {
+            q: &mut r.q,
+            k: &mut r.k,
+            v: &r.v,
+            out: &mut r.att,
+            n,
+            pos,
+        };
+        rope_and_write(st, m, l, &mut kv.layers[l], &mut rows)?;
+        if roped {
+            st.copy(&r.q, 0, &mut b.q, first * qd, n * qd)?;
+        }
+        Ok(())
+    }
+
+    /// Attention of layer `l` for consecutive groups of batch rows, each
+    /// `(cache, n)`: the `n` rows after the previous groups', whose keys
+    /// and values [`Self::write_part`] has just written, at the cache's
+    /// next positions. One backend call for all
+    /// ([`Stream::attention_parts`]); every row is computed as a pass of its
+    /// sequence alone would compute it.
+    fn attend_parts<'c>(
         &mut self,
         l: usize,
         lw: &LayerWeights<D>,
-        rows: &mut [BatchRow<'_, D>],
+        parts: impl Iterator<Item = (&'c KvCache<D>, usize)>,
+    ) -> Result<(), EngineError>
+    where
+        D: 'c,
+    {
+        let m = self.model;
+        let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
+        let latent = spec.mla.is_some();
+        // A few dozen bytes per sequence and layer; the per-sequence caches
+        // it borrows change every layer.
+        let parts: Vec<AttentionPart<'_, D::Buf>> = parts
+            .map(|(kv, n)| {
+                let kl = &kv.layers[l];
+                AttentionPart {
+                    k_cache: &kl.k,
+                    v_cache: if latent { &kl.k } else { &kl.v },
+                    params: attention_params(m, l, kl, n, kv.position()),
+                }
+            })
+            .collect();
+        st.attention_parts(&b.q, &parts, lw.attn_sinks.as_ref(), &mut b.att)?;
+        Ok(())
+    }
+
+    /// Rope, cache write and attention of layer `l` for batch rows
+    /// `first .. first + n`, a sequence of their own at the next positions
+    /// of `kv`, which they alone attend to. The rows are computed exactly as
+    /// a pass of the sequence alone over those tokens would compute them.
+    fn attend_part(
+        &mut self,
+        l: usize,
+        lw: &LayerWeights<D>,
+        kv: &mut KvCache<D>,
+        first: usize,
+        n: usize,
     ) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st, b) = (&m.spec, &mut *self.stream, &mut *self.bufs);
@@ -647,24 +878,22 @@ impl<D: Device> Pass<'_, D> {
         let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
         let latent = spec.mla.is_some();
         let r = &mut b.row;
-        for (i, row) in rows.iter_mut().enumerate() {
-            let pos = row.kv.position();
-            st.copy(&b.q, i * qd, &mut r.q, 0, qd)?;
-            st.copy(&b.k, i * kvd, &mut r.k, 0, kvd)?;
-            if !latent {
-                st.copy(&b.v, i * kvd, &mut r.v, 0, kvd)?;
-            }
-            let one = Rows {
-                q: &mut r.q,
-                k: &mut r.k,
-                v: &r.v,
-                out: &mut r.att,
-                n: 1,
-                pos,
-            };
-            attend(st, m, l, lw, &mut row.kv.layers[l], one)?;
-            st.copy(&r.att, 0, &mut b.att, i * qd, qd)?;
+        let pos = kv.position();
+        st.copy(&b.q, first * qd, &mut r.q, 0, n * qd)?;
+        st.copy(&b.k, first * kvd, &mut r.k, 0, n * kvd)?;
+        if !latent {
+            st.copy(&b.v, first * kvd, &mut r.v, 0, n * kvd)?;
         }
+        let rows = Rows {
+            q: &mut r.q,
+            k: &mut r.k,
+            v: &r.v,
+            out: &mut r.att,
+            n,
+            pos,
+        };
+        attend(st, m, l, lw, &mut kv.layers[l], rows)?;
+        st.copy(&r.att, 0, &mut b.att, first * qd, n * qd)?;
         Ok(())
     }
 
@@ -840,11 +1069,20 @@ impl<D: Device> Pass<'_, D> {
     /// Final norm, head, multiplier and soft-cap of batch rows `first ..
     /// first + rows` into the logits buffer.
     fn head_logits(&mut self, first: usize, rows: usize) -> Result<(), EngineError> {
+        let hidden = self.model.spec.hidden_size;
+        let b = &mut self.bufs;
+        self.stream
+            .copy(&b.h, first * hidden, &mut b.a, 0, rows * hidden)?;
+        self.head_on_a(rows)
+    }
+
+    /// Final norm, head, multiplier and soft-cap of the first `rows` rows
+    /// of `bufs.a` (residual rows) into the logits buffer.
+    fn head_on_a(&mut self, rows: usize) -> Result<(), EngineError> {
         let m = self.model;
         let (spec, st) = (&m.spec, &mut *self.stream);
         let (hidden, vocab) = (spec.hidden_size, spec.vocab_size);
         let b = &mut *self.bufs;
-        st.copy(&b.h, first * hidden, &mut b.a, 0, rows * hidden)?;
         st.rms_norm(
             &mut b.a,
             rows,

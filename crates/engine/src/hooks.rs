@@ -59,6 +59,14 @@ pub struct Steering {
 }
 
 impl Steering {
+    /// Checks the layer range and every vector's width and layers against
+    /// a model of `n_layers` decoder layers of `hidden` (what
+    /// [`crate::Session::set_steering`] and
+    /// [`crate::Session::prepare_steering`] would refuse).
+    pub fn check(&self, n_layers: usize, hidden: usize) -> Result<(), EngineError> {
+        self.resolve(n_layers, hidden).map(|_| ())
+    }
+
     /// The host-side change of each layer: for `add`, one summed vector;
     /// for `ablate`/`clamp`, the unit directions with their `(alpha, beta)`.
     /// Checks the layer range and every vector's width and layers.
@@ -134,6 +142,87 @@ struct LayerSteer<D: Device> {
     adjust: Vec<(D::Vector, f32, f32)>,
 }
 
+/// A [`Steering`] uploaded to a model's device, ready to act on rows of the
+/// residual stream: a session's own ([`crate::Session::set_steering`]) or
+/// one sequence's in a batch of several ([`crate::BatchChunk::steering`],
+/// made by [`crate::Session::prepare_steering`]).
+pub struct PreparedSteering<D: Device> {
+    /// Per layer; empty when nothing is steered.
+    layers: Vec<LayerSteer<D>>,
+}
+
+impl<D: Device> PreparedSteering<D> {
+    /// Checks `steering` against a model of `n_layers` layers of `hidden`
+    /// and uploads its vectors.
+    pub(crate) fn new(
+        device: &D,
+        n_layers: usize,
+        hidden: usize,
+        steering: &Steering,
+    ) -> Result<Self, EngineError> {
+        let plan = steering.resolve(n_layers, hidden)?;
+        let vector = |name: String, v: &[f32]| -> Result<D::Vector, EngineError> {
+            let t = HostTensor {
+                name,
+                format: QuantFormat::F32,
+                shape: vec![v.len()],
+                bytes: SharedBytes::from_f32(v),
+            };
+            Ok(device.upload_vector(&t)?)
+        };
+        let mut layers = Vec::with_capacity(n_layers);
+        let mut any = false;
+        for (l, p) in plan.into_iter().enumerate() {
+            let add = p
+                .add
+                .map(|v| vector(format!("control vector, layer {l}"), &v))
+                .transpose()?;
+            let adjust = p
+                .adjust
+                .into_iter()
+                .map(|(u, a, b)| Ok((vector(format!("control direction, layer {l}"), &u)?, a, b)))
+                .collect::<Result<Vec<_>, EngineError>>()?;
+            any |= add.is_some() || !adjust.is_empty();
+            layers.push(LayerSteer { add, adjust });
+        }
+        if !any {
+            layers.clear();
+        }
+        Ok(PreparedSteering { layers })
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Whether it changes the output of layer `l`.
+    pub(crate) fn steers_layer(&self, l: usize) -> bool {
+        self.layers
+            .get(l)
+            .is_some_and(|s| s.add.is_some() || !s.adjust.is_empty())
+    }
+
+    /// Steers the first `n` rows of `h` after layer `l`.
+    pub(crate) fn apply(
+        &self,
+        st: &mut D::Stream,
+        l: usize,
+        h: &mut D::Buf,
+        n: usize,
+    ) -> Result<(), EngineError> {
+        if let Some(s) = self.layers.get(l) {
+            if let Some(v) = &s.add {
+                st.add_bias(h, v, n)?;
+            }
+            for (u, alpha, beta) in &s.adjust {
+                st.adjust_projection(h, n, u, *alpha, *beta)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Rows of the residual stream read back after one forward chunk.
 #[derive(Debug, Clone, Copy)]
 pub struct CapturedRows<'a> {
@@ -172,8 +261,8 @@ struct Capture<D: Device> {
 
 /// A session's hooks (see the module docs); none by default.
 pub(crate) struct Hooks<D: Device> {
-    /// Per layer; empty when not steering.
-    steer: Vec<LayerSteer<D>>,
+    /// The session's steering; empty when not steering.
+    steer: PreparedSteering<D>,
     capture: Option<Capture<D>>,
     /// The FFN census ([`crate::census`]), read by the decoder's FFNs.
     pub(crate) census: Option<CensusState<D>>,
@@ -184,7 +273,7 @@ pub(crate) struct Hooks<D: Device> {
 impl<D: Device> Default for Hooks<D> {
     fn default() -> Self {
         Hooks {
-            steer: Vec::new(),
+            steer: PreparedSteering { layers: Vec::new() },
             capture: None,
             census: None,
             active: false,
@@ -213,40 +302,10 @@ impl<D: Device> Hooks<D> {
         hidden: usize,
         steering: Option<&Steering>,
     ) -> Result<(), EngineError> {
-        let Some(steering) = steering else {
-            self.steer.clear();
-            self.refresh();
-            return Ok(());
+        self.steer = match steering {
+            Some(steering) => PreparedSteering::new(device, n_layers, hidden, steering)?,
+            None => PreparedSteering { layers: Vec::new() },
         };
-        let plan = steering.resolve(n_layers, hidden)?;
-        let vector = |name: String, v: &[f32]| -> Result<D::Vector, EngineError> {
-            let t = HostTensor {
-                name,
-                format: QuantFormat::F32,
-                shape: vec![v.len()],
-                bytes: SharedBytes::from_f32(v),
-            };
-            Ok(device.upload_vector(&t)?)
-        };
-        let mut steer = Vec::with_capacity(n_layers);
-        let mut any = false;
-        for (l, p) in plan.into_iter().enumerate() {
-            let add = p
-                .add
-                .map(|v| vector(format!("control vector, layer {l}"), &v))
-                .transpose()?;
-            let adjust = p
-                .adjust
-                .into_iter()
-                .map(|(u, a, b)| Ok((vector(format!("control direction, layer {l}"), &u)?, a, b)))
-                .collect::<Result<Vec<_>, EngineError>>()?;
-            any |= add.is_some() || !adjust.is_empty();
-            steer.push(LayerSteer { add, adjust });
-        }
-        if !any {
-            steer.clear();
-        }
-        self.steer = steer;
         self.refresh();
         Ok(())
     }
@@ -336,15 +395,7 @@ impl<D: Device> Hooks<D> {
         h: &mut D::Buf,
         n: usize,
     ) -> Result<(), EngineError> {
-        if let Some(s) = self.steer.get(l) {
-            if let Some(v) = &s.add {
-                st.add_bias(h, v, n)?;
-            }
-            for (u, alpha, beta) in &s.adjust {
-                st.adjust_projection(h, n, u, *alpha, *beta)?;
-            }
-        }
-        Ok(())
+        self.steer.apply(st, l, h, n)
     }
 
     /// Steers, then captures, `h` (`[n, hidden]`) after layer `l`.

@@ -183,4 +183,39 @@ impl<D: Device> KvCache<D> {
     pub fn reset(&mut self) {
         self.position = 0;
     }
+
+    /// Forgets the positions from `position` on, keeping the keys and
+    /// values of the positions before it, so that a sequence sharing those
+    /// first `position` tokens can continue from there (a prompt prefix
+    /// computed once for several requests). A row depends only on its
+    /// token and the positions before it, so what follows computes as it
+    /// would after computing the prefix anew. Refused when `position` is
+    /// past the cache's, when a sliding layer's ring has wrapped (its rows
+    /// no longer hold every position the prefix's last queries read), or,
+    /// but for position 0, when a layer keeps a recurrent state (it holds
+    /// every position before the cache's, and cannot go back).
+    pub fn rewind(&mut self, position: usize) -> Result<(), EngineError> {
+        let wrapped = self
+            .layers
+            .iter()
+            .any(|l| l.state.is_none() && l.capacity < self.context && self.position > l.capacity);
+        let recurrent = self.has_recurrent_state() && position != 0;
+        if position > self.position || ((wrapped || recurrent) && position != self.position) {
+            return Err(EngineError::BadOptions {
+                detail: format!(
+                    "cannot rewind a KV cache at position {} to {position}{}",
+                    self.position,
+                    if recurrent {
+                        " (a layer keeps a recurrent state)"
+                    } else if wrapped {
+                        " (a sliding layer's ring has wrapped)"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+        self.position = position;
+        Ok(())
+    }
 }

@@ -53,13 +53,13 @@ pub mod weights;
 
 pub use census::{FfnCensus, FfnSite, SiteCensus};
 pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
-pub use decoder::BatchRow;
+pub use decoder::{BatchChunk, BatchRow};
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,
     RouterHistogram, SlotCount,
 };
-pub use hooks::{CapturedRows, ResidualSink, SteerMode, Steering};
+pub use hooks::{CapturedRows, PreparedSteering, ResidualSink, SteerMode, Steering};
 pub use kv::KvCache;
 pub use model::Model;
 pub use session::{Logits, Session, SessionOptions};

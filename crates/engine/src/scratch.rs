@@ -39,8 +39,9 @@ pub(crate) struct Buffers<D: Device> {
     pub(crate) moe: Option<MoeScratch<D::Buf>>,
     /// `[T, vocab]`
     pub(crate) logits: D::Buf,
-    /// One row of q, k, v and attention output, for rows that attend to
-    /// caches of their own (`decoder::At::Rows`).
+    /// q, k, v and attention output of one sequence's rows, for a batch
+    /// of sequences that attend to caches of their own (`decoder::At::Rows`,
+    /// `decoder::At::Chunks`).
     pub(crate) row: RowScratch<D>,
     /// Latent attention's projections.
     pub(crate) mla: Option<MlaScratch<D>>,
@@ -50,8 +51,9 @@ pub(crate) struct Buffers<D: Device> {
     pub(crate) shared_gate: Option<D::Buf>,
 }
 
-/// Gated DeltaNet's intermediate rows: `T` of each, and one row of each
-/// for rows that are sequences of their own (`decoder::At::Rows`).
+/// Gated DeltaNet's intermediate rows: `T` of each for the batch, and `T`
+/// more for one sequence's rows of a batch of sequences, each over its own
+/// state (`decoder::At::Rows`, `decoder::At::Chunks`).
 pub(crate) struct DeltaScratch<D: Device> {
     pub(crate) batch: DeltaRow<D>,
     /// `a · W_z` `[T, value_dim]`, then the gated output.
@@ -59,7 +61,7 @@ pub(crate) struct DeltaScratch<D: Device> {
     pub(crate) row: DeltaRow<D>,
 }
 
-/// DeltaNet rows, `T` or one of each.
+/// DeltaNet rows, `T` of each.
 pub(crate) struct DeltaRow<D: Device> {
     /// `a · W_qkv` `[T, conv_dim]`
     pub(crate) mixed: D::Buf,
@@ -87,8 +89,10 @@ pub(crate) struct MlaScratch<D: Device> {
     pub(crate) rope: D::Buf,
 }
 
-/// One token's q `[n_heads · head_dim]`, k and v `[n_kv_heads · head_dim]`
-/// and attention output `[n_heads · head_dim]`.
+/// One sequence's q `[T, n_heads · head_dim]`, k and v `[T, n_kv_heads ·
+/// head_dim]` and attention output `[T, n_heads · head_dim]`, its rows
+/// copied out of the batch so that rope, cache write and attention see
+/// them from row 0.
 pub(crate) struct RowScratch<D: Device> {
     pub(crate) q: D::Buf,
     pub(crate) k: D::Buf,
@@ -158,10 +162,10 @@ impl<D: Device> Buffers<D> {
             moe,
             logits: alloc(t * spec.vocab_size)?,
             row: RowScratch {
-                q: alloc(qd)?,
-                k: alloc(kvd)?,
-                v: alloc(kvd)?,
-                att: alloc(qd)?,
+                q: alloc(t * qd)?,
+                k: alloc(t * kvd)?,
+                v: alloc(t * kvd)?,
+                att: alloc(t * qd)?,
             },
             mla: spec
                 .mla
@@ -192,7 +196,7 @@ impl<D: Device> Buffers<D> {
                     Ok::<_, EngineError>(DeltaScratch {
                         batch: rows(t)?,
                         z: alloc(t * d.value_dim())?,
-                        row: rows(1)?,
+                        row: rows(t)?,
                     })
                 })
                 .transpose()?,

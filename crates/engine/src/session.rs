@@ -10,16 +10,19 @@
 //! a chunk of one) into such a cache, and [`Session::decode_batch`] decodes
 //! one token for each of several sequences in one pass, every matmul over
 //! all rows at once (the rows share each weight read) while rope, cache
-//! write and attention stay per sequence, over its own cache. Every op
-//! computes a row the same way whatever the batch, so a sequence decoded
+//! write and attention stay per sequence, over its own cache.
+//! [`Session::forward_chunks`] is the general form: one pass over chunks of
+//! several sequences (decode tokens and prompt chunks together). Every op
+//! computes a row the same way whatever the batch, so a sequence computed
 //! in a batch gets the logits it would get alone (bit for bit where the
-//! device's numerics are batch-invariant, as the CPU's are).
+//! device's numerics are batch-invariant, as the CPU's exact and fast
+//! numerics are).
 
 use crate::census::{CensusState, FfnCensus};
-use crate::decoder::{BatchRow, Pass};
+use crate::decoder::{BatchChunk, BatchRow, Pass};
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
-use crate::hooks::{Hooks, ResidualSink, Steering};
+use crate::hooks::{Hooks, PreparedSteering, ResidualSink, Steering};
 use crate::kv::{layer_capacity, KvCache};
 use crate::model::Model;
 use crate::scratch::Buffers;
@@ -221,6 +224,22 @@ impl<'m, D: Device> Session<'m, D> {
     pub fn set_steering(&mut self, steering: Option<&Steering>) -> Result<(), EngineError> {
         let spec = &self.model.spec;
         self.hooks.set_steering(
+            &self.model.device,
+            spec.layers.len(),
+            spec.hidden_size,
+            steering,
+        )
+    }
+
+    /// Control vectors uploaded for this session's model, to steer one
+    /// sequence of a batch ([`BatchChunk::steering`]); checked as
+    /// [`Session::set_steering`] checks them.
+    pub fn prepare_steering(
+        &self,
+        steering: &Steering,
+    ) -> Result<PreparedSteering<D>, EngineError> {
+        let spec = &self.model.spec;
+        PreparedSteering::new(
             &self.model.device,
             spec.layers.len(),
             spec.hidden_size,
@@ -460,9 +479,92 @@ impl<'m, D: Device> Session<'m, D> {
         tokens.extend(rows.iter().map(|r| r.token));
         let result = self.pass().run_rows(rows, &tokens, logits);
         self.batch_tokens = tokens;
-        result?;
+        if let Err(e) = result {
+            // As in forward_chunks: a moved recurrent state is not continued.
+            for row in rows.iter_mut().filter(|r| r.kv.has_recurrent_state()) {
+                row.kv.reset();
+            }
+            return Err(e);
+        }
         for row in rows.iter_mut() {
             row.kv.advance(1);
+        }
+        Ok(())
+    }
+
+    /// One pass over chunks of several sequences: chunk `c` feeds
+    /// `chunks[c].tokens` at the next positions of `chunks[c].kv` (a cache
+    /// made by [`Session::new_cache`]); the chunks that ask for logits get
+    /// their last token's in `logits`, in chunk order (`[asking chunks,
+    /// vocab]`). A decode step is a chunk of one token; a prompt chunk
+    /// rides along with the decode steps of other sequences. At most
+    /// `max_batch` tokens in all. Inputs are checked before any work: on
+    /// error every cache is unchanged.
+    pub fn forward_chunks(
+        &mut self,
+        chunks: &mut [BatchChunk<'_, D>],
+        logits: &mut [f32],
+    ) -> Result<(), EngineError> {
+        let vocab = self.model.spec.vocab_size;
+        if chunks.is_empty() || chunks.iter().any(|c| c.tokens.is_empty()) {
+            return Err(EngineError::EmptyInput);
+        }
+        if self.hooks.observes() {
+            return Err(EngineError::BadOptions {
+                detail: "residual capture and the FFN census follow one sequence; \
+                         forward_chunks does not run while they are set"
+                    .into(),
+            });
+        }
+        let n: usize = chunks.iter().map(|c| c.tokens.len()).sum();
+        if n > self.max_batch {
+            return Err(EngineError::BadOptions {
+                detail: format!(
+                    "{n} tokens in one pass, the session's max_batch is {}",
+                    self.max_batch
+                ),
+            });
+        }
+        let rows = chunks.iter().filter(|c| c.logits).count();
+        if logits.len() != rows * vocab {
+            return Err(EngineError::LogitsBuffer {
+                need: rows * vocab,
+                have: logits.len(),
+                rows,
+                vocab,
+            });
+        }
+        let mut index = 0;
+        for c in chunks.iter() {
+            if let Some(&token) = c.tokens.iter().find(|&&t| t as usize >= vocab) {
+                let at = c.tokens.iter().position(|&t| t == token).unwrap_or(0);
+                return Err(EngineError::TokenOutOfVocab {
+                    token,
+                    index: index + at,
+                    vocab,
+                });
+            }
+            index += c.tokens.len();
+            self.check_cache(c.kv)?;
+            c.kv.check_append(c.kv.position(), c.tokens.len())?;
+        }
+        let mut tokens = std::mem::take(&mut self.batch_tokens);
+        tokens.clear();
+        for c in chunks.iter() {
+            tokens.extend_from_slice(c.tokens);
+        }
+        let result = self.pass().run_chunks(chunks, &tokens, logits);
+        self.batch_tokens = tokens;
+        if let Err(e) = result {
+            // A recurrent state may have moved past its cache's position:
+            // those sequences must be recomputed, never continued.
+            for c in chunks.iter_mut().filter(|c| c.kv.has_recurrent_state()) {
+                c.kv.reset();
+            }
+            return Err(e);
+        }
+        for c in chunks.iter_mut() {
+            c.kv.advance(c.tokens.len());
         }
         Ok(())
     }

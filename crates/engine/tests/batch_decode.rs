@@ -1,9 +1,12 @@
-//! Batched decoding of several sequences ([`Session::decode_batch`]) for
-//! every family's ArchSpec on random weights: each sequence, decoded in a
-//! batch whose members come and go, gets bit for bit the logits it gets
+//! Batched decoding of several sequences ([`Session::decode_batch`], and
+//! passes mixing prompt chunks with decode tokens, [`Session::forward_chunks`])
+//! for every family's ArchSpec on random weights: each sequence, computed in
+//! a batch whose members come and go, gets bit for bit the logits it gets
 //! when it runs alone in a session of its own (prefill, then one token at a
-//! time), in exact and in fast numerics. The reference is the single-sequence
-//! path, which `sessions.rs` checks against one whole prefill.
+//! time), in exact and in fast numerics; so does a sequence that continues
+//! a prefix another sequence left in a cache ([`KvCache::rewind`]). The
+//! reference is the single-sequence path, which `sessions.rs` checks
+//! against one whole prefill.
 
 mod common;
 
@@ -11,7 +14,8 @@ use common::{model_as, spec, FAMILIES};
 use turbospark_core::QuantFormat;
 use turbospark_cpu::Numerics;
 use turbospark_engine::{
-    BatchRow, ControlVector, EngineError, Logits, SessionOptions, SteerMode, Steering,
+    BatchChunk, BatchRow, ControlVector, EngineError, KvCache, Logits, SessionOptions, SteerMode,
+    Steering,
 };
 
 /// Prompt lengths of the three sequences and the step each joins at.
@@ -216,4 +220,316 @@ fn batched_decode_checks_its_inputs() {
         )
         .unwrap_err();
     assert!(matches!(err, EngineError::ContextOverflow { .. }), "{err}");
+}
+
+/// Logits of `prompt` alone (after the prompt, then after each of `fed`),
+/// in a session of its own.
+fn alone_logits<D: turbospark_backend::Device>(
+    m: &turbospark_engine::Model<D>,
+    steering: Option<&Steering>,
+    prompt: &[u32],
+    fed: &[u32],
+) -> Vec<Vec<f32>> {
+    let vocab = m.vocab_size();
+    let mut s = m.session(SessionOptions::new(CONTEXT)).unwrap();
+    s.set_steering(steering).unwrap();
+    let mut last = vec![0f32; vocab];
+    s.forward(0, prompt, Logits::Last(&mut last)).unwrap();
+    let mut out = vec![last];
+    for &t in fed {
+        let pos = s.position();
+        out.push(s.decode(t, pos).unwrap().to_vec());
+    }
+    out
+}
+
+/// The server's step: one pass over the decode tokens of the sequences
+/// past their prompts and prompt chunks (of 4 tokens) of the others, which
+/// join at different steps; every logits row equals the sequence's alone.
+#[test]
+fn mixed_prompt_chunks_and_decode_tokens_equal_each_sequence_alone() {
+    check_mixed_chunks(None, None);
+    check_mixed_chunks(Some(SteerMode::Add), None);
+}
+
+/// One sequence of the batch steered by control vectors of its own (the
+/// server's per-request steering): it gets the logits it gets steered
+/// alone, and the unsteered sequences beside it those they get alone.
+#[test]
+fn one_sequence_steered_in_a_batch_equals_it_steered_alone() {
+    check_mixed_chunks(None, Some(SteerMode::Add));
+    check_mixed_chunks(None, Some(SteerMode::Clamp));
+}
+
+/// `session`: steering of the whole session (every sequence); `own`:
+/// steering of sequence 1 alone, through its chunks.
+fn check_mixed_chunks(session: Option<SteerMode>, own: Option<SteerMode>) {
+    const CHUNK: usize = 4;
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        for &family in FAMILIES {
+            let Some(spec) = spec(family, &[]) else {
+                println!("skipped {family}: fixture absent");
+                continue;
+            };
+            let format = match numerics {
+                Numerics::Exact => QuantFormat::F32,
+                _ => QuantFormat::Q8_0,
+            };
+            let m = model_as(&spec, 2, format, numerics);
+            let vocab = spec.vocab_size;
+            let own = own.map(|mode| steering(spec.hidden_size, mode));
+            let steering = session.map(|mode| steering(spec.hidden_size, mode));
+            let prompts: Vec<Vec<u32>> = PROMPTS
+                .iter()
+                .enumerate()
+                .map(|(seq, &(len, _))| prompt(seq, len, vocab))
+                .collect();
+            let feds: Vec<Vec<u32>> = (0..PROMPTS.len())
+                .map(|seq| (0..STEPS).map(|step| fed(seq, step, vocab)).collect())
+                .collect();
+            let alone: Vec<_> = (0..PROMPTS.len())
+                .map(|seq| {
+                    let steer = if seq == 1 && own.is_some() {
+                        own.as_ref()
+                    } else {
+                        steering.as_ref()
+                    };
+                    alone_logits(&m, steer, &prompts[seq], &feds[seq])
+                })
+                .collect();
+
+            if own.is_some() {
+                let plain = alone_logits(&m, steering.as_ref(), &prompts[1], &feds[1]);
+                assert_ne!(plain, alone[1], "{family}: the steering changes nothing");
+            }
+            let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
+            worker.set_steering(steering.as_ref()).unwrap();
+            let prepared = own.as_ref().map(|s| worker.prepare_steering(s).unwrap());
+            let chunk_steering = |seq: usize| prepared.as_ref().filter(|_| seq == 1);
+            let mut caches: Vec<_> = PROMPTS
+                .iter()
+                .map(|_| worker.new_cache().unwrap())
+                .collect();
+            let mut prefilled = [0usize; 3];
+            let mut steps_done = [0usize; 3];
+            let mut logits = vec![0f32; PROMPTS.len() * vocab];
+            for step in 0..STEPS + 6 {
+                // (sequence, logits index in `alone[seq]`) of each logits row
+                let mut expect = Vec::new();
+                let mut chunks = Vec::new();
+                for (seq, kv) in caches.iter_mut().enumerate() {
+                    let len = PROMPTS[seq].0;
+                    if PROMPTS[seq].1 > step {
+                        continue;
+                    }
+                    if prefilled[seq] < len {
+                        let end = (prefilled[seq] + CHUNK).min(len);
+                        let last = end == len;
+                        chunks.push(BatchChunk {
+                            kv,
+                            tokens: &prompts[seq][prefilled[seq]..end],
+                            logits: last,
+                            steering: chunk_steering(seq),
+                        });
+                        if last {
+                            expect.push((seq, 0));
+                        }
+                        prefilled[seq] = end;
+                    } else if steps_done[seq] < STEPS {
+                        chunks.push(BatchChunk {
+                            kv,
+                            tokens: &feds[seq][steps_done[seq]..steps_done[seq] + 1],
+                            logits: true,
+                            steering: chunk_steering(seq),
+                        });
+                        steps_done[seq] += 1;
+                        expect.push((seq, steps_done[seq]));
+                    }
+                }
+                if chunks.is_empty() {
+                    continue;
+                }
+                let out = &mut logits[..expect.len() * vocab];
+                worker.forward_chunks(&mut chunks, out).unwrap();
+                for (row, &(seq, at)) in expect.iter().enumerate() {
+                    assert_eq!(
+                        &out[row * vocab..(row + 1) * vocab],
+                        &alone[seq][at][..],
+                        "{family} {numerics:?}: sequence {seq}, logits {at} at step {step}"
+                    );
+                }
+            }
+            assert_eq!(steps_done, [STEPS; 3], "{family}");
+            assert_eq!(worker.position(), 0, "{family}");
+        }
+    }
+}
+
+/// A cache rewound to a prefix its tokens share with a new prompt
+/// continues as if the new prompt had been prefilled from scratch (the
+/// server's prompt reuse), whether the prefix was computed as a prompt or
+/// by decode steps.
+#[test]
+fn rewound_cache_continues_like_a_fresh_prefill() {
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        for &family in FAMILIES {
+            let Some(spec) = spec(family, &[]) else {
+                println!("skipped {family}: fixture absent");
+                continue;
+            };
+            let format = match numerics {
+                Numerics::Exact => QuantFormat::F32,
+                _ => QuantFormat::Q8_0,
+            };
+            let m = model_as(&spec, 2, format, numerics);
+            let vocab = spec.vocab_size;
+            let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
+            // The first sequence: a prompt of 9, then 3 decoded tokens.
+            let first = prompt(0, 9, vocab);
+            let decoded: Vec<u32> = (0..3).map(|s| fed(0, s, vocab)).collect();
+            let mut kv = worker.new_cache().unwrap();
+            worker.forward_in(&mut kv, &first, Logits::None).unwrap();
+            for &t in &decoded {
+                let mut out = vec![0f32; vocab];
+                let mut c = [BatchChunk {
+                    kv: &mut kv,
+                    tokens: &[t],
+                    logits: true,
+                    steering: None,
+                }];
+                worker.forward_chunks(&mut c, &mut out).unwrap();
+            }
+            assert_eq!(kv.position(), 12);
+            if kv.has_recurrent_state() {
+                // A recurrent state holds every position before the cache's:
+                // it goes back only to the start.
+                let err = kv.rewind(6).unwrap_err();
+                assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+                assert_eq!(kv.position(), 12, "{family}");
+                kv.rewind(12).unwrap();
+                kv.rewind(0).unwrap();
+                assert_eq!(kv.position(), 0, "{family}");
+                continue;
+            }
+            let held: Vec<u32> = first.iter().chain(&decoded).copied().collect();
+            // Shares 6 prompt tokens, or the prompt and 2 decoded tokens.
+            for keep in [6usize, 11] {
+                let mut next: Vec<u32> = held[..keep].to_vec();
+                next.extend(prompt(1, 4, vocab));
+                let feds: Vec<u32> = (0..3).map(|s| fed(1, s, vocab)).collect();
+                let want = alone_logits(&m, None, &next, &feds);
+                kv.rewind(12).unwrap();
+                kv.rewind(keep).unwrap();
+                assert_eq!(kv.position(), keep);
+                let mut last = vec![0f32; vocab];
+                worker
+                    .forward_in(&mut kv, &next[keep..], Logits::Last(&mut last))
+                    .unwrap();
+                assert_eq!(last, want[0], "{family} {numerics:?}: prefix {keep}");
+                for (i, &t) in feds.iter().enumerate() {
+                    let mut out = vec![0f32; vocab];
+                    let mut c = [BatchChunk {
+                        kv: &mut kv,
+                        tokens: &[t],
+                        logits: true,
+                        steering: None,
+                    }];
+                    worker.forward_chunks(&mut c, &mut out).unwrap();
+                    assert_eq!(out, want[i + 1], "{family} {numerics:?}: prefix {keep}");
+                }
+                // Back to the first sequence's state for the next prefix.
+                kv.rewind(0).unwrap();
+                worker.forward_in(&mut kv, &held, Logits::None).unwrap();
+            }
+            // Never forward.
+            let err = kv.rewind(13).unwrap_err();
+            assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+        }
+    }
+}
+
+/// A sliding layer's ring that has wrapped no longer holds the keys a
+/// rewound sequence's queries read: rewinding is refused.
+#[test]
+fn rewind_is_refused_once_a_sliding_ring_wrapped() {
+    let spec = spec("gemma4", &[]).expect("gemma4 fixture");
+    let window = spec
+        .layers
+        .iter()
+        .filter_map(|l| l.window)
+        .min()
+        .expect("a sliding layer");
+    let m = model_as(&spec, 1, QuantFormat::F32, Numerics::Exact);
+    let worker = m
+        .session(SessionOptions {
+            context: CONTEXT,
+            max_batch: 2,
+        })
+        .unwrap();
+    let mut kv: KvCache<_> = worker.new_cache().unwrap();
+    let ring = window + 1;
+    let mut w = worker;
+    w.forward_in(&mut kv, &vec![1; ring], Logits::None).unwrap();
+    kv.rewind(2).unwrap();
+    w.forward_in(&mut kv, &vec![1; ring], Logits::None).unwrap();
+    let err = kv.rewind(2).unwrap_err();
+    assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+    assert_eq!(kv.position(), ring + 2);
+    // Rewinding to where it stands is no change.
+    kv.rewind(ring + 2).unwrap();
+}
+
+#[test]
+fn forward_chunks_checks_its_inputs() {
+    let spec = spec("llama", &[]).expect("llama fixture");
+    let m = model_as(&spec, 1, QuantFormat::F32, Numerics::Exact);
+    let vocab = spec.vocab_size;
+    let mut worker = m
+        .session(SessionOptions {
+            context: 8,
+            max_batch: 4,
+        })
+        .unwrap();
+    let (mut a, mut b) = (worker.new_cache().unwrap(), worker.new_cache().unwrap());
+    let mut logits = vec![0f32; 2 * vocab];
+    let mut run = |w: &mut turbospark_engine::Session<'_, _>,
+                   a: &mut KvCache<_>,
+                   b: &mut KvCache<_>,
+                   ta: &[u32],
+                   tb: &[u32],
+                   rows: usize| {
+        let mut c = [
+            BatchChunk {
+                kv: a,
+                tokens: ta,
+                logits: true,
+                steering: None,
+            },
+            BatchChunk {
+                kv: b,
+                tokens: tb,
+                logits: true,
+                steering: None,
+            },
+        ];
+        w.forward_chunks(&mut c, &mut logits[..rows * vocab])
+    };
+    let bad = vocab as u32;
+    let err = run(&mut worker, &mut a, &mut b, &[1, 2], &[3, bad], 2).unwrap_err();
+    assert!(
+        matches!(err, EngineError::TokenOutOfVocab { index: 3, .. }),
+        "{err}"
+    );
+    let err = run(&mut worker, &mut a, &mut b, &[1, 2], &[], 2).unwrap_err();
+    assert!(matches!(err, EngineError::EmptyInput), "{err}");
+    let err = run(&mut worker, &mut a, &mut b, &[1, 2, 3], &[4, 5], 2).unwrap_err();
+    assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+    let err = run(&mut worker, &mut a, &mut b, &[1], &[2], 1).unwrap_err();
+    assert!(matches!(err, EngineError::LogitsBuffer { .. }), "{err}");
+    // Nothing advanced on any error; a good pass advances both.
+    assert_eq!((a.position(), b.position()), (0, 0));
+    run(&mut worker, &mut a, &mut b, &[1, 2], &[3], 2).unwrap();
+    assert_eq!((a.position(), b.position()), (2, 1));
+    let err = run(&mut worker, &mut a, &mut b, &[1; 4], &[], 2).unwrap_err();
+    assert!(matches!(err, EngineError::EmptyInput), "{err}");
 }

@@ -3,46 +3,56 @@
 //! own (allocated once, at start, and reused).
 //!
 //! Every step of the loop:
-//! 1. admits queued jobs into free places (blocking only when nothing runs);
+//! 1. admits queued jobs into free places (blocking only when nothing runs),
+//!    each into the place whose cache already holds the longest prefix of
+//!    its prompt (a place keeps the keys and values of the sequence that
+//!    last held it, and the tokens they belong to: requests that share a
+//!    system prompt, or a conversation's next turn, compute only what is
+//!    new; a prefix is shared only between sequences steered alike, since
+//!    steering changes the keys and values of the layers after it);
 //! 2. ends sequences whose client went away (the receiving half of their
 //!    event channel is closed) or whose deadline passed, freeing their place;
-//! 3. runs prefill chunks of at most [`PREFILL_CHUNK`] tokens for the
-//!    sequences still reading their prompts, oldest first, up to
-//!    [`PREFILL_BUDGET`] tokens (so a long prompt delays the others by a few
-//!    chunks per step, not by its whole length);
-//! 4. decodes one token for every sequence past its prompt, all in one
-//!    forward pass ([`Session::decode_batch`]): the rows share each weight
-//!    read, while attention is per sequence over its own cache.
+//! 3. runs one forward pass ([`Session::forward_chunks`]) over one token of
+//!    every sequence past its prompt (a decode step) and prompt chunks of
+//!    at most [`PREFILL_CHUNK`] tokens of the sequences still reading their
+//!    prompts, oldest first, up to [`PREFILL_BUDGET`] prompt tokens (so a
+//!    long prompt delays the others by a few chunks per step, not by its
+//!    whole length). The rows share each weight read, while rope, cache
+//!    write and attention are per sequence over its own cache.
 //!
 //! A sequence is generated exactly as `turbospark run` generates an answer
 //! (the CLI's `generate.rs`): every prompt token is shown to the sampler,
-//! the prompt is prefilled in chunks of the same size, then sample, stop
-//! on an end-of-generation token, a stop string, `max_tokens` or a full
-//! context, else feed the token back. Each op computes a row the same way
-//! whatever the batch, so with exact numerics a sequence's tokens do not
-//! depend on what else is being decoded.
+//! the prompt is prefilled, then sample, stop on an end-of-generation
+//! token, a stop string, `max_tokens` or a full context, else feed the
+//! token back. Each op computes a row the same way whatever the batch, and
+//! a row depends only on its token and the keys and values before it
+//! (however they were computed), so with batch-invariant numerics (the
+//! CPU's `exact` and `fast`) a sequence's tokens depend neither on what
+//! else is being decoded nor on where its prefix came from.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
+use std::rc::Rc;
 use tokio::sync::mpsc::UnboundedSender;
 use turbospark_backend::Device;
-use turbospark_engine::{BatchRow, KvCache, Logits, Model, Session, SessionOptions};
+use turbospark_engine::{
+    BatchChunk, KvCache, Model, PreparedSteering, Session, SessionOptions, Steering,
+};
 use turbospark_text::{Sampler, SamplerConfig, StreamDecoder, Tokenizer};
 
 use crate::metrics::Metrics;
 use crate::ServerError;
 
-/// Prompt tokens one prefill step runs; also the chunk `turbospark run`
-/// prefills in (the session's default batch), so the arithmetic is the same.
+/// Most prompt tokens of one sequence in one step; also the chunk
+/// `turbospark run` prefills in (the session's default batch).
 pub const PREFILL_CHUNK: usize = 64;
 
-/// Prompt tokens prefilled per step at most (whole chunks, so one chunk
-/// may take it past): several short prompts that arrive together start
-/// within one step, while a long prompt still yields to the decoding
-/// sequences every few chunks.
-pub const PREFILL_BUDGET: usize = 4 * PREFILL_CHUNK;
+/// Prompt tokens prefilled per step at most, over all sequences: several
+/// short prompts that arrive together start within one step, while a long
+/// prompt still yields to the decoding sequences every few chunks.
+pub const PREFILL_BUDGET: usize = 2 * PREFILL_CHUNK;
 
 /// What a request asks the engine to generate.
 #[derive(Debug, Clone)]
@@ -56,6 +66,9 @@ pub struct GenParams {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: GenParams,
+    /// Control vectors of this request alone, replacing the server's
+    /// default steering (checked against the model); `None`: the default.
+    pub steering: Option<Steering>,
     /// Text and the end of the generation go here; a closed receiver means
     /// the client went away.
     pub events: UnboundedSender<Event>,
@@ -101,14 +114,77 @@ pub struct EngineConfig {
     pub parallel: usize,
     /// KV positions of each sequence.
     pub context: usize,
-    /// Control vectors steering every sequence (`--control-vector`).
-    pub steering: Option<turbospark_engine::Steering>,
+    /// Control vectors steering every sequence whose request does not
+    /// bring its own (`--control-vector`).
+    pub steering: Option<Steering>,
+}
+
+/// The steering that computed a place's keys and values: steering changes
+/// the residual stream, so a cached prefix serves only a sequence steered
+/// the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Steered {
+    /// Not steered.
+    No,
+    /// By the server's default control vectors.
+    Default,
+    /// By a request's own (never shared).
+    Own,
+}
+
+/// A place of the batch: a KV cache, the tokens whose keys and values it
+/// holds (`tokens[p]` at position `p`, up to the cache's position), and
+/// how they were steered.
+struct Place<D: Device> {
+    kv: KvCache<D>,
+    tokens: Vec<u32>,
+    steered: Steered,
+}
+
+impl<D: Device> Place<D> {
+    /// Positions of `prompt` this place already holds for a sequence
+    /// steered as `steered`, leaving at least one token to compute (its
+    /// logits start the answer).
+    fn shared_prefix(&self, prompt: &[u32], steered: Steered) -> usize {
+        if steered == Steered::Own || steered != self.steered {
+            return 0;
+        }
+        let same = self
+            .tokens
+            .iter()
+            .zip(prompt)
+            .take_while(|(a, b)| a == b)
+            .count();
+        same.min(prompt.len().saturating_sub(1))
+    }
+}
+
+/// Takes the free place holding the longest prefix of `prompt` computed
+/// with the same steering and keeps that prefix in it; returns the place
+/// and the prefix's length.
+fn take_place<D: Device>(
+    free: &mut Vec<Place<D>>,
+    prompt: &[u32],
+    steered: Steered,
+) -> Option<(Place<D>, usize)> {
+    let best = (0..free.len()).max_by_key(|&i| free[i].shared_prefix(prompt, steered))?;
+    let mut place = free.swap_remove(best);
+    let mut keep = place.shared_prefix(prompt, steered);
+    place.steered = steered;
+    if place.kv.rewind(keep).is_err() {
+        keep = 0;
+        place.kv.reset();
+    }
+    place.tokens.truncate(keep);
+    Some((place, keep))
 }
 
 /// A sequence in a place of the batch.
 struct Seq<'t, D: Device> {
     job: Job,
-    kv: KvCache<D>,
+    place: Place<D>,
+    /// The control vectors steering it (none: unsteered).
+    steering: Option<Rc<PreparedSteering<D>>>,
     /// Prompt tokens already in the cache.
     prefilled: usize,
     sampler: Sampler,
@@ -133,11 +209,23 @@ pub fn run<D: Device>(
     let parallel = cfg.parallel.max(1);
     let mut worker = model.session(SessionOptions {
         context: cfg.context,
-        max_batch: parallel.max(PREFILL_CHUNK),
+        max_batch: parallel + PREFILL_BUDGET,
     })?;
-    worker.set_steering(cfg.steering.as_ref())?;
+    // Steering is per sequence (a request may bring its own), so the
+    // server's default is prepared once and handed to each sequence.
+    let default_steering = match &cfg.steering {
+        Some(s) => Some(Rc::new(worker.prepare_steering(s)?)),
+        None => None,
+    }
+    .filter(|s| !s.is_empty());
     let mut caches = (0..parallel)
-        .map(|_| worker.new_cache())
+        .map(|_| {
+            Ok::<_, ServerError>(Place {
+                kv: worker.new_cache()?,
+                tokens: Vec::with_capacity(cfg.context),
+                steered: Steered::No,
+            })
+        })
         .collect::<Result<Vec<_>, _>>()?;
     let vocab = model.vocab_size();
     let mut logits = vec![0f32; parallel * vocab];
@@ -184,14 +272,29 @@ pub fn run<D: Device>(
                     continue;
                 }
             };
-            let Some(mut kv) = caches.pop() else { break };
-            kv.reset();
+            let (steering, steered) = match &job.steering {
+                None if default_steering.is_some() => (default_steering.clone(), Steered::Default),
+                None => (None, Steered::No),
+                Some(s) => match worker.prepare_steering(s) {
+                    Ok(p) if p.is_empty() => (None, Steered::No),
+                    Ok(p) => (Some(Rc::new(p)), Steered::Own),
+                    Err(e) => {
+                        let _ = job.events.send(Event::Failed(e.to_string()));
+                        continue;
+                    }
+                },
+            };
+            let Some((place, reused)) = take_place(&mut caches, &job.prompt, steered) else {
+                break;
+            };
+            metrics.reused(reused);
             let detok = StreamDecoder::new(tok).with_stop_strings(job.params.stops.iter().cloned());
             let _ = job.events.send(Event::Started);
             let mut seq = Seq {
                 job,
-                kv,
-                prefilled: 0,
+                place,
+                steering,
+                prefilled: reused,
                 sampler,
                 detok,
                 generated: 0,
@@ -229,76 +332,75 @@ pub fn run<D: Device>(
                 } else {
                     metrics.cancelled();
                 }
-                caches.push(s.kv);
+                caches.push(s.place);
             } else {
                 i += 1;
             }
         }
 
-        // 3. Prefill chunks, oldest sequence first, up to the step's budget.
+        // 3. One pass: a decode token of every sequence past its prompt,
+        //    prompt chunks of the others, oldest first, within the budget.
+        let mut chunks: Vec<BatchChunk<'_, D>> = Vec::with_capacity(seqs.len());
+        // (sequence, end of its prompt chunk, or None for a decode token)
+        let mut members: Vec<(usize, Option<usize>)> = Vec::with_capacity(seqs.len());
         let mut budget = PREFILL_BUDGET;
-        for s in seqs.iter_mut() {
-            if budget == 0 {
-                break;
+        let mut decoding = 0;
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let prompt = &s.job.prompt;
+            if let Some(token) = &s.next {
+                chunks.push(BatchChunk {
+                    kv: &mut s.place.kv,
+                    tokens: std::slice::from_ref(token),
+                    logits: true,
+                    steering: s.steering.as_deref(),
+                });
+                members.push((i, None));
+                decoding += 1;
+            } else if s.prefilled < prompt.len() && budget > 0 {
+                let end = (s.prefilled + PREFILL_CHUNK.min(budget)).min(prompt.len());
+                budget -= end - s.prefilled;
+                chunks.push(BatchChunk {
+                    kv: &mut s.place.kv,
+                    tokens: &prompt[s.prefilled..end],
+                    logits: end == prompt.len(),
+                    steering: s.steering.as_deref(),
+                });
+                members.push((i, Some(end)));
             }
-            if s.prefilled >= s.job.prompt.len() {
-                continue;
+        }
+        if !chunks.is_empty() {
+            let rows = chunks.iter().filter(|c| c.logits).count();
+            let t0 = Instant::now();
+            let result = worker.forward_chunks(&mut chunks, &mut logits[..rows * vocab]);
+            drop(chunks);
+            if decoding > 0 {
+                metrics.decode_step(decoding, t0.elapsed());
             }
-            let end = (s.prefilled + PREFILL_CHUNK).min(s.job.prompt.len());
-            budget = budget.saturating_sub(end - s.prefilled);
-            let chunk = &s.job.prompt[s.prefilled..end];
-            let last = end == s.job.prompt.len();
-            let out = &mut logits[..vocab];
-            let result = if last {
-                worker.forward_in(&mut s.kv, chunk, Logits::Last(out))
-            } else {
-                worker.forward_in(&mut s.kv, chunk, Logits::None)
-            };
-            match result {
-                Err(e) => {
+            let mut row = 0;
+            for &(i, prompt_end) in &members {
+                let s = &mut seqs[i];
+                if let Err(e) = &result {
                     let _ = s.job.events.send(Event::Failed(e.to_string()));
                     s.next = None;
                     s.prefilled = usize::MAX;
+                    continue;
                 }
-                Ok(()) => {
-                    s.prefilled = end;
-                    if last {
-                        step_sampled(s, &mut logits[..vocab], tok, metrics);
+                let sample = match prompt_end {
+                    Some(end) => {
+                        let chunk = &s.job.prompt[s.prefilled..end];
+                        s.place.tokens.extend_from_slice(chunk);
+                        s.prefilled = end;
+                        end == s.job.prompt.len()
                     }
-                }
-            }
-        }
-        retire(&mut seqs, &mut caches);
-
-        // 4. One batched decode step.
-        let mut rows: Vec<BatchRow<'_, D>> = Vec::with_capacity(seqs.len());
-        let mut members: Vec<usize> = Vec::with_capacity(seqs.len());
-        for (i, s) in seqs.iter_mut().enumerate() {
-            if let Some(token) = s.next {
-                rows.push(BatchRow {
-                    kv: &mut s.kv,
-                    token,
-                });
-                members.push(i);
-            }
-        }
-        if !rows.is_empty() {
-            let n = rows.len();
-            let t0 = Instant::now();
-            let result = worker.decode_batch(&mut rows, &mut logits[..n * vocab]);
-            drop(rows);
-            metrics.decode_step(n, t0.elapsed());
-            for (r, &i) in members.iter().enumerate() {
-                let s = &mut seqs[i];
-                match &result {
-                    Ok(()) => {
-                        step_sampled(s, &mut logits[r * vocab..(r + 1) * vocab], tok, metrics);
+                    None => {
+                        s.place.tokens.extend(s.next);
+                        true
                     }
-                    Err(e) => {
-                        let _ = s.job.events.send(Event::Failed(e.to_string()));
-                        s.next = None;
-                        s.prefilled = usize::MAX;
-                    }
+                };
+                if sample {
+                    let out = &mut logits[row * vocab..(row + 1) * vocab];
+                    step_sampled(s, out, tok, metrics);
+                    row += 1;
                 }
             }
             retire(&mut seqs, &mut caches);
@@ -317,13 +419,13 @@ fn worker_stats<D: Device>(worker: &Session<'_, D>) -> turbospark_engine::expert
 
 /// Frees the places of sequences that ended (no token to feed and the
 /// prompt read, or failed).
-fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<KvCache<D>>) {
+fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<Place<D>>) {
     let mut i = 0;
     while i < seqs.len() {
         let s = &seqs[i];
         let reading = s.prefilled < s.job.prompt.len();
         if s.next.is_none() && !reading {
-            caches.push(seqs.remove(i).kv);
+            caches.push(seqs.remove(i).place);
         } else {
             i += 1;
         }
@@ -368,7 +470,7 @@ fn sample_one<D: Device>(
     if s.generated >= s.job.params.max_tokens {
         return Ok(Some(Finish::MaxTokens));
     }
-    if s.kv.position() >= s.kv.context() {
+    if s.place.kv.position() >= s.place.kv.context() {
         return Ok(Some(Finish::ContextFull));
     }
     s.next = Some(token);

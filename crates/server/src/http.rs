@@ -33,7 +33,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
-use turbospark_text::{ChatOptions, ChatTemplate, SamplerConfig, Tokenizer};
+use turbospark_text::{chat_prompt_tokens, ChatTemplate, SamplerConfig, Tokenizer};
 
 use crate::engine::{Event, Finish, GenParams, Job};
 use crate::error::{json_response, ApiError, Dialect, ErrorKind};
@@ -57,6 +57,11 @@ pub struct AppState {
     pub timeout: Duration,
     pub created: u64,
     pub next_id: AtomicU64,
+    /// The control vectors requests may name.
+    pub vectors: crate::steer::VectorLibrary,
+    /// The model's decoder layers and hidden size (to check vectors).
+    pub n_layers: usize,
+    pub hidden: usize,
 }
 
 type Shared = Arc<AppState>;
@@ -273,11 +278,21 @@ async fn start(state: &Shared, req: HttpRequest, endpoint: Endpoint) -> Result<R
         max_tokens,
         stops: request.stops.clone(),
     };
+    let steering = request
+        .steer
+        .as_ref()
+        .map(|s| {
+            state
+                .vectors
+                .resolve(dialect, s, state.n_layers, state.hidden)
+        })
+        .transpose()?;
     let (tx, rx) = mpsc::unbounded_channel();
     let prompt_tokens = prompt.len();
     let job = Job {
         prompt,
         params,
+        steering,
         events: tx,
         deadline: arrived + state.timeout,
     };
@@ -323,8 +338,7 @@ async fn start(state: &Shared, req: HttpRequest, endpoint: Endpoint) -> Result<R
 }
 
 /// The prompt's tokens: a conversation rendered with the chat template
-/// (BOS added only when the vocabulary asks for it and the template did not
-/// write it, as `turbospark run` does), or raw text.
+/// ([`chat_prompt_tokens`], as `turbospark run` builds it), or raw text.
 fn prompt_tokens(state: &AppState, input: &Input, dialect: Dialect) -> Result<Vec<u32>, ApiError> {
     let tok = &state.tokenizer;
     match input {
@@ -338,19 +352,8 @@ fn prompt_tokens(state: &AppState, input: &Input, dialect: Dialect) -> Result<Ve
                     "the model has no chat template; use /v1/completions with a raw prompt",
                 ));
             };
-            let bos_text = tok.bos().and_then(|b| tok.token_text(b));
-            let opts = ChatOptions {
-                add_generation_prompt: true,
-                bos_token: bos_text.clone(),
-                eos_token: tok.eos().and_then(|e| tok.token_text(e)),
-                ..ChatOptions::default()
-            };
-            let text = template.render(messages, &opts).map_err(|e| {
-                ApiError::invalid(dialect, format!("rendering the chat template: {e}"))
-            })?;
-            let has_bos = bos_text.is_some_and(|b| !b.is_empty() && text.starts_with(&b));
-            tok.encode(&text, !has_bos)
-                .map_err(|e| ApiError::invalid(dialect, format!("tokenizing the prompt: {e}")))
+            chat_prompt_tokens(tok, template, messages)
+                .map_err(|e| ApiError::invalid(dialect, format!("building the prompt: {e}")))
         }
     }
 }

@@ -5,8 +5,11 @@
 //!   responses whole or as server-sent events; requests are parsed by
 //!   [`request`] and fail in their API's error shape ([`error`]).
 //! - [`engine`]: the scheduler, on the thread that loaded the model (never
-//!   on the async runtime), that decodes up to `parallel` sequences together in one forward pass
-//!   per step, each over its own KV cache.
+//!   on the async runtime), that computes up to `parallel` sequences
+//!   together in one forward pass per step (decode tokens and prompt
+//!   chunks), each over its own KV cache, reusing cached prompt prefixes.
+//! - [`steer`]: the control vectors a request may name in its `turbospark`
+//!   object.
 //! - [`metrics`]: counters and histograms, exposed as Prometheus text.
 //!
 //! References: the OpenAI API reference (chat completions, completions,
@@ -18,6 +21,7 @@ pub mod error;
 pub mod http;
 pub mod metrics;
 pub mod request;
+pub mod steer;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -31,6 +35,7 @@ use turbospark_text::{ChatTemplate, Tokenizer};
 
 pub use engine::EngineConfig;
 pub use error::{ApiError, ServerError};
+pub use steer::VectorLibrary;
 
 /// Everything `serve` needs besides the model.
 pub struct ServeConfig {
@@ -48,6 +53,8 @@ pub struct ServeConfig {
     /// After a shutdown signal, how long in-flight requests may run before
     /// they are cancelled.
     pub grace: Duration,
+    /// The control vectors requests may name ([`steer`]).
+    pub vectors: VectorLibrary,
 }
 
 /// Serves `model` until `shutdown` resolves (or SIGINT/SIGTERM, see
@@ -90,6 +97,9 @@ pub fn serve<D: Device>(
             .map(|d| d.as_secs())
             .unwrap_or(0),
         next_id: AtomicU64::new(1),
+        vectors: cfg.vectors,
+        n_layers: model.spec().layers.len(),
+        hidden: model.spec().hidden_size,
     });
     let (bound_tx, bound_rx) = std::sync::mpsc::channel();
     let (addr, grace, cancel) = (cfg.addr, cfg.grace, cancel_all.clone());

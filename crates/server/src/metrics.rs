@@ -62,6 +62,9 @@ pub struct Metrics {
     /// Requests by (endpoint, HTTP status).
     requests: Mutex<BTreeMap<(String, u16), u64>>,
     prompt_tokens: AtomicU64,
+    /// Prompt tokens whose keys and values an earlier sequence left in the
+    /// cache the request got.
+    reused_tokens: AtomicU64,
     generated_tokens: AtomicU64,
     queued: AtomicU64,
     active: AtomicU64,
@@ -83,6 +86,7 @@ impl Default for Metrics {
         Metrics {
             requests: Mutex::new(BTreeMap::new()),
             prompt_tokens: AtomicU64::new(0),
+            reused_tokens: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             active: AtomicU64::new(0),
@@ -113,6 +117,10 @@ impl Metrics {
     }
     pub fn prompt(&self, tokens: usize) {
         self.prompt_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+    }
+    pub fn reused(&self, tokens: usize) {
+        self.reused_tokens
             .fetch_add(tokens as u64, Ordering::Relaxed);
     }
     pub fn generated(&self, tokens: usize) {
@@ -212,6 +220,13 @@ impl Metrics {
             "Prompt tokens of admitted requests.",
             "counter",
             ld(&self.prompt_tokens),
+        );
+        counter(
+            &mut out,
+            "turbospark_prompt_tokens_reused_total",
+            "Prompt tokens not computed: a cached prefix left by an earlier request.",
+            "counter",
+            ld(&self.reused_tokens),
         );
         counter(
             &mut out,

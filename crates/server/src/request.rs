@@ -7,12 +7,15 @@
 //! Anthropic's for `POST /v1/messages` (`docs.anthropic.com/en/api/messages`).
 //! Fields this server does not implement and that would change the answer
 //! (`n > 1`, tools, images, logprobs) are refused with a 400 rather than
-//! ignored.
+//! ignored. Every endpoint also takes this server's own `turbospark`
+//! object (per-request steering, [`crate::steer`]).
 
 use serde::Deserialize;
 use turbospark_text::Message;
 
 use crate::error::{ApiError, Dialect};
+use crate::steer::{SteerRequest, MAX_SCALE, MAX_VECTORS};
+use turbospark_engine::SteerMode;
 
 /// What to generate, whatever the API.
 #[derive(Debug, Clone)]
@@ -33,6 +36,84 @@ pub struct Request {
     /// `None`: until the context is full.
     pub max_tokens: Option<usize>,
     pub stops: Vec<String>,
+    /// The `turbospark` object's steering; `None`: the server's default.
+    pub steer: Option<SteerRequest>,
+}
+
+/// The `turbospark` extension object.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Extension {
+    #[serde(default)]
+    control_vectors: Option<Vec<VectorRef>>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    layer_range: Option<[usize; 2]>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct VectorRef {
+    name: String,
+    #[serde(default)]
+    scale: Option<f64>,
+}
+
+/// Checks the `turbospark` object: `None` when it says nothing about
+/// steering.
+fn steer_request(d: Dialect, ext: Option<Extension>) -> Result<Option<SteerRequest>, ApiError> {
+    let Some(ext) = ext else { return Ok(None) };
+    let param = "turbospark.control_vectors";
+    let Some(refs) = ext.control_vectors else {
+        if ext.mode.is_some() || ext.layer_range.is_some() {
+            return Err(ApiError::invalid(
+                d,
+                "`turbospark.mode` and `turbospark.layer_range` need `turbospark.control_vectors`",
+            )
+            .with_param(param));
+        }
+        return Ok(None);
+    };
+    if refs.len() > MAX_VECTORS {
+        return Err(ApiError::invalid(
+            d,
+            format!("{} control vectors; at most {MAX_VECTORS}", refs.len()),
+        )
+        .with_param(param));
+    }
+    let mut vectors = Vec::with_capacity(refs.len());
+    for (i, r) in refs.into_iter().enumerate() {
+        let scale = r.scale.unwrap_or(1.0);
+        if !(scale.is_finite() && scale.abs() <= f64::from(MAX_SCALE)) {
+            return Err(ApiError::invalid(
+                d,
+                format!(
+                    "turbospark.control_vectors[{i}].scale is {scale}; it must be a number \
+                     in [-{MAX_SCALE}, {MAX_SCALE}]"
+                ),
+            )
+            .with_param(param));
+        }
+        vectors.push((r.name, scale as f32));
+    }
+    let mode = match ext.mode.as_deref() {
+        None | Some("add") => SteerMode::Add,
+        Some("ablate") => SteerMode::Ablate,
+        Some("clamp") => SteerMode::Clamp,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                d,
+                format!("turbospark.mode `{other}` is not one of add, ablate, clamp"),
+            )
+            .with_param("turbospark.mode"))
+        }
+    };
+    Ok(Some(SteerRequest {
+        vectors,
+        mode,
+        layer_range: ext.layer_range.map(|[a, b]| (a, b)),
+    }))
 }
 
 /// The prompt.
@@ -161,6 +242,8 @@ struct OpenAiSampling {
     logprobs: Option<serde_json::Value>,
     #[serde(default)]
     tools: Option<serde_json::Value>,
+    #[serde(default)]
+    turbospark: Option<Extension>,
 }
 
 #[derive(Deserialize)]
@@ -203,6 +286,8 @@ struct AnthropicBody {
     stream: Option<bool>,
     #[serde(default)]
     tools: Option<serde_json::Value>,
+    #[serde(default)]
+    turbospark: Option<Extension>,
 }
 
 /// Most stop strings a request may give.
@@ -254,6 +339,7 @@ impl Request {
         }
         let stops = s.stop.map(OneOrMany::into_vec).unwrap_or_default();
         check_stops(d, &stops, "stop")?;
+        let steer = steer_request(d, s.turbospark)?;
         Ok(Request {
             model: s.model,
             input,
@@ -290,6 +376,7 @@ impl Request {
             seed: s.seed,
             max_tokens,
             stops,
+            steer,
         })
     }
 
@@ -370,6 +457,7 @@ impl Request {
         }
         let stops = b.stop_sequences.unwrap_or_default();
         check_stops(d, &stops, "stop_sequences")?;
+        let steer = steer_request(d, b.turbospark)?;
         Ok(Request {
             model: b.model,
             input: Input::Chat(messages),
@@ -385,6 +473,7 @@ impl Request {
             seed: None,
             max_tokens: Some(b.max_tokens),
             stops,
+            steer,
         })
     }
 }
@@ -448,6 +537,53 @@ mod tests {
         let e = Request::messages(br#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap_err();
         assert_eq!(e.status(), 400);
         assert_eq!(e.body()["type"], "error");
+        assert_eq!(e.body()["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn turbospark_extension_steering() {
+        let r = Request::chat(
+            br#"{"messages":[{"role":"user","content":"x"}],
+                "turbospark":{"control_vectors":[{"name":"happy","scale":-2.5},{"name":"calm"}],
+                "mode":"clamp","layer_range":[3,9]}}"#,
+        )
+        .unwrap();
+        let s = r.steer.unwrap();
+        assert_eq!(s.vectors, [("happy".into(), -2.5), ("calm".into(), 1.0)]);
+        assert_eq!((s.mode, s.layer_range), (SteerMode::Clamp, Some((3, 9))));
+        let r = Request::chat(br#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert!(r.steer.is_none());
+        let ok = |ext: &str| {
+            let body =
+                format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"turbospark":{ext}}}"#);
+            Request::chat(body.as_bytes())
+        };
+        assert!(ok(r#"{"control_vectors":[]}"#)
+            .unwrap()
+            .steer
+            .unwrap()
+            .vectors
+            .is_empty());
+        for bad in [
+            r#"{"control_vectors":[{"name":"a","scale":1e40}]}"#,
+            r#"{"control_vectors":[{"name":"a","scale":1001}]}"#,
+            r#"{"control_vectors":[{"name":"a","scale":"big"}]}"#,
+            r#"{"control_vectors":[{"name":"a"}],"mode":"multiply"}"#,
+            r#"{"control_vectors":[{"name":"a","weight":1}]}"#,
+            r#"{"control_vectors":[{"scale":1}]}"#,
+            r#"{"control_vectors":"a"}"#,
+            r#"{"mode":"add"}"#,
+            r#"{"steer":1}"#,
+            r#"{"control_vectors":[{"name":"a"}],"layer_range":[1]}"#,
+        ] {
+            let e = ok(bad).unwrap_err();
+            assert_eq!(e.status(), 400, "{bad}");
+        }
+        let e = Request::messages(
+            br#"{"max_tokens":5,"messages":[{"role":"user","content":"x"}],
+                "turbospark":{"control_vectors":[{"name":"a","scale":1e9}]}}"#,
+        )
+        .unwrap_err();
         assert_eq!(e.body()["error"]["type"], "invalid_request_error");
     }
 

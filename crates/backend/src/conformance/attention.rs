@@ -3,7 +3,7 @@
 
 use super::data::{f32_tensor, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
-use crate::{AttentionParams, BackendError, Device, Limits, Stream};
+use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, Stream};
 
 /// Rows land at `(first_pos + t) % capacity`, in the device's KV dtype.
 pub fn check_kv_write<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
@@ -142,6 +142,122 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
         }
     }
     check_evicted(dev)
+}
+
+/// Attention of several sequences in one call (decode tokens and a prefill
+/// chunk, each over its own ring cache): against the f64 formula, and each
+/// part's rows bit for bit what `attention` gives that part alone.
+/// Backends without `attention_parts` skip it.
+pub fn check_attention_parts<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
+    const OP: &str = "attention_parts";
+    let (n_heads, n_kv, hd, window) = (4, 2, 16, Some(6));
+    // (positions already cached, new tokens) per sequence
+    let seqs = [(5usize, 1usize), (9, 3), (0, 1), (2, 2)];
+    let capacity = 6 + 3 - 1;
+    let row = n_kv * hd;
+    let limits = Limits {
+        max_tokens: 8,
+        max_keys: capacity,
+        max_head_dim: hd,
+        max_experts: 0,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    if !h.st.attends_parts() {
+        return Ok(());
+    }
+    let mut rng = Rng(7);
+    let sinks: Vec<f32> = rng.scaled(n_heads, 2.0);
+    let sink_vec = dev
+        .upload_vector(&f32_tensor("sinks", vec![n_heads], &sinks))
+        .at(OP, "sinks")?;
+    let mut caches = Vec::new();
+    let mut history = Vec::new();
+    let mut params = Vec::new();
+    let mut q_all = Vec::new();
+    for &(cached, n) in &seqs {
+        let total = cached + n;
+        let ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let mut kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, "alloc")?;
+        let mut vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, "alloc")?;
+        // Written in chunks of at most 3, as the decoder would.
+        let mut first = 0;
+        while first < total {
+            let m = 3.min(total - first);
+            let kb = h.buf(&ks[first..first + m].concat())?;
+            let vb = h.buf(&vs[first..first + m].concat())?;
+            h.st.kv_write(&mut kc, &kb, m, row, first, capacity)
+                .at(OP, "kv_write")?;
+            h.st.kv_write(&mut vc, &vb, m, row, first, capacity)
+                .at(OP, "kv_write")?;
+            first += m;
+        }
+        let q: Vec<f32> = rng.vec(n * n_heads * hd);
+        q_all.extend_from_slice(&q);
+        params.push(AttentionParams {
+            n_tokens: n,
+            first_pos: cached,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            capacity,
+            window,
+            scale: 0.25,
+            softcap: Some(4.0),
+        });
+        caches.push((kc, vc));
+        history.push((ks, vs, q));
+    }
+    let rows: usize = seqs.iter().map(|s| s.1).sum();
+    let qb = h.buf(&q_all)?;
+    let mut out = h.zeros(rows * n_heads * hd)?;
+    let parts: Vec<AttentionPart<'_, D::Buf>> = caches
+        .iter()
+        .zip(&params)
+        .map(|((k, v), p)| AttentionPart {
+            k_cache: k,
+            v_cache: v,
+            params: *p,
+        })
+        .collect();
+    h.st.attention_parts(&qb, &parts, Some(&sink_vec), &mut out)
+        .at(OP, "four sequences")?;
+    let got = h.get(&out, rows * n_heads * hd)?;
+    let mut at = 0;
+    for (i, ((ks, vs, q), p)) in history.iter().zip(&params).enumerate() {
+        let len = p.n_tokens * n_heads * hd;
+        let want: Vec<f64> = (0..p.n_tokens * n_heads)
+            .flat_map(|j| {
+                let (t, head) = (j / n_heads, j % n_heads);
+                reference::attention(p, q, ks, vs, t, head, Some(sinks[head]))
+            })
+            .collect();
+        let case = format!("sequence {i}");
+        compare(OP, &case, &got[at..at + len], &want, tol.attention, |_| 1.0)?;
+        let qi = h.buf(q)?;
+        let mut alone = h.zeros(len)?;
+        let (kc, vc) = &caches[i];
+        h.st.attention(&qi, kc, vc, p, Some(&sink_vec), &mut alone)
+            .at(OP, &case)?;
+        let alone = h.get(&alone, len)?;
+        if alone != got[at..at + len] {
+            return Err(property(
+                OP,
+                &case,
+                "differs from attention of the sequence alone".into(),
+            ));
+        }
+        at += len;
+    }
+    // Parts of other head shapes are refused.
+    let mut odd = parts[0];
+    odd.params.n_kv_heads = 1;
+    let mixed = [parts[0], odd];
+    if h.st.attention_parts(&qb, &mixed, None, &mut out).is_ok() {
+        return Err(property(OP, "mixed heads", "accepted".into()));
+    }
+    Ok(())
 }
 
 /// A query whose window reaches keys the ring has overwritten is refused.

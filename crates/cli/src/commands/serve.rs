@@ -6,14 +6,15 @@
 //! server, whose scheduler then runs on this thread.
 
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use turbospark_backend::Device;
-use turbospark_engine::Model;
-use turbospark_server::{EngineConfig, ServeConfig};
+use turbospark_engine::{ControlVector, Model};
+use turbospark_server::{EngineConfig, ServeConfig, VectorLibrary};
 
 use crate::experts::ExpertArgs;
 use crate::generate::{Text, DEFAULT_CONTEXT_CAP};
@@ -72,9 +73,44 @@ pub struct Args {
     pub device: DeviceArgs,
     #[command(flatten)]
     pub experts: ExpertArgs,
-    /// Control vectors steering every answer (as `run`'s).
+    /// Control vectors steering every answer (as `run`'s), unless a
+    /// request brings its own.
     #[command(flatten)]
     pub steer: crate::probe::SteerArgs,
+    /// A control vector (llama.cpp's GGUF format) that requests may name in
+    /// their `turbospark.control_vectors` (repeatable).
+    #[arg(long, value_name = "NAME=FILE")]
+    pub request_control_vector: Vec<String>,
+    /// A directory whose control-vector files requests may name (by file
+    /// name, with or without `.gguf`).
+    #[arg(long, value_name = "DIR")]
+    pub request_control_vector_dir: Option<PathBuf>,
+}
+
+/// The control vectors requests may name.
+fn vector_library(a: &Args) -> Result<VectorLibrary> {
+    let mut named = BTreeMap::new();
+    for arg in &a.request_control_vector {
+        let Some((name, file)) = arg.split_once('=') else {
+            bail!("--request-control-vector {arg}: expected NAME=FILE");
+        };
+        if name.is_empty() || named.contains_key(name) {
+            bail!("--request-control-vector {arg}: the name is empty or given twice");
+        }
+        let cv = ControlVector::read_gguf(Path::new(file))
+            .with_context(|| format!("reading control vector {file}"))?;
+        named.insert(name.to_string(), cv);
+    }
+    let dir = a.request_control_vector_dir.clone();
+    if let Some(d) = &dir {
+        if !d.is_dir() {
+            bail!(
+                "--request-control-vector-dir {}: not a directory",
+                d.display()
+            );
+        }
+    }
+    VectorLibrary::new(named, dir).context("--request-control-vector-dir")
 }
 
 /// The server, once the model is open.
@@ -110,6 +146,7 @@ impl ModelTask for Serve {
 
 pub fn run(a: Args) -> Result<ExitCode> {
     let text = Text::load(&a.model, a.chat_template.as_deref())?;
+    let vectors = vector_library(&a)?;
     let install = turbospark_format::install::Install::open(&a.model)?;
     let max = install.manifest.arch.max_position;
     let context = match a.context {
@@ -153,6 +190,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         max_body: a.max_body,
         timeout: Duration::from_secs(a.timeout),
         grace: Duration::from_secs(a.grace),
+        vectors,
     };
     let experts = a.experts.options()?;
     with_model(

@@ -16,6 +16,8 @@
 //! uses these same quantizers, so the integer sums of the kernels agree
 //! across instruction sets; only the order of the f32 sums differs.
 
+use crate::disjoint::DisjointMut;
+use crate::pool::split;
 use turbospark_core::QuantFormat;
 
 /// Values per [`Block32`].
@@ -225,9 +227,78 @@ impl ActScratch {
     }
 }
 
+impl ActScratch {
+    /// [`ActScratch::quantize`] with the blocks split between the shares
+    /// of `run` (which calls its argument with `(share, shares)` for every
+    /// share, possibly on several threads). Blocks are quantized on their
+    /// own, so the codes are the same whatever the split.
+    pub(crate) fn quantize_split<'a>(
+        &'a mut self,
+        format: QuantFormat,
+        x: &'a [f32],
+        run: impl FnOnce(&(dyn Fn(usize, usize) + Sync)),
+    ) -> Option<ActRows<'a>> {
+        fn split_blocks<B: Send>(
+            x: &[f32],
+            out: &mut [B],
+            block: usize,
+            quantize: fn(&[f32], &mut [B]),
+            run: impl FnOnce(&(dyn Fn(usize, usize) + Sync)),
+        ) {
+            let n = out.len();
+            let out = DisjointMut::new(out);
+            run(&|share, shares| {
+                let r = split(n, shares, share);
+                // SAFETY: `split` gives every share a disjoint block range.
+                let o = unsafe { out.range(r.start, r.len()) };
+                quantize(&x[r.start * block..r.end * block], o);
+            });
+        }
+        match ActKind::of(format) {
+            ActKind::F32 => Some(ActRows::F32(x)),
+            ActKind::Q32 => {
+                let out = self.q32.get_mut(..x.len() / QK32)?;
+                x.len().is_multiple_of(QK32).then_some(())?;
+                split_blocks(x, out, QK32, quantize_32, run);
+                Some(ActRows::Q32(out))
+            }
+            ActKind::Q256 => {
+                let out = self.q256.get_mut(..x.len() / QK256)?;
+                x.len().is_multiple_of(QK256).then_some(())?;
+                split_blocks(x, out, QK256, quantize_256, run);
+                Some(ActRows::Q256(out))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_quantization_gives_the_same_blocks() {
+        let x: Vec<f32> = (0..32 * 256)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 0.01)
+            .collect();
+        for format in [QuantFormat::Q4_1, QuantFormat::Q4K] {
+            let mut whole = ActScratch::default();
+            whole.fit_matrix(x.len());
+            whole.fit_tokens(1);
+            let mut parts = ActScratch::default();
+            parts.fit_matrix(x.len());
+            parts.fit_tokens(1);
+            let a = whole.quantize(format, &x).unwrap();
+            let b = parts
+                .quantize_split(format, &x, |f| (0..3).for_each(|i| f(i, 3)))
+                .unwrap();
+            match (a, b) {
+                (ActRows::Q32(a), ActRows::Q32(b)) => assert!(a == b),
+                (ActRows::Q256(a), ActRows::Q256(b)) => assert!(a == b),
+                _ => panic!("another activation kind for {format:?}"),
+            }
+        }
+    }
 
     #[test]
     fn codes_reconstruct_within_half_a_step() {

@@ -4,8 +4,6 @@
 # build run in the background while the GPU checks run (conformance, tiny
 # fixtures, faults, FFN census); then our bench, llama.cpp's on the same GGUF, a decode
 # profile and the streamed sweep (last, as the first thing a time limit cuts).
-# If the conformance suite fails with the shared-memory tensor-core kernels,
-# the rest runs with the register-only ones (TURBOSPARK_CUDA_MMQ=1) and says so.
 #
 # Usage: scripts/gpu/record.sh     (environment as scripts/gpu/run.sh)
 set -uo pipefail
@@ -17,12 +15,7 @@ mkdir -p "$WORK"
 t0=$SECONDS
 bash "$RUN" prepare > "$WORK/prepare.log" 2>&1 &
 prep=$!
-if ! bash "$RUN" conformance 2>&1 | tee "$WORK/conformance.log" | grep -v "^ *[0-9]*: \|^ *at "; then :; fi
-if grep -q "FAILED" "$WORK/conformance.log"; then
-    echo "!!! conformance failed with the tiled tensor-core kernels: the rest uses TURBOSPARK_CUDA_MMQ=1"
-    export TURBOSPARK_CUDA_MMQ=1
-    bash "$RUN" conformance
-fi
+bash "$RUN" conformance
 bash "$RUN" fixtures faults census 2>&1 | grep -v "^experts resident"
 echo "=== waiting for the synthetic model and llama.cpp's build ($((SECONDS - t0)) s so far)"
 wait $prep

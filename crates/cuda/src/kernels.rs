@@ -56,10 +56,6 @@ pub(crate) struct Q8Set {
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
     /// Tensor-core versions for batches (`kernels/mmq.cu`).
-    pub mmq_matmul: CudaFunction,
-    pub mmq_gate_up: CudaFunction,
-    pub mmq_down: CudaFunction,
-    /// The same through shared-memory tiles (`kernels/mmq2.cu`).
     pub mq_matmul: CudaFunction,
     pub mq_gate_up: CudaFunction,
     pub mq_down: CudaFunction,
@@ -79,9 +75,6 @@ impl Q8Set {
             down: f(format!("moe_down_q8x_{n}"))?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
-            mmq_matmul: f(format!("mmq_matmul_{n}"))?,
-            mmq_gate_up: f(format!("mmq_gate_up_{n}"))?,
-            mmq_down: f(format!("mmq_down_{n}"))?,
             mq_matmul: f(format!("mq_matmul_{n}"))?,
             mq_gate_up: f(format!("mq_gate_up_{n}"))?,
             mq_down: f(format!("mq_down_{n}"))?,
@@ -268,15 +261,9 @@ pub(crate) const MM_TOKENS: usize = 4;
 /// (`Q8_BLOCK_ROWS`, `Q8_WARPS` in `kernels/q8dot.cu`).
 pub(crate) const Q8_BLOCK_ROWS: usize = 16;
 pub(crate) const Q8_THREADS: u32 = 128;
-/// Threads, rows and tokens of a tensor-core block (`kernels/mmq.cu`):
-/// dense and down blocks take 32 rows, gate/up blocks 16 (gate and up).
-pub(crate) const MMQ_THREADS: u32 = 128;
-/// Threads of a routed-experts tensor-core block (one warp).
-pub(crate) const MMQ_MOE_THREADS: u32 = 32;
-pub(crate) const MMQ_ROWS: usize = 32;
-pub(crate) const MMQ_TOKENS: usize = 128;
-/// Rows and tokens of a shared-memory tensor-core tile (`kernels/mmq2.cu`;
+/// Threads, rows and tokens of a tensor-core tile (`kernels/mmq.cu`;
 /// gate/up tiles hold MQ_BM / 2 rows of each).
+pub(crate) const MQ_THREADS: u32 = 128;
 pub(crate) const MQ_BM: usize = 64;
 pub(crate) const MQ_BN: usize = 64;
 /// Batches from which the tensor-core kernels take over (the same bits

@@ -56,10 +56,6 @@ pub struct CudaStream {
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
     quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
-    /// Whether batches use the shared-memory tensor-core kernels
-    /// (`kernels/mmq2.cu`) rather than the register-only ones (`mmq.cu`),
-    /// which `TURBOSPARK_CUDA_MMQ=1` selects (same bits, for comparison).
-    tiles: bool,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -115,7 +111,6 @@ impl CudaStream {
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
             quantized: std::cell::Cell::new(None),
-            tiles: std::env::var("TURBOSPARK_CUDA_MMQ").map_or(true, |v| v != "1"),
             recording: false,
             graph: None,
             ctx,
@@ -611,47 +606,22 @@ impl Stream<CudaDevice> for CudaStream {
                 self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
                 self.quantized.set(Some(key));
             }
-            let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
-            return if n >= kernels::MMQ_MIN_TOKENS {
-                let grid = (
-                    w.rows.div_ceil(kernels::MMQ_ROWS) as u32,
-                    n.div_ceil(kernels::MMQ_TOKENS) as u32,
-                    1,
-                );
-                if self.tiles {
-                    let grid = (
-                        w.rows.div_ceil(kernels::MQ_BM) as u32,
-                        n.div_ceil(kernels::MQ_BN) as u32,
-                        1,
-                    );
-                    let f = &set.mq_matmul;
-                    return launch("matmul", f, self.raw(), grid, kernels::MMQ_THREADS, 0, args);
-                }
-                launch(
-                    "matmul",
-                    &set.mmq_matmul,
-                    self.raw(),
-                    grid,
-                    kernels::MMQ_THREADS,
-                    0,
-                    args,
-                )
+            // Tensor-core tiles for batches, matrix-vector kernels below
+            // (the same bits; only speed decides).
+            let (f, per, tokens, threads) = if n >= kernels::MMQ_MIN_TOKENS {
+                let t = (kernels::MQ_BM, kernels::MQ_BN, kernels::MQ_THREADS);
+                (&set.mq_matmul, t.0, t.1, t.2)
             } else {
-                let grid = (
-                    w.rows.div_ceil(kernels::Q8_BLOCK_ROWS) as u32,
-                    n.div_ceil(kernels::MM_TOKENS) as u32,
-                    1,
-                );
-                launch(
-                    "matmul",
-                    &set.matmul,
-                    self.raw(),
-                    grid,
+                let t = (
+                    kernels::Q8_BLOCK_ROWS,
+                    kernels::MM_TOKENS,
                     kernels::Q8_THREADS,
-                    0,
-                    args,
-                )
+                );
+                (&set.matmul, t.0, t.1, t.2)
             };
+            let grid = (w.rows.div_ceil(per) as u32, n.div_ceil(tokens) as u32, 1);
+            let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
+            return launch("matmul", f, self.raw(), grid, threads, 0, args);
         }
         launch(
             "matmul",
@@ -1298,104 +1268,39 @@ impl Stream<CudaDevice> for CudaStream {
             };
             let rp = routes.mem.ptr;
             let mmq = grouped && n >= kernels::MMQ_MIN_TOKENS;
-            self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
-            let gate_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
-            if mmq && self.tiles {
-                let grid = q8_grid(inter, kernels::MQ_BM / 2);
-                let f = &gate.mq_gate_up;
-                launch(
-                    "moe",
-                    f,
-                    self.raw(),
-                    grid,
-                    kernels::MMQ_THREADS,
-                    0,
-                    gate_args,
-                )?;
-            } else if mmq {
-                let grid = q8_grid(inter, kernels::MMQ_ROWS / 2);
-                launch(
-                    "moe",
-                    &gate.mmq_gate_up,
-                    self.raw(),
-                    grid,
-                    kernels::MMQ_MOE_THREADS,
-                    0,
-                    gate_args,
-                )?;
-            } else if grouped {
-                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
-                launch(
-                    "moe",
-                    &gate.gate_up_grouped,
-                    self.raw(),
-                    grid,
-                    kernels::Q8_THREADS,
-                    0,
-                    gate_args,
-                )?;
-            } else {
-                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
-                let args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
-                launch(
-                    "moe",
-                    &gate.gate_up,
-                    self.raw(),
-                    grid,
-                    kernels::Q8_THREADS,
-                    0,
-                    args,
-                )?;
-            }
-            self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
-            let down_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
-            return if mmq && self.tiles {
-                let grid = q8_grid(hidden, kernels::MQ_BM);
-                let f = &down.mq_down;
-                launch(
-                    "moe",
-                    f,
-                    self.raw(),
-                    grid,
-                    kernels::MMQ_THREADS,
-                    0,
-                    down_args,
-                )
-            } else if mmq {
-                let grid = q8_grid(hidden, kernels::MMQ_ROWS);
-                launch(
-                    "moe",
-                    &down.mmq_down,
-                    self.raw(),
-                    grid,
-                    kernels::MMQ_MOE_THREADS,
-                    0,
-                    down_args,
-                )
-            } else if grouped {
-                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
-                launch(
-                    "moe",
-                    &down.down_grouped,
-                    self.raw(),
-                    grid,
-                    kernels::Q8_THREADS,
-                    0,
-                    down_args,
-                )
-            } else {
-                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
-                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
-                launch(
-                    "moe",
-                    &down.down,
-                    self.raw(),
-                    grid,
-                    kernels::Q8_THREADS,
-                    0,
-                    args,
-                )
+            // Per stage: tensor-core tiles for batches, grouped or
+            // per-route matrix-vector kernels otherwise (the same bits).
+            let pick = |tiles, grouped_f, per_route, tile_rows| {
+                if mmq {
+                    (tiles, tile_rows, kernels::MQ_THREADS)
+                } else if grouped {
+                    (grouped_f, kernels::Q8_BLOCK_ROWS, kernels::Q8_THREADS)
+                } else {
+                    (per_route, kernels::Q8_BLOCK_ROWS, kernels::Q8_THREADS)
+                }
             };
+            self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+            let (f, per, threads) = pick(
+                &gate.mq_gate_up,
+                &gate.gate_up_grouped,
+                &gate.gate_up,
+                kernels::MQ_BM / 2,
+            );
+            let grouped_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
+            let route_args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
+            let args = if grouped { grouped_args } else { route_args };
+            launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
+            self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+            let (f, per, threads) = pick(
+                &down.mq_down,
+                &down.down_grouped,
+                &down.down,
+                kernels::MQ_BM,
+            );
+            let grouped_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
+            let route_args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+            let args = if grouped { grouped_args } else { route_args };
+            return launch("moe", f, self.raw(), q8_grid(hidden, per), threads, 0, args);
         }
         if !grouped {
             for &(fmt, mode) in passes {

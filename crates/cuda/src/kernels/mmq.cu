@@ -5,19 +5,24 @@
 // canonical order of q8dot.cu (chunks of Q8_CHUNK blocks), so every
 // (row, token) has the bits the matrix-vector kernels give it.
 //
-// A warp computes MMQ_MT row tiles of 16 × MMQ_NT token tiles of 8; a
-// block of MMQ_WARPS warps shares its rows and takes 32 · MMQ_WARPS
-// tokens. Fragment layouts are PTX's for m16n8k32 (.row.col): lane = 4g + q;
-// A holds rows g and g + 8, bytes 4q..4q+3 and 16+4q..16+4q+3 of the block
+// Fragment layouts are PTX's for m16n8k32 (.row.col): lane = 4g + q; A
+// holds rows g and g + 8, bytes 4q..4q+3 and 16+4q..16+4q+3 of the block
 // (in the order the codes decode, which the activations' order matches);
 // B holds token g's same bytes; C holds rows g, g + 8 × tokens 2q, 2q + 1.
+//
+// A block of MQ_THREADS (4 warps) computes MQ_BM weight rows × MQ_BN
+// tokens. Per step of Q8_CHUNK blocks (128 codes) it loads the rows' codes
+// (MXFP4 decoded to int8 in the order the activations use) and the tokens'
+// quantized activations into shared memory with 16-byte loads, all issued
+// before any is used, then the warps take their MMA fragments from there.
+// Warp w covers rows 32·(w % 2) .. + 32 (two 16-row tiles) and tokens
+// 32·(w / 2) .. + 32 (four 8-token tiles). For gate/up the 64 rows are 32
+// gate rows then the same 32 up rows, and warp w's two row tiles are the
+// gate and up rows 16·(w % 2) .. + 16, combined by the activation in
+// registers.
 
-#define MMQ_WARPS 4
-#define MMQ_MT 2
-#define MMQ_NT 4
-#define MMQ_TOKENS (MMQ_WARPS * MMQ_NT * 8)
-// Blocks whose loads are in flight together (Q8_CHUNK is a multiple).
-#define MMQ_PREFETCH 2
+#define MMQ_MT 2  // 16-row tiles a warp
+#define MMQ_NT 4  // 8-token tiles a warp
 
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
     asm(
@@ -28,107 +33,10 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
           "r"(0), "r"(0));
 }
 
-// This lane's two A words (bytes 4q.., 16+4q.. in decoded order) of block b
-// of a weight row, and the block's scale.
-template <int F>
-__device__ __forceinline__ void mmq_a(const u8* row, int cols, int b, int q, u32* lo, u32* hi,
-                                      float* d) {
-    const u8* c = split_codes<F>(row, b);
-    if (F == F_Q8_0) {
-        *lo = *(const u32*)(c + 4 * q);
-        *hi = *(const u32*)(c + 16 + 4 * q);
-        *d = f16_to_f32(*(const u16*)split_scale<F>(row, cols, b));
-    } else {
-        // Decoded word w is half w % 2 of code word w / 2 (q8dot.cu).
-        u32 w0 = *(const u32*)(c + 4 * (q >> 1));
-        u32 w1 = *(const u32*)(c + 8 + 4 * (q >> 1));
-        int sh = 16 * (q & 1);
-        *lo = (u32)mxfp4_word((w0 >> sh) & 0xFFFFu);
-        *hi = (u32)mxfp4_word((w1 >> sh) & 0xFFFFu);
-        *d = e8m0_half(*split_scale<F>(row, cols, b));
-    }
-}
-
-// The tile of one warp: rows[mt][h] are the weight rows of this lane's
-// A fragment (row g + 8h of row tile mt), xrow[nt] the quantized
-// activations of token g of token tile nt, xs[nt][j] the block scales of
-// tokens 2q + j. acc[mt][nt][i] ends with C element i's total.
-template <int F>
-__device__ __forceinline__ void mmq_warp(const u8* const (*rows)[2], int cols,
-                                         const signed char* const* xrow,
-                                         const float* const (*xs)[2],
-                                         float (*acc)[MMQ_NT][4]) {
-    int q = threadIdx.x & 3;
-    int nb = cols / 32;
-#pragma unroll
-    for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
-        float part[MMQ_MT][MMQ_NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
-        // The chunk's blocks MMQ_PREFETCH at a time: their loads first,
-        // then the products (fewer registers than the whole chunk at once).
-        int nu = min(Q8_CHUNK, nb - b0);
-        for (int u0 = 0; u0 < nu; u0 += MMQ_PREFETCH) {
-            u32 a[MMQ_PREFETCH][MMQ_MT][4];
-            float dw[MMQ_PREFETCH][MMQ_MT][2];
-            u32 bx[MMQ_PREFETCH][MMQ_NT][2];
-            float dx[MMQ_PREFETCH][MMQ_NT][2];
-#pragma unroll
-            for (int u = 0; u < MMQ_PREFETCH; u++) {
-                if (u0 + u >= nu) break;
-                int b = b0 + u0 + u;
-#pragma unroll
-                for (int mt = 0; mt < MMQ_MT; mt++) {
-                    mmq_a<F>(rows[mt][0], cols, b, q, &a[u][mt][0], &a[u][mt][2], &dw[u][mt][0]);
-                    mmq_a<F>(rows[mt][1], cols, b, q, &a[u][mt][1], &a[u][mt][3], &dw[u][mt][1]);
-                }
-#pragma unroll
-                for (int nt = 0; nt < MMQ_NT; nt++) {
-                    const signed char* x = xrow[nt] + (i64)b * 32;
-                    bx[u][nt][0] = *(const u32*)(x + 4 * q);
-                    bx[u][nt][1] = *(const u32*)(x + 16 + 4 * q);
-                    dx[u][nt][0] = xs[nt][0][b];
-                    dx[u][nt][1] = xs[nt][1][b];
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < MMQ_PREFETCH; u++) {
-                if (u0 + u >= nu) break;
-#pragma unroll
-                for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < MMQ_NT; nt++) {
-                        int c[4];
-                        mma_s8(c, a[u][mt], bx[u][nt]);
-#pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            part[mt][nt][i] = fmaf((float)c[i], dw[u][mt][i >> 1] * dx[u][nt][i & 1],
-                                                   part[mt][nt][i]);
-                    }
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[mt][nt][i] += part[mt][nt][i];
-    }
-}
-
-// Which tokens a warp's tile covers. Token slot j (0 .. MMQ_TOKENS) of the
-// block maps to list entry j of `ids` (route ids, or plain 0, 1, ... when
-// ids is null) from `first`; `count` entries are valid (later ones reuse
-// the last valid entry and are not written).
+// Which tokens a tile covers: token slot j of the tile maps to list entry
+// j of `ids` (route ids, or plain 0, 1, ... when ids is null) from
+// `first`; `count` entries are valid (later ones reuse the last valid entry
+// and are not written).
 struct MmqTokens {
     const u32* ids;
     u32 first;
@@ -140,94 +48,259 @@ __device__ __forceinline__ u32 mmq_token(const MmqTokens& t, int j) {
     return t.ids ? t.ids[t.first + k] : t.first + (u32)k;
 }
 
-// Sets up a warp's pointers: row tile mt holds rows r0 + off[mt] .. + 16
-// of `w[mt]` (clamped to `rows`, the rows past it computed but not
-// written); activations of token id `tok / x_div`.
+#define MQ_THREADS 128
+#define MQ_BM 64
+#define MQ_BN 64
+#define MQ_LD (Q8_CHUNK * 32 + 16)  // bytes per shared row: 16 spare spread the banks
+
+struct __align__(16) MqTiles {
+    u8 a[MQ_BM][MQ_LD];
+    float as[MQ_BM][Q8_CHUNK];
+    u8 b[MQ_BN][MQ_LD];
+    float bs[MQ_BN][Q8_CHUNK];
+};
+
+// The raw bytes of one (row, block) unit of A: its codes (MXFP4 uses lo
+// only) and scale bits.
+struct MqRawA {
+    uint4 lo, hi;
+    u32 scale;
+};
+
 template <int F>
-__device__ __forceinline__ void mmq_setup(const u8* w0, const u8* w1, int off1, i64 row_bytes,
-                                          int rows, int r0, const MmqTokens& tk, int warp_tok0,
-                                          const signed char* xq, const float* xd, int cols,
-                                          int x_div, const u8* (*ar)[2],
-                                          const signed char** xrow, const float* (*xs)[2]) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const u8* w[2] = {w0, w1};
-    int off[2] = {0, off1};
-#pragma unroll
-    for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            ar[mt][h] = w[mt] + (i64)min(r0 + off[mt] + g + 8 * h, rows - 1) * row_bytes;
-    int nb = cols / 32;
-#pragma unroll
-    for (int nt = 0; nt < MMQ_NT; nt++) {
-        int base = warp_tok0 + 8 * nt;
-        xrow[nt] = xq + (i64)(mmq_token(tk, base + g) / x_div) * cols;
-#pragma unroll
-        for (int j = 0; j < 2; j++) xs[nt][j] = xd + (i64)(mmq_token(tk, base + 2 * q + j) / x_div) * nb;
+__device__ __forceinline__ MqRawA mq_load_a(const u8* row, int cols, int b) {
+    MqRawA r;
+    const uint4* p = (const uint4*)split_codes<F>(row, b);
+    r.lo = p[0];
+    if (F == F_Q8_0) {
+        r.hi = p[1];
+        r.scale = *(const u16*)split_scale<F>(row, cols, b);
+    } else {
+        r.scale = *split_scale<F>(row, cols, b);
+    }
+    return r;
+}
+
+// A loaded unit into shared memory: 32 int8 codes (decoded order) at dst,
+// and its scale.
+template <int F>
+__device__ __forceinline__ void mq_store_a(const MqRawA& r, u8* dst, float* d) {
+    if (F == F_Q8_0) {
+        ((uint4*)dst)[0] = r.lo;
+        ((uint4*)dst)[1] = r.hi;
+        *d = f16_to_f32((u16)r.scale);
+    } else {
+        u32 c[4] = {r.lo.x, r.lo.y, r.lo.z, r.lo.w};
+        uint4 o0, o1;
+        o0.x = (u32)mxfp4_word(c[0] & 0xFFFFu);
+        o0.y = (u32)mxfp4_word(c[0] >> 16);
+        o0.z = (u32)mxfp4_word(c[1] & 0xFFFFu);
+        o0.w = (u32)mxfp4_word(c[1] >> 16);
+        o1.x = (u32)mxfp4_word(c[2] & 0xFFFFu);
+        o1.y = (u32)mxfp4_word(c[2] >> 16);
+        o1.z = (u32)mxfp4_word(c[3] & 0xFFFFu);
+        o1.w = (u32)mxfp4_word(c[3] >> 16);
+        ((uint4*)dst)[0] = o0;
+        ((uint4*)dst)[1] = o1;
+        *d = e8m0_half((u8)r.scale);
     }
 }
 
-// Dense: out[t, o], grid (ceil(rows / 32), ceil(n / MMQ_TOKENS)).
+#define MQ_A_UNITS (MQ_BM * Q8_CHUNK / MQ_THREADS)      // 2 (row, block) units a thread
+#define MQ_B_PIECES (MQ_BN * Q8_CHUNK * 2 / MQ_THREADS)  // 4 16-byte pieces a thread
+#define MQ_B_SCALES (MQ_BN * Q8_CHUNK / MQ_THREADS)      // 2 scales a thread
+
+// One step: stage blocks b0 .. b0 + nu of the tile's rows (arow[r]) and
+// tokens (xrow[t], xsc[t]) into shared memory; every load is issued before
+// any store.
 template <int F>
-__device__ void mmq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
-                                const signed char* __restrict__ xq, const float* __restrict__ xd,
-                                int n, float* __restrict__ out) {
+__device__ __forceinline__ void mq_stage(MqTiles& s, const u8* const* arow, int cols,
+                                         const signed char* const* xrow,
+                                         const float* const* xsc, int b0, int nu) {
+    MqRawA ra[MQ_A_UNITS];
+    uint4 rb[MQ_B_PIECES];
+    float rs[MQ_B_SCALES];
+#pragma unroll
+    for (int j = 0; j < MQ_A_UNITS; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, r = i / Q8_CHUNK, u = i % Q8_CHUNK;
+        if (u < nu) ra[j] = mq_load_a<F>(arow[r], cols, b0 + u);
+    }
+#pragma unroll
+    for (int j = 0; j < MQ_B_PIECES; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, t = i / (Q8_CHUNK * 2), piece = i % (Q8_CHUNK * 2);
+        if ((piece >> 1) < nu)
+            rb[j] = ((const uint4*)(xrow[t] + (i64)(b0 + (piece >> 1)) * 32))[piece & 1];
+    }
+#pragma unroll
+    for (int j = 0; j < MQ_B_SCALES; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, t = i / Q8_CHUNK, u = i % Q8_CHUNK;
+        if (u < nu) rs[j] = xsc[t][b0 + u];
+    }
+#pragma unroll
+    for (int j = 0; j < MQ_A_UNITS; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, r = i / Q8_CHUNK, u = i % Q8_CHUNK;
+        if (u < nu) mq_store_a<F>(ra[j], &s.a[r][u * 32], &s.as[r][u]);
+    }
+#pragma unroll
+    for (int j = 0; j < MQ_B_PIECES; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, t = i / (Q8_CHUNK * 2), piece = i % (Q8_CHUNK * 2);
+        if ((piece >> 1) < nu) ((uint4*)&s.b[t][0])[piece] = rb[j];
+    }
+#pragma unroll
+    for (int j = 0; j < MQ_B_SCALES; j++) {
+        int i = threadIdx.x + j * MQ_THREADS, t = i / Q8_CHUNK, u = i % Q8_CHUNK;
+        if (u < nu) s.bs[t][u] = rs[j];
+    }
+}
+
+// The warp's products over all blocks (cols / 32): acc[mt][nt][i] for C
+// element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile nt
+// (shared tokens tb + 8 nt + g for B, + 2q + j for the scales).
+template <int F>
+__device__ __forceinline__ void mq_products(MqTiles& s, const u8* const* arow, int cols,
+                                            const signed char* const* xrow,
+                                            const float* const* xsc, const int* ra, int tb,
+                                            float (*acc)[MMQ_NT][4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    int nb = cols / 32;
+#pragma unroll
+    for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
+        int nu = min(Q8_CHUNK, nb - b0);
+        __syncthreads();  // the previous step's fragments are read
+        mq_stage<F>(s, arow, cols, xrow, xsc, b0, nu);
+        __syncthreads();
+        float part[MMQ_MT][MMQ_NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
+        for (int u = 0; u < nu; u++) {
+            u32 a[MMQ_MT][4];
+            float dw[MMQ_MT][2];
+#pragma unroll
+            for (int mt = 0; mt < MMQ_MT; mt++) {
+                const u8* r0 = &s.a[ra[mt] + g][u * 32];
+                const u8* r1 = &s.a[ra[mt] + g + 8][u * 32];
+                a[mt][0] = *(const u32*)(r0 + 4 * q);
+                a[mt][1] = *(const u32*)(r1 + 4 * q);
+                a[mt][2] = *(const u32*)(r0 + 16 + 4 * q);
+                a[mt][3] = *(const u32*)(r1 + 16 + 4 * q);
+                dw[mt][0] = s.as[ra[mt] + g][u];
+                dw[mt][1] = s.as[ra[mt] + g + 8][u];
+            }
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++) {
+                const u8* x = &s.b[tb + 8 * nt + g][u * 32];
+                u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
+                float dx[2] = {s.bs[tb + 8 * nt + 2 * q][u], s.bs[tb + 8 * nt + 2 * q + 1][u]};
+#pragma unroll
+                for (int mt = 0; mt < MMQ_MT; mt++) {
+                    int c[4];
+                    mma_s8(c, a[mt], bx);
+#pragma unroll
+                    for (int i = 0; i < 4; i++)
+                        part[mt][nt][i] =
+                            fmaf((float)c[i], dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[mt][nt][i] += part[mt][nt][i];
+    }
+}
+
+// Token slots 0 .. MQ_BN of a tile: their activation rows and scales
+// (called by every thread of the block).
+__device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed char* xq,
+                                              const float* xd, int cols, int x_div,
+                                              const signed char** xrow, const float** xsc) {
+    int nb = cols / 32;
+    for (int t = threadIdx.x; t < MQ_BN; t += MQ_THREADS) {
+        u32 id = mmq_token(tk, t) / x_div;
+        xrow[t] = xq + (i64)id * cols;
+        xsc[t] = xd + (i64)id * nb;
+    }
+}
+
+// Dense: out[t, o]; grid (ceil(rows / MQ_BM), ceil(n / MQ_BN)).
+template <int F>
+__device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
+                               const signed char* __restrict__ xq, const float* __restrict__ xd,
+                               int n, float* __restrict__ out) {
+    __shared__ MqTiles s;
+    __shared__ const u8* arow[MQ_BM];
+    __shared__ const signed char* xrow[MQ_BN];
+    __shared__ const float* xsc[MQ_BN];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = blockIdx.x * 16 * MMQ_MT;
-    MmqTokens tk = {nullptr, (u32)(blockIdx.y * MMQ_TOKENS), min(MMQ_TOKENS, n - (int)blockIdx.y * MMQ_TOKENS)};
-    const u8* ar[MMQ_MT][2];
-    const signed char* xrow[MMQ_NT];
-    const float* xs[MMQ_NT][2];
-    mmq_setup<F>(W, W, 16, row_bytes, rows, r0, tk, warp * MMQ_NT * 8, xq, xd, cols, 1, ar, xrow,
-                 xs);
+    int r0 = blockIdx.x * MQ_BM;
+    MmqTokens tk = {nullptr, (u32)(blockIdx.y * MQ_BN), min(MQ_BN, n - (int)blockIdx.y * MQ_BN)};
+    mq_token_rows(tk, xq, xd, cols, 1, xrow, xsc);
+    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
+        arow[r] = W + (i64)min(r0 + r, rows - 1) * row_bytes;
+    __syncthreads();
+    int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
+    int tb = 32 * (warp >> 1);
     float acc[MMQ_MT][MMQ_NT][4];
-    mmq_warp<F>(ar, cols, xrow, xs, acc);
+    mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
         for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int row = r0 + 16 * mt + g + 8 * (i >> 1);
-                int j = warp * MMQ_NT * 8 + 8 * nt + 2 * q + (i & 1);
-                if (row < rows && j < tk.count)
-                    out[(i64)(tk.first + j) * rows + row] = acc[mt][nt][i];
+                int row = r0 + ra[mt] + g + 8 * (i >> 1);
+                int j = tb + 8 * nt + 2 * q + (i & 1);
+                if (row < rows && j < tk.count) out[(i64)(tk.first + j) * rows + row] = acc[mt][nt][i];
             }
 }
 
-// Routed experts grouped by slot (moe_group's order/offsets), grid
-// (ceil(rows / 16), slots) for gate/up — row tile 0 the gate rows, row tile
-// 1 the same up rows, combined by the activation in registers — and
-// (ceil(hidden / 32), slots) for down. A block walks its slot's routes
-// 32 per warp at a time (these blocks are launched with one warp, so that
-// no warp of a block idles when a slot has few routes).
+// Routed experts grouped by slot: grid (ceil(inter / 32), slots) for
+// gate/up, (ceil(hidden / MQ_BM), slots) for down; a block walks its
+// slot's routes MQ_BN at a time.
 template <int F>
-__device__ void mmq_gate_up_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
-                                 const u32* __restrict__ order, const u32* __restrict__ offsets,
-                                 int k, BankView b, MoeAct a, float* __restrict__ act) {
+__device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                const u32* __restrict__ order, const u32* __restrict__ offsets,
+                                int k, BankView b, MoeAct a, float* __restrict__ act) {
+    __shared__ MqTiles s;
+    __shared__ const u8* arow[MQ_BM];
+    __shared__ const signed char* xrow[MQ_BN];
+    __shared__ const float* xsc[MQ_BN];
     int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
         q = lane & 3;
-    int r0 = blockIdx.x * 16;
+    int r0 = blockIdx.x * (MQ_BM / 2);
     const u8* gate = b.gate + (i64)slot * b.inter * b.gate_row_bytes;
     const u8* up = b.up + (i64)slot * b.inter * b.up_row_bytes;
+    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS) {
+        int row = min(r0 + (r % (MQ_BM / 2)), b.inter - 1);
+        arow[r] = r < MQ_BM / 2 ? gate + (i64)row * b.gate_row_bytes : up + (i64)row * b.up_row_bytes;
+    }
+    int ra[MMQ_MT] = {16 * (warp & 1), MQ_BM / 2 + 16 * (warp & 1)};
+    int tb = 32 * (warp >> 1);
     u32 end = offsets[slot + 1];
-    u32 step = (blockDim.x >> 5) * MMQ_NT * 8;
-    for (u32 c = offsets[slot]; c < end; c += step) {
-        MmqTokens tk = {order, c, (int)min(step, end - c)};
-        if (warp * MMQ_NT * 8 >= tk.count) break;  // uniform over the warp
-        const u8* ar[MMQ_MT][2];
-        const signed char* xrow[MMQ_NT];
-        const float* xs[MMQ_NT][2];
-        mmq_setup<F>(gate, up, 0, b.gate_row_bytes, b.inter, r0, tk, warp * MMQ_NT * 8, xq, xd,
-                     b.hidden, k, ar, xrow, xs);
+    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
+        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
+        __syncthreads();  // the previous tile's token rows are no longer read
+        mq_token_rows(tk, xq, xd, b.hidden, k, xrow, xsc);
+        __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        mmq_warp<F>(ar, b.hidden, xrow, xs, acc);
+        mq_products<F>(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
 #pragma unroll
         for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                int row = r0 + g + 8 * (i >> 1);
-                int j = warp * MMQ_NT * 8 + 8 * nt + 2 * q + (i & 1);
+                int row = r0 + 16 * (warp & 1) + g + 8 * (i >> 1);
+                int j = tb + 8 * nt + 2 * q + (i & 1);
                 if (row < b.inter && j < tk.count) {
                     i64 r = (i64)slot * b.inter + row;
                     float gv = acc[0][nt][i], uv = acc[1][nt][i];
@@ -240,33 +313,37 @@ __device__ void mmq_gate_up_impl(const signed char* __restrict__ xq, const float
 }
 
 template <int F>
-__device__ void mmq_down_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
-                              const u32* __restrict__ order, const u32* __restrict__ offsets,
-                              BankView b, float* __restrict__ y) {
+__device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
+                             const u32* __restrict__ order, const u32* __restrict__ offsets,
+                             BankView b, float* __restrict__ y) {
+    __shared__ MqTiles s;
+    __shared__ const u8* arow[MQ_BM];
+    __shared__ const signed char* xrow[MQ_BN];
+    __shared__ const float* xsc[MQ_BN];
     int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
         q = lane & 3;
-    int r0 = blockIdx.x * 16 * MMQ_MT;
+    int r0 = blockIdx.x * MQ_BM;
     const u8* down = b.down + (i64)slot * b.hidden * b.down_row_bytes;
+    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
+        arow[r] = down + (i64)min(r0 + r, b.hidden - 1) * b.down_row_bytes;
+    int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
+    int tb = 32 * (warp >> 1);
     u32 end = offsets[slot + 1];
-    u32 step = (blockDim.x >> 5) * MMQ_NT * 8;
-    for (u32 c = offsets[slot]; c < end; c += step) {
-        MmqTokens tk = {order, c, (int)min(step, end - c)};
-        if (warp * MMQ_NT * 8 >= tk.count) break;  // uniform over the warp
-        const u8* ar[MMQ_MT][2];
-        const signed char* xrow[MMQ_NT];
-        const float* xs[MMQ_NT][2];
-        mmq_setup<F>(down, down, 16, b.down_row_bytes, b.hidden, r0, tk, warp * MMQ_NT * 8, aq, ad,
-                     b.inter, 1, ar, xrow, xs);
+    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
+        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
+        __syncthreads();
+        mq_token_rows(tk, aq, ad, b.inter, 1, xrow, xsc);
+        __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        mmq_warp<F>(ar, b.inter, xrow, xs, acc);
+        mq_products<F>(s, arow, b.inter, xrow, xsc, ra, tb, acc);
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) {
-                    int row = r0 + 16 * mt + g + 8 * (i >> 1);
-                    int j = warp * MMQ_NT * 8 + 8 * nt + 2 * q + (i & 1);
+                    int row = r0 + ra[mt] + g + 8 * (i >> 1);
+                    int j = tb + 8 * nt + 2 * q + (i & 1);
                     if (row < b.hidden && j < tk.count) {
                         float v = acc[mt][nt][i];
                         if (b.down_bias) v += b.down_bias[(i64)slot * b.hidden + row];
@@ -276,22 +353,22 @@ __device__ void mmq_down_impl(const signed char* __restrict__ aq, const float* _
     }
 }
 
-#define MMQ_KERNELS(fmt, F)                                                                      \
-    extern "C" __global__ void mmq_matmul_##fmt(const u8* W, int rows, int cols, i64 row_bytes,  \
-                                                const signed char* xq, const float* xd, int n,   \
-                                                float* out) {                                    \
-        mmq_matmul_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out);                            \
-    }                                                                                            \
-    extern "C" __global__ void mmq_gate_up_##fmt(const signed char* xq, const float* xd,         \
-                                                 const u32* order, const u32* offsets, int k,    \
-                                                 BankView b, MoeAct a, float* act) {             \
-        mmq_gate_up_impl<F>(xq, xd, order, offsets, k, b, a, act);                               \
-    }                                                                                            \
-    extern "C" __global__ void mmq_down_##fmt(const signed char* aq, const float* ad,            \
-                                              const u32* order, const u32* offsets, BankView b,  \
-                                              float* y) {                                        \
-        mmq_down_impl<F>(aq, ad, order, offsets, b, y);                                          \
+#define MQ_KERNELS(fmt, F)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+        mq_matmul_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,  \
+                        const float* xd, int n, float* out) {                                   \
+        mq_matmul_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out);                            \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+        mq_gate_up_##fmt(const signed char* xq, const float* xd, const u32* order,              \
+                         const u32* offsets, int k, BankView b, MoeAct a, float* act) {         \
+        mq_gate_up_impl<F>(xq, xd, order, offsets, k, b, a, act);                               \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+        mq_down_##fmt(const signed char* aq, const float* ad, const u32* order,                 \
+                      const u32* offsets, BankView b, float* y) {                               \
+        mq_down_impl<F>(aq, ad, order, offsets, b, y);                                          \
     }
 
-MMQ_KERNELS(q8_0, F_Q8_0)
-MMQ_KERNELS(mxfp4, F_MXFP4)
+MQ_KERNELS(q8_0, F_Q8_0)
+MQ_KERNELS(mxfp4, F_MXFP4)

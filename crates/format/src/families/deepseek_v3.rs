@@ -53,12 +53,13 @@
 use super::FamilyDef;
 use crate::convert::hf_names::Target;
 use crate::spec::gguf::{routed_experts, Common, Meta};
-use crate::spec::hf::{activation_for, build_layers, dims, rope_spec, set_moe_layers, Cfg, Dims};
+use crate::spec::hf::{
+    activation_for, build_layers, dims, rope_spec, set_deepseek_moe, Cfg, DeepseekMoeDefaults, Dims,
+};
 use crate::spec::SpecError;
 use serde_json::Value;
 use turbospark_core::arch::{
-    ArchSpec, Family, FfnKind, KvBLayout, MlaSpec, MoeSpec, NormSpec, RopeKind, RopeScaling,
-    RouterKind,
+    ArchSpec, Family, FfnKind, KvBLayout, MlaSpec, NormSpec, RopeKind, RopeScaling, RouterKind,
 };
 
 pub const FAMILY: FamilyDef = FamilyDef {
@@ -168,26 +169,18 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
     spec.attention.scale = scale as f32;
     spec.mla = Some(mla);
 
-    let moe_inter = c.usize_or("moe_intermediate_size", 2048)?;
-    let shared = c.usize_or("n_shared_experts", 1)?;
-    spec.moe = Some(MoeSpec {
-        num_experts: c.usize_or("n_routed_experts", 256)?,
-        top_k: c.usize_or("num_experts_per_tok", 8)?,
-        expert_intermediate: moe_inter,
-        router: RouterKind::SigmoidGrouped {
-            n_group: c.usize_or("n_group", 8)?,
-            topk_group: c.usize_or("topk_group", 4)?,
-            renormalize: c.bool_or("norm_topk_prob", true)?,
-            scaling: c.f64_or("routed_scaling_factor", 2.5)? as f32,
+    set_deepseek_moe(
+        c,
+        &mut spec,
+        DeepseekMoeDefaults {
+            moe_intermediate: 2048,
+            routed_experts: 256,
+            n_group: 8,
+            topk_group: 4,
+            scaling: 2.5,
+            first_dense: 3,
         },
-        router_bias: false,
-        expert_biases: false,
-        shared_intermediate: (shared > 0).then_some(moe_inter * shared),
-        parallel_dense: false,
-        shared_gate: false,
-    });
-    let first_dense = c.usize_or("first_k_dense_replace", 3)?;
-    set_moe_layers(&mut spec, |i| i >= first_dense);
+    )?;
     Ok(spec)
 }
 

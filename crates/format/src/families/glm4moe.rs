@@ -9,9 +9,11 @@
 
 use super::FamilyDef;
 use crate::spec::gguf::{routed_experts, slide_all, Common, Meta};
-use crate::spec::hf::{llama_like, set_moe_layers, Biases, Cfg, LlamaLike, QkNorm, Sliding};
+use crate::spec::hf::{
+    llama_like, set_deepseek_moe, Biases, Cfg, DeepseekMoeDefaults, LlamaLike, QkNorm, Sliding,
+};
 use crate::spec::SpecError;
-use turbospark_core::arch::{ArchSpec, Family, MoeSpec, RopeKind, RouterKind};
+use turbospark_core::arch::{ArchSpec, Family, RopeKind, RouterKind};
 
 pub const FAMILY: FamilyDef = FamilyDef {
     family: Family::Glm4Moe,
@@ -41,26 +43,18 @@ const GLM4_MOE: LlamaLike = LlamaLike {
 
 fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
     let mut spec = llama_like(c, &GLM4_MOE)?;
-    let moe_inter = c.usize_or("moe_intermediate_size", 1408)?;
-    let shared = c.usize_or("n_shared_experts", 1)?;
-    spec.moe = Some(MoeSpec {
-        num_experts: c.usize_or("n_routed_experts", 128)?,
-        top_k: c.usize_or("num_experts_per_tok", 8)?,
-        expert_intermediate: moe_inter,
-        router: RouterKind::SigmoidGrouped {
-            n_group: c.usize_or("n_group", 1)?,
-            topk_group: c.usize_or("topk_group", 1)?,
-            renormalize: c.bool_or("norm_topk_prob", true)?,
-            scaling: c.f64_or("routed_scaling_factor", 1.0)? as f32,
+    set_deepseek_moe(
+        c,
+        &mut spec,
+        DeepseekMoeDefaults {
+            moe_intermediate: 1408,
+            routed_experts: 128,
+            n_group: 1,
+            topk_group: 1,
+            scaling: 1.0,
+            first_dense: 1,
         },
-        router_bias: false,
-        expert_biases: false,
-        shared_intermediate: (shared > 0).then_some(moe_inter * shared),
-        parallel_dense: false,
-        shared_gate: false,
-    });
-    let first_dense = c.usize_or("first_k_dense_replace", 1)?;
-    set_moe_layers(&mut spec, |i| i >= first_dense);
+    )?;
     Ok(spec)
 }
 

@@ -396,6 +396,51 @@ pub(crate) fn set_moe_layers(spec: &mut ArchSpec, moe: impl Fn(usize) -> bool) {
     }
 }
 
+/// HF config-class defaults of a DeepSeek-style MoE block (see
+/// [`set_deepseek_moe`]); each family's own config class sets them.
+pub(crate) struct DeepseekMoeDefaults {
+    pub moe_intermediate: usize,
+    pub routed_experts: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+    pub scaling: f64,
+    pub first_dense: usize,
+}
+
+/// The MoE block of the DeepSeek-V3 lineage (DeepSeek-V3, GLM-4.5):
+/// `n_routed_experts` experts chosen by the sigmoid router with
+/// group-limited top-k (`n_group`, `topk_group`, `norm_topk_prob`,
+/// `routed_scaling_factor`), `n_shared_experts` shared experts of
+/// `moe_intermediate_size` each, and dense FFNs in the first
+/// `first_k_dense_replace` layers; absent keys take `d`.
+pub(crate) fn set_deepseek_moe(
+    c: &Cfg,
+    spec: &mut ArchSpec,
+    d: DeepseekMoeDefaults,
+) -> Result<(), SpecError> {
+    let moe_inter = c.usize_or("moe_intermediate_size", d.moe_intermediate)?;
+    let shared = c.usize_or("n_shared_experts", 1)?;
+    spec.moe = Some(MoeSpec {
+        num_experts: c.usize_or("n_routed_experts", d.routed_experts)?,
+        top_k: c.usize_or("num_experts_per_tok", 8)?,
+        expert_intermediate: moe_inter,
+        router: RouterKind::SigmoidGrouped {
+            n_group: c.usize_or("n_group", d.n_group)?,
+            topk_group: c.usize_or("topk_group", d.topk_group)?,
+            renormalize: c.bool_or("norm_topk_prob", true)?,
+            scaling: c.f64_or("routed_scaling_factor", d.scaling)? as f32,
+        },
+        router_bias: false,
+        expert_biases: false,
+        shared_intermediate: (shared > 0).then_some(moe_inter * shared),
+        parallel_dense: false,
+        shared_gate: false,
+    });
+    let first_dense = c.usize_or("first_k_dense_replace", d.first_dense)?;
+    set_moe_layers(spec, |i| i >= first_dense);
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

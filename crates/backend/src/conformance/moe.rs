@@ -152,6 +152,60 @@ fn random_expert(e: usize, formats: [QuantFormat; 3], rng: &mut Rng) -> Expert {
     }
 }
 
+/// What the MoE checks start from: [`EXPERTS`] random experts in
+/// `formats`, a resident bank of them and a bank of [`TOP_K`] slots, a
+/// stream sized for [`TOKENS`] tokens with its MoE scratch, and random
+/// inputs `x` (on the host and the device).
+struct MoeCase<'d, D: Device> {
+    experts: Vec<Expert>,
+    tensors: Vec<ExpertTensors>,
+    bank: D::Bank,
+    slots: D::Bank,
+    h: Harness<'d, D>,
+    scratch: MoeScratch<D::Buf>,
+    x: Vec<f32>,
+    xb: D::Buf,
+}
+
+fn moe_case<'d, D: Device>(
+    dev: &'d D,
+    op: &'static str,
+    formats: [QuantFormat; 3],
+    rng: &mut Rng,
+) -> Result<MoeCase<'d, D>, ConformanceError> {
+    let experts: Vec<Expert> = (0..EXPERTS)
+        .map(|e| random_expert(e, formats, rng))
+        .collect();
+    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
+    let bank = dev.upload_bank(&tensors).at(op, "upload_bank")?;
+    let slots = dev.upload_bank(&tensors[..TOP_K]).at(op, "slot bank")?;
+    let limits = Limits {
+        max_tokens: TOKENS,
+        max_routes: TOKENS * TOP_K,
+        max_expert_intermediate: INTER,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let scratch = MoeScratch {
+        x: h.zeros(TOKENS * HIDDEN)?,
+        gate: h.zeros(TOKENS * INTER)?,
+        up: h.zeros(TOKENS * INTER)?,
+        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
+    };
+    let x = rng.vec(TOKENS * HIDDEN);
+    let xb = h.buf(&x)?;
+    Ok(MoeCase {
+        experts,
+        tensors,
+        bank,
+        slots,
+        h,
+        scratch,
+        x,
+        xb,
+    })
+}
+
 /// `(value, magnitude)` of `expert(x) · weight` per output, in f64.
 fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, f64)> {
     let a: Vec<(f64, f64)> = (0..INTER)
@@ -199,30 +253,19 @@ fn check_moe_formats<D: Device>(
 ) -> Result<(), ConformanceError> {
     const OP: &str = "moe";
     let mut rng = Rng(9);
-    let experts: Vec<Expert> = (0..EXPERTS)
-        .map(|e| random_expert(e, formats, &mut rng))
-        .collect();
-    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
-    let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
+    let MoeCase {
+        experts,
+        tensors,
+        bank,
+        mut slots,
+        mut h,
+        mut scratch,
+        x,
+        xb,
+    } = moe_case(dev, OP, formats, &mut rng)?;
     if (bank.slots(), bank.hidden(), bank.intermediate()) != (EXPERTS, HIDDEN, INTER) {
         return Err(property(OP, "upload_bank", "the bank's shape".into()));
     }
-    let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
-    let limits = Limits {
-        max_tokens: TOKENS,
-        max_routes: TOKENS * TOP_K,
-        max_expert_intermediate: INTER,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(dev, limits)?;
-    let mut scratch = MoeScratch {
-        x: h.zeros(TOKENS * HIDDEN)?,
-        gate: h.zeros(TOKENS * INTER)?,
-        up: h.zeros(TOKENS * INTER)?,
-        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
-    };
-    let x = rng.vec(TOKENS * HIDDEN);
-    let xb = h.buf(&x)?;
     let routes: Vec<Route> = (0..TOKENS * TOP_K)
         .map(|i| Route {
             slot: ((i * 7 + i / TOP_K) % EXPERTS) as u32,
@@ -394,27 +437,16 @@ pub fn check_moe_intermediate<D: Device>(
 ) -> Result<(), ConformanceError> {
     const OP: &str = "moe_intermediate";
     let mut rng = Rng(17);
-    let experts: Vec<Expert> = (0..EXPERTS)
-        .map(|e| random_expert(e, FORMAT_SETS[0], &mut rng))
-        .collect();
-    let tensors: Vec<ExpertTensors> = experts.iter().map(|e| e.tensors.clone()).collect();
-    let bank = dev.upload_bank(&tensors).at(OP, "upload_bank")?;
-    let mut slots = dev.upload_bank(&tensors[..TOP_K]).at(OP, "slot bank")?;
-    let limits = Limits {
-        max_tokens: TOKENS,
-        max_routes: TOKENS * TOP_K,
-        max_expert_intermediate: INTER,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(dev, limits)?;
-    let mut scratch = MoeScratch {
-        x: h.zeros(TOKENS * HIDDEN)?,
-        gate: h.zeros(TOKENS * INTER)?,
-        up: h.zeros(TOKENS * INTER)?,
-        y: h.zeros(TOKENS * TOP_K * HIDDEN)?,
-    };
-    let x = rng.vec(TOKENS * HIDDEN);
-    let xb = h.buf(&x)?;
+    let MoeCase {
+        experts,
+        tensors,
+        bank,
+        mut slots,
+        mut h,
+        mut scratch,
+        x,
+        xb,
+    } = moe_case(dev, OP, FORMAT_SETS[0], &mut rng)?;
     let routes: Vec<Route> = (0..TOKENS * TOP_K)
         .map(|i| Route {
             slot: ((i * 5 + i / TOP_K) % EXPERTS) as u32,

@@ -28,6 +28,8 @@
 #                when the call does not race llama.cpp
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model: time, DRAM bytes and bandwidth per kernel
+#   detail       Nsight Compute's occupancy, launch and warp-stall sections
+#                for the kernels matching DETAIL (decode and prefill)
 #
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
@@ -165,6 +167,24 @@ print(f"{'kernel':<36} {'calls':>6} {'mean us':>9} {'MB/call':>9} {'GB/s':>8} {'
 for name, (n, t, b) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
     print(f"{name[:36]:<36} {n:>6} {t / n / 1e3:>9.2f} {b / n / 1e6:>9.3f} {b / t if t else 0:>8.0f} {t / total:>6.1%}")
 PY
+        done
+        ;;
+    detail)
+        # Nsight Compute's occupancy, launch and stall sections for the
+        # kernels matching DETAIL (a regex; default: the fast products),
+        # a few launches each, decode (-p 1) and prefill (-p 512).
+        stage "detail: Nsight Compute sections of ${DETAIL:=^(matmul_q8x|moe_gate_up_q8x|moe_down_q8x|mq_gate_up|mq_down|mq_matmul|attention)}"
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+        [ -n "$NCU" ] || { echo "ncu not found"; continue; }
+        for bargs in "-p 1 -n 4" "-p 512 -n 1"; do
+            echo "--- $bargs"
+            # shellcheck disable=SC2086
+            "$NCU" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                -k regex:"$DETAIL" -c "${DETAIL_COUNT:-8}" \
+                "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 --no-warmup \
+                --numerics fast 2> "$WORK/ncu.err" \
+                | grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared)|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Dynamic Shared|Static Shared|Grid Size|Block Size|Waves Per SM|Stall|stall' \
+                | grep -v '^ *----' || tail -5 "$WORK/ncu.err"
         done
         ;;
     info)

@@ -110,6 +110,13 @@ pub trait Device: Send + Sync + Sized {
     fn supports(&self, dtype: DType) -> bool;
     /// The element type this device keeps its KV cache in.
     fn kv_dtype(&self) -> DType;
+    /// Tokens a prefill pass takes at once unless told otherwise (a
+    /// session's batch): a GPU fills its tensor cores and reads each
+    /// expert once per 512 tokens (llama.cpp's default micro-batch); the
+    /// CPU's kernels work best on smaller chunks.
+    fn default_batch(&self) -> usize {
+        64
+    }
 
     /// Whether uploaded matrices keep their own copy of the weights, so
     /// that the host pages they were uploaded from (a memory map of the

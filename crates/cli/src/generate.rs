@@ -26,7 +26,7 @@ use std::time::Instant;
 use turbospark_backend::Device;
 use turbospark_engine::experts::LayerStats;
 use turbospark_engine::timing::{Phase, PhaseTimes};
-use turbospark_engine::{Logits, Model, Session, SessionOptions};
+use turbospark_engine::{Logits, Model, Session};
 use turbospark_format::identity::default_chat_template;
 use turbospark_format::install::reader::read_manifest;
 use turbospark_text::builtin_templates::{builtin_template, builtin_template_names};
@@ -532,7 +532,7 @@ pub struct Generation {
 
 impl<'m, D: Device> Generator<'m, D> {
     pub fn new(model: &'m Model<D>, context: usize) -> Result<Self> {
-        let session = model.session(SessionOptions::new(context))?;
+        let session = model.session(model.session_options(context))?;
         Ok(Generator {
             session,
             cached: Vec::with_capacity(context),

@@ -232,6 +232,10 @@ impl Device for CudaDevice {
         matches!(dtype, DType::F32 | DType::F16)
     }
 
+    fn default_batch(&self) -> usize {
+        512
+    }
+
     fn kv_dtype(&self) -> DType {
         match self.numerics {
             Numerics::Exact => DType::F32,

@@ -259,11 +259,11 @@ pub(crate) const MM_WARPS: usize = 8;
 pub(crate) const MM_TOKENS: usize = 4;
 /// Rows and threads per block of the fast matrix-vector kernels
 /// (`Q8_BLOCK_ROWS`, `Q8_WARPS` in `kernels/q8dot.cu`).
-pub(crate) const Q8_BLOCK_ROWS: usize = 16;
+pub(crate) const Q8_BLOCK_ROWS: usize = 4;
 pub(crate) const Q8_THREADS: u32 = 128;
 /// Threads, rows and tokens of a tensor-core tile (`kernels/mmq.cu`;
 /// gate/up tiles hold MQ_BM / 2 rows of each).
-pub(crate) const MQ_THREADS: u32 = 128;
+pub(crate) const MQ_THREADS: u32 = 256;
 pub(crate) const MQ_BM: usize = 64;
 pub(crate) const MQ_BN: usize = 64;
 /// Batches from which the tensor-core kernels take over (the same bits

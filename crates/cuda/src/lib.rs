@@ -19,6 +19,7 @@
 
 pub mod device;
 pub mod error;
+mod fusion;
 mod kernels;
 mod layout;
 mod memory;

@@ -9,6 +9,7 @@
 //! [`Stream::read_routes`] and [`Stream::synchronize`] wait for the queue;
 //! a fault inside a kernel surfaces there as [`BackendError::Runtime`].
 
+use crate::fusion::{self, GroupLaunch, MatGroup, NormLaunch, Pending, Q8Out, TileLaunch};
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
 use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
@@ -56,6 +57,8 @@ pub struct CudaStream {
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
     quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
+    /// The op held back for the next to join (see [`crate::fusion`]).
+    pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -111,6 +114,7 @@ impl CudaStream {
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
             quantized: std::cell::Cell::new(None),
+            pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
             ctx,
@@ -143,14 +147,34 @@ impl CudaStream {
         self.numerics
     }
 
-    /// Binds the context for `op`. Every op starts here, which is also
-    /// where the reuse of quantized activations ends (see `quantized`):
-    /// any op but a matmul may write the buffer they came from.
+    /// Binds the context for `op` and launches the pending op. Every op
+    /// but the fusable ones starts here, which is also where the reuse of
+    /// quantized activations ends (see `quantized`): any op but a matmul
+    /// may write the buffer they came from.
     fn bind(&self, op: &'static str) -> Result<(), BackendError> {
-        if op != "matmul" {
-            self.quantized.set(None);
-        }
+        self.quantized.set(None);
+        self.bind_holding(op)?;
+        self.flush()
+    }
+
+    /// Binds the context for `op`, keeping the pending op.
+    fn bind_holding(&self, op: &'static str) -> Result<(), BackendError> {
         self.ctx.bind_to_thread().map_err(runtime(op))
+    }
+
+    /// Launches the pending op, if any.
+    fn flush(&self) -> Result<(), BackendError> {
+        match self.pending.take() {
+            Some(p) => fusion::launch_pending(&self.k, self.raw(), p, None),
+            None => Ok(()),
+        }
+    }
+
+    /// Launches the pending op and holds `p` back instead.
+    fn hold(&self, p: Pending) -> Result<(), BackendError> {
+        self.flush()?;
+        self.pending.set(Some(p));
+        Ok(())
     }
 
     fn raw(&self) -> &RawStream {
@@ -176,6 +200,8 @@ impl CudaStream {
                     have: self.q8.bytes,
                 });
             }
+            // A held product reads the old scratch.
+            self.flush()?;
             self.graph = None;
             self.quantized.set(None);
             self.q8 = DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?;
@@ -233,6 +259,101 @@ impl CudaStream {
             0,
             args,
         )
+    }
+
+    /// A fast matmul (8-bit activations) of `n` rows of `x` into `out`,
+    /// held back for its bias and the products that share its input (see
+    /// [`crate::fusion`]); a pending norm of `x` quantizes it on the way.
+    fn matmul_q8(
+        &mut self,
+        w: &CudaMatrix,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        self.bind_holding("matmul")?;
+        let r = self.q8_regions("matmul", n * w.cols, 0)?;
+        // The kernel order: MXFP4's differs from Q8_0's.
+        let order = usize::from(w.format == QuantFormat::Mxfp4);
+        let key = (x, n * w.cols, order);
+        let gemv = n < kernels::MMQ_MIN_TOKENS;
+        match self.pending.get() {
+            Some(Pending::Group(g))
+                if gemv
+                    && g.format == w.format
+                    && g.x == x
+                    && g.n == n
+                    && g.cols == w.cols
+                    && self.quantized.get() == Some(key)
+                    && g.group.count < fusion::MAT_GROUP as i32 =>
+            {
+                let mut g = g;
+                g.group.push(w.mem.ptr, w.rows, w.row_bytes, out);
+                self.pending.set(Some(Pending::Group(g)));
+                self.forget_quantized_if(out);
+                return Ok(());
+            }
+            Some(Pending::Norm(nl))
+                if nl.out == x
+                    && nl.dim == w.cols
+                    && nl.rows == n
+                    && nl.dim % 32 == 0
+                    && nl.dim <= fusion::NORM_HELD =>
+            {
+                self.pending.set(None);
+                let q = Q8Out {
+                    codes: r.xq,
+                    scales: r.xd,
+                    order: order as i32,
+                };
+                fusion::launch_pending(&self.k, self.raw(), Pending::Norm(nl), Some(q))?;
+                self.quantized.set(Some(key));
+            }
+            _ => self.flush()?,
+        }
+        if self.quantized.get() != Some(key) {
+            let set = self
+                .q8_set(w.format)
+                .expect("a fast format (checked by matmul)");
+            self.quantize(set, x, n * w.cols, r.xq, r.xd)?;
+            self.quantized.set(Some(key));
+        }
+        // Matrix-vector kernels, tensor-core tiles for batches (the same
+        // bits; only speed decides).
+        let p = if gemv {
+            Pending::Group(GroupLaunch {
+                format: w.format,
+                group: MatGroup::one(w.mem.ptr, w.rows, w.row_bytes, out),
+                x,
+                cols: w.cols,
+                n,
+                xq: r.xq,
+                xd: r.xd,
+            })
+        } else {
+            Pending::Tile(TileLaunch {
+                format: w.format,
+                w: w.mem.ptr,
+                rows: w.rows,
+                cols: w.cols,
+                row_bytes: w.row_bytes,
+                n,
+                xq: r.xq,
+                xd: r.xd,
+                out,
+                bias: 0,
+            })
+        };
+        self.pending.set(Some(p));
+        self.forget_quantized_if(out);
+        Ok(())
+    }
+
+    /// Forgets the quantized input when `out` overwrites it.
+    fn forget_quantized_if(&self, out: u64) {
+        if self.quantized.get().is_some_and(|(p, ..)| p == out) {
+            self.quantized.set(None);
+        }
     }
 
     fn bank_view(bank: &CudaBank) -> BankView {
@@ -429,6 +550,33 @@ impl Stream<CudaDevice> for CudaStream {
         if n == 0 {
             return Ok(());
         }
+        if src.dtype == DType::F32 {
+            // Held for a norm of the copy; joins a held add of its source.
+            let (sp, dp) = (src.mem.ptr + from as u64, dst.mem.ptr + to as u64);
+            self.quantized.set(None);
+            self.bind_holding("copy")?;
+            if let Some(Pending::Add {
+                dst: h,
+                src: add,
+                len: l,
+            }) = self.pending.get()
+            {
+                if h == sp && l == len {
+                    self.pending.set(Some(Pending::AddCopy {
+                        h,
+                        add,
+                        dst: dp,
+                        len,
+                    }));
+                    return Ok(());
+                }
+            }
+            return self.hold(Pending::Copy {
+                src: sp,
+                dst: dp,
+                len,
+            });
+        }
         self.bind("copy")?;
         // SAFETY: both ranges lie inside their buffers (checked above).
         unsafe {
@@ -586,43 +734,16 @@ impl Stream<CudaDevice> for CudaStream {
         if n == 0 || w.rows == 0 {
             return Ok(());
         }
-        self.bind("matmul")?;
-        if self.quantized.get().is_some_and(|(p, ..)| p == op) {
-            // This matmul overwrites the input last quantized.
-            self.quantized.set(None);
+        if self.q8_set(w.format).is_some() {
+            return self.matmul_q8(w, xp, n, op);
         }
+        self.bind("matmul")?;
         let grid = (
             w.rows.div_ceil(kernels::MM_WARPS) as u32,
             n.div_ceil(kernels::MM_TOKENS) as u32,
             1,
         );
         let (rows, cols, rb, nn) = (w.rows as i32, w.cols as i32, w.row_bytes as i64, n as i32);
-        if self.q8_set(w.format).is_some() {
-            let r = self.q8_regions("matmul", n * w.cols, 0)?;
-            let set = self.q8_set(w.format).expect("checked above");
-            // The kernel order: MXFP4's differs from Q8_0's.
-            let key = (xp, n * w.cols, usize::from(w.format == QuantFormat::Mxfp4));
-            if self.quantized.get() != Some(key) {
-                self.quantize(set, xp, n * w.cols, r.xq, r.xd)?;
-                self.quantized.set(Some(key));
-            }
-            // Tensor-core tiles for batches, matrix-vector kernels below
-            // (the same bits; only speed decides).
-            let (f, per, tokens, threads) = if n >= kernels::MMQ_MIN_TOKENS {
-                let t = (kernels::MQ_BM, kernels::MQ_BN, kernels::MQ_THREADS);
-                (&set.mq_matmul, t.0, t.1, t.2)
-            } else {
-                let t = (
-                    kernels::Q8_BLOCK_ROWS,
-                    kernels::MM_TOKENS,
-                    kernels::Q8_THREADS,
-                );
-                (&set.matmul, t.0, t.1, t.2)
-            };
-            let grid = (w.rows.div_ceil(per) as u32, n.div_ceil(tokens) as u32, 1);
-            let args = &mut args![w.mem.ptr, rows, cols, rb, r.xq, r.xd, nn, op];
-            return launch("matmul", f, self.raw(), grid, threads, 0, args);
-        }
         launch(
             "matmul",
             self.k.matmul.get(w.format),
@@ -802,6 +923,24 @@ impl Stream<CudaDevice> for CudaStream {
     ) -> Result<(), BackendError> {
         let d = bias.len;
         let xp = x.f32_ptr("add_bias", "x", n * d)?;
+        // Joins the held product that wrote x.
+        match self.pending.get() {
+            Some(Pending::Group(mut g)) if g.n == n => {
+                if let Some((out, rows, b)) = g.group.last() {
+                    if out == xp && rows == d && *b == 0 {
+                        *b = bias.mem.ptr;
+                        self.pending.set(Some(Pending::Group(g)));
+                        return Ok(());
+                    }
+                }
+            }
+            Some(Pending::Tile(mut t)) if t.out == xp && t.n == n && t.rows == d && t.bias == 0 => {
+                t.bias = bias.mem.ptr;
+                self.pending.set(Some(Pending::Tile(t)));
+                return Ok(());
+            }
+            _ => {}
+        }
         let (nn, dd) = (n as i32, d as i32);
         self.elementwise(
             "add_bias",
@@ -845,17 +984,27 @@ impl Stream<CudaDevice> for CudaStream {
             (NormScale::Centered, _) => 1,
             _ => 0,
         };
-        self.bind("rms_norm")?;
-        let (d, eps) = (dim as i32, spec.eps);
-        launch(
-            "rms_norm",
-            &self.k.rms_norm,
-            self.raw(),
-            (rows as u32, 1, 1),
-            (dim.div_ceil(32 * 4) * 32).clamp(32, 1024) as u32,
-            0,
-            &mut args![xp, d, eps, mode, w],
-        )
+        // Held for the matmul that may quantize its output; joins a held
+        // copy (and add) of its input.
+        self.quantized.set(None);
+        self.bind_holding("rms_norm")?;
+        let norm = NormLaunch {
+            add: 0,
+            h: xp,
+            out: xp,
+            rows,
+            dim,
+            eps: spec.eps,
+            mode,
+            w,
+        };
+        match self.pending.get().and_then(|p| p.absorb_norm(norm)) {
+            Some(fused) => {
+                self.pending.set(Some(Pending::Norm(fused)));
+                Ok(())
+            }
+            None => self.hold(Pending::Norm(norm)),
+        }
     }
 
     fn rope(
@@ -1036,8 +1185,17 @@ impl Stream<CudaDevice> for CudaStream {
     fn add(&mut self, dst: &mut CudaBuf, src: &CudaBuf, len: usize) -> Result<(), BackendError> {
         let dp = dst.f32_ptr("add", "dst", len)?;
         let sp = src.f32_ptr("add", "src", len)?;
-        let n = len as i64;
-        self.elementwise("add", &self.k.add, len, &mut args![dp, sp, n])
+        if len == 0 {
+            return Ok(());
+        }
+        // Held for a copy and norm of the sum.
+        self.quantized.set(None);
+        self.bind_holding("add")?;
+        self.hold(Pending::Add {
+            dst: dp,
+            src: sp,
+            len,
+        })
     }
 
     fn adjust_projection(

@@ -82,6 +82,15 @@ pub struct Session<'m, D: Device> {
 }
 
 impl<D: Device> Model<D> {
+    /// A session of `context` positions with the device's default batch
+    /// ([`Device::default_batch`]).
+    pub fn session_options(&self, context: usize) -> SessionOptions {
+        SessionOptions {
+            context,
+            max_batch: self.device.default_batch(),
+        }
+    }
+
     /// A new session (KV cache and scratch) over this model.
     pub fn session(&self, options: SessionOptions) -> Result<Session<'_, D>, EngineError> {
         Session::new(self, options)

@@ -10,7 +10,6 @@
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use turbospark_engine::SessionOptions;
 
 use crate::experts::ExpertArgs;
 use crate::loading::{with_model, DeviceArgs, ModelTask};
@@ -77,7 +76,7 @@ impl ModelTask for Logits<'_> {
         let a = self.args;
         let n = a.tokens.len();
         let vocab = model.vocab_size();
-        let mut session = model.session(SessionOptions::new(n + a.greedy))?;
+        let mut session = model.session(model.session_options(n + a.greedy))?;
         session.set_route_statistics(a.experts.counts_routes());
         let numerics = format!("{:?}", a.numerics).to_lowercase();
         a.probe.apply(&mut session, &model, &a.model, &numerics)?;

@@ -69,8 +69,32 @@ __device__ double block_sum_f64(double s) {
 // into registers, every load issued before any is used.
 #define NORM_THREADS 1024
 #define NORM_PER 4
-extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, const float* w) {
-    float* row = x + (i64)blockIdx.x * dim;
+
+// The order of a quantized row's codes (see q8_pos in q8dot.cu).
+#define Q8_ORDER_NATURAL 0
+#define Q8_ORDER_MXFP4 1
+__device__ __forceinline__ int q8_pos_order(int order, int e) {
+    if (order != Q8_ORDER_MXFP4) return e;
+    int hi = e >= 16, r = e & 15;
+    int i = r >> 2, h = (r >> 1) & 1, m = r & 1;
+    return 8 * i + 4 * h + 2 * m + hi;
+}
+
+// RMS norm of row blockIdx.x of `h` into `out` (which may be `h`), with
+// two fused neighbours (each the same arithmetic as its own kernel, so the
+// bits do not change):
+// - `add_src` (null: none): first h += add_src, written back to h — the
+//   residual add before the next norm;
+// - `q` (null: none): the normed row also quantized to 8 bits per block
+//   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
+//   that reads it next. Only for rows held in registers with dim a
+//   multiple of 32: a warp then holds whole 32-element blocks.
+__device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
+                                             float eps, int mode, const float* w, signed char* q,
+                                             float* qd, int order) {
+    i64 at = (i64)blockIdx.x * dim;
+    float* row = h + at;
+    float* dst = out + at;
     double s = 0.0;
     float v[NORM_PER];
     bool held = dim <= (int)blockDim.x * NORM_PER;
@@ -80,10 +104,27 @@ extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, cons
             int i = threadIdx.x + k * blockDim.x;
             v[k] = i < dim ? row[i] : 0.0f;
         }
+        if (add_src) {
+#pragma unroll
+            for (int k = 0; k < NORM_PER; k++) {
+                int i = threadIdx.x + k * blockDim.x;
+                if (i < dim) {
+                    v[k] += add_src[at + i];
+                    row[i] = v[k];
+                }
+            }
+        }
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) s += (double)v[k] * (double)v[k];
     } else {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) s += (double)row[i] * (double)row[i];
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+            float x = row[i];
+            if (add_src) {
+                x += add_src[at + i];
+                row[i] = x;
+            }
+            s += (double)x * (double)x;
+        }
     }
     double t = block_sum_f64(s);
     float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
@@ -95,7 +136,16 @@ extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, cons
                 float r = __fmul_rn(v[k], inv);
                 if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
                 else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
-                row[i] = r;
+                dst[i] = r;
+                if (q) {
+                    // i < dim is uniform over the warp (see above).
+                    float amax = warp_max(fabsf(r));
+                    float scale = amax / 127.0f;
+                    int c = amax == 0.0f ? 0 : __float2int_rn(r / scale);
+                    i64 e = at + i;
+                    q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c;
+                    if ((i & 31) == 0) qd[e >> 5] = scale;
+                }
             }
         }
         return;
@@ -104,8 +154,15 @@ extern "C" __global__ void rms_norm(float* x, int dim, float eps, int mode, cons
         float r = __fmul_rn(row[i], inv);
         if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
         else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
-        row[i] = r;
+        dst[i] = r;
     }
+}
+
+// rms_norm_row with its fused neighbours; `h` is only written with `add_src`.
+extern "C" __global__ void rms_norm(const float* add_src, float* h, float* out, int dim, float eps,
+                                    int mode, const float* w, signed char* q, float* qd,
+                                    int order) {
+    rms_norm_row(add_src, h, out, dim, eps, mode, w, q, qd, order);
 }
 
 #define ROPE_MAX_PAIRS 256

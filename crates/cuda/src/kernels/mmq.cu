@@ -10,19 +10,20 @@
 // (in the order the codes decode, which the activations' order matches);
 // B holds token g's same bytes; C holds rows g, g + 8 × tokens 2q, 2q + 1.
 //
-// A block of MQ_THREADS (4 warps) computes MQ_BM weight rows × MQ_BN
+// A block of MQ_THREADS (8 warps) computes MQ_BM weight rows × MQ_BN
 // tokens. Per step of Q8_CHUNK blocks (128 codes) it loads the rows' codes
 // (MXFP4 decoded to int8 in the order the activations use) and the tokens'
 // quantized activations into shared memory with 16-byte loads, all issued
 // before any is used, then the warps take their MMA fragments from there.
 // Warp w covers rows 32·(w % 2) .. + 32 (two 16-row tiles) and tokens
-// 32·(w / 2) .. + 32 (four 8-token tiles). For gate/up the 64 rows are 32
+// 16·(w / 2) .. + 16 (two 8-token tiles): few accumulators a thread, so
+// that two blocks fit an SM's registers. For gate/up the 64 rows are 32
 // gate rows then the same 32 up rows, and warp w's two row tiles are the
 // gate and up rows 16·(w % 2) .. + 16, combined by the activation in
 // registers.
 
 #define MMQ_MT 2  // 16-row tiles a warp
-#define MMQ_NT 4  // 8-token tiles a warp
+#define MMQ_NT 2  // 8-token tiles a warp
 
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
     asm(
@@ -48,7 +49,10 @@ __device__ __forceinline__ u32 mmq_token(const MmqTokens& t, int j) {
     return t.ids ? t.ids[t.first + k] : t.first + (u32)k;
 }
 
-#define MQ_THREADS 128
+#define MQ_THREADS 256
+// Blocks an SM must hold at once (registers ≤ 65536 / (2 · 256) = 128 a
+// thread).
+#define MQ_MIN_BLOCKS 2
 #define MQ_BM 64
 #define MQ_BN 64
 #define MQ_LD (Q8_CHUNK * 32 + 16)  // bytes per shared row: 16 spare spread the banks
@@ -106,9 +110,9 @@ __device__ __forceinline__ void mq_store_a(const MqRawA& r, u8* dst, float* d) {
     }
 }
 
-#define MQ_A_UNITS (MQ_BM * Q8_CHUNK / MQ_THREADS)      // 2 (row, block) units a thread
-#define MQ_B_PIECES (MQ_BN * Q8_CHUNK * 2 / MQ_THREADS)  // 4 16-byte pieces a thread
-#define MQ_B_SCALES (MQ_BN * Q8_CHUNK / MQ_THREADS)      // 2 scales a thread
+#define MQ_A_UNITS (MQ_BM * Q8_CHUNK / MQ_THREADS)      // (row, block) units a thread
+#define MQ_B_PIECES (MQ_BN * Q8_CHUNK * 2 / MQ_THREADS)  // 16-byte pieces a thread
+#define MQ_B_SCALES (MQ_BN * Q8_CHUNK / MQ_THREADS)      // scales a thread
 
 // One step: stage blocks b0 .. b0 + nu of the tile's rows (arow[r]) and
 // tokens (xrow[t], xsc[t]) into shared memory; every load is issued before
@@ -233,11 +237,12 @@ __device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed 
     }
 }
 
-// Dense: out[t, o]; grid (ceil(rows / MQ_BM), ceil(n / MQ_BN)).
+// Dense: out[t, o] (+ bias[o], null: none); grid (ceil(rows / MQ_BM),
+// ceil(n / MQ_BN)).
 template <int F>
 __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
                                const signed char* __restrict__ xq, const float* __restrict__ xd,
-                               int n, float* __restrict__ out) {
+                               int n, float* __restrict__ out, const float* __restrict__ bias) {
     __shared__ MqTiles s;
     __shared__ const u8* arow[MQ_BM];
     __shared__ const signed char* xrow[MQ_BN];
@@ -250,7 +255,7 @@ __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64
         arow[r] = W + (i64)min(r0 + r, rows - 1) * row_bytes;
     __syncthreads();
     int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
-    int tb = 32 * (warp >> 1);
+    int tb = 8 * MMQ_NT * (warp >> 1);
     float acc[MMQ_MT][MMQ_NT][4];
     mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
 #pragma unroll
@@ -261,7 +266,8 @@ __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64
             for (int i = 0; i < 4; i++) {
                 int row = r0 + ra[mt] + g + 8 * (i >> 1);
                 int j = tb + 8 * nt + 2 * q + (i & 1);
-                if (row < rows && j < tk.count) out[(i64)(tk.first + j) * rows + row] = acc[mt][nt][i];
+                if (row < rows && j < tk.count)
+                    out[(i64)(tk.first + j) * rows + row] = bias ? acc[mt][nt][i] + bias[row] : acc[mt][nt][i];
             }
 }
 
@@ -286,7 +292,7 @@ __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float*
         arow[r] = r < MQ_BM / 2 ? gate + (i64)row * b.gate_row_bytes : up + (i64)row * b.up_row_bytes;
     }
     int ra[MMQ_MT] = {16 * (warp & 1), MQ_BM / 2 + 16 * (warp & 1)};
-    int tb = 32 * (warp >> 1);
+    int tb = 8 * MMQ_NT * (warp >> 1);
     u32 end = offsets[slot + 1];
     for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
         MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
@@ -327,7 +333,7 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
     for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
         arow[r] = down + (i64)min(r0 + r, b.hidden - 1) * b.down_row_bytes;
     int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
-    int tb = 32 * (warp >> 1);
+    int tb = 8 * MMQ_NT * (warp >> 1);
     u32 end = offsets[slot + 1];
     for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
         MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
@@ -354,17 +360,17 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
 }
 
 #define MQ_KERNELS(fmt, F)                                                                      \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_matmul_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,  \
-                        const float* xd, int n, float* out) {                                   \
-        mq_matmul_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out);                            \
+                        const float* xd, int n, float* out, const float* bias) {                \
+        mq_matmul_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out, bias);                      \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_gate_up_##fmt(const signed char* xq, const float* xd, const u32* order,              \
                          const u32* offsets, int k, BankView b, MoeAct a, float* act) {         \
         mq_gate_up_impl<F>(xq, xd, order, offsets, k, b, a, act);                               \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS)                                    \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_down_##fmt(const signed char* aq, const float* ad, const u32* order,                 \
                       const u32* offsets, BankView b, float* y) {                               \
         mq_down_impl<F>(aq, ad, order, offsets, b, y);                                          \

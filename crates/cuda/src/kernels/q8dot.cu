@@ -20,10 +20,7 @@
 // Byte position of element e (0..31) of a block in the order used for F.
 template <int F>
 __device__ __forceinline__ int q8_pos(int e) {
-    if (F != F_MXFP4) return e;
-    int hi = e >= 16, r = e & 15;
-    int i = r >> 2, h = (r >> 1) & 1, m = r & 1;
-    return 8 * i + 4 * h + 2 * m + hi;
+    return q8_pos_order(F == F_MXFP4 ? Q8_ORDER_MXFP4 : Q8_ORDER_NATURAL, e);
 }
 
 // One warp per 32-element block of x [n, cols] (cols a multiple of 32).
@@ -62,51 +59,6 @@ __device__ __forceinline__ int mxfp4_word(u32 h) {
     return (int)__byte_perm(pos, neg, ((h & 0x8888u) >> 1) | 0x3210u);
 }
 
-// A weight block's 32 codes as eight int words (in q8_pos order) and its scale.
-struct Q8Block {
-    int c[8];
-    float d;
-};
-
-// Raw bytes of a weight block, loaded before any is decoded.
-struct RawBlock {
-    uint4 a, b;  // MXFP4 uses a only
-    u32 scale;
-};
-
-template <int F>
-__device__ __forceinline__ RawBlock raw_block(const u8* row, int cols, int b) {
-    RawBlock r;
-    const uint4* p = (const uint4*)split_codes<F>(row, b);
-    r.a = p[0];
-    if (F == F_Q8_0) {
-        r.b = p[1];
-        r.scale = *(const u16*)split_scale<F>(row, cols, b);
-    } else {
-        r.scale = *split_scale<F>(row, cols, b);
-    }
-    return r;
-}
-
-template <int F>
-__device__ __forceinline__ Q8Block decode_block(const RawBlock& r) {
-    Q8Block k;
-    if (F == F_Q8_0) {
-        k.c[0] = (int)r.a.x, k.c[1] = (int)r.a.y, k.c[2] = (int)r.a.z, k.c[3] = (int)r.a.w;
-        k.c[4] = (int)r.b.x, k.c[5] = (int)r.b.y, k.c[6] = (int)r.b.z, k.c[7] = (int)r.b.w;
-        k.d = f16_to_f32((u16)r.scale);
-    } else {
-        u32 w[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            k.c[2 * i] = mxfp4_word(w[i] & 0xFFFFu);
-            k.c[2 * i + 1] = mxfp4_word(w[i] >> 16);
-        }
-        k.d = e8m0_half((u8)r.scale);
-    }
-    return k;
-}
-
 // The order of the f32 sums, shared by the matrix-vector kernels below and
 // the tensor-core kernels of mmq.cu so that a token's result has the same
 // bits whichever computes it (the fast numerics' batch invariance): the
@@ -114,86 +66,146 @@ __device__ __forceinline__ Q8Block decode_block(const RawBlock& r) {
 // within a chunk, from 0, part = fmaf(Σ_block, dw · dx, part) block by
 // block; the row's total, from 0, adds the chunks' parts in order.
 #define Q8_CHUNK 4
-// Lanes that share one row in the matrix-vector kernels (rows per warp:
-// 32 / Q8_LANES); lane j of a row takes chunks j, j + Q8_LANES, ...
-#define Q8_LANES 8
-#define Q8_ROWS_PER_WARP (32 / Q8_LANES)
-// Rounds of chunks a lane loads before computing.
-#define Q8_ROUNDS 2
+// The matrix-vector kernels give each row (or pair of rows) a warp. Its
+// lanes read the row's code bytes 16 at a time, lane l the l-th 16-byte
+// piece of each 512-byte stretch (one coalesced load for the warp): a
+// Q8_0 block is two pieces, an MXFP4 block one. A lane dots its piece with
+// the tokens' codes in integers; the two halves of a Q8_0 block meet by a
+// shuffle (integer sums are exact, so how they are split does not
+// matter). The f32 part of each chunk is then formed block by block, and
+// the row's total chunk by chunk, in the canonical order above, from
+// values shuffled out of the lanes that hold them.
+#define Q8_LANES 32
+#define Q8_ROWS_PER_WARP 1
+// Stretches of 32 pieces a lane loads before computing (all in flight).
+#define Q8_UNROLL 4
 // Warps of a matrix-vector block (few, so that short matrices still
 // spread over the GPU).
 #define Q8_WARPS 4
 
+// Pieces of 16 code bytes in a block of format F.
+template <int F>
+struct Q8Pieces {
+    static constexpr int per_block = F == F_Q8_0 ? 2 : 1;
+};
+
+// Σ code · q of one 16-byte piece of weight codes against the tokens'
+// matching quantized activations (block b; `half` the piece's place in a
+// Q8_0 block).
+template <int F>
+__device__ __forceinline__ int q8_piece_dot(uint4 w, const signed char* xq, int b, int half) {
+    int s = 0;
+    if (F == F_Q8_0) {
+        int4 x = ((const int4*)(xq + (i64)b * 32))[half];
+        s = dp4a((int)w.x, x.x, s);
+        s = dp4a((int)w.y, x.y, s);
+        s = dp4a((int)w.z, x.z, s);
+        s = dp4a((int)w.w, x.w, s);
+    } else {
+        const int4* xp = (const int4*)(xq + (i64)b * 32);
+        int4 x0 = xp[0], x1 = xp[1];
+        s = dp4a(mxfp4_word(w.x & 0xFFFFu), x0.x, s);
+        s = dp4a(mxfp4_word(w.x >> 16), x0.y, s);
+        s = dp4a(mxfp4_word(w.y & 0xFFFFu), x0.z, s);
+        s = dp4a(mxfp4_word(w.y >> 16), x0.w, s);
+        s = dp4a(mxfp4_word(w.z & 0xFFFFu), x1.x, s);
+        s = dp4a(mxfp4_word(w.z >> 16), x1.y, s);
+        s = dp4a(mxfp4_word(w.w & 0xFFFFu), x1.z, s);
+        s = dp4a(mxfp4_word(w.w >> 16), x1.w, s);
+    }
+    return s;
+}
+
+template <int F>
+__device__ __forceinline__ float q8_weight_scale(const u8* row, int cols, int b) {
+    if (F == F_Q8_0) return f16_to_f32(*(const u16*)split_scale<F>(row, cols, b));
+    return e8m0_half(*split_scale<F>(row, cols, b));
+}
+
 // R weight rows (same format and width) dotted with up to T tokens'
-// quantized activations into acc[r][t] (every lane of the row's group ends
-// with the totals). Every lane of the warp must call it with the same
-// cols and nt (the chunks' parts meet through warp shuffles).
+// quantized activations into acc[r][t]; every lane of the warp calls it
+// (with the same cols and nt) and ends with the totals.
 template <int F, int T, int R>
 __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
                                             const signed char* const* xq, const float* const* xd,
                                             int nt, float (*acc)[T]) {
-    int lane = threadIdx.x & 31;
-    int sub = lane & (Q8_LANES - 1), first = lane - sub;
+    constexpr int P = Q8Pieces<F>::per_block;
+    constexpr int BLOCKS = 32 / P;          // blocks a stretch covers
+    constexpr int CHUNK_LANES = Q8_CHUNK * P;
+    constexpr int CHUNKS = 32 / CHUNK_LANES;  // chunks a stretch covers
+    int lane = threadIdx.x & 31, half = lane % P;
     int nb = cols / 32;
-    int chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
+    int stretches = (nb + BLOCKS - 1) / BLOCKS;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
-    // Two rounds of chunks at a time (Q8_ROUNDS): every block of both is
-    // loaded before any is used.
-    for (int c0 = 0; c0 < chunks; c0 += Q8_LANES * Q8_ROUNDS) {
-        float part[Q8_ROUNDS][R][T];
-        RawBlock raw[Q8_ROUNDS][R][Q8_CHUNK];
+    for (int s0 = 0; s0 < stretches; s0 += Q8_UNROLL) {
+        // Every piece of Q8_UNROLL stretches is loaded before any is used.
+        uint4 w[Q8_UNROLL][R];
 #pragma unroll
-        for (int h = 0; h < Q8_ROUNDS; h++) {
-            int b0 = (c0 + h * Q8_LANES + sub) * Q8_CHUNK;
+        for (int i = 0; i < Q8_UNROLL; i++) {
+            int b = (s0 + i) * BLOCKS + lane / P;
 #pragma unroll
-            for (int u = 0; u < Q8_CHUNK; u++)
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    if (b0 + u < nb) raw[h][r][u] = raw_block<F>(rows[r], cols, b0 + u);
+            for (int r = 0; r < R; r++)
+                if (b < nb) w[i][r] = ((const uint4*)split_codes<F>(rows[r], b))[half];
         }
 #pragma unroll
-        for (int h = 0; h < Q8_ROUNDS; h++) {
+        for (int i = 0; i < Q8_UNROLL; i++) {
+            int first = (s0 + i) * BLOCKS;
+            if (first >= nb) break;  // uniform over the warp
+            int b = first + lane / P;
+            bool valid = b < nb;
+            // This lane's block: its integer sums, weight and token scales.
+            int sum[R][T];
+            float dw[R], dx[T];
+#pragma unroll
+            for (int r = 0; r < R; r++) dw[r] = valid ? q8_weight_scale<F>(rows[r], cols, b) : 0.0f;
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                if (t >= nt) break;
+                dx[t] = valid ? xd[t][b] : 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int v = valid ? q8_piece_dot<F>(w[i][r], xq[t], b, half) : 0;
+                    if (P == 2) v += __shfl_xor_sync(FULL_MASK, v, 1);
+                    sum[r][t] = v;
+                }
+            }
+            // Each chunk's part, block by block (every lane forms its own
+            // chunk's), then the chunks of the stretch in order.
+            float part[R][T];
 #pragma unroll
             for (int r = 0; r < R; r++)
 #pragma unroll
-                for (int t = 0; t < T; t++) part[h][r][t] = 0.0f;
-            int b0 = (c0 + h * Q8_LANES + sub) * Q8_CHUNK;
+                for (int t = 0; t < T; t++) part[r][t] = 0.0f;
+            int base = lane & ~(CHUNK_LANES - 1);
 #pragma unroll
             for (int u = 0; u < Q8_CHUNK; u++) {
-                int b = b0 + u;
-                if (b >= nb) break;
-                Q8Block k[R];
+                int src = base + u * P;
+                bool in = first + src / P < nb;
+                float dwu[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) k[r] = decode_block<F>(raw[h][r][u]);
+                for (int r = 0; r < R; r++) dwu[r] = __shfl_sync(FULL_MASK, dw[r], src);
 #pragma unroll
                 for (int t = 0; t < T; t++) {
                     if (t >= nt) break;
-                    const int4* xp = (const int4*)(xq[t] + (i64)b * 32);
-                    int4 x0 = xp[0], x1 = xp[1];
-                    float dx = xd[t][b];
-                    int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+                    float dxu = __shfl_sync(FULL_MASK, dx[t], src);
 #pragma unroll
                     for (int r = 0; r < R; r++) {
-                        int s = 0;
-#pragma unroll
-                        for (int j = 0; j < 8; j++) s = dp4a(k[r].c[j], xv[j], s);
-                        part[h][r][t] = fmaf((float)s, k[r].d * dx, part[h][r][t]);
+                        int su = __shfl_sync(FULL_MASK, sum[r][t], src);
+                        if (in) part[r][t] = fmaf((float)su, dwu[r] * dxu, part[r][t]);
                     }
                 }
             }
-        }
-        // The parts of chunks c0, c0 + 1, ..., in order.
 #pragma unroll
-        for (int h = 0; h < Q8_ROUNDS; h++) {
-            for (int j = 0; j < Q8_LANES && c0 + h * Q8_LANES + j < chunks; j++) {
+            for (int j = 0; j < CHUNKS; j++) {
+                if (first + j * Q8_CHUNK >= nb) break;  // uniform
 #pragma unroll
                 for (int r = 0; r < R; r++)
 #pragma unroll
                     for (int t = 0; t < T; t++)
-                        acc[r][t] += __shfl_sync(FULL_MASK, part[h][r][t], first + j);
+                        acc[r][t] += __shfl_sync(FULL_MASK, part[r][t], j * CHUNK_LANES);
             }
         }
     }
@@ -209,16 +221,43 @@ __device__ __forceinline__ int q8_row() {
 // Whether this lane writes its group's result.
 __device__ __forceinline__ bool q8_writer() { return (threadIdx.x & (Q8_LANES - 1)) == 0; }
 
-// out[t, o] for quantized x: grid (ceil(rows / Q8_BLOCK_ROWS), ceil(n / MM_TOKENS)).
+// Up to MAT_GROUP matrices of one width that read the same quantized
+// input, in one launch: matrix m takes row blocks block_start[m] ..
+// block_start[m + 1] of the grid, writes out[m] and adds bias[m] (null:
+// none) — the q, k and v projections of a token and their biases are one
+// launch. Passed by value.
+#define MAT_GROUP 3
+struct MatGroup {
+    const u8* w[MAT_GROUP];
+    float* out[MAT_GROUP];
+    const float* bias[MAT_GROUP];
+    i64 row_bytes[MAT_GROUP];
+    int rows[MAT_GROUP];
+    int block_start[MAT_GROUP + 1];
+    int count;
+};
+
+// out[m][t, o] (+ bias[m][o]) for quantized x: grid (block_start[count],
+// ceil(n / MM_TOKENS)), blocks of Q8_WARPS warps.
 template <int F>
-__device__ void matmul_q8_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
-                               const signed char* __restrict__ xq, const float* __restrict__ xd,
-                               int n, float* __restrict__ out) {
-    int row = q8_row();
+__device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* __restrict__ xq,
+                               const float* __restrict__ xd, int n) {
+    // The block's matrix, picked field by field (a dynamic index into the
+    // parameter would copy it to local memory).
+    int bx = blockIdx.x;
+    bool m1 = g.count > 1 && bx >= g.block_start[1], m2 = g.count > 2 && bx >= g.block_start[2];
+    const u8* w = m2 ? g.w[2] : m1 ? g.w[1] : g.w[0];
+    float* out = m2 ? g.out[2] : m1 ? g.out[1] : g.out[0];
+    const float* bias = m2 ? g.bias[2] : m1 ? g.bias[1] : g.bias[0];
+    i64 row_bytes = m2 ? g.row_bytes[2] : m1 ? g.row_bytes[1] : g.row_bytes[0];
+    int rows = m2 ? g.rows[2] : m1 ? g.rows[1] : g.rows[0];
+    int start = m2 ? g.block_start[2] : m1 ? g.block_start[1] : 0;
+    int row = (bx - start) * Q8_BLOCK_ROWS + (threadIdx.x >> 5) * Q8_ROWS_PER_WARP +
+              ((threadIdx.x & 31) / Q8_LANES);
     int t0 = blockIdx.y * MM_TOKENS;
     bool live = row < rows;
     int nb = cols / 32;
-    const u8* wr[1] = {W + (i64)min(row, rows - 1) * row_bytes};
+    const u8* wr[1] = {w + (i64)min(row, rows - 1) * row_bytes};
     const signed char* qs[MM_TOKENS];
     const float* ds[MM_TOKENS];
 #pragma unroll
@@ -229,9 +268,10 @@ __device__ void matmul_q8_impl(const u8* __restrict__ W, int rows, int cols, i64
     float acc[1][MM_TOKENS];
     q8_rows_dot<F, MM_TOKENS, 1>(wr, cols, qs, ds, min(n - t0, MM_TOKENS), acc);
     if (live && q8_writer()) {
+        float b = bias ? bias[row] : 0.0f;
 #pragma unroll
         for (int t = 0; t < MM_TOKENS; t++)
-            if (t0 + t < n) out[(i64)(t0 + t) * rows + row] = acc[0][t];
+            if (t0 + t < n) out[(i64)(t0 + t) * rows + row] = bias ? acc[0][t] + b : acc[0][t];
     }
 }
 
@@ -366,10 +406,9 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 }
 
 #define Q8_KERNELS(fmt, F)                                                                       \
-    extern "C" __global__ void matmul_q8x_##fmt(const u8* W, int rows, int cols, i64 row_bytes,  \
-                                                const signed char* xq, const float* xd, int n,   \
-                                                float* out) {                                    \
-        matmul_q8_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out);                             \
+    extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
+                                                const float* xd, int n) {                        \
+        matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
     }                                                                                            \
     extern "C" __global__ void moe_gate_up_q8x_##fmt(const signed char* xq, const float* xd,     \
                                                      const RouteOut* routes, int k,              \

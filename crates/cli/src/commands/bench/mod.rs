@@ -21,7 +21,6 @@ use crate::numerics::{self, NumericsArg};
 use anyhow::Result;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use turbospark_engine::SessionOptions;
 
 #[derive(clap::Args)]
 #[command(
@@ -65,10 +64,10 @@ pub struct Args {
     #[arg(long, value_enum, value_delimiter = ',', default_value = "fast", long_help = numerics::HELP)]
     pub numerics: Vec<NumericsArg>,
     /// Most tokens one batched prefill pass processes (the engine's prefill
-    /// chunk, by default the engine's; llama-bench's counterpart is its
-    /// micro-batch, `-ub`).
-    #[arg(long, default_value_t = SessionOptions::new(1).max_batch)]
-    pub prefill_chunk: usize,
+    /// chunk; default: the backend's, 64 on the CPU and 512 on CUDA;
+    /// llama-bench's counterpart is its micro-batch, `-ub`, 512 by default).
+    #[arg(long)]
+    pub prefill_chunk: Option<usize>,
     /// Skip the warm-up run before each test's repetitions.
     #[arg(long)]
     pub no_warmup: bool,

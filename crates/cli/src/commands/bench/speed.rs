@@ -150,6 +150,8 @@ pub struct Measurement {
     pub backend: &'static str,
     pub threads: usize,
     pub numerics: Numerics,
+    /// Tokens a prefill pass took at once.
+    pub prefill_chunk: usize,
     /// tok/s of each repetition.
     pub samples: Vec<f64>,
     pub peak_rss: Option<u64>,
@@ -182,9 +184,12 @@ fn measure<'m, D: Device>(
     a: &Args,
 ) -> Result<(Measurement, Session<'m, D>)> {
     let n = test.tokens();
+    let chunk = a
+        .prefill_chunk
+        .unwrap_or(model.session_options(n).max_batch);
     let mut session = model.session(SessionOptions {
         context: n,
-        max_batch: a.prefill_chunk.min(n),
+        max_batch: chunk.min(n),
     })?;
     session.set_route_statistics(a.experts.counts_routes());
     let mut random = RandomTokens::new(model.vocab_size());
@@ -211,6 +216,7 @@ fn measure<'m, D: Device>(
         backend: backend_label(model.device().name()),
         threads,
         numerics,
+        prefill_chunk: session.max_batch(),
         samples,
         peak_rss: reset.then(peak_rss_bytes).flatten(),
     };
@@ -219,7 +225,7 @@ fn measure<'m, D: Device>(
 
 /// One JSON line (the fields llama-bench's `-o jsonl` has under their
 /// llama-bench names where they mean the same, plus ours).
-pub fn json_line(desc: &ModelDesc, m: &Measurement, a: &Args, experts: Option<&str>) -> String {
+pub fn json_line(desc: &ModelDesc, m: &Measurement, experts: Option<&str>) -> String {
     json!({
         "model": desc.name,
         "model_type": desc.kind,
@@ -232,7 +238,7 @@ pub fn json_line(desc: &ModelDesc, m: &Measurement, a: &Args, experts: Option<&s
         "test": m.test.name(),
         "n_prompt": m.test.n_prompt(),
         "n_gen": m.test.n_gen(),
-        "prefill_chunk": a.prefill_chunk,
+        "prefill_chunk": m.prefill_chunk,
         "repetitions": m.samples.len(),
         "tok_per_s": m.mean(),
         "sd": m.sd(),
@@ -320,7 +326,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     if a.repetitions == 0 {
         bail!("-r/--repetitions must be at least 1");
     }
-    if a.prefill_chunk == 0 {
+    if a.prefill_chunk == Some(0) {
         bail!("--prefill-chunk must be at least 1");
     }
     if a.threads.contains(&0) {
@@ -388,7 +394,7 @@ impl ModelTask for Speed<'_> {
         for &test in self.tests {
             let (m, session) = measure(&model, test, self.threads, self.numerics, a)?;
             let line = if a.json {
-                json_line(self.desc, &m, a, experts.as_deref())
+                json_line(self.desc, &m, experts.as_deref())
             } else {
                 table_line(self.desc, &m)
             };
@@ -424,6 +430,7 @@ mod tests {
             backend: "CPU",
             threads: 1,
             numerics: Numerics::Fast,
+            prefill_chunk: 64,
             samples: vec![2.0, 4.0, 6.0],
             peak_rss: None,
         };

@@ -1,0 +1,278 @@
+//! Ops held back by one call so that the next can join their launch.
+//!
+//! A decode step is launch-bound: most of its ~25 kernels a layer move a
+//! few kilobytes, and each costs a launch (or a graph node) of 2–5 µs. The
+//! engine's op sequence is backend-neutral, so instead of new ops the CUDA
+//! stream keeps the last fusable op *pending* and launches it when the next
+//! op arrives — together with that op where the two compose:
+//!
+//! - a residual add, the copy of its sum and the RMS norm of the copy
+//!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch;
+//! - that norm also writes the 8-bit quantization of its output when the
+//!   next op is a fast matmul of it (the quantization the matmul would
+//!   launch itself);
+//! - matrix-vector products of one quantized input (q, k, v) are one
+//!   `matmul_q8x` launch over a [`MatGroup`], each with the bias add that
+//!   follows it.
+//!
+//! Every fused launch computes the same values in the same order as the
+//! separate kernels (`kernels/elementwise.cu` `rms_norm_row`,
+//! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical; only
+//! launches are saved. Any other op first launches what is pending
+//! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
+//! work is the order of the calls.
+
+use crate::kernels::{self, args, launch, Kernels};
+use cudarc::driver::{result, CudaStream as RawStream};
+use turbospark_backend::BackendError;
+use turbospark_core::QuantFormat;
+
+/// Most matrices one grouped matrix-vector launch takes (`MAT_GROUP`).
+pub(crate) const MAT_GROUP: usize = 3;
+
+/// Mirror of `MatGroup` in `kernels/q8dot.cu`, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct MatGroup {
+    pub w: [u64; MAT_GROUP],
+    pub out: [u64; MAT_GROUP],
+    pub bias: [u64; MAT_GROUP],
+    pub row_bytes: [i64; MAT_GROUP],
+    pub rows: [i32; MAT_GROUP],
+    pub block_start: [i32; MAT_GROUP + 1],
+    pub count: i32,
+}
+
+/// An RMS norm of `rows × dim` values of `h` into `out` (which may be
+/// `h`), after `h += add` when `add` is set.
+#[derive(Clone, Copy)]
+pub(crate) struct NormLaunch {
+    pub add: u64,
+    pub h: u64,
+    pub out: u64,
+    pub rows: usize,
+    pub dim: usize,
+    pub eps: f32,
+    pub mode: i32,
+    pub w: u64,
+}
+
+/// Where a norm also writes its output's quantization: codes, scales and
+/// the codes' order (`Q8_ORDER_*`).
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Out {
+    pub codes: u64,
+    pub scales: u64,
+    pub order: i32,
+}
+
+/// Fast matrix-vector products of one quantized input (`xq`, `xd`, from
+/// the f32 input at `x`).
+#[derive(Clone, Copy)]
+pub(crate) struct GroupLaunch {
+    pub format: QuantFormat,
+    pub group: MatGroup,
+    pub x: u64,
+    pub cols: usize,
+    pub n: usize,
+    pub xq: u64,
+    pub xd: u64,
+}
+
+/// A tensor-core product of a batch (`mq_matmul`).
+#[derive(Clone, Copy)]
+pub(crate) struct TileLaunch {
+    pub format: QuantFormat,
+    pub w: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_bytes: usize,
+    pub n: usize,
+    pub xq: u64,
+    pub xd: u64,
+    pub out: u64,
+    pub bias: u64,
+}
+
+/// The op a stream holds back.
+#[derive(Clone, Copy)]
+pub(crate) enum Pending {
+    /// `dst[..len] += src[..len]`.
+    Add {
+        dst: u64,
+        src: u64,
+        len: usize,
+    },
+    /// `dst[..len] = src[..len]` (f32 values).
+    Copy {
+        src: u64,
+        dst: u64,
+        len: usize,
+    },
+    /// `h += add`, then `dst = h` (`len` values each).
+    AddCopy {
+        h: u64,
+        add: u64,
+        dst: u64,
+        len: usize,
+    },
+    Norm(NormLaunch),
+    Group(GroupLaunch),
+    Tile(TileLaunch),
+}
+
+/// Rows an RMS norm holds in registers (`NORM_THREADS · NORM_PER`): only
+/// such rows can be quantized by the norm.
+pub(crate) const NORM_HELD: usize = 1024 * 4;
+
+/// Threads of a norm block for rows of `dim`.
+pub(crate) fn norm_threads(dim: usize) -> u32 {
+    (dim.div_ceil(32 * 4) * 32).clamp(32, 1024) as u32
+}
+
+impl Pending {
+    /// Whether the norm `n` (fresh, in place on `x`) joins this pending op:
+    /// the norm of a copy (after an add) reads the copy's source.
+    pub(crate) fn absorb_norm(self, n: NormLaunch) -> Option<NormLaunch> {
+        let len = n.rows * n.dim;
+        match self {
+            Pending::Copy { src, dst, len: l } if dst == n.out && l == len => {
+                Some(NormLaunch { h: src, ..n })
+            }
+            Pending::AddCopy {
+                h,
+                add,
+                dst,
+                len: l,
+            } if dst == n.out && l == len => Some(NormLaunch { add, h, ..n }),
+            _ => None,
+        }
+    }
+}
+
+/// Launches `p` (and the quantization `q` of a norm's output).
+pub(crate) fn launch_pending(
+    k: &Kernels,
+    stream: &RawStream,
+    p: Pending,
+    q: Option<Q8Out>,
+) -> Result<(), BackendError> {
+    match p {
+        Pending::Add { dst, src, len } => {
+            let l = len as i64;
+            launch(
+                "add",
+                &k.add,
+                stream,
+                kernels::blocks_for(len, 256),
+                256,
+                0,
+                &mut args![dst, src, l],
+            )
+        }
+        Pending::Copy { src, dst, len } => copy_f32(stream, src, dst, len),
+        Pending::AddCopy { h, add, dst, len } => {
+            launch_pending(
+                k,
+                stream,
+                Pending::Add {
+                    dst: h,
+                    src: add,
+                    len,
+                },
+                None,
+            )?;
+            copy_f32(stream, h, dst, len)
+        }
+        Pending::Norm(n) => {
+            let (codes, scales, order) = q.map_or((0, 0, 0), |q| (q.codes, q.scales, q.order));
+            let (d, eps, mode, w) = (n.dim as i32, n.eps, n.mode, n.w);
+            launch(
+                "rms_norm",
+                &k.rms_norm,
+                stream,
+                (n.rows as u32, 1, 1),
+                norm_threads(n.dim),
+                0,
+                &mut args![n.add, n.h, n.out, d, eps, mode, w, codes, scales, order],
+            )
+        }
+        Pending::Group(g) => {
+            let set = k.q8.get(g.format).ok_or(BackendError::Unsupported {
+                op: "matmul (8-bit activations of this format)",
+            })?;
+            let blocks = g.group.block_start[g.group.count as usize] as u32;
+            let grid = (blocks, g.n.div_ceil(kernels::MM_TOKENS) as u32, 1);
+            let (cols, nn) = (g.cols as i32, g.n as i32);
+            let args = &mut args![g.group, cols, g.xq, g.xd, nn];
+            launch(
+                "matmul",
+                &set.matmul,
+                stream,
+                grid,
+                kernels::Q8_THREADS,
+                0,
+                args,
+            )
+        }
+        Pending::Tile(t) => {
+            let set = k.q8.get(t.format).ok_or(BackendError::Unsupported {
+                op: "matmul (8-bit activations of this format)",
+            })?;
+            let grid = (
+                t.rows.div_ceil(kernels::MQ_BM) as u32,
+                t.n.div_ceil(kernels::MQ_BN) as u32,
+                1,
+            );
+            let (rows, cols, rb, nn) =
+                (t.rows as i32, t.cols as i32, t.row_bytes as i64, t.n as i32);
+            let args = &mut args![t.w, rows, cols, rb, t.xq, t.xd, nn, t.out, t.bias];
+            launch(
+                "matmul",
+                &set.mq_matmul,
+                stream,
+                grid,
+                kernels::MQ_THREADS,
+                0,
+                args,
+            )
+        }
+    }
+}
+
+fn copy_f32(stream: &RawStream, src: u64, dst: u64, len: usize) -> Result<(), BackendError> {
+    // SAFETY: both ranges were checked to lie in their buffers when the
+    // copy was requested; the buffers outlive the stream's queue (a
+    // session owns both).
+    unsafe { result::memcpy_dtod_async(dst, src, len * 4, stream.cu_stream()) }
+        .map_err(crate::memory::runtime("copy"))
+}
+
+impl MatGroup {
+    /// A group of one matrix.
+    pub(crate) fn one(w: u64, rows: usize, row_bytes: usize, out: u64) -> MatGroup {
+        let mut g = MatGroup::default();
+        g.push(w, rows, row_bytes, out);
+        g
+    }
+
+    /// Adds a matrix to a group of fewer than [`MAT_GROUP`].
+    pub(crate) fn push(&mut self, w: u64, rows: usize, row_bytes: usize, out: u64) {
+        let m = self.count as usize;
+        assert!(m < MAT_GROUP, "a full matrix group");
+        self.w[m] = w;
+        self.out[m] = out;
+        self.bias[m] = 0;
+        self.row_bytes[m] = row_bytes as i64;
+        self.rows[m] = rows as i32;
+        self.block_start[m + 1] =
+            self.block_start[m] + rows.div_ceil(kernels::Q8_BLOCK_ROWS) as i32;
+        self.count += 1;
+    }
+
+    /// The last matrix's output, rows and bias.
+    pub(crate) fn last(&mut self) -> Option<(u64, usize, &mut u64)> {
+        let m = (self.count as usize).checked_sub(1)?;
+        Some((self.out[m], self.rows[m] as usize, &mut self.bias[m]))
+    }
+}

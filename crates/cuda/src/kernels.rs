@@ -128,6 +128,9 @@ pub(crate) struct Kernels {
     pub widen_f16: CudaFunction,
     pub attention_f32: CudaFunction,
     pub attention_f16: CudaFunction,
+    /// Prefill attention a block per (KV head, token) (`attention.cu`).
+    pub attention_group_f32: CudaFunction,
+    pub attention_group_f16: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Shared memory an attention block may use (bytes).
@@ -145,6 +148,8 @@ impl Kernels {
         };
         let attention_f32 = f("attention_f32")?;
         let attention_f16 = f("attention_f16")?;
+        let attention_group_f32 = f("attention_group_f32")?;
+        let attention_group_f16 = f("attention_group_f16")?;
         // Attention keeps a query's scores in shared memory: allow the
         // device's whole opt-in amount.
         let optin = ctx
@@ -153,7 +158,12 @@ impl Kernels {
             )
             .map_err(CudaError::driver("reading the shared-memory limit"))?;
         let attention_smem = (optin.max(48 * 1024) - 1024) as usize;
-        for k in [&attention_f32, &attention_f16] {
+        for k in [
+            &attention_f32,
+            &attention_f16,
+            &attention_group_f32,
+            &attention_group_f16,
+        ] {
             k.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 attention_smem as i32,
@@ -192,6 +202,8 @@ impl Kernels {
             widen_f16: f("widen_f16")?,
             attention_f32,
             attention_f16,
+            attention_group_f32,
+            attention_group_f16,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             attention_smem,
@@ -247,6 +259,8 @@ pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
 }
 
 pub(crate) const MAX_ROPE_PAIRS: usize = 256;
+/// Most query heads a KV head serves in `attention_group_*`.
+pub(crate) const ATTN_MAX_GROUP: usize = 8;
 /// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
 pub(crate) const CONV_MAX_PAST: usize = 16;
 pub(crate) const MAX_EMBED_TOKENS: usize = 256;

@@ -1152,6 +1152,33 @@ impl Stream<CudaDevice> for CudaStream {
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
         self.bind("attention")?;
+        // Prefill of grouped-query attention: a block per KV head and
+        // token serves the group's query heads (each key read once).
+        let group = p.n_heads / p.n_kv_heads.max(1);
+        let sets = ((ATTN_THREADS as usize) / p.head_dim.max(1)).clamp(1, group.max(1));
+        let group_smem = (group * p.head_dim + group * keys_seen) * 4;
+        if !self.recording
+            && p.n_tokens > 1
+            && (2..=kernels::ATTN_MAX_GROUP).contains(&group)
+            && p.head_dim % 4 == 0
+            && (ATTN_THREADS as usize) % p.head_dim == 0
+            && group % sets == 0
+            && group_smem <= self.k.attention_smem
+        {
+            let f = match k_cache.dtype {
+                DType::F32 => &self.k.attention_group_f32,
+                _ => &self.k.attention_group_f16,
+            };
+            return launch(
+                "attention",
+                f,
+                self.raw(),
+                (p.n_kv_heads as u32, p.n_tokens as u32, 1),
+                ATTN_THREADS,
+                group_smem as u32,
+                &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op],
+            );
+        }
         launch(
             "attention",
             f,

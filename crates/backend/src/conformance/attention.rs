@@ -76,6 +76,15 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
             sinks: false,
             softcap: Some(3.0),
         },
+        // gpt-oss's grouping: 8 query heads a KV head, width 64.
+        Case {
+            n_heads: 8,
+            n_kv: 1,
+            hd: 64,
+            window: Some(6),
+            sinks: true,
+            softcap: None,
+        },
     ];
     let (total, chunk) = (23, 3);
     for c in &cases {

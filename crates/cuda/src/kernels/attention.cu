@@ -149,3 +149,113 @@ extern "C" __global__ void attention_f16(const float* q, const u16* kc, const u1
                                          const int* step) {
     attention_impl<true>(q, kc, vc, p, sinks, out, step);
 }
+
+// Grouped-query attention of a batch (prefill): one block per (KV head,
+// token) computes all G = n_heads / n_kv_heads query heads that share the
+// KV head, so each key and value row is read once for the group instead
+// of once per head. Same math as attention_impl: a thread per key forms
+// the G scores, a warp per head turns its scores into weights, and thread
+// (dim d, heads i·hpt .. + hpt) sums the weighted values key by key.
+// Shared memory: the G queries, then G rows of nk scores. The host
+// launches it only where G ≤ ATTN_MAX_GROUP, head_dim divides ATTN_THREADS
+// and the heads split evenly over min(G, ATTN_THREADS / head_dim) thread
+// sets.
+#define ATTN_MAX_GROUP 8
+
+template <bool HALF>
+__device__ void attention_group_impl(const float* __restrict__ q, const void* __restrict__ kc,
+                                     const void* __restrict__ vc, AttnParams p,
+                                     const float* __restrict__ sinks, float* __restrict__ out) {
+    extern __shared__ float sm[];
+    int kvh = blockIdx.x, t = blockIdx.y;
+    int G = p.n_heads / p.n_kv_heads, hd = p.head_dim, h0 = kvh * G;
+    int pos = p.first_pos + t;
+    int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
+    int nk = pos - lo + 1;
+    float* qs = sm;
+    float* sc = sm + G * hd;
+    const float* qh = q + ((i64)t * p.n_heads + h0) * hd;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qh[i];
+    __syncthreads();
+    i64 row = (i64)p.n_kv_heads * hd;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd;
+        float s[ATTN_MAX_GROUP];
+#pragma unroll
+        for (int g = 0; g < ATTN_MAX_GROUP; g++) s[g] = 0.0f;
+        for (int d = 0; d < hd; d += 4) {
+            float k4[4];
+            if (HALF) {
+                uint2 v = *(const uint2*)((const u16*)kc + at + d);
+                k4[0] = f16_to_f32((u16)(v.x & 0xFFFF)), k4[1] = f16_to_f32((u16)(v.x >> 16));
+                k4[2] = f16_to_f32((u16)(v.y & 0xFFFF)), k4[3] = f16_to_f32((u16)(v.y >> 16));
+            } else {
+                float4 v = *(const float4*)((const float*)kc + at + d);
+                k4[0] = v.x, k4[1] = v.y, k4[2] = v.z, k4[3] = v.w;
+            }
+#pragma unroll
+            for (int g = 0; g < ATTN_MAX_GROUP; g++) {
+                if (g >= G) break;
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[g] = fmaf(qs[g * hd + d + e], k4[e], s[g]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < ATTN_MAX_GROUP; g++) {
+            if (g >= G) break;
+            float v = s[g] * p.scale;
+            if (p.softcap > 0.0f) v = tanhf(v / p.softcap) * p.softcap;
+            sc[g * nk + j] = v;
+        }
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    for (int g = warp; g < G; g += warps) {
+        float* sg = sc + g * nk;
+        float sink = p.has_sinks ? sinks[h0 + g] : -INFINITY;
+        float m = -INFINITY;
+        for (int j = lane; j < nk; j += 32) m = fmaxf(m, sg[j]);
+        m = fmaxf(warp_max(m), sink);
+        float local = 0.0f;
+        for (int j = lane; j < nk; j += 32) {
+            float e = expf(sg[j] - m);
+            sg[j] = e;
+            local += e;
+        }
+        float denom = warp_sum(local);
+        if (p.has_sinks) denom += expf(sink - m);
+        for (int j = lane; j < nk; j += 32) sg[j] = sg[j] / denom;
+    }
+    __syncthreads();
+    int sets = min((int)blockDim.x / hd, G), hpt = G / sets;
+    int d = threadIdx.x % hd, set = threadIdx.x / hd;
+    if (set >= sets) return;
+    float acc[ATTN_MAX_GROUP];
+#pragma unroll
+    for (int i = 0; i < ATTN_MAX_GROUP; i++) acc[i] = 0.0f;
+    i64 base = (i64)kvh * hd + d;
+    const float* w0 = sc + (i64)set * hpt * nk;
+    for (int j = 0; j < nk; j++) {
+        float v = kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base);
+#pragma unroll
+        for (int i = 0; i < ATTN_MAX_GROUP; i++) {
+            if (i >= hpt) break;
+            acc[i] = fmaf(w0[i * nk + j], v, acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < ATTN_MAX_GROUP; i++) {
+        if (i >= hpt) break;
+        out[((i64)t * p.n_heads + h0 + set * hpt + i) * hd + d] = acc[i];
+    }
+}
+
+extern "C" __global__ void attention_group_f32(const float* q, const float* kc, const float* vc,
+                                               AttnParams p, const float* sinks, float* out) {
+    attention_group_impl<false>(q, kc, vc, p, sinks, out);
+}
+
+extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, const u16* vc,
+                                               AttnParams p, const float* sinks, float* out) {
+    attention_group_impl<true>(q, kc, vc, p, sinks, out);
+}

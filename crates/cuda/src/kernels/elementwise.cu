@@ -96,13 +96,15 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
     float* row = h + at;
     float* dst = out + at;
     double s = 0.0;
-    float v[NORM_PER];
+    float v[NORM_PER], wv[NORM_PER];
     bool held = dim <= (int)blockDim.x * NORM_PER;
     if (held) {
+        // The weights are loaded with the row (neither depends on the other).
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) {
             int i = threadIdx.x + k * blockDim.x;
             v[k] = i < dim ? row[i] : 0.0f;
+            wv[k] = i < dim && mode != NORM_NONE ? w[i] : 0.0f;
         }
         if (add_src) {
 #pragma unroll
@@ -134,8 +136,8 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
             int i = threadIdx.x + k * blockDim.x;
             if (i < dim) {
                 float r = __fmul_rn(v[k], inv);
-                if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
-                else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
+                if (mode == NORM_PLAIN) r = __fmul_rn(r, wv[k]);
+                else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + wv[k]);
                 dst[i] = r;
                 if (q) {
                     // i < dim is uniform over the warp (see above).

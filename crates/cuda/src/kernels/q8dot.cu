@@ -77,8 +77,14 @@ __device__ __forceinline__ int mxfp4_word(u32 h) {
 // values shuffled out of the lanes that hold them.
 #define Q8_LANES 32
 #define Q8_ROWS_PER_WARP 1
-// Stretches of 32 pieces a lane loads before computing (all in flight).
-#define Q8_UNROLL 4
+// Stretches of 32 pieces a lane loads before computing (all in flight):
+// rows up to 4096 wide are one round of loads (8 stretches of Q8_0, 4 of
+// MXFP4), except for Q8_0 with many tokens or rows, where 8 would crowd
+// the registers.
+template <int F, int T, int R>
+struct Q8Unroll {
+    static constexpr int n = F == F_Q8_0 && T * R <= 4 ? 8 : 4;
+};
 // Warps of a matrix-vector block (few, so that short matrices still
 // spread over the GPU).
 #define Q8_WARPS 4
@@ -140,18 +146,19 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
-    for (int s0 = 0; s0 < stretches; s0 += Q8_UNROLL) {
-        // Every piece of Q8_UNROLL stretches is loaded before any is used.
-        uint4 w[Q8_UNROLL][R];
+    constexpr int UNROLL = Q8Unroll<F, T, R>::n;
+    for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
+        // Every piece of UNROLL stretches is loaded before any is used.
+        uint4 w[UNROLL][R];
 #pragma unroll
-        for (int i = 0; i < Q8_UNROLL; i++) {
+        for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (b < nb) w[i][r] = ((const uint4*)split_codes<F>(rows[r], b))[half];
         }
 #pragma unroll
-        for (int i = 0; i < Q8_UNROLL; i++) {
+        for (int i = 0; i < UNROLL; i++) {
             int first = (s0 + i) * BLOCKS;
             if (first >= nb) break;  // uniform over the warp
             int b = first + lane / P;

@@ -67,7 +67,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (a_log, dt_bias) = (vector("A_log", &a_log)?, vector("dt_bias", &dt_bias)?);
     let mut st = be.stream(&Limits {
         max_tokens: per_call,
-        max_head_dim: HEAD_DIM,
+        max_delta_head_dim: HEAD_DIM,
         ..Limits::default()
     })?;
     let calls = n.div_ceil(per_call);

@@ -3,7 +3,9 @@
 //! Qwen3.5/3.6's linear-attention layers (Yang, Kautz, Hatamizadeh 2024,
 //! "Gated Delta Networks"; normative reference: HF
 //! `modeling_qwen3_5_moe.py` of transformers 5.24.0, `causal_conv1d_fn` /
-//! `causal_conv1d_update` and `torch_recurrent_gated_delta_rule`).
+//! `causal_conv1d_update`, and `torch_recurrent_gated_delta_rule` token by
+//! token or `torch_chunk_gated_delta_rule` in chunks of 64 tokens, the same
+//! recurrence summed in another order).
 //!
 //! Both ops carry a per-sequence state that replaces a KV cache and does
 //! not grow with the sequence:

@@ -18,6 +18,10 @@ pub struct Limits {
     pub max_keys: usize,
     /// Widest attention head.
     pub max_head_dim: usize,
+    /// Widest key or value head of the gated delta rule (0 without gated
+    /// DeltaNet layers): backends that chunk its prefill keep a chunk's
+    /// keys, queries and values per thread.
+    pub max_delta_head_dim: usize,
     /// Most experts one router chooses among (0 without routing).
     pub max_experts: usize,
     /// Most routes (token, rank) one MoE call computes: `max_tokens ·

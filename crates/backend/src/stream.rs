@@ -466,11 +466,14 @@ pub trait Stream<D: Device>: Send {
             op: "causal_conv1d_silu (gated DeltaNet)",
         })
     }
-    /// The gated delta rule over `n_tokens` tokens, token after token,
-    /// continuing from `state` `[v_heads, k_head_dim, v_head_dim]` and
-    /// leaving the state after the last token there; `out` is `[n_tokens,
-    /// v_heads · v_head_dim]`. See [`DeltaNetParams`]. A backend without
-    /// gated DeltaNet says so.
+    /// The gated delta rule over `n_tokens` tokens, continuing from
+    /// `state` `[v_heads, k_head_dim, v_head_dim]` and leaving the state
+    /// after the last token there; `out` is `[n_tokens, v_heads ·
+    /// v_head_dim]`. See [`DeltaNetParams`]. A backend may run a long call
+    /// (a prefill) in chunks of tokens, as HF's
+    /// `torch_chunk_gated_delta_rule` does, and a short one token by
+    /// token: the same function, summed in another order. A backend
+    /// without gated DeltaNet says so.
     fn gated_delta_rule(
         &mut self,
         input: DeltaNetInput<'_, D>,

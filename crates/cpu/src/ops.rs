@@ -656,12 +656,14 @@ impl Stream<CpuDevice> for CpuStream {
             state: state.len(),
             out: out.len(),
         })?;
-        let qk = &mut self.scratch.delta_qk;
-        if qk.len() < 2 * params.k_head_dim {
+        let (hv, dk, dv) = (params.v_heads, params.k_head_dim, params.v_head_dim);
+        let StreamScratch { threads, .. } = &mut self.scratch;
+        let have = threads.first().map_or(0, |s| s.delta.head_dim());
+        if have < dk.max(dv) {
             return Err(BackendError::ScratchTooSmall {
                 op: OP,
-                need: 2 * params.k_head_dim,
-                have: qk.len(),
+                need: dk.max(dv),
+                have,
             });
         }
         let inputs = delta_net::Inputs {
@@ -671,8 +673,27 @@ impl Stream<CpuDevice> for CpuStream {
             a_log: &input.a_log.data,
             dt_bias: &input.dt_bias.data,
         };
-        delta_net::gated_delta_rule(&inputs, params, state, qk, out);
-        Ok(())
+        let isa = self.isa;
+        let state = DisjointMut::new(&mut state[..params.state_len()]);
+        let out = DisjointMut::new(&mut out[..params.n_tokens * hv * dv]);
+        let work = 4 * params.n_tokens * hv * dk * dv;
+        parallel(&self.pool, threads, work, &|part, parts, s| {
+            for h in split(hv, parts, part) {
+                // SAFETY: `split` gives every part its own value heads, and
+                // a head's state and outputs are its own.
+                unsafe {
+                    delta_net::gated_delta_rule_head(
+                        isa,
+                        &inputs,
+                        params,
+                        h,
+                        &state,
+                        &out,
+                        &mut s.delta,
+                    )
+                };
+            }
+        })
     }
 
     fn softcap(&mut self, x: &mut CpuBuf, len: usize, cap: f32) -> Result<(), BackendError> {

@@ -8,6 +8,7 @@
 //! [`BackendError::ScratchTooSmall`](turbospark_backend::BackendError)
 //! instead of growing it.
 
+use crate::delta_net::DeltaScratch;
 use crate::ggml::ActScratch;
 use crate::matmul::{CodeTile, TILE};
 use turbospark_backend::{BackendError, Limits, Numerics, RouterScratch};
@@ -45,6 +46,8 @@ pub(crate) struct ThreadScratch {
     pub scores: Vec<f32>,
     /// cos/sin of one token's rope pairs.
     pub trig: Vec<f32>,
+    /// One head of the gated delta rule.
+    pub delta: DeltaScratch,
     /// The first error a job met on this thread.
     pub error: Option<BackendError>,
 }
@@ -59,9 +62,6 @@ pub(crate) struct StreamScratch {
     pub fast_act: crate::kernels::ActScratch,
     /// Router values, scores and choices of one token.
     pub router: RouterScratch,
-    /// One normalised query and key head of the gated delta rule
-    /// `[2 · max_head_dim]`.
-    pub delta_qk: Vec<f32>,
 }
 
 impl StreamScratch {
@@ -89,6 +89,7 @@ impl StreamScratch {
                             }
                     ],
                     trig: vec![0.0; limits.max_head_dim],
+                    delta: DeltaScratch::new(limits.max_delta_head_dim),
                     ..ThreadScratch::default()
                 };
                 if llama_cpp {
@@ -119,7 +120,6 @@ impl StreamScratch {
             act,
             fast_act,
             router: RouterScratch::new(limits.max_experts),
-            delta_qk: vec![0.0; 2 * limits.max_head_dim],
         }
     }
 }

@@ -109,6 +109,7 @@ pub(crate) struct Kernels {
     pub moe_group: CudaFunction,
     pub causal_conv1d_silu: CudaFunction,
     pub gated_delta_rule: CudaFunction,
+    pub gated_delta_rule_chunked: CudaFunction,
     pub mul_sigmoid_rows: CudaFunction,
     pub head_plain: PerFormat,
     pub head_t: PerFormat,
@@ -133,8 +134,10 @@ pub(crate) struct Kernels {
     pub attention_group_f16: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
-    /// Shared memory an attention block may use (bytes).
-    pub attention_smem: usize,
+    /// Dynamic shared memory a block of the kernels that ask for more
+    /// than the default 48 KiB (attention, the chunked delta rule) may use
+    /// (bytes).
+    pub dynamic_smem: usize,
 }
 
 impl Kernels {
@@ -150,25 +153,28 @@ impl Kernels {
         let attention_f16 = f("attention_f16")?;
         let attention_group_f32 = f("attention_group_f32")?;
         let attention_group_f16 = f("attention_group_f16")?;
-        // Attention keeps a query's scores in shared memory: allow the
+        let gated_delta_rule_chunked = f("gated_delta_rule_chunked")?;
+        // Attention keeps a query's scores in shared memory, the chunked
+        // delta rule a chunk's keys, queries and products: allow the
         // device's whole opt-in amount.
         let optin = ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(CudaError::driver("reading the shared-memory limit"))?;
-        let attention_smem = (optin.max(48 * 1024) - 1024) as usize;
+        let dynamic_smem = (optin.max(48 * 1024) - 1024) as usize;
         for k in [
             &attention_f32,
             &attention_f16,
             &attention_group_f32,
             &attention_group_f16,
+            &gated_delta_rule_chunked,
         ] {
             k.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                attention_smem as i32,
+                dynamic_smem as i32,
             )
-            .map_err(CudaError::driver("raising attention's shared memory"))?;
+            .map_err(CudaError::driver("raising a kernel's shared memory"))?;
         }
         Ok(Kernels {
             matmul: PerFormat::load(&m, "matmul")?,
@@ -180,6 +186,7 @@ impl Kernels {
             moe_group: f("moe_group")?,
             causal_conv1d_silu: f("causal_conv1d_silu")?,
             gated_delta_rule: f("gated_delta_rule")?,
+            gated_delta_rule_chunked,
             mul_sigmoid_rows: f("mul_sigmoid_rows")?,
             head_plain: PerFormat::load(&m, "head_plain")?,
             head_t: PerFormat::load(&m, "head_t")?,
@@ -206,7 +213,7 @@ impl Kernels {
             attention_group_f16,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
-            attention_smem,
+            dynamic_smem,
         })
     }
 }
@@ -256,6 +263,27 @@ pub(crate) fn launch(
 pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
     let b = n.div_ceil(threads as usize).clamp(1, 65535 * 8) as u32;
     (if n == 0 { 0 } else { b }, 1, 1)
+}
+
+/// Tokens per chunk, state columns per block and threads per block of
+/// `gated_delta_rule_chunked` (`DN_CHUNK`, `DN_BV`, `DN_THREADS` in
+/// `kernels/deltanet.cu`).
+pub(crate) const DN_CHUNK: usize = 64;
+pub(crate) const DN_BV: usize = 32;
+pub(crate) const DN_THREADS: u32 = 256;
+/// Calls of at least this many tokens run the chunked delta rule: the
+/// CPU backend's threshold (measured there, not yet on a GPU).
+pub(crate) const DELTA_CHUNKED_MIN_TOKENS: usize = 4;
+
+/// Dynamic shared memory (bytes) of a `gated_delta_rule_chunked` block for
+/// key heads of `dk`: the layout the kernel's comment lists.
+pub(crate) const fn gated_delta_rule_chunked_smem(dk: usize) -> usize {
+    let floats = 2 * DN_CHUNK * (dk + 1)
+        + dk * DN_BV
+        + 2 * DN_CHUNK * DN_BV
+        + 2 * DN_CHUNK * (DN_CHUNK + 1)
+        + 5 * DN_CHUNK;
+    floats * 4
 }
 
 pub(crate) const MAX_ROPE_PAIRS: usize = 256;

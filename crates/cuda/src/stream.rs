@@ -849,15 +849,38 @@ impl Stream<CudaDevice> for CudaStream {
             p.v_head_dim as i32,
         );
         let fresh = p.fresh as i32;
-        let threads = (p.v_head_dim.max(p.k_head_dim).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        // Long calls chunked, one block per value head and DN_BV state
+        // columns; short ones (and key heads too wide for a chunk in shared
+        // memory) token by token, one block per value head.
+        let smem = kernels::gated_delta_rule_chunked_smem(p.k_head_dim);
+        let (f, grid, threads, smem) =
+            if p.n_tokens >= kernels::DELTA_CHUNKED_MIN_TOKENS && smem <= self.k.dynamic_smem {
+                (
+                    &self.k.gated_delta_rule_chunked,
+                    (
+                        p.v_heads as u32,
+                        p.v_head_dim.div_ceil(kernels::DN_BV) as u32,
+                        1,
+                    ),
+                    kernels::DN_THREADS,
+                    smem,
+                )
+            } else {
+                (
+                    &self.k.gated_delta_rule,
+                    (p.v_heads as u32, 1, 1),
+                    (p.v_head_dim.max(p.k_head_dim).div_ceil(32) * 32).clamp(32, 1024) as u32,
+                    2 * p.k_head_dim * 4,
+                )
+            };
         self.bind(OP)?;
         launch(
             OP,
-            &self.k.gated_delta_rule,
+            f,
             self.raw(),
-            (p.v_heads as u32, 1, 1),
+            grid,
             threads,
-            (2 * p.k_head_dim * 4) as u32,
+            smem as u32,
             &mut args![
                 qp,
                 ap,
@@ -1126,11 +1149,11 @@ impl Stream<CudaDevice> for CudaStream {
             keys_seen
         };
         let smem = (p.head_dim + max_keys) * 4;
-        if smem > self.k.attention_smem {
+        if smem > self.k.dynamic_smem {
             return Err(BackendError::ScratchTooSmall {
                 op: "attention",
                 need: max_keys,
-                have: self.k.attention_smem / 4 - p.head_dim,
+                have: self.k.dynamic_smem / 4 - p.head_dim,
             });
         }
         let f = match k_cache.dtype {
@@ -1163,7 +1186,7 @@ impl Stream<CudaDevice> for CudaStream {
             && p.head_dim % 4 == 0
             && (ATTN_THREADS as usize) % p.head_dim == 0
             && group % sets == 0
-            && group_smem <= self.k.attention_smem
+            && group_smem <= self.k.dynamic_smem
         {
             let f = match k_cache.dtype {
                 DType::F32 => &self.k.attention_group_f32,

@@ -117,14 +117,7 @@ impl<'m, D: Device> Session<'m, D> {
             .map(|l| layer_capacity(l.window, opts.context, max_batch))
             .max()
             .unwrap_or(0);
-        // The gated delta rule works on one key head at a time.
-        let max_head_dim = spec
-            .layers
-            .iter()
-            .map(|l| l.head_dim)
-            .chain(spec.delta_net.map(|d| d.k_head_dim))
-            .max()
-            .unwrap_or(0);
+        let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
         // Streamed expert slots are uploaded first: the stream's scratch
         // fits every matrix on the device when it is created.
         let experts = SessionExperts::new(&model.spec, &model.device, &model.experts, max_batch)?;
@@ -132,6 +125,7 @@ impl<'m, D: Device> Session<'m, D> {
             max_tokens: max_batch,
             max_keys,
             max_head_dim,
+            max_delta_head_dim: spec.delta_net.map_or(0, |d| d.k_head_dim.max(d.v_head_dim)),
             max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
             max_routes: spec.moe.as_ref().map_or(0, |m| m.top_k * max_batch),
             max_expert_intermediate: spec.moe.as_ref().map_or(0, |m| m.expert_intermediate),

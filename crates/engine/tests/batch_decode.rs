@@ -223,18 +223,33 @@ fn batched_decode_checks_its_inputs() {
 }
 
 /// Logits of `prompt` alone (after the prompt, then after each of `fed`),
-/// in a session of its own.
+/// in a session of its own, the prompt in passes of `piece` tokens. A batch
+/// must give a sequence the bits it gets alone in the same passes: gated
+/// DeltaNet layers compute a pass of several tokens in chunks, so how a
+/// prompt is cut changes their order of sums (`sessions.rs` bounds that
+/// difference).
 fn alone_logits<D: turbospark_backend::Device>(
     m: &turbospark_engine::Model<D>,
     steering: Option<&Steering>,
     prompt: &[u32],
     fed: &[u32],
+    piece: usize,
 ) -> Vec<Vec<f32>> {
     let vocab = m.vocab_size();
     let mut s = m.session(SessionOptions::new(CONTEXT)).unwrap();
     s.set_steering(steering).unwrap();
     let mut last = vec![0f32; vocab];
-    s.forward(0, prompt, Logits::Last(&mut last)).unwrap();
+    let mut start = 0;
+    while start < prompt.len() {
+        let end = (start + piece).min(prompt.len());
+        let logits = if end == prompt.len() {
+            Logits::Last(&mut last)
+        } else {
+            Logits::None
+        };
+        s.forward(start, &prompt[start..end], logits).unwrap();
+        start = end;
+    }
     let mut out = vec![last];
     for &t in fed {
         let pos = s.position();
@@ -294,12 +309,12 @@ fn check_mixed_chunks(session: Option<SteerMode>, own: Option<SteerMode>) {
                     } else {
                         steering.as_ref()
                     };
-                    alone_logits(&m, steer, &prompts[seq], &feds[seq])
+                    alone_logits(&m, steer, &prompts[seq], &feds[seq], CHUNK)
                 })
                 .collect();
 
             if own.is_some() {
-                let plain = alone_logits(&m, steering.as_ref(), &prompts[1], &feds[1]);
+                let plain = alone_logits(&m, steering.as_ref(), &prompts[1], &feds[1], CHUNK);
                 assert_ne!(plain, alone[1], "{family}: the steering changes nothing");
             }
             let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
@@ -417,7 +432,7 @@ fn rewound_cache_continues_like_a_fresh_prefill() {
                 let mut next: Vec<u32> = held[..keep].to_vec();
                 next.extend(prompt(1, 4, vocab));
                 let feds: Vec<u32> = (0..3).map(|s| fed(1, s, vocab)).collect();
-                let want = alone_logits(&m, None, &next, &feds);
+                let want = alone_logits(&m, None, &next, &feds, next.len());
                 kv.rewind(12).unwrap();
                 kv.rewind(keep).unwrap();
                 assert_eq!(kv.position(), keep);

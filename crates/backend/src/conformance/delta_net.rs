@@ -5,6 +5,14 @@
 //! leaves must carry the sequence exactly as one reference pass over all
 //! nine tokens does, and a fresh call must ignore whatever the state
 //! buffers hold.
+//!
+//! Backends may run long calls of the gated delta rule in chunks (HF's
+//! prefill computes it in chunks of 64 tokens), so it is also checked on
+//! calls around and across chunk boundaries (1, 63, 64, 65 and 130
+//! tokens), each fresh and continuing a state, against the token-by-token
+//! f64 reference: every output and the state after every call within
+//! `1e-5 · max|reference|` (f32 rounding of sums over a few hundred
+//! tokens; the op computes in f32 whatever the numerics).
 
 use super::data::{f32_tensor, Rng};
 use super::{compare_rel, reference, ConformanceError, Context, Harness, Tolerances};
@@ -17,7 +25,8 @@ const CALLS: [usize; 3] = [5, 1, 3];
 pub fn check_delta_net<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     check_mul_sigmoid_rows(dev, tol)?;
     check_causal_conv1d(dev, tol)?;
-    check_gated_delta_rule(dev, tol)
+    check_gated_delta_rule(dev, tol)?;
+    check_gated_delta_rule_chunks(dev)
 }
 
 pub fn check_mul_sigmoid_rows<D: Device>(
@@ -130,7 +139,7 @@ pub fn check_gated_delta_rule<D: Device>(
     let want =
         reference::gated_delta_rule(&qkv, &alpha, &beta, &a_log, &dt_bias, shape, &mut ref_state);
     let limits = Limits {
-        max_head_dim: dk,
+        max_delta_head_dim: dk.max(dv),
         ..Limits::default()
     };
     let mut h = Harness::new(dev, limits)?;
@@ -194,4 +203,118 @@ pub fn check_gated_delta_rule<D: Device>(
         return Err(super::property(OP, "3 key heads", "accepted".into()));
     }
     Ok(())
+}
+
+/// Token counts of the chunk checks: one token, a chunk of 64 but one, a
+/// chunk, a chunk and one, two chunks and a partial one.
+const CHUNK_CALLS: [usize; 5] = [1, 63, 64, 65, 130];
+
+/// Allowed error of the chunk checks, relative to the largest reference
+/// value of the compared array.
+const CHUNK_TOLERANCE: f64 = 1e-5;
+
+/// The gated delta rule on calls around and across chunk boundaries (see
+/// the module docs): for each token count, a fresh call (over a stale
+/// state buffer) and a call that continues its state, on small odd heads;
+/// then 130 tokens and 65 more on heads of 128, the width of the released
+/// models'.
+pub fn check_gated_delta_rule_chunks<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    for n in CHUNK_CALLS {
+        delta_rule_calls(dev, (2, 4, 12, 20), &[n, n], 34 + n as u64)?;
+    }
+    delta_rule_calls(dev, (1, 2, 128, 128), &[130, 65], 35)
+}
+
+/// Feeds one sequence to the gated delta rule in calls of `calls` tokens
+/// (the first fresh, over a random state buffer) and compares each call's
+/// outputs and the state it leaves with the f64 reference.
+fn delta_rule_calls<D: Device>(
+    dev: &D,
+    shape @ (hk, hv, dk, dv): reference::DeltaShape,
+    calls: &[usize],
+    seed: u64,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "gated_delta_rule";
+    let row = 2 * hk * dk + hv * dv;
+    let n: usize = calls.iter().sum();
+    let mut rng = Rng(seed);
+    let qkv = rng.scaled(n * row, 1.5);
+    let alpha = rng.scaled(n * hv, 2.0);
+    let beta = rng.scaled(n * hv, 3.0);
+    // Decay rates exp(a_log) from 0.01 to 6: per-token decays from about
+    // 0.999 (the state grows over the whole sequence) to 1e-8 (a chunk's
+    // cumulative decay underflows f32).
+    let a_log: Vec<f32> = (0..hv)
+        .map(|i| (0.01f32 * 600f32.powf(i as f32 / (hv - 1).max(1) as f32)).ln())
+        .collect();
+    let dt_bias = rng.vec(hv);
+    let up = |name: &str, v: &[f32]| {
+        dev.upload_vector(&f32_tensor(name, vec![v.len()], v))
+            .at(OP, "upload")
+    };
+    let (a_log_v, dt_v) = (up("a_log", &a_log)?, up("dt_bias", &dt_bias)?);
+    let limits = Limits {
+        max_tokens: calls.iter().copied().max().unwrap_or(1),
+        max_delta_head_dim: dk.max(dv),
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut state = h.buf(&rng.vec(hv * dk * dv))?;
+    let mut ref_state = vec![0.0; hv * dk * dv];
+    let mut start = 0;
+    for (i, &len) in calls.iter().enumerate() {
+        let case = format!(
+            "{hv} value heads of {dv} over {hk} key heads of {dk}: {} call of {len} tokens \
+             after {start}",
+            if i == 0 { "a fresh" } else { "a" }
+        );
+        let (t0, t1) = (start, start + len);
+        let want = reference::gated_delta_rule(
+            &qkv[t0 * row..t1 * row],
+            &alpha[t0 * hv..t1 * hv],
+            &beta[t0 * hv..t1 * hv],
+            &a_log,
+            &dt_bias,
+            shape,
+            &mut ref_state,
+        );
+        let q = h.buf(&qkv[t0 * row..t1 * row])?;
+        let a = h.buf(&alpha[t0 * hv..t1 * hv])?;
+        let b = h.buf(&beta[t0 * hv..t1 * hv])?;
+        let mut out = h.zeros(len * hv * dv)?;
+        let p = DeltaNetParams {
+            n_tokens: len,
+            k_heads: hk,
+            v_heads: hv,
+            k_head_dim: dk,
+            v_head_dim: dv,
+            fresh: i == 0,
+        };
+        let input = DeltaNetInput {
+            qkv: &q,
+            alpha: &a,
+            beta: &b,
+            a_log: &a_log_v,
+            dt_bias: &dt_v,
+        };
+        h.st.gated_delta_rule(input, &p, &mut state, &mut out)
+            .at(OP, &case)?;
+        let got = h.get(&out, len * hv * dv)?;
+        compare_max(OP, &format!("{case}: outputs"), &got, &want)?;
+        let state_now = h.get(&state, hv * dk * dv)?;
+        compare_max(OP, &format!("{case}: state"), &state_now, &ref_state)?;
+        start = t1;
+    }
+    Ok(())
+}
+
+/// `compare` within [`CHUNK_TOLERANCE`] of the largest `|want|`.
+fn compare_max(
+    op: &'static str,
+    case: &str,
+    got: &[f32],
+    want: &[f64],
+) -> Result<(), ConformanceError> {
+    let max = want.iter().fold(0f64, |m, w| m.max(w.abs()));
+    super::compare(op, case, got, want, CHUNK_TOLERANCE, |_| max)
 }

@@ -28,7 +28,8 @@ use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{check_attention, check_attention_parts, check_kv_write};
 pub use delta_net::{
-    check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_mul_sigmoid_rows,
+    check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_gated_delta_rule_chunks,
+    check_mul_sigmoid_rows,
 };
 pub use elementwise::{
     check_add, check_add_bias, check_adjust_projection, check_glu, check_mul_sigmoid,

@@ -65,6 +65,32 @@ pub fn model_as(
     Model::from_source(spec.clone(), &src, device).unwrap()
 }
 
+/// `max|got − want| / max|want|`: how far two logits arrays are apart,
+/// relative to their scale.
+pub fn max_rel_diff(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len(), "logits lengths");
+    let scale = want.iter().fold(0f64, |m, &w| m.max(f64::from(w).abs()));
+    let diff = got.iter().zip(want).fold(0f64, |m, (&g, &w)| {
+        let d = (f64::from(g) - f64::from(w)).abs();
+        // A NaN is as far as can be.
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    });
+    diff / scale
+}
+
+/// How far apart ([`max_rel_diff`]) the logits of one token sequence may
+/// be when a family's gated DeltaNet layers see it cut into other passes:
+/// a pass of several tokens runs the recurrence in chunks (HF's prefill
+/// form), one token steps it (HF's decode form), the same function summed
+/// in another order. The bound the HF fixtures hold logits to
+/// (`crates/cli/tests/tiny_logits.rs`). Every other layer computes a row
+/// the same way whatever the pass, so other families match exactly.
+pub const RECURRENT_PASS_TOLERANCE: f64 = 1e-4;
+
 /// Deterministic token ids below `vocab`.
 pub fn tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 37 + 11) % vocab) as u32).collect()

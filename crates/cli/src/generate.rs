@@ -213,14 +213,15 @@ fn template_from_arg(arg: &str) -> Result<ChatTemplate> {
 /// The built-in template of the install's family, with a note on stderr.
 fn family_template(dir: &Path) -> Result<Option<ChatTemplate>> {
     let manifest = read_manifest(dir)?;
-    let family = manifest.arch.family;
+    let family = &manifest.arch.family;
     let Some(name) = default_chat_template(family) else {
         return Ok(None);
     };
     eprintln!(
         "note: {} has no chat template; using the built-in {name} template of the {family} \
          family (--chat-template FILE|NAME to choose another)",
-        dir.display()
+        dir.display(),
+        family = turbospark_format::families::name(family),
     );
     let src = builtin_template(name).context("the family's built-in template is missing")?;
     Ok(Some(ChatTemplate::new(src).with_context(|| {

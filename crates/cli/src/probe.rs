@@ -244,7 +244,7 @@ impl ProbeArgs {
         let positions = self.positions().unwrap_or(CapturePositions::All);
         let meta = serde_json::json!({
             "model": model_dir.display().to_string(),
-            "family": spec.family.name(),
+            "family": turbospark_format::families::name(&spec.family),
             "hidden": spec.hidden_size,
             "layers": layers,
             "layer_meaning": "output of decoder layer L (HF hidden_states[L+1]), after steering",

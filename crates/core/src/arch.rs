@@ -20,49 +20,25 @@
 //! ```
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
+use std::borrow::Cow;
 
-/// Declares [`Family`]: one line per family, `Variant => "display name"`
-/// (the manifest stores the variant in snake_case).
-macro_rules! families {
-    ($($variant:ident => $name:literal,)*) => {
-        /// A model family turbospark knows how to run; what it computes and
-        /// how it is read lives in its module of `turbospark_format::families`.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        pub enum Family {
-            $($variant,)*
-        }
+/// A model family, by its id: what an install's manifest stores (`llama`,
+/// `qwen3_moe`, `gpt_oss`, ...). Everything else about a family (its
+/// display name, its names in each source format, how it is read) lives
+/// in its module of `turbospark_format::families`, whose registry resolves
+/// the id; a family is known to a build when a module there declares it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Family(Cow<'static, str>);
 
-        impl Family {
-            pub const ALL: &'static [Family] = &[$(Family::$variant,)*];
+impl Family {
+    /// The family whose id is `id` (snake_case, as manifests store it).
+    pub const fn new(id: &'static str) -> Self {
+        Family(Cow::Borrowed(id))
+    }
 
-            pub const fn name(self) -> &'static str {
-                match self {
-                    $(Family::$variant => $name,)*
-                }
-            }
-        }
-    };
-}
-
-families! {
-    Llama => "llama",
-    Qwen2 => "qwen2",
-    Gemma3 => "gemma3",
-    MuseGlimmer => "muse_glimmer",
-    Mixtral => "mixtral",
-    Qwen3Moe => "qwen3moe",
-    GptOss => "gpt-oss",
-    Gemma4 => "gemma4",
-    Glm4Moe => "glm4_moe",
-    DeepseekV3 => "deepseek_v3",
-    Qwen35Moe => "qwen3_5_moe",
-}
-
-impl fmt::Display for Family {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    pub fn id(&self) -> &str {
+        &self.0
     }
 }
 

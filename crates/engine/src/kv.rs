@@ -1,70 +1,23 @@
-//! The KV cache of a session: per layer, keys and values as
-//! `[capacity, n_kv_heads · head_dim]` rows in the device's KV dtype
-//! ([`Device::kv_dtype`]), position `p` in row `p % capacity`.
+//! The KV cache of a sequence: per layer, what the layer's token mixer
+//! keeps between passes (`crate::mixers`): keys and values for an
+//! attention layer (rows of a ring sized by its window), a constant-size
+//! recurrent state for a DeltaNet layer. The cache knows the position
+//! every layer's part has reached; it names no kind of layer.
 //!
-//! Full-attention layers hold the whole context. A sliding layer with window
-//! `w` only ever needs the last `w` keys, but a batch of `b` queries written
-//! together needs the `w − 1` keys before the batch plus the batch itself, so
-//! its ring holds `min(w + b − 1, context)` rows (`b` the session's largest
-//! batch). Writing a batch then never overwrites a key a query of this or a
-//! later batch still reads.
-//!
-//! With latent attention (DeepSeek-V3) a layer caches one row `[rope(k_rope),
-//! c]` per position, read as both keys and values: the `v` buffer is empty.
-//!
-//! A gated DeltaNet layer (Qwen3.5) keeps no rows: its state is the last
-//! `kernel − 1` convolution inputs and the recurrent matrix per value head
-//! ([`RecurrentState`], f32), constant in the sequence length. The state
-//! holds exactly the positions before [`KvCache::position`]: a pass starts
-//! there (a sequence cannot rewind), and one at position 0 reads the state
-//! as zeros, so a reset sequence never sees a stale state. A pass that
-//! fails midway may have moved the state without the position; the session
-//! then resets the cache ([`KvCache::reset`]) so that it recomputes.
+//! A layer whose state folds in every position (a recurrence) cannot go
+//! back: a pass must start at the cache's position, and a pass that fails
+//! midway may have moved the state without the position, so the session
+//! then resets the cache ([`KvCache::reset`]) to have it recomputed.
 
+use crate::mixers::LayerCache;
 use crate::EngineError;
-use turbospark_backend::DType;
-use turbospark_backend::{Device, DeviceBuf};
-use turbospark_core::arch::{ArchSpec, Mixer};
-
-/// The per-sequence state of a gated DeltaNet layer, f32.
-pub struct RecurrentState<D: Device> {
-    /// The last `kernel − 1` inputs of the convolution `[kernel − 1,
-    /// conv_dim]`, oldest first.
-    pub conv: D::Buf,
-    /// `[v_heads, k_head_dim, v_head_dim]`
-    pub recurrent: D::Buf,
-}
-
-/// One layer's cache.
-pub struct KvLayer<D: Device> {
-    /// `[capacity, row]`
-    pub k: D::Buf,
-    /// `[capacity, row]`; empty with latent attention, whose values are
-    /// the key rows.
-    pub v: D::Buf,
-    pub capacity: usize,
-    /// `n_kv_heads · head_dim`
-    pub row: usize,
-    /// Values are the key rows (latent attention); `v` is empty.
-    pub values_are_keys: bool,
-    /// A DeltaNet layer's state; `k` and `v` are then empty and the
-    /// capacity 0.
-    pub state: Option<RecurrentState<D>>,
-}
+use turbospark_backend::Device;
+use turbospark_core::arch::ArchSpec;
 
 pub struct KvCache<D: Device> {
-    pub(crate) layers: Vec<KvLayer<D>>,
+    pub(crate) layers: Vec<LayerCache<D>>,
     position: usize,
     context: usize,
-}
-
-/// Rows a layer with `window` keeps for a session of `context` positions
-/// whose batches hold at most `max_batch` tokens.
-pub fn layer_capacity(window: Option<usize>, context: usize, max_batch: usize) -> usize {
-    match window {
-        Some(w) => (w + max_batch - 1).min(context),
-        None => context,
-    }
 }
 
 impl<D: Device> KvCache<D> {
@@ -74,36 +27,8 @@ impl<D: Device> KvCache<D> {
         context: usize,
         max_batch: usize,
     ) -> Result<Self, EngineError> {
-        let dtype = device.kv_dtype();
-        let latent = spec.mla.is_some();
-        let layers = spec
-            .layers
-            .iter()
-            .map(|l| {
-                if let (Mixer::DeltaNet, Some(d)) = (l.mixer, &spec.delta_net) {
-                    return Ok(KvLayer {
-                        k: device.alloc(dtype, 0)?,
-                        v: device.alloc(dtype, 0)?,
-                        capacity: 0,
-                        row: 0,
-                        values_are_keys: false,
-                        state: Some(RecurrentState {
-                            conv: device.alloc(DType::F32, d.conv_state_len())?,
-                            recurrent: device.alloc(DType::F32, d.recurrent_state_len())?,
-                        }),
-                    });
-                }
-                let capacity = layer_capacity(l.window, context, max_batch);
-                let row = l.num_kv_heads * l.head_dim;
-                Ok(KvLayer {
-                    k: device.alloc(dtype, capacity * row)?,
-                    v: device.alloc(dtype, if latent { 0 } else { capacity * row })?,
-                    capacity,
-                    row,
-                    values_are_keys: latent,
-                    state: None,
-                })
-            })
+        let layers = (0..spec.layers.len())
+            .map(|l| LayerCache::new(device, spec, l, context, max_batch))
             .collect::<Result<Vec<_>, EngineError>>()?;
         Ok(KvCache {
             layers,
@@ -128,30 +53,36 @@ impl<D: Device> KvCache<D> {
     pub fn elements_per_position(&self) -> usize {
         self.layers
             .iter()
-            .filter(|l| l.capacity == self.context)
-            .map(|l| if l.values_are_keys { l.row } else { 2 * l.row })
+            .map(|l| l.state().elements_per_position(self.context))
             .sum()
     }
 
     /// Elements of the recurrent (DeltaNet) state of every layer: the same
     /// whatever the context; multiply by 4 for bytes (f32).
     pub fn state_elements(&self) -> usize {
-        self.layers
-            .iter()
-            .filter_map(|l| l.state.as_ref())
-            .map(|s| s.conv.len() + s.recurrent.len())
-            .sum()
+        self.layers.iter().map(|l| l.state().state_elements()).sum()
     }
 
     /// Whether some layer keeps a recurrent state (which a pass that
     /// failed midway may have moved).
     pub fn has_recurrent_state(&self) -> bool {
-        self.layers.iter().any(|l| l.state.is_some())
+        self.layers.iter().any(|l| l.state().recurrent())
     }
 
     /// Rows held for `layer`.
     pub fn capacity(&self, layer: usize) -> Option<usize> {
-        self.layers.get(layer).map(|l| l.capacity)
+        self.layers.get(layer).map(|l| l.state().capacity())
+    }
+
+    /// Whether `other` has this cache's context and every layer's shape.
+    pub(crate) fn same_shape(&self, other: &Self) -> bool {
+        self.context == other.context
+            && self.layers.len() == other.layers.len()
+            && self
+                .layers
+                .iter()
+                .zip(&other.layers)
+                .all(|(a, b)| a.same_shape(b))
     }
 
     /// Checks that `tokens` tokens at `position` continue the cache and fit.
@@ -198,7 +129,7 @@ impl<D: Device> KvCache<D> {
         let wrapped = self
             .layers
             .iter()
-            .any(|l| l.state.is_none() && l.capacity < self.context && self.position > l.capacity);
+            .any(|l| l.state().lost_positions(self.position, self.context));
         let recurrent = self.has_recurrent_state() && position != 0;
         if position > self.position || ((wrapped || recurrent) && position != self.position) {
             return Err(EngineError::BadOptions {

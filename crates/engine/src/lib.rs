@@ -11,6 +11,10 @@
 //!   return raw logits (after the family's multiplier and soft-cap, never
 //!   probabilities). Routing is a device op
 //!   ([`turbospark_backend::routing`]).
+//! - `mixers`: each kind of token mixer a layer can have (attention,
+//!   latent attention, gated DeltaNet) in one module with its weights,
+//!   per-sequence state, scratch and forward pass; the decoder, the
+//!   [`KvCache`] and the weight loader dispatch to it and name no kind.
 //! - [`experts`]: where routed experts live (resident, mapped, or streamed
 //!   into a per-session slot cache) and their statistics.
 //! - [`synthetic`]: random weights for any spec (tests, benchmarks).
@@ -30,6 +34,7 @@
 //! the same `N` tokens: every op computes a row the same way whatever the
 //! batch, and routed experts are summed in router-rank order.
 
+mod batch;
 pub mod census;
 pub mod control_vector;
 mod decoder;
@@ -38,6 +43,8 @@ mod expert_error;
 pub mod experts;
 pub mod hooks;
 pub mod kv;
+mod loader;
+mod mixers;
 pub mod model;
 pub mod router_skew;
 mod scratch;
@@ -51,9 +58,9 @@ pub mod synthetic_quant;
 pub mod timing;
 pub mod weights;
 
+pub use batch::{BatchChunk, BatchRow};
 pub use census::{FfnCensus, FfnSite, SiteCensus};
 pub use control_vector::{BuildMethod, ControlVector, ControlVectorError};
-pub use decoder::{BatchChunk, BatchRow};
 pub use error::EngineError;
 pub use experts::{
     CachePolicy, ExpertMode, ExpertOptions, ExpertPlan, ExpertStats, ExpertStore, Residency,

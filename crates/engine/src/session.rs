@@ -18,12 +18,14 @@
 //! device's numerics are batch-invariant, as the CPU's exact and fast
 //! numerics are).
 
+use crate::batch::{BatchChunk, BatchRow};
 use crate::census::{CensusState, FfnCensus};
-use crate::decoder::{BatchChunk, BatchRow, Pass};
+use crate::decoder::Pass;
 use crate::experts::routed::SessionExperts;
 use crate::experts::{ExpertStats, RouterHistogram};
 use crate::hooks::{Hooks, PreparedSteering, ResidualSink, Steering};
-use crate::kv::{layer_capacity, KvCache};
+use crate::kv::KvCache;
+use crate::mixers;
 use crate::model::Model;
 use crate::scratch::Buffers;
 use crate::timing::PhaseTimes;
@@ -111,13 +113,7 @@ impl<'m, D: Device> Session<'m, D> {
         let max_batch = opts.max_batch.min(opts.context);
         let device = &model.device;
         let kv = KvCache::new(device, spec, opts.context, max_batch)?;
-        let max_keys = spec
-            .layers
-            .iter()
-            .map(|l| layer_capacity(l.window, opts.context, max_batch))
-            .max()
-            .unwrap_or(0);
-        let max_head_dim = spec.layers.iter().map(|l| l.head_dim).max().unwrap_or(0);
+        let (max_keys, max_head_dim) = mixers::stream_needs(spec, opts.context, max_batch);
         // Streamed expert slots are uploaded first: the stream's scratch
         // fits every matrix on the device when it is created.
         let experts = SessionExperts::new(&model.spec, &model.device, &model.experts, max_batch)?;
@@ -125,7 +121,7 @@ impl<'m, D: Device> Session<'m, D> {
             max_tokens: max_batch,
             max_keys,
             max_head_dim,
-            max_delta_head_dim: spec.delta_net.map_or(0, |d| d.k_head_dim.max(d.v_head_dim)),
+            max_delta_head_dim: mixers::delta_head_dim(spec),
             max_experts: spec.moe.as_ref().map_or(0, |m| m.num_experts),
             max_routes: spec.moe.as_ref().map_or(0, |m| m.top_k * max_batch),
             max_expert_intermediate: spec.moe.as_ref().map_or(0, |m| m.expert_intermediate),
@@ -392,14 +388,7 @@ impl<'m, D: Device> Session<'m, D> {
 
     /// Checks that `kv` is shaped like this session's own cache.
     fn check_cache(&self, kv: &KvCache<D>) -> Result<(), EngineError> {
-        let same = kv.context() == self.kv.context()
-            && kv.layers.len() == self.kv.layers.len()
-            && kv
-                .layers
-                .iter()
-                .zip(&self.kv.layers)
-                .all(|(a, b)| a.capacity == b.capacity && a.row == b.row);
-        if same {
+        if kv.same_shape(&self.kv) {
             Ok(())
         } else {
             Err(EngineError::BadOptions {

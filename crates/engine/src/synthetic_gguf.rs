@@ -27,13 +27,16 @@ use crate::synthetic_install::{
 };
 use crate::EngineError;
 use std::path::Path;
-use turbospark_core::arch::{Family, RopeScaling};
+use turbospark_core::arch::RopeScaling;
 use turbospark_core::{ArchSpec, QuantFormat};
+use turbospark_format::families;
 use turbospark_format::gguf::{GgufArray, GgufValue};
 use turbospark_format::gguf_writer::{GgufTensorDecl, GgufWriter};
 use turbospark_format::identity::gguf_from_canonical;
 use turbospark_format::roles::{expected_resident, GGUF_EXPERT_STACKS};
 
+/// The GGUF architecture written: llama.cpp's name for gpt-oss.
+const ARCHITECTURE: &str = "gpt-oss";
 /// llama.cpp's `LLAMA_FTYPE_MOSTLY_MXFP4_MOE`.
 const FILE_TYPE_MXFP4_MOE: u32 = 38;
 /// llama.cpp's token types (`llama_token_type`).
@@ -107,7 +110,7 @@ fn model_metadata(spec: &ArchSpec, seed: u64) -> Result<Vec<(String, GgufValue)>
     let mut meta = vec![
         (
             "general.architecture".to_string(),
-            GgufValue::String("gpt-oss".into()),
+            GgufValue::String(ARCHITECTURE.into()),
         ),
         (
             "general.name".to_string(),
@@ -159,11 +162,14 @@ pub fn write_synthetic_gguf(
     opts: &SynthOptions,
     progress: &mut dyn FnMut(SynthEvent),
 ) -> Result<(), EngineError> {
-    if spec.family != Family::GptOss {
+    // The family such a file reads back as.
+    let experts = spec.moe.as_ref().map_or(0, |m| m.num_experts as u64);
+    let writes = families::for_gguf(ARCHITECTURE, experts).map(|d| d.family());
+    if writes.as_ref() != Some(&spec.family) {
         return Err(EngineError::BadOptions {
             detail: format!(
                 "a synthetic GGUF is written for gpt-oss models only, not {}",
-                spec.family
+                families::name(&spec.family)
             ),
         });
     }
@@ -177,7 +183,7 @@ pub fn write_synthetic_gguf(
         });
     }
     check_router_skew(spec, opts)?;
-    let family = spec.family;
+    let family = &spec.family;
     let matrix_format = |shape: &[u64]| match shape {
         [_, cols] if cols % opts.resident_format.block_elems() as u64 == 0 => opts.resident_format,
         _ => QuantFormat::F32,

@@ -157,8 +157,8 @@ pub(crate) fn check_skew(spec: &ArchSpec, router_skew: Option<f64>) -> Result<()
     {
         return Err(EngineError::BadOptions {
             detail: format!(
-                "a router skew needs a router bias, which {:?} has not",
-                spec.family
+                "a router skew needs a router bias, which {} has not",
+                turbospark_format::families::name(&spec.family)
             ),
         });
     }

@@ -211,6 +211,17 @@ impl InstallLayout {
         self.arch
             .validate()
             .map_err(|e| bad(path, format!("architecture: {e}")))?;
+        let family = &self.arch.family;
+        if turbospark_format::families::get(family).is_none() {
+            return Err(bad(
+                path,
+                format!(
+                    "family {:?} is not one this build knows ({})",
+                    family.id(),
+                    turbospark_format::families::known_ids()
+                ),
+            ));
+        }
         let mut names = HashSet::new();
         let mut end = 0u64;
         for t in &self.resident {
@@ -252,7 +263,10 @@ impl InstallLayout {
                     path,
                     format!(
                         "tensor {} has shape {:?}, the {} architecture needs {:?}",
-                        t.name, t.shape, self.arch.family, want.shape
+                        t.name,
+                        t.shape,
+                        turbospark_format::families::name(&self.arch.family),
+                        want.shape
                     ),
                 ));
             }

@@ -177,6 +177,28 @@ fn gguf_converts_opens_and_verifies() {
 }
 
 #[test]
+fn the_manifest_names_the_family_by_its_id_and_an_unknown_one_is_refused() {
+    let tmp = TempDir::new("conv-family-id");
+    let src = tmp.write("m.gguf", &llama_gguf().build());
+    let dst = tmp.path().join("install");
+    run_convert(&src, &dst, false).unwrap();
+    let path = dst.join("manifest.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut manifest: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(manifest["arch"]["family"], "llama");
+    manifest["arch"]["family"] = "not_a_family".into();
+    std::fs::write(&path, serde_json::to_string(&manifest).unwrap()).unwrap();
+    let err = Install::open(&dst)
+        .err()
+        .expect("an unknown family is refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("\"not_a_family\"") && msg.contains("qwen3_moe"),
+        "{msg}"
+    );
+}
+
+#[test]
 fn hf_mixtral_experts_land_at_fixed_strides_and_a_flipped_bit_fails_verify() {
     let tmp = TempDir::new("conv-mixtral");
     let src = TempDir::new("conv-mixtral-src");

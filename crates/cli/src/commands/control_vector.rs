@@ -176,7 +176,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let q: Vec<&[f32]> = neg.iter().map(|r| &r[at.clone()]).collect();
         cv.set(n, build_direction(method, n, &p, &q)?)?;
     }
-    cv.write_gguf(&a.out, spec.family.name())
+    cv.write_gguf(&a.out, turbospark_format::families::name(&spec.family))
         .with_context(|| format!("writing {}", a.out.display()))?;
     eprintln!(
         "wrote {} ({} directions, layers {}..={}, {} pairs, {:?})",

@@ -70,7 +70,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         eprintln!(
             "wrote {} ({} {}, {} resident, {} in {} expert files) in {:.1}s",
             a.dst.display(),
-            manifest.arch.family,
+            turbospark_format::families::name(&manifest.arch.family),
             manifest.source.kind,
             human_bytes(manifest.resident_bytes),
             human_bytes(manifest.expert_bytes()),

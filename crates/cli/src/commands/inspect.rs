@@ -197,7 +197,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("source:        {}", s.kind);
-    println!("family:        {}", spec.family);
+    println!(
+        "family:        {}",
+        turbospark_format::families::name(&spec.family)
+    );
     println!("vocab:         {}", spec.vocab_size);
     println!("hidden:        {}", spec.hidden_size);
     println!("layers:        {}", spec.num_layers());

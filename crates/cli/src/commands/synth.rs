@@ -198,7 +198,7 @@ fn run_like(a: &Args, src: &Path) -> Result<ExitCode> {
                 "wrote {} (the layout of {}: {} {}, {} resident tensors, {} expert files, {} of weights)",
                 file.display(),
                 src.display(),
-                layout.arch.family,
+                turbospark_format::families::name(&layout.arch.family),
                 layout.source.name,
                 layout.resident.len(),
                 layout.experts.len(),
@@ -232,7 +232,7 @@ fn run_like(a: &Args, src: &Path) -> Result<ExitCode> {
         eprintln!(
             "wrote {} (synthetic {} like {}: {} resident, {} in {} expert files) in {:.1}s",
             dst.display(),
-            manifest.arch.family,
+            turbospark_format::families::name(&manifest.arch.family),
             layout.source.name,
             human_bytes(manifest.resident_bytes),
             human_bytes(manifest.expert_bytes()),

@@ -7,8 +7,7 @@
 //! families call `post_attention_layernorm` is a post-attention norm; for the
 //! pre-norm families it is the FFN input norm.
 
-use crate::families;
-use turbospark_core::arch::Family;
+use crate::families::FamilyDef;
 
 /// Where a source tensor goes.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,10 +110,11 @@ fn strip_prefix(name: &str) -> Option<&str> {
     PREFIXES.iter().find_map(|p| name.strip_prefix(p))
 }
 
-/// Maps one HF tensor name. `None`: the name has no meaning for the family
-/// (the converter reports it). `num_layers` lets extra layers (GLM's MTP
-/// layers) be recognised as ignorable.
-pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Target> {
+/// Maps one HF tensor name of a checkpoint of the family `def`. `None`: the
+/// name has no meaning for the family (the converter reports it).
+/// `num_layers` lets extra layers (GLM's MTP layers) be recognised as
+/// ignorable.
+pub fn map_hf_name(def: &FamilyDef, name: &str, num_layers: usize) -> Option<Target> {
     if name == "lm_head.weight" {
         return Some(Target::Resident("output.weight".into()));
     }
@@ -133,7 +133,6 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
     let rest = rest.strip_prefix("layers.")?;
     let (layer, rest) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
-    let def = families::get(family);
     if layer >= num_layers {
         // GLM-4.5 checkpoints carry multi-token-prediction layers past the
         // decoder stack; inference does not use them.
@@ -230,16 +229,22 @@ pub fn map_hf_name(family: Family, name: &str, num_layers: usize) -> Option<Targ
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::for_hf;
+
+    /// The family whose HF `model_type` is `t`.
+    fn hf(t: &str) -> &'static FamilyDef {
+        for_hf(t).unwrap()
+    }
 
     #[test]
     fn post_attention_norm_depends_on_family() {
         let n = "model.layers.3.post_attention_layernorm.weight";
         assert_eq!(
-            map_hf_name(Family::Llama, n, 4),
+            map_hf_name(hf("llama"), n, 4),
             Some(Target::Resident("blk.3.ffn_norm.weight".into()))
         );
         assert_eq!(
-            map_hf_name(Family::Gemma3, n, 4),
+            map_hf_name(hf("gemma3_text"), n, 4),
             Some(Target::Resident("blk.3.post_attention_norm.weight".into()))
         );
     }
@@ -248,7 +253,7 @@ mod tests {
     fn experts_and_unknown_names() {
         assert_eq!(
             map_hf_name(
-                Family::Mixtral,
+                hf("mixtral"),
                 "model.layers.1.block_sparse_moe.experts.5.w3.weight",
                 2
             ),
@@ -259,22 +264,22 @@ mod tests {
             })
         );
         assert_eq!(
-            map_hf_name(Family::Llama, "model.layers.0.self_attn.rope.weight", 2),
+            map_hf_name(hf("llama"), "model.layers.0.self_attn.rope.weight", 2),
             None
         );
         assert_eq!(
-            map_hf_name(Family::Llama, "model.layers.9.input_layernorm.weight", 2),
+            map_hf_name(hf("llama"), "model.layers.9.input_layernorm.weight", 2),
             None
         );
         assert_eq!(
-            map_hf_name(Family::Glm4Moe, "model.layers.9.input_layernorm.weight", 2),
+            map_hf_name(hf("glm4_moe"), "model.layers.9.input_layernorm.weight", 2),
             Some(Target::Skipped(SkippedPart::MultiTokenPrediction))
         );
     }
 
     #[test]
     fn towers_and_projectors_are_named_parts() {
-        let part = |name: &str| match map_hf_name(Family::Gemma3, name, 2) {
+        let part = |name: &str| match map_hf_name(hf("gemma3_text"), name, 2) {
             Some(Target::Skipped(p)) => Some(p),
             _ => None,
         };
@@ -305,7 +310,7 @@ mod tests {
         // The language model of a conditional-generation checkpoint maps as usual.
         assert_eq!(
             map_hf_name(
-                Family::Gemma3,
+                hf("gemma3_text"),
                 "model.language_model.layers.1.input_layernorm.weight",
                 2
             ),
@@ -313,7 +318,7 @@ mod tests {
         );
         // Anything else stays unknown.
         assert_eq!(
-            map_hf_name(Family::Gemma3, "model.mystery_tower.weight", 2),
+            map_hf_name(hf("gemma3_text"), "model.mystery_tower.weight", 2),
             None
         );
     }

@@ -69,7 +69,7 @@ pub fn convert(
     }
     let source = Source::open(src)?;
     let spec = source.spec()?;
-    let family = spec.family.to_string();
+    let family = crate::families::name(&spec.family).to_string();
 
     // Plan: map every source tensor.
     let mut steps = Vec::new();

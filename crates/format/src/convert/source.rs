@@ -3,6 +3,7 @@
 
 use super::hf_names::{map_hf_name, SkippedPart, Target};
 use crate::error::{FormatError, IoContext};
+use crate::families;
 use crate::gguf::{GgufFile, GgufValue};
 use crate::identity::canonical_from_gguf;
 use crate::install::SourceInfo;
@@ -147,15 +148,15 @@ fn map_gguf_name(spec: &ArchSpec, name: &str) -> Option<Target> {
         });
         return consumed.then_some(Target::Ignored);
     }
-    let name = canonical_from_gguf(spec.family, name);
+    let name = canonical_from_gguf(&spec.family, name);
     let Some(rest) = name.strip_prefix("blk.") else {
         return Some(Target::Resident(name));
     };
     let (layer, tail) = rest.split_once('.')?;
     let layer: usize = layer.parse().ok()?;
     if layer >= spec.num_layers() {
-        return crate::families::get(spec.family)
-            .extra_layers_are_mtp
+        return families::get(&spec.family)
+            .is_some_and(|d| d.extra_layers_are_mtp)
             .then_some(Target::Skipped(SkippedPart::MultiTokenPrediction));
     }
     if tail == "ffn_gate_up_exps.weight" {
@@ -232,10 +233,12 @@ impl Source {
         }
     }
 
+    /// Where the tensor `name` goes in an install of `spec`, this source's
+    /// spec (`None`: nowhere the family knows).
     pub fn map_name(&self, spec: &ArchSpec, name: &str) -> Option<Target> {
         match self {
             Source::Gguf(_) => map_gguf_name(spec, name),
-            Source::Hf { .. } => map_hf_name(spec.family, name, spec.num_layers()),
+            Source::Hf { .. } => map_hf_name(families::get(&spec.family)?, name, spec.num_layers()),
         }
     }
 

@@ -59,11 +59,12 @@ use crate::spec::hf::{
 use crate::spec::SpecError;
 use serde_json::Value;
 use turbospark_core::arch::{
-    ArchSpec, Family, FfnKind, KvBLayout, MlaSpec, NormSpec, RopeKind, RopeScaling, RouterKind,
+    ArchSpec, FfnKind, KvBLayout, MlaSpec, NormSpec, RopeKind, RopeScaling, RouterKind,
 };
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::DeepseekV3,
+    id: "deepseek_v3",
+    name: "deepseek_v3",
     hf_model_types: &["deepseek_v3"],
     gguf_architectures: &["deepseek2"],
     gguf_experts_of: None,
@@ -144,7 +145,7 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         &|_, _| Ok(Some(rope)),
         &vec![FfnKind::Dense; d.layers],
     )?;
-    let mut spec = latent.base_spec(Family::DeepseekV3, NormSpec::plain(eps), layers);
+    let mut spec = latent.base_spec(FAMILY.family(), NormSpec::plain(eps), layers);
     spec.activation = activation_for(c, "hidden_act", "silu")?;
     spec.head.tied = c.bool_or("tie_word_embeddings", false)?;
 
@@ -419,7 +420,7 @@ mod tests {
         let spec = from_hf(&Cfg {
             v: &v,
             top: &v,
-            family: Family::DeepseekV3,
+            def: &FAMILY,
         })
         .unwrap();
         spec.validate().unwrap();

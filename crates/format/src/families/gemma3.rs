@@ -8,7 +8,8 @@ use crate::spec::SpecError;
 use turbospark_core::arch::*;
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Gemma3,
+    id: "gemma3",
+    name: "gemma3",
     hf_model_types: &["gemma3_text", "gemma3"],
     gguf_architectures: &["gemma3"],
     gguf_experts_of: None,
@@ -57,7 +58,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         &no_moe_layers(&d),
     )?;
     let bias = c.bool_or("attention_bias", false)?;
-    let mut spec = d.base_spec(c.family, norm, layers);
+    let mut spec = d.base_spec(c.def.family(), norm, layers);
     spec.embedding.scale = (d.hidden as f32).sqrt();
     spec.norms.attn_post = Some(norm);
     spec.norms.ffn_post = Some(norm);

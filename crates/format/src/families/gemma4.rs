@@ -9,7 +9,8 @@ use crate::spec::SpecError;
 use turbospark_core::arch::*;
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Gemma4,
+    id: "gemma4",
+    name: "gemma4",
     hf_model_types: &["gemma4_text", "gemma4"],
     gguf_architectures: &["gemma4"],
     gguf_experts_of: None,
@@ -175,7 +176,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         None
     };
     let bias = c.bool_or("attention_bias", false)?;
-    let mut spec = d.base_spec(c.family, norm, layers);
+    let mut spec = d.base_spec(c.def.family(), norm, layers);
     spec.embedding.scale = (d.hidden as f32).sqrt();
     spec.norms.attn_post = Some(norm);
     spec.norms.ffn_post = Some(norm);

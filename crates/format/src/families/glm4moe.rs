@@ -13,10 +13,11 @@ use crate::spec::hf::{
     llama_like, set_deepseek_moe, Biases, Cfg, DeepseekMoeDefaults, LlamaLike, QkNorm, Sliding,
 };
 use crate::spec::SpecError;
-use turbospark_core::arch::{ArchSpec, Family, RopeKind, RouterKind};
+use turbospark_core::arch::{ArchSpec, RopeKind, RouterKind};
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Glm4Moe,
+    id: "glm4_moe",
+    name: "glm4_moe",
     hf_model_types: &["glm4_moe"],
     gguf_architectures: &["glm4moe"],
     gguf_experts_of: None,

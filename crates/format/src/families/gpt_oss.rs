@@ -9,7 +9,8 @@ use crate::spec::SpecError;
 use turbospark_core::arch::*;
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::GptOss,
+    id: "gpt_oss",
+    name: "gpt-oss",
     hf_model_types: &["gpt_oss"],
     gguf_architectures: &["gpt-oss"],
     gguf_experts_of: None,
@@ -68,7 +69,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
     )?;
     let bias = c.bool_or("attention_bias", true)?;
     let norm = NormSpec::plain(eps);
-    let mut spec = d.base_spec(c.family, norm, layers);
+    let mut spec = d.base_spec(c.def.family(), norm, layers);
     spec.intermediate_size = 0;
     spec.attention.set_biases(bias);
     spec.attention.sinks = true;

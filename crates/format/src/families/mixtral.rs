@@ -8,10 +8,11 @@ use super::FamilyDef;
 use crate::spec::gguf::{routed_experts, slide_all, softmax_router, Common, Meta};
 use crate::spec::hf::{llama_like, set_moe_layers, Biases, Cfg, LlamaLike, QkNorm, Sliding};
 use crate::spec::SpecError;
-use turbospark_core::arch::{ArchSpec, Family, MoeSpec, RopeKind, RouterKind};
+use turbospark_core::arch::{ArchSpec, MoeSpec, RopeKind, RouterKind};
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Mixtral,
+    id: "mixtral",
+    name: "mixtral",
     hf_model_types: &["mixtral"],
     gguf_architectures: &[],
     gguf_experts_of: Some("llama"),

@@ -19,36 +19,38 @@ use crate::spec::hf::Cfg;
 use crate::spec::SpecError;
 use turbospark_core::arch::{ArchSpec, Family, RopeKind};
 
-mod deepseek_v3;
-mod gemma3;
-mod gemma4;
-mod glm4moe;
-mod gpt_oss;
-mod llama;
-mod mixtral;
-mod muse_glimmer;
-mod qwen2;
-mod qwen35moe;
-mod qwen3moe;
+/// Declares each family's module and lists its `FAMILY` in [`FAMILIES`]:
+/// registering a family is one line here.
+macro_rules! registry {
+    ($($module:ident,)*) => {
+        $(mod $module;)*
 
-/// Every family, in the order error messages list them.
-pub const FAMILIES: &[&FamilyDef] = &[
-    &llama::FAMILY,
-    &qwen2::FAMILY,
-    &gemma3::FAMILY,
-    &muse_glimmer::FAMILY,
-    &mixtral::FAMILY,
-    &qwen3moe::FAMILY,
-    &gpt_oss::FAMILY,
-    &gemma4::FAMILY,
-    &glm4moe::FAMILY,
-    &deepseek_v3::FAMILY,
-    &qwen35moe::FAMILY,
-];
+        /// Every family, in the order error messages list them.
+        pub const FAMILIES: &[&FamilyDef] = &[$(&$module::FAMILY,)*];
+    };
+}
+
+registry! {
+    llama,
+    qwen2,
+    gemma3,
+    muse_glimmer,
+    mixtral,
+    qwen3moe,
+    gpt_oss,
+    gemma4,
+    glm4moe,
+    deepseek_v3,
+    qwen35moe,
+}
 
 /// One family: its names and its readers.
 pub struct FamilyDef {
-    pub family: Family,
+    /// The id an install's manifest stores ([`Family`]): snake_case, and
+    /// never changed once installs of the family exist.
+    pub id: &'static str,
+    /// The name messages and `inspect` show.
+    pub name: &'static str,
     /// HF `model_type` values (text model first).
     pub hf_model_types: &'static [&'static str],
     /// GGUF `general.architecture` values.
@@ -91,13 +93,27 @@ pub(crate) fn no_hf_layer_names(_: &str, _: usize) -> Option<Option<Target>> {
     None
 }
 
-/// The definition of `family`.
-pub fn get(family: Family) -> &'static FamilyDef {
-    FAMILIES
-        .iter()
-        .find(|d| d.family == family)
-        .copied()
-        .unwrap_or_else(|| unreachable!("every Family is registered (tested)"))
+impl FamilyDef {
+    /// The family's identity, as an [`ArchSpec`] holds it.
+    pub const fn family(&self) -> Family {
+        Family::new(self.id)
+    }
+}
+
+/// The definition of `family`; `None` for an id no module of this build
+/// declares.
+pub fn get(family: &Family) -> Option<&'static FamilyDef> {
+    FAMILIES.iter().find(|d| d.id == family.id()).copied()
+}
+
+/// The display name of `family` (its id where this build does not know it).
+pub fn name(family: &Family) -> &str {
+    get(family).map_or(family.id(), |d| d.name)
+}
+
+/// Comma-separated ids of every family, for error messages.
+pub fn known_ids() -> String {
+    FAMILIES.iter().map(|d| d.id).collect::<Vec<_>>().join(", ")
 }
 
 /// The family of an HF `model_type`.
@@ -127,34 +143,35 @@ pub fn for_gguf(architecture: &str, expert_count: u64) -> Option<&'static Family
 
 /// The family of an HF `model_type`.
 pub fn family_for_hf(model_type: &str) -> Option<Family> {
-    for_hf(model_type).map(|d| d.family)
+    for_hf(model_type).map(FamilyDef::family)
 }
 
 /// The family of a GGUF `general.architecture`; `expert_count` is the
 /// `<arch>.expert_count` value (0 when absent).
 pub fn family_for_gguf(architecture: &str, expert_count: u64) -> Option<Family> {
-    for_gguf(architecture, expert_count).map(|d| d.family)
+    for_gguf(architecture, expert_count).map(FamilyDef::family)
 }
 
-/// The canonical name of a tensor named `name` in a GGUF file of `family`.
-pub fn canonical_from_gguf(family: Family, name: &str) -> String {
+/// The canonical name of a tensor named `name` in a GGUF file of `family`
+/// (unchanged for a family this build does not know, which has no renames).
+pub fn canonical_from_gguf(family: &Family, name: &str) -> String {
     rename_layer_tensor(family, name, |(canonical, gguf)| (gguf, canonical))
 }
 
 /// The name llama.cpp's converter gives the canonical tensor `name` in a
 /// GGUF file of `family`.
-pub fn gguf_from_canonical(family: Family, name: &str) -> String {
+pub fn gguf_from_canonical(family: &Family, name: &str) -> String {
     rename_layer_tensor(family, name, |pair| pair)
 }
 
 /// Applies the family's renames (`from` → `to`, as `direction` orders each
 /// pair) to the suffix of a `blk.{L}.` name.
 fn rename_layer_tensor(
-    family: Family,
+    family: &Family,
     name: &str,
     direction: impl Fn((&'static str, &'static str)) -> (&'static str, &'static str),
 ) -> String {
-    let renames = get(family).gguf_renames;
+    let renames = get(family).map_or(&[][..], |d| d.gguf_renames);
     if let Some((layer, tail)) = name
         .strip_prefix("blk.")
         .and_then(|rest| rest.split_once('.'))
@@ -170,8 +187,8 @@ fn rename_layer_tensor(
 }
 
 /// The built-in chat template name of `family`, if it has one.
-pub fn default_chat_template(family: Family) -> Option<&'static str> {
-    get(family).default_chat_template
+pub fn default_chat_template(family: &Family) -> Option<&'static str> {
+    get(family)?.default_chat_template
 }
 
 /// Comma-separated list of accepted HF model types, for error messages.
@@ -191,7 +208,7 @@ pub fn supported_gguf_architectures() -> String {
         .collect();
     for d in FAMILIES {
         if let Some(arch) = d.gguf_experts_of {
-            names.push(format!("{arch} (with experts: {})", d.family));
+            names.push(format!("{arch} (with experts: {})", d.name));
         }
     }
     names.dedup();
@@ -202,81 +219,111 @@ pub fn supported_gguf_architectures() -> String {
 mod tests {
     use super::*;
 
+    /// The family whose HF `model_type` is `t`.
+    fn hf(t: &str) -> Family {
+        family_for_hf(t).unwrap()
+    }
+
     #[test]
     fn gpt_oss_gguf_names_its_ffn_norm_post_attention_norm() {
-        let gguf = gguf_from_canonical(Family::GptOss, "blk.3.ffn_norm.weight");
+        let gpt_oss = hf("gpt_oss");
+        let gguf = gguf_from_canonical(&gpt_oss, "blk.3.ffn_norm.weight");
         assert_eq!(gguf, "blk.3.post_attention_norm.weight");
         assert_eq!(
-            canonical_from_gguf(Family::GptOss, &gguf),
+            canonical_from_gguf(&gpt_oss, &gguf),
             "blk.3.ffn_norm.weight"
         );
         // Other families keep both names as they are.
         for name in ["blk.3.ffn_norm.weight", "blk.3.post_attention_norm.weight"] {
-            assert_eq!(gguf_from_canonical(Family::Gemma3, name), name);
-            assert_eq!(canonical_from_gguf(Family::Gemma3, name), name);
+            assert_eq!(gguf_from_canonical(&hf("gemma3_text"), name), name);
+            assert_eq!(canonical_from_gguf(&hf("gemma3_text"), name), name);
         }
         assert_eq!(
-            gguf_from_canonical(Family::GptOss, "output.weight"),
+            gguf_from_canonical(&gpt_oss, "output.weight"),
             "output.weight"
         );
     }
 
+    /// Installs store the id; these are the ids every install written so
+    /// far holds (the snake_case names of the enum that once listed the
+    /// families), and the names messages show.
     #[test]
     fn manifests_name_families_as_before() {
-        for (f, id) in [
-            (Family::Llama, "llama"),
-            (Family::Qwen2, "qwen2"),
-            (Family::Gemma3, "gemma3"),
-            (Family::MuseGlimmer, "muse_glimmer"),
-            (Family::Mixtral, "mixtral"),
-            (Family::Qwen3Moe, "qwen3_moe"),
-            (Family::GptOss, "gpt_oss"),
-            (Family::Gemma4, "gemma4"),
-            (Family::Glm4Moe, "glm4_moe"),
+        for (model_type, id, name) in [
+            ("llama", "llama", "llama"),
+            ("qwen2", "qwen2", "qwen2"),
+            ("gemma3_text", "gemma3", "gemma3"),
+            ("muse_glimmer", "muse_glimmer", "muse_glimmer"),
+            ("mixtral", "mixtral", "mixtral"),
+            ("qwen3_moe", "qwen3_moe", "qwen3moe"),
+            ("gpt_oss", "gpt_oss", "gpt-oss"),
+            ("gemma4_text", "gemma4", "gemma4"),
+            ("glm4_moe", "glm4_moe", "glm4_moe"),
+            ("deepseek_v3", "deepseek_v3", "deepseek_v3"),
+            ("qwen3_5_moe_text", "qwen35_moe", "qwen3_5_moe"),
         ] {
+            let f = hf(model_type);
             assert_eq!(serde_json::to_string(&f).unwrap(), format!("\"{id}\""));
+            assert_eq!(
+                serde_json::from_str::<Family>(&format!("\"{id}\"")).unwrap(),
+                f
+            );
+            assert_eq!(super::name(&f), name);
         }
-        assert_eq!(Family::GptOss.to_string(), "gpt-oss");
     }
 
     #[test]
-    fn every_family_has_an_hf_row_and_rows_do_not_overlap() {
-        for &f in Family::ALL {
-            assert!(FAMILIES.iter().any(|i| i.family == f), "{f} missing");
-        }
-        let mut seen = std::collections::HashSet::new();
-        for i in FAMILIES {
-            for t in i.hf_model_types {
-                assert!(seen.insert(*t), "{t} listed twice");
+    fn ids_and_model_types_are_unique() {
+        let (mut ids, mut types) = (
+            std::collections::HashSet::new(),
+            std::collections::HashSet::new(),
+        );
+        for d in FAMILIES {
+            assert!(ids.insert(d.id), "id {} declared twice", d.id);
+            assert!(
+                !d.id.is_empty()
+                    && d.id
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_'),
+                "id {} is not snake_case",
+                d.id
+            );
+            for t in d.hf_model_types {
+                assert!(types.insert(*t), "{t} listed twice");
             }
+            assert_eq!(get(&d.family()).map(|g| g.id), Some(d.id));
         }
+        let unknown = Family::new("not_a_family");
+        assert!(get(&unknown).is_none());
+        assert_eq!(super::name(&unknown), "not_a_family");
+        assert_eq!(
+            canonical_from_gguf(&unknown, "blk.0.x.weight"),
+            "blk.0.x.weight"
+        );
     }
 
     #[test]
     fn llama_cpp_names_of_glm4moe_and_gemma4_tensors() {
         assert_eq!(
-            canonical_from_gguf(Family::Glm4Moe, "blk.1.post_attention_norm.weight"),
+            canonical_from_gguf(&hf("glm4_moe"), "blk.1.post_attention_norm.weight"),
             "blk.1.ffn_norm.weight"
         );
         assert_eq!(
-            canonical_from_gguf(Family::Gemma4, "blk.1.ffn_down_exps.scale"),
+            canonical_from_gguf(&hf("gemma4_text"), "blk.1.ffn_down_exps.scale"),
             "blk.1.ffn_gate_inp.expert_scale"
         );
-        assert_eq!(
-            family_for_gguf("muse-glimmer", 0),
-            Some(Family::MuseGlimmer)
-        );
-        assert_eq!(default_chat_template(Family::Gemma3), Some("gemma"));
-        assert_eq!(default_chat_template(Family::Llama), None);
+        assert_eq!(family_for_gguf("muse-glimmer", 0), Some(hf("muse_glimmer")));
+        assert_eq!(default_chat_template(&hf("gemma3_text")), Some("gemma"));
+        assert_eq!(default_chat_template(&hf("llama")), None);
     }
 
     #[test]
     fn mixtral_is_llama_with_experts_in_gguf() {
-        assert_eq!(family_for_gguf("llama", 0), Some(Family::Llama));
-        assert_eq!(family_for_gguf("llama", 8), Some(Family::Mixtral));
-        assert_eq!(family_for_gguf("gpt-oss", 32), Some(Family::GptOss));
+        assert_eq!(family_for_gguf("llama", 0), Some(hf("llama")));
+        assert_eq!(family_for_gguf("llama", 8), Some(hf("mixtral")));
+        assert_eq!(family_for_gguf("gpt-oss", 32), Some(hf("gpt_oss")));
         assert_eq!(family_for_gguf("mamba", 0), None);
-        assert_eq!(family_for_hf("qwen3_moe"), Some(Family::Qwen3Moe));
+        assert_eq!(family_for_hf("qwen3_moe"), Some(Family::new("qwen3_moe")));
         assert_eq!(family_for_hf("bert"), None);
     }
 }

@@ -11,7 +11,8 @@ use serde_json::Value;
 use turbospark_core::arch::*;
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::MuseGlimmer,
+    id: "muse_glimmer",
+    name: "muse_glimmer",
     hf_model_types: &["muse_glimmer_text", "muse_glimmer"],
     gguf_architectures: &["muse-glimmer", "muse_glimmer"],
     gguf_experts_of: None,
@@ -79,7 +80,7 @@ pub(crate) fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
         .get("tie_word_embeddings")
         .and_then(Value::as_bool)
         .unwrap_or(c.bool_or("tie_word_embeddings", false)?);
-    let mut spec = d.base_spec(c.family, centered, layers);
+    let mut spec = d.base_spec(c.def.family(), centered, layers);
     spec.embedding.norm = Some(NormSpec::no_scale(eps));
     spec.norms.attn_post = Some(post);
     spec.norms.ffn_post = Some(post);

@@ -7,10 +7,11 @@ use super::FamilyDef;
 use crate::spec::gguf::{slide_all, Common, Meta};
 use crate::spec::hf::{llama_like, Biases, Cfg, LlamaLike, QkNorm, Sliding};
 use crate::spec::SpecError;
-use turbospark_core::arch::{ArchSpec, Family, RopeKind};
+use turbospark_core::arch::{ArchSpec, RopeKind};
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Qwen2,
+    id: "qwen2",
+    name: "qwen2",
     hf_model_types: &["qwen2"],
     gguf_architectures: &["qwen2"],
     gguf_experts_of: None,

@@ -34,11 +34,12 @@ use crate::spec::hf::{build_layers, dims, rope_spec, set_moe_layers, Cfg};
 use crate::spec::SpecError;
 use serde_json::Value;
 use turbospark_core::arch::{
-    ArchSpec, DeltaNetSpec, Family, FfnKind, Mixer, MoeSpec, NormSpec, RopeKind, RouterKind,
+    ArchSpec, DeltaNetSpec, FfnKind, Mixer, MoeSpec, NormSpec, RopeKind, RouterKind,
 };
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Qwen35Moe,
+    id: "qwen35_moe",
+    name: "qwen3_5_moe",
     hf_model_types: &["qwen3_5_moe_text", "qwen3_5_moe"],
     gguf_architectures: &[],
     gguf_experts_of: None,
@@ -148,7 +149,7 @@ fn from_hf(c: &Cfg) -> Result<ArchSpec, SpecError> {
             l.rope = None;
         }
     }
-    let mut spec = d.base_spec(Family::Qwen35Moe, NormSpec::centered(eps), layers);
+    let mut spec = d.base_spec(FAMILY.family(), NormSpec::centered(eps), layers);
     spec.norms.q = Some(NormSpec::centered(eps));
     spec.norms.k = Some(NormSpec::centered(eps));
     spec.attention.gate_in_q = true;
@@ -192,7 +193,7 @@ mod tests {
         from_hf(&Cfg {
             v,
             top: v,
-            family: Family::Qwen35Moe,
+            def: &FAMILY,
         })
     }
 

@@ -8,10 +8,11 @@ use super::FamilyDef;
 use crate::spec::gguf::{routed_experts, slide_all, softmax_router, Common, Meta};
 use crate::spec::hf::{llama_like, set_moe_layers, Biases, Cfg, LlamaLike, QkNorm, Sliding};
 use crate::spec::SpecError;
-use turbospark_core::arch::{ArchSpec, Family, MoeSpec, RopeKind, RouterKind};
+use turbospark_core::arch::{ArchSpec, MoeSpec, RopeKind, RouterKind};
 
 pub const FAMILY: FamilyDef = FamilyDef {
-    family: Family::Qwen3Moe,
+    id: "qwen3_moe",
+    name: "qwen3moe",
     hf_model_types: &["qwen3_moe"],
     gguf_architectures: &["qwen3moe"],
     gguf_experts_of: None,

@@ -4,6 +4,7 @@
 
 use super::manifest::*;
 use crate::error::{FormatError, IoContext};
+use crate::families;
 use crate::roles::{expected_expert_parts, expected_resident};
 use memmap2::Mmap;
 use std::collections::HashMap;
@@ -54,10 +55,22 @@ pub fn read_manifest(dir: &Path) -> Result<Manifest, FormatError> {
             expected: FORMAT_VERSION,
         });
     }
-    serde_json::from_value(raw).map_err(|e| FormatError::Json {
-        path: mpath,
+    let manifest: Manifest = serde_json::from_value(raw).map_err(|e| FormatError::Json {
+        path: mpath.clone(),
         detail: e.to_string(),
-    })
+    })?;
+    let family = &manifest.arch.family;
+    if families::get(family).is_none() {
+        return Err(bad(
+            &mpath,
+            format!(
+                "family {:?} is not one this build knows ({})",
+                family.id(),
+                families::known_ids()
+            ),
+        ));
+    }
+    Ok(manifest)
 }
 
 impl Install {
@@ -120,7 +133,7 @@ impl Install {
                     tensor: want.name,
                     expected: want.shape,
                     found: t.shape.clone(),
-                    family: manifest.arch.family.to_string(),
+                    family: families::name(&manifest.arch.family).to_string(),
                 });
             }
         }
@@ -139,7 +152,7 @@ impl Install {
                     tensor: format!("blk.{}.experts.{}", want.layer, want.part),
                     expected: want.shape,
                     found: part.shape.clone(),
-                    family: manifest.arch.family.to_string(),
+                    family: families::name(&manifest.arch.family).to_string(),
                 });
             }
         }

@@ -10,7 +10,7 @@
 //!   Gemma norms are plain where HF's are centered.
 
 use super::SpecError;
-use crate::families::{self, supported_gguf_architectures};
+use crate::families::{self, supported_gguf_architectures, FamilyDef};
 use turbospark_core::arch::*;
 
 /// Read access to GGUF metadata and tensor presence.
@@ -33,7 +33,8 @@ pub trait GgufMeta {
 pub(crate) struct Meta<'a> {
     pub m: &'a dyn GgufMeta,
     pub arch: &'a str,
-    pub family: Family,
+    /// The family whose reader reads it.
+    pub def: &'static FamilyDef,
 }
 
 /// What every family reads the same way, for its own reading to build on.
@@ -59,7 +60,7 @@ impl Meta<'_> {
             .map(|v| v as usize)
             .ok_or(SpecError::MissingField {
                 field: key,
-                family: self.family.to_string(),
+                family: self.def.name.to_string(),
                 source_kind: "GGUF metadata",
             })
     }
@@ -121,8 +122,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
         source_kind: "GGUF general.architecture",
         supported: supported_gguf_architectures(),
     })?;
-    let family = def.family;
-    let g = Meta { m, arch, family };
+    let g = Meta { m, arch, def };
 
     let hidden = g.req("embedding_length")?;
     // llama.cpp counts multi-token-prediction layers in block_count.
@@ -145,7 +145,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
         .or_else(|| m.meta_array_len("tokenizer.ggml.tokens"))
         .ok_or(SpecError::MissingField {
             field: "tokenizer.ggml.tokens".into(),
-            family: family.to_string(),
+            family: def.name.to_string(),
             source_kind: "GGUF metadata",
         })?;
     let eps = g.f("attention.layer_norm_rms_epsilon", 1e-5) as f32;
@@ -199,7 +199,7 @@ pub fn spec_from_gguf(m: &dyn GgufMeta) -> Result<ArchSpec, SpecError> {
     let tied = !has("output.weight");
 
     let mut spec = ArchSpec {
-        family,
+        family: def.family(),
         vocab_size: vocab,
         hidden_size: hidden,
         num_heads: heads,

@@ -7,7 +7,7 @@
 
 pub(crate) use super::rope::rope_spec;
 use super::SpecError;
-use crate::families::{self, supported_hf_model_types};
+use crate::families::{self, supported_hf_model_types, FamilyDef};
 use serde_json::Value;
 use turbospark_core::arch::*;
 
@@ -17,14 +17,15 @@ pub(crate) struct Cfg<'a> {
     pub v: &'a Value,
     /// The whole `config.json`.
     pub top: &'a Value,
-    pub family: Family,
+    /// The family whose reader reads it.
+    pub def: &'static FamilyDef,
 }
 
 impl<'a> Cfg<'a> {
     pub(crate) fn missing(&self, field: &str) -> SpecError {
         SpecError::MissingField {
             field: field.to_string(),
-            family: self.family.to_string(),
+            family: self.def.name.to_string(),
             source_kind: "config.json",
         }
     }
@@ -153,7 +154,7 @@ pub fn spec_from_hf_config(config: &Value) -> Result<ArchSpec, SpecError> {
     let c = Cfg {
         v: cfg_v,
         top: config,
-        family: def.family,
+        def,
     };
     let spec = (def.from_hf)(&c)?;
     spec.validate().map_err(SpecError::Inconsistent)?;
@@ -377,7 +378,7 @@ pub(crate) fn llama_like(c: &Cfg, p: &LlamaLike) -> Result<ArchSpec, SpecError> 
         &no_moe_layers(&d),
     )?;
     let norm = NormSpec::plain(eps);
-    let mut spec = d.base_spec(c.family, norm, layers);
+    let mut spec = d.base_spec(c.def.family(), norm, layers);
     spec.norms.q = qk_norm;
     spec.norms.k = qk_norm;
     spec.attention.q_bias = qkv_bias;

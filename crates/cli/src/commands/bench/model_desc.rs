@@ -51,7 +51,11 @@ impl ModelDesc {
         );
         ModelDesc {
             name,
-            kind: format!("{} {} {format}", m.arch.family.name(), params_label(params)),
+            kind: format!(
+                "{} {} {format}",
+                turbospark_format::families::name(&m.arch.family),
+                params_label(params)
+            ),
             bytes,
             params,
         }

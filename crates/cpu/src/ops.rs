@@ -403,11 +403,13 @@ impl Stream<CpuDevice> for CpuStream {
         };
         let (nh, nkv, hd) = (first.n_heads, first.n_kv_heads, first.head_dim);
         let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
-        // Each part is split as `attention` splits it: items of one query
-        // head, or (prefill in fast numerics) of up to HEADS_PER_ITEM heads
-        // sharing a KV head.
+        // Items of one query head, or (fast numerics) of up to
+        // HEADS_PER_ITEM heads sharing a KV head, loading each key and
+        // value once for them (the same bits per head): with several
+        // parts there are items enough for every thread even when each
+        // part is one decoding token.
         let heads_per_item = |p: &AttentionParams| {
-            if fast && kernels::attends_heads(isa, p) {
+            if fast && kernels::attends_heads_in_parts(isa, p) {
                 kernels::HEADS_PER_ITEM
             } else {
                 1

@@ -207,11 +207,11 @@ impl CpuStream {
         // thread would quantize while the others wait for the matmul).
         let pool = &self.pool;
         let acts = if x.len() >= PARALLEL_QUANTIZE {
-            fast_act.quantize_split(w.format, x, |f| {
+            fast_act.quantize_split(self.isa, w.format, x, |f| {
                 let _ = parallel(pool, threads, PARALLEL_MIN_WORK, &|i, parts, _| f(i, parts));
             })
         } else {
-            fast_act.quantize(w.format, x)
+            fast_act.quantize(self.isa, w.format, x)
         };
         let acts = acts.ok_or(BackendError::ScratchTooSmall {
             op: "matmul",

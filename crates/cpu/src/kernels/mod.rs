@@ -226,16 +226,31 @@ pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
 /// [`attend_heads`].
 pub(crate) const HEADS_PER_ITEM: usize = 4;
 
-/// Whether [`attend_heads`] runs on `isa` for these parameters: batches
-/// (prefill) of heads whose width is a multiple of 8. Single tokens keep
-/// one head per item, which splits better between threads.
+/// Whether [`attend_heads`] has a kernel on `isa` for these parameters:
+/// heads whose width is a multiple of 8.
+pub(crate) fn heads_kernel(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
+    isa.has_avx2() && p.head_dim.is_multiple_of(8)
+}
+
+/// Whether one attention call over these parameters attends
+/// [`HEADS_PER_ITEM`] heads per item with [`attend_heads`]: batches
+/// (prefill). A single token keeps one head per item, which splits better
+/// between threads.
 pub(crate) fn attends_heads(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
-    isa.has_avx2() && p.head_dim.is_multiple_of(8) && p.n_tokens > 1
+    heads_kernel(isa, p) && p.n_tokens > 1
+}
+
+/// Whether a call over several sequences' parts (many items to share
+/// between threads whatever each part's size) attends grouped query heads
+/// with [`attend_heads`]: where the kernel runs and query heads share KV
+/// heads.
+pub(crate) fn attends_heads_in_parts(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
+    heads_kernel(isa, p) && p.n_heads > p.n_kv_heads
 }
 
 /// Query heads `h0 .. h0 + g` (`g ≤` [`HEADS_PER_ITEM`], one KV head) of
-/// token `t`, when [`attends_heads`] holds; `scores` holds `g` times the
-/// token's key count.
+/// token `t` (each head's bits are [`attend`]'s); `scores` holds `g` times
+/// the token's key count.
 pub(crate) fn attend_heads(
     isa: Isa,
     inputs: &crate::attention::AttentionInputs<'_>,
@@ -246,8 +261,8 @@ pub(crate) fn attend_heads(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if attends_heads(isa, inputs.params) {
-        // SAFETY: `attends_heads` checked the CPU features and the head
+    if heads_kernel(isa, inputs.params) {
+        // SAFETY: `heads_kernel` checked the CPU features and the head
         // width; the caller checked the buffers and the head group.
         unsafe { avx2_ops::attend_heads(inputs, t, h0, g, scores, out) };
         return;
@@ -530,7 +545,7 @@ mod tests {
                     // Ragged split: rows in two uneven parts (whole groups
                     // when packed).
                     let cut = rows / 3 / row_unit(&w) * row_unit(&w);
-                    let a = acts.quantize(format, &x).unwrap();
+                    let a = acts.quantize(isa, format, &x).unwrap();
                     // SAFETY: the two row ranges are disjoint.
                     unsafe {
                         matmul_rows(isa, &w, a, n, &out, 0..cut);
@@ -540,7 +555,9 @@ mod tests {
                     for t in 0..n {
                         let mut alone = vec![0f32; rows];
                         let out = DisjointMut::new(&mut alone);
-                        let a = acts.quantize(format, &x[t * cols..(t + 1) * cols]).unwrap();
+                        let a = acts
+                            .quantize(isa, format, &x[t * cols..(t + 1) * cols])
+                            .unwrap();
                         // SAFETY: one caller.
                         unsafe { matmul_rows(isa, &w, a, 1, &out, 0..rows) };
                         assert!(

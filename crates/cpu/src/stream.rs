@@ -220,7 +220,7 @@ impl CpuStream {
         })?;
         let out = DisjointMut::new(&mut out[..n * w.rows]);
         let isa = self.isa;
-        let unit = kernels::row_unit(w);
+        let unit = kernels::row_unit(isa, w);
         parallel(&self.pool, threads, n * w.rows * w.cols, &|i, parts, _| {
             let units = split(w.rows.div_ceil(unit), parts, i);
             let range = (units.start * unit).min(w.rows)..(units.end * unit).min(w.rows);

@@ -54,8 +54,10 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2, FMA and F16C.
     Avx2,
-    /// [`Isa::Avx2`] plus AVX-512F, AVX-512VL and AVX-512 VNNI (integer
-    /// dots of packed weights by `vpdpbusd`; same bits as [`Isa::Avx2`]).
+    /// [`Isa::Avx2`] plus AVX-512F, AVX-512VL, AVX-512BW and AVX-512 VNNI
+    /// (integer dots of packed weights by `vpdpbusd`, sixteen rows at a
+    /// time in 512-bit registers where two groups of eight are at hand;
+    /// same bits as [`Isa::Avx2`]).
     Avx512Vnni,
 }
 
@@ -69,6 +71,7 @@ impl Isa {
         {
             if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
             {
                 return Isa::Avx512Vnni;
@@ -213,12 +216,14 @@ pub(crate) fn repack(isa: Isa, w: &mut CpuMatrix) {
 }
 
 /// Rows per unit of work: a packed matrix is split between threads in
-/// whole groups.
-pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
-    if w.packed.is_some() {
-        packed::GROUP
-    } else {
-        1
+/// whole groups, in pairs of groups where `isa` computes two at a time.
+pub(crate) fn row_unit(isa: Isa, w: &CpuMatrix) -> usize {
+    match (&w.packed, isa) {
+        (Some(_), Isa::Avx512Vnni) if act::ActKind::of(w.format) == act::ActKind::Q32 => {
+            2 * packed::GROUP
+        }
+        (Some(_), _) => packed::GROUP,
+        (None, _) => 1,
     }
 }
 
@@ -336,7 +341,7 @@ pub(crate) unsafe fn matmul_rows(
 
 /// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time
 /// (the AVX-512 VNNI kernel's [`avx512_packed::TILE_TOKENS`] where it
-/// runs).
+/// runs, on two groups at a time where the chunk has two left).
 ///
 /// # Safety
 /// The CPU has the features of `isa`, at least AVX2, FMA and F16C;
@@ -359,13 +364,36 @@ unsafe fn packed_groups(
         TOKENS
     };
     let mut tile = [[0f32; packed::GROUP]; avx512_packed::TILE_TOKENS];
+    let mut pair_tile = [[0f32; 2 * packed::GROUP]; avx512_packed::TILE_TOKENS];
     let mut g0 = groups.start;
     while g0 < groups.end {
         let g1 = (g0 + GROUP_CHUNK).min(groups.end);
         let mut t = 0;
         while t < n {
             let c = tile_tokens.min(n - t);
-            for g in g0..g1 {
+            let mut g = g0;
+            // Two groups at a time in 512-bit registers where VNNI runs.
+            if let (true, ActRows::Q32(a)) = (vnni, acts) {
+                while g + 2 <= g1 {
+                    let tile = &mut pair_tile[..c];
+                    // SAFETY: the CPU has the features (contract); groups
+                    // `g` and `g + 1` are whole; the activations hold `n`
+                    // rows of `p.blocks` blocks.
+                    unsafe {
+                        let (grp0, grp1) = (p.group(w.format, g), p.group(w.format, g + 1));
+                        avx512_packed::group_pair_tile(w.format, grp0, grp1, p.blocks, a, t, tile);
+                    }
+                    for (j, vals) in tile.iter().enumerate() {
+                        // SAFETY: both groups' rows lie in this caller's range.
+                        let o = unsafe {
+                            out.range((t + j) * w.rows + g * packed::GROUP, 2 * packed::GROUP)
+                        };
+                        o.copy_from_slice(vals);
+                    }
+                    g += 2;
+                }
+            }
+            for g in g..g1 {
                 // SAFETY: the CPU has the features (contract); group `g` is
                 // whole; the activations hold `n` rows of `p.blocks` blocks.
                 let grp = p.group(w.format, g);
@@ -507,7 +535,16 @@ mod tests {
             } else {
                 96 + 32 * 3
             };
-            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5), (24, 17)] {
+            for (rows, n) in [
+                (1, 1),
+                (7, 3),
+                (13, 6),
+                (33, 9),
+                (40, 1),
+                (27, 5),
+                (24, 17),
+                (64, 16),
+            ] {
                 let w = matrix(format, rows, cols, rows as u64 * 31 + n as u64);
                 let mut next = rng(n as u64);
                 let x: Vec<f32> = (0..n * cols)
@@ -544,7 +581,7 @@ mod tests {
                     let out = DisjointMut::new(&mut got);
                     // Ragged split: rows in two uneven parts (whole groups
                     // when packed).
-                    let cut = rows / 3 / row_unit(&w) * row_unit(&w);
+                    let cut = rows / 3 / row_unit(isa, &w) * row_unit(isa, &w);
                     let a = acts.quantize(isa, format, &x).unwrap();
                     // SAFETY: the two row ranges are disjoint.
                     unsafe {

@@ -311,7 +311,57 @@ pub(crate) unsafe fn attend_heads(
     }
 }
 
-/// [`attend_heads`] with the query-key dots of `G ≥ g` heads at a time.
+/// The offsets in the caches of the key (and value) rows of keys
+/// `lo ..= pos` in order, for KV head offset `head_at`: key `j` sits in
+/// ring slot `j mod capacity`, stepped rather than divided per key.
+#[inline]
+fn key_rows(
+    p: &turbospark_backend::AttentionParams,
+    lo: usize,
+    pos: usize,
+    head_at: usize,
+) -> impl Iterator<Item = usize> {
+    let row = p.n_kv_heads * p.head_dim;
+    let cap = p.capacity;
+    let mut slot = lo % cap;
+    (lo..=pos).map(move |_| {
+        let at = slot * row + head_at;
+        slot += 1;
+        if slot == cap {
+            slot = 0;
+        }
+        at
+    })
+}
+
+/// Keys ahead of the one being added whose value rows are fetched.
+const VALUES_AHEAD: usize = 6;
+
+/// Asks for the `len` floats at each of `rows` (offsets from `base`) to be
+/// brought into the cache.
+///
+/// # Safety
+/// Each `base + row` is inside the allocation `base` points into.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn prefetch_rows(base: *const f32, rows: &[Option<usize>], len: usize) {
+    for &at in rows.iter().flatten() {
+        // SAFETY: the address lies inside the allocation (contract); a
+        // prefetch does not access memory architecturally.
+        let p = unsafe { base.add(at) } as *const i8;
+        for line in (0..len * 4).step_by(64) {
+            _mm_prefetch(p.wrapping_add(line), _MM_HINT_T0);
+        }
+    }
+}
+
+/// [`attend_heads`] for `G ≥ g` heads at a time.
+///
+/// Each score and each output lane is a chain of multiply-adds (over the
+/// dims, over the keys) whose order fixes its bits; the loops keep eight
+/// or nine of those chains going at once (several keys' scores, several
+/// blocks of output dims), so the multiply-adds wait on each other's
+/// latency as little as the registers allow.
 ///
 /// # Safety
 /// As for [`attend_heads`].
@@ -327,30 +377,17 @@ unsafe fn heads<const G: usize>(
 ) {
     let p = inp.params;
     let hd = p.head_dim;
-    let row = p.n_kv_heads * hd;
     let kv_head = h0 / (p.n_heads / p.n_kv_heads);
     let pos = p.first_pos + t;
     let lo = p.first_key(pos);
     let n = pos - lo + 1;
-    let at = |j: usize| (j % p.capacity) * row + kv_head * hd;
-    let q: [*const f32; G] =
-        std::array::from_fn(|i| inp.q[(t * p.n_heads + h0 + i.min(g - 1)) * hd..].as_ptr());
-    let (k_cache, v_cache) = (inp.k_cache.as_ptr(), inp.v_cache.as_ptr());
-    for (idx, j) in (lo..=pos).enumerate() {
-        let mut acc = [_mm256_setzero_ps(); G];
-        // SAFETY: row `at(j)` holds `hd` floats of the checked cache; each
-        // query head holds `hd` floats.
-        unsafe {
-            let k = k_cache.add(at(j));
-            for d in (0..hd).step_by(8) {
-                let kv = _mm256_loadu_ps(k.add(d));
-                for i in 0..G {
-                    acc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[i].add(d)), kv, acc[i]);
-                }
-            }
-        }
-        for i in 0..g {
-            scores[i * n + idx] = hsum(acc[i]) * p.scale;
+    // SAFETY (both): forwarded.
+    unsafe {
+        match G {
+            1 => key_scores::<G, 8>(inp, t, h0, g, lo, pos, kv_head, scores),
+            2 => key_scores::<G, 4>(inp, t, h0, g, lo, pos, kv_head, scores),
+            3 => key_scores::<G, 3>(inp, t, h0, g, lo, pos, kv_head, scores),
+            _ => key_scores::<G, 2>(inp, t, h0, g, lo, pos, kv_head, scores),
         }
     }
     let mut inv = [0f32; G];
@@ -358,39 +395,145 @@ unsafe fn heads<const G: usize>(
         let s = &mut scores[i * n..(i + 1) * n];
         inv[i] = softmax(s, p.softcap, inp.sinks.map(|sk| sk[h0 + i]));
     }
-    let o = out.as_mut_ptr();
+    // The weighted sum of values, dims in blocks of `8 · V` per pass over
+    // the keys (`G · V` accumulators).
+    let v_max = match G {
+        1 => 8,
+        2 => 4,
+        3 => 3,
+        _ => 2,
+    };
     let mut d0 = 0;
     while d0 < hd {
-        let width = (hd - d0).min(16);
-        let mut acc = [[_mm256_setzero_ps(); 2]; G];
-        for (idx, j) in (lo..=pos).enumerate() {
-            // SAFETY: dims `d0 .. d0 + width` of row `at(j)`.
-            unsafe {
-                let v = v_cache.add(at(j) + d0);
-                let v0 = _mm256_loadu_ps(v);
-                let v1 = if width > 8 {
-                    _mm256_loadu_ps(v.add(8))
-                } else {
-                    v0
-                };
-                for i in 0..g {
-                    let w = _mm256_set1_ps(*scores.get_unchecked(i * n + idx));
-                    acc[i][0] = _mm256_fmadd_ps(w, v0, acc[i][0]);
-                    acc[i][1] = _mm256_fmadd_ps(w, v1, acc[i][1]);
+        let v = ((hd - d0) / 8).min(v_max);
+        let w = (inp, lo, pos, kv_head, d0, g);
+        // SAFETY: forwarded; `d0 + 8v ≤ hd`, a multiple of 8.
+        unsafe {
+            match v {
+                8 => values::<G, 8>(w, scores, &inv, out),
+                7 => values::<G, 7>(w, scores, &inv, out),
+                6 => values::<G, 6>(w, scores, &inv, out),
+                5 => values::<G, 5>(w, scores, &inv, out),
+                4 => values::<G, 4>(w, scores, &inv, out),
+                3 => values::<G, 3>(w, scores, &inv, out),
+                2 => values::<G, 2>(w, scores, &inv, out),
+                _ => values::<G, 1>(w, scores, &inv, out),
+            }
+        }
+        d0 += 8 * v;
+    }
+}
+
+/// The scaled scores of heads `h0 .. h0 + g` of token `t` against keys
+/// `lo ..= pos` into `scores` (`g` rows of the key count), `K` keys at a
+/// time: per score the dims' multiply-adds in order, then [`hsum`].
+///
+/// # Safety
+/// As for [`attend_heads`].
+#[inline]
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn key_scores<const G: usize, const K: usize>(
+    inp: &AttentionInputs<'_>,
+    t: usize,
+    h0: usize,
+    g: usize,
+    lo: usize,
+    pos: usize,
+    kv_head: usize,
+    scores: &mut [f32],
+) {
+    let p = inp.params;
+    let hd = p.head_dim;
+    let n = pos - lo + 1;
+    let q: [*const f32; G] =
+        std::array::from_fn(|i| inp.q[(t * p.n_heads + h0 + i.min(g - 1)) * hd..].as_ptr());
+    let k_cache = inp.k_cache.as_ptr();
+    let mut rows = key_rows(p, lo, pos, kv_head * hd);
+    // The rows of the block after next, fetched while this one computes
+    // (each head's slice of a cached row is a few cache lines; the cache of
+    // a sequence is rarely still in the cache hierarchy a step later).
+    let mut fetch = key_rows(p, lo, pos, kv_head * hd).skip(2 * K);
+    let mut idx = 0;
+    while idx < n {
+        let kb = K.min(n - idx);
+        let mut at = [0usize; K];
+        for a in at.iter_mut().take(kb) {
+            *a = rows.next().unwrap_or(0);
+        }
+        let ahead: [Option<usize>; K] = std::array::from_fn(|_| fetch.next());
+        let mut acc = [[_mm256_setzero_ps(); G]; K];
+        // SAFETY: the rows at `at[..kb]` hold `hd` floats of the checked
+        // cache; each query head holds `hd` floats.
+        unsafe {
+            prefetch_rows(k_cache, &ahead, hd);
+            for d in (0..hd).step_by(8) {
+                let qv: [__m256; G] = std::array::from_fn(|i| _mm256_loadu_ps(q[i].add(d)));
+                for (kk, acc) in acc.iter_mut().enumerate().take(kb) {
+                    let kv = _mm256_loadu_ps(k_cache.add(at[kk] + d));
+                    for i in 0..G {
+                        acc[i] = _mm256_fmadd_ps(qv[i], kv, acc[i]);
+                    }
                 }
             }
         }
-        for i in 0..g {
-            let iv = _mm256_set1_ps(inv[i]);
-            // SAFETY: head `i`'s dims `d0 .. d0 + width` lie in `out`.
-            unsafe {
-                _mm256_storeu_ps(o.add(i * hd + d0), _mm256_mul_ps(acc[i][0], iv));
-                if width > 8 {
-                    _mm256_storeu_ps(o.add(i * hd + d0 + 8), _mm256_mul_ps(acc[i][1], iv));
+        for (kk, acc) in acc.iter().enumerate().take(kb) {
+            for i in 0..g {
+                scores[i * n + idx + kk] = hsum(acc[i]) * p.scale;
+            }
+        }
+        idx += kb;
+    }
+}
+
+/// Dims `d0 .. d0 + 8V` of the outputs of heads `h0 .. h0 + g` (`w` is
+/// `(inputs, lo, pos, kv_head, d0, g)`; their softmaxed scores in
+/// `scores`, scales in `inv`): `Σ_j s_j · v_j` in key order, times the
+/// scale.
+///
+/// # Safety
+/// As for [`attend_heads`]; `d0 + 8V ≤ head_dim`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn values<const G: usize, const V: usize>(
+    w: (&AttentionInputs<'_>, usize, usize, usize, usize, usize),
+    scores: &[f32],
+    inv: &[f32; G],
+    out: &mut [f32],
+) {
+    let (inp, lo, pos, kv_head, d0, g) = w;
+    let p = inp.params;
+    let hd = p.head_dim;
+    let n = pos - lo + 1;
+    let v_cache = inp.v_cache.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); V]; G];
+    let mut fetch = key_rows(p, lo, pos, kv_head * hd + d0).skip(VALUES_AHEAD);
+    for (idx, at) in key_rows(p, lo, pos, kv_head * hd + d0).enumerate() {
+        // SAFETY: only an address is computed (inside the checked cache).
+        unsafe { prefetch_rows(v_cache, &[fetch.next()], 8 * V) };
+        // SAFETY: dims `d0 .. d0 + 8V` of the row at `at` in the checked
+        // cache; `scores` holds `g` rows of `n` (rows past `g` repeat the
+        // last, computed and dropped).
+        unsafe {
+            let v = v_cache.add(at);
+            let wv: [__m256; G] = std::array::from_fn(|i| {
+                _mm256_set1_ps(*scores.get_unchecked(i.min(g - 1) * n + idx))
+            });
+            for k in 0..V {
+                let vk = _mm256_loadu_ps(v.add(8 * k));
+                for i in 0..G {
+                    acc[i][k] = _mm256_fmadd_ps(wv[i], vk, acc[i][k]);
                 }
             }
         }
-        d0 += width;
+    }
+    let o = out.as_mut_ptr();
+    for i in 0..g {
+        let iv = _mm256_set1_ps(inv[i]);
+        for k in 0..V {
+            // SAFETY: head `i`'s dims `d0 .. d0 + 8V` lie in `out`.
+            unsafe { _mm256_storeu_ps(o.add(i * hd + d0 + 8 * k), _mm256_mul_ps(acc[i][k], iv)) };
+        }
     }
 }
 
@@ -478,6 +621,69 @@ mod tests {
                     (w - g).abs() <= 1e-5 * w.abs().max(1.0),
                     "{spec:?}: {g} vs {w}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn grouped_heads_give_each_heads_bits_alone() {
+        if !avx2() {
+            eprintln!("skipped: this CPU has no AVX2/FMA");
+            return;
+        }
+        // Every value-block width (head_dim 8 to 72), every group size, a
+        // ring that wraps, a window, sinks and a soft-cap.
+        for head_dim in [8, 16, 24, 40, 64, 72] {
+            for (group, window, sinks, softcap, capacity, first_pos) in [
+                (4, None, false, None, 64, 20),
+                (3, Some(9), true, None, 16, 37),
+                (2, None, true, Some(30.0), 48, 11),
+                (1, Some(5), false, Some(20.0), 5, 40),
+            ] {
+                let (n_kv_heads, n_tokens) = (2, 3);
+                let n_heads = group * n_kv_heads;
+                let p = AttentionParams {
+                    n_tokens,
+                    first_pos,
+                    n_heads,
+                    n_kv_heads,
+                    head_dim,
+                    capacity,
+                    window,
+                    scale: 0.15,
+                    softcap,
+                };
+                let q = values(n_tokens * n_heads * head_dim, 6, 2.0);
+                let k = values(capacity * n_kv_heads * head_dim, 7, 2.0);
+                let v = values(capacity * n_kv_heads * head_dim, 8, 2.0);
+                let s = values(n_heads, 9, 1.0);
+                let inputs = AttentionInputs {
+                    q: &q,
+                    k_cache: &k,
+                    v_cache: &v,
+                    params: &p,
+                    sinks: sinks.then_some(s.as_slice()),
+                };
+                let mut scores = vec![0f32; 4 * (first_pos + n_tokens)];
+                for t in 0..n_tokens {
+                    let mut want = vec![0f32; n_heads * head_dim];
+                    for (h, w) in want.chunks_exact_mut(head_dim).enumerate() {
+                        // SAFETY: AVX2 and FMA checked above; head_dim % 8 == 0.
+                        unsafe { attend(&inputs, t, h, &mut scores, w) };
+                    }
+                    for h0 in (0..n_heads).step_by(group) {
+                        let mut got = vec![0f32; group * head_dim];
+                        // SAFETY: as above; the heads share a KV head.
+                        unsafe { attend_heads(&inputs, t, h0, group, &mut scores, &mut got) };
+                        let want = &want[h0 * head_dim..(h0 + group) * head_dim];
+                        assert!(
+                            want.iter()
+                                .zip(&got)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "head_dim {head_dim} group {group} t={t} h0={h0}"
+                        );
+                    }
+                }
             }
         }
     }

@@ -38,6 +38,12 @@ use turbospark_core::QuantFormat;
 /// Tokens per tile of this kernel.
 pub(crate) const TILE_TOKENS: usize = 8;
 
+/// Tokens per tile of the two-group kernel ([`group_pair_tile`]): sixteen
+/// accumulators, eight code registers and the scales fit the 32 vector
+/// registers, and each weight block is unpacked (and read from memory)
+/// once for a batch of sixteen.
+pub(crate) const PAIR_TILE_TOKENS: usize = 16;
+
 /// `out[c][r] = Σ_i W[8g + r, i] · x_{t0+c}[i]` for the packed group `grp`
 /// of `nb` blocks and `c < out.len() ≤` [`TILE_TOKENS`] activation rows of
 /// `a` (each `nb` blocks).
@@ -136,8 +142,8 @@ unsafe fn group<const F: u8, const C: usize>(
 
 /// `out[c][8j + r] = Σ_i W[8(g + j) + r, i] · x_{t0+c}[i]` for two
 /// neighbouring packed groups `g` and `g + 1` (`grp0`, `grp1`) of `nb`
-/// blocks and `c < out.len() ≤` [`TILE_TOKENS`] activation rows of `a`:
-/// [`group_tile`] for sixteen rows at once in 512-bit registers (lanes
+/// blocks and `c < out.len() ≤` [`PAIR_TILE_TOKENS`] activation rows of
+/// `a`: [`group_tile`] for sixteen rows at once in 512-bit registers (lanes
 /// 0-7 the first group's rows, 8-15 the second's). Every lane runs the
 /// same integer dot and the same f32 steps in the same order as
 /// [`group_tile`]'s, so each row gets the same bits; per block and token
@@ -164,7 +170,15 @@ pub(crate) unsafe fn group_pair_tile(
                 5 => pair::<{ $fmt }, 5>(grp0, grp1, nb, a, t0, out),
                 6 => pair::<{ $fmt }, 6>(grp0, grp1, nb, a, t0, out),
                 7 => pair::<{ $fmt }, 7>(grp0, grp1, nb, a, t0, out),
-                _ => pair::<{ $fmt }, TILE_TOKENS>(grp0, grp1, nb, a, t0, out),
+                8 => pair::<{ $fmt }, 8>(grp0, grp1, nb, a, t0, out),
+                9 => pair::<{ $fmt }, 9>(grp0, grp1, nb, a, t0, out),
+                10 => pair::<{ $fmt }, 10>(grp0, grp1, nb, a, t0, out),
+                11 => pair::<{ $fmt }, 11>(grp0, grp1, nb, a, t0, out),
+                12 => pair::<{ $fmt }, 12>(grp0, grp1, nb, a, t0, out),
+                13 => pair::<{ $fmt }, 13>(grp0, grp1, nb, a, t0, out),
+                14 => pair::<{ $fmt }, 14>(grp0, grp1, nb, a, t0, out),
+                15 => pair::<{ $fmt }, 15>(grp0, grp1, nb, a, t0, out),
+                _ => pair::<{ $fmt }, PAIR_TILE_TOKENS>(grp0, grp1, nb, a, t0, out),
             }
         };
     }

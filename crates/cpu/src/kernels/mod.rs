@@ -341,7 +341,8 @@ pub(crate) unsafe fn matmul_rows(
 
 /// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time
 /// (the AVX-512 VNNI kernel's [`avx512_packed::TILE_TOKENS`] where it
-/// runs, on two groups at a time where the chunk has two left).
+/// runs; [`avx512_packed::PAIR_TILE_TOKENS`] on two groups at a time,
+/// where the chunk has two left).
 ///
 /// # Safety
 /// The CPU has the features of `isa`, at least AVX2, FMA and F16C;
@@ -364,18 +365,19 @@ unsafe fn packed_groups(
         TOKENS
     };
     let mut tile = [[0f32; packed::GROUP]; avx512_packed::TILE_TOKENS];
-    let mut pair_tile = [[0f32; 2 * packed::GROUP]; avx512_packed::TILE_TOKENS];
+    let mut pair_tile = [[0f32; 2 * packed::GROUP]; avx512_packed::PAIR_TILE_TOKENS];
     let mut g0 = groups.start;
     while g0 < groups.end {
         let g1 = (g0 + GROUP_CHUNK).min(groups.end);
-        let mut t = 0;
-        while t < n {
-            let c = tile_tokens.min(n - t);
-            let mut g = g0;
-            // Two groups at a time in 512-bit registers where VNNI runs.
-            if let (true, ActRows::Q32(a)) = (vnni, acts) {
-                while g + 2 <= g1 {
-                    let tile = &mut pair_tile[..c];
+        let mut g_single = g0;
+        // Two groups at a time in 512-bit registers where VNNI runs.
+        if let (true, ActRows::Q32(a)) = (vnni, acts) {
+            g_single = g0 + (g1 - g0) / 2 * 2;
+            let mut t = 0;
+            while t < n {
+                let c = avx512_packed::PAIR_TILE_TOKENS.min(n - t);
+                let tile = &mut pair_tile[..c];
+                for g in (g0..g_single).step_by(2) {
                     // SAFETY: the CPU has the features (contract); groups
                     // `g` and `g + 1` are whole; the activations hold `n`
                     // rows of `p.blocks` blocks.
@@ -390,10 +392,14 @@ unsafe fn packed_groups(
                         };
                         o.copy_from_slice(vals);
                     }
-                    g += 2;
                 }
+                t += c;
             }
-            for g in g..g1 {
+        }
+        let mut t = 0;
+        while t < n && g_single < g1 {
+            let c = tile_tokens.min(n - t);
+            for g in g_single..g1 {
                 // SAFETY: the CPU has the features (contract); group `g` is
                 // whole; the activations hold `n` rows of `p.blocks` blocks.
                 let grp = p.group(w.format, g);

@@ -219,21 +219,20 @@ impl Stream<CpuDevice> for CpuStream {
         let len = n_tokens * n_heads * head_dim;
         let x = x.f32s_mut("rope", "x")?;
         check_len("rope", "x", x.len(), len)?;
-        let llama_cpp = self.llama_cpp();
-        let trig = &mut self.scratch.threads[0].trig;
-        if trig.len() < table.rotary_dim {
-            return Err(BackendError::ScratchTooSmall {
-                op: "rope",
-                need: table.rotary_dim,
-                have: trig.len(),
-            });
-        }
-        let rope = if llama_cpp && ggml::ops::rope_supported(table) {
-            ggml::ops::rope
+        if self.llama_cpp() && ggml::ops::rope_supported(table) {
+            let trig = &mut self.scratch.threads[0].trig;
+            if trig.len() < table.rotary_dim {
+                return Err(BackendError::ScratchTooSmall {
+                    op: "rope",
+                    need: table.rotary_dim,
+                    have: trig.len(),
+                });
+            }
+            ggml::ops::rope(&mut x[..len], n_heads, head_dim, first_pos, table, trig);
         } else {
-            rope::rope
-        };
-        rope(&mut x[..len], n_heads, head_dim, first_pos, table, trig);
+            let cache = &mut self.scratch.rope_trig;
+            rope::rope(&mut x[..len], n_heads, head_dim, first_pos, table, cache);
+        }
         Ok(())
     }
 

@@ -62,6 +62,8 @@ pub(crate) struct StreamScratch {
     /// One normalised query and key head of the gated delta rule
     /// `[2 · max_head_dim]`.
     pub delta_qk: Vec<f32>,
+    /// cos/sin of the rope pairs at recent positions.
+    pub rope_trig: crate::rope::TrigCache,
 }
 
 impl StreamScratch {
@@ -120,6 +122,7 @@ impl StreamScratch {
             fast_act,
             router: RouterScratch::new(limits.max_experts),
             delta_qk: vec![0.0; 2 * limits.max_head_dim],
+            rope_trig: crate::rope::TrigCache::new(limits.max_head_dim / 2),
         }
     }
 }

@@ -4,7 +4,8 @@
 //! wall time per step it prints the CPU time per step (every thread of the
 //! process, from `/proc/self/task/*/schedstat`), which a shared machine's
 //! load disturbs far less than the wall time (with one thread it is the
-//! work itself; with two it also counts the pool's spinning).
+//! work itself; with two it also counts the pool's spinning), and the
+//! fastest single step.
 //!
 //! `cargo run --release -p turbospark-server --example batch_speed -- INSTALL [fast|exact] [avx2|avx512-vnni|scalar]`
 //! (the last: the fast kernels' instruction set; default the best this CPU
@@ -82,7 +83,9 @@ fn main() {
             w.phase_times_mut().reset();
             let cpu0 = cpu_nanos();
             let t = Instant::now();
+            let mut fastest = f64::INFINITY;
             for s in 0..steps {
+                let step = Instant::now();
                 let mut rows: Vec<_> = caches
                     .iter_mut()
                     .map(|kv| BatchRow {
@@ -91,6 +94,7 @@ fn main() {
                     })
                     .collect();
                 w.decode_batch(&mut rows, &mut logits).unwrap();
+                fastest = fastest.min(step.elapsed().as_secs_f64());
             }
             let dt = t.elapsed().as_secs_f64();
             let cpu = match (cpu0, cpu_nanos()) {
@@ -101,8 +105,9 @@ fn main() {
             let per_step = |d: std::time::Duration| d.as_secs_f64() * 1e3 / steps as f64;
             use turbospark_engine::timing::Phase;
             println!(
-                "n={n:2} step {:.2} ms (cpu {cpu} ms)  {:.1} tok/s  per step: attention {:.2}, FFN {:.2}, head {:.2} ms",
+                "n={n:2} step {:.2} ms (cpu {cpu} ms, fastest {:.2} ms)  {:.1} tok/s  per step: attention {:.2}, FFN {:.2}, head {:.2} ms",
                 dt / steps as f64 * 1e3,
+                fastest * 1e3,
                 (n * steps) as f64 / dt,
                 per_step(pt.get(Phase::Attention)),
                 per_step(pt.get(Phase::DenseFfn)),

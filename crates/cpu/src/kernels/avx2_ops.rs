@@ -311,47 +311,64 @@ pub(crate) unsafe fn attend_heads(
     }
 }
 
-/// The offsets in the caches of the key (and value) rows of keys
-/// `lo ..= pos` in order, for KV head offset `head_at`: key `j` sits in
-/// ring slot `j mod capacity`, stepped rather than divided per key.
-#[inline]
-fn key_rows(
-    p: &turbospark_backend::AttentionParams,
-    lo: usize,
-    pos: usize,
+/// The offsets in the caches of the rows of consecutive keys from `lo`,
+/// for KV head offset `head_at`: key `j` sits in ring slot `j mod
+/// capacity`, stepped rather than divided per key. (A plain struct with
+/// an inlined step: a call inside the kernels' loops would make them spill
+/// their accumulators around it.)
+#[derive(Clone, Copy)]
+struct Ring {
+    slot: usize,
+    cap: usize,
+    row: usize,
     head_at: usize,
-) -> impl Iterator<Item = usize> {
-    let row = p.n_kv_heads * p.head_dim;
-    let cap = p.capacity;
-    let mut slot = lo % cap;
-    (lo..=pos).map(move |_| {
-        let at = slot * row + head_at;
-        slot += 1;
-        if slot == cap {
-            slot = 0;
+}
+
+impl Ring {
+    #[inline(always)]
+    fn new(p: &turbospark_backend::AttentionParams, lo: usize, head_at: usize) -> Ring {
+        Ring {
+            slot: lo % p.capacity,
+            cap: p.capacity,
+            row: p.n_kv_heads * p.head_dim,
+            head_at,
+        }
+    }
+
+    /// The offset of the current key's row; moves to the next key.
+    #[inline(always)]
+    fn next_row(&mut self) -> usize {
+        let at = self.slot * self.row + self.head_at;
+        self.slot += 1;
+        if self.slot == self.cap {
+            self.slot = 0;
         }
         at
-    })
+    }
+
+    /// Moves `k` keys on.
+    #[inline(always)]
+    fn skip(mut self, k: usize) -> Ring {
+        self.slot = (self.slot + k) % self.cap;
+        self
+    }
 }
 
 /// Keys ahead of the one being added whose value rows are fetched.
 const VALUES_AHEAD: usize = 6;
 
-/// Asks for the `len` floats at each of `rows` (offsets from `base`) to be
-/// brought into the cache.
+/// Asks for the `len` floats at `base + at` to be brought into the cache.
 ///
 /// # Safety
 /// Each `base + row` is inside the allocation `base` points into.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn prefetch_rows(base: *const f32, rows: &[Option<usize>], len: usize) {
-    for &at in rows.iter().flatten() {
-        // SAFETY: the address lies inside the allocation (contract); a
-        // prefetch does not access memory architecturally.
-        let p = unsafe { base.add(at) } as *const i8;
-        for line in (0..len * 4).step_by(64) {
-            _mm_prefetch(p.wrapping_add(line), _MM_HINT_T0);
-        }
+unsafe fn prefetch_row(base: *const f32, at: usize, len: usize) {
+    // SAFETY: the address lies inside the allocation (contract); a
+    // prefetch does not access memory architecturally.
+    let p = unsafe { base.add(at) } as *const i8;
+    for line in (0..len * 4).step_by(64) {
+        _mm_prefetch(p.wrapping_add(line), _MM_HINT_T0);
     }
 }
 
@@ -449,24 +466,27 @@ unsafe fn key_scores<const G: usize, const K: usize>(
     let q: [*const f32; G] =
         std::array::from_fn(|i| inp.q[(t * p.n_heads + h0 + i.min(g - 1)) * hd..].as_ptr());
     let k_cache = inp.k_cache.as_ptr();
-    let mut rows = key_rows(p, lo, pos, kv_head * hd);
+    let mut rows = Ring::new(p, lo, kv_head * hd);
     // The rows of the block after next, fetched while this one computes
     // (each head's slice of a cached row is a few cache lines; the cache of
     // a sequence is rarely still in the cache hierarchy a step later).
-    let mut fetch = key_rows(p, lo, pos, kv_head * hd).skip(2 * K);
+    let mut fetch = rows.skip(2 * K);
     let mut idx = 0;
     while idx < n {
         let kb = K.min(n - idx);
         let mut at = [0usize; K];
         for a in at.iter_mut().take(kb) {
-            *a = rows.next().unwrap_or(0);
+            *a = rows.next_row();
         }
-        let ahead: [Option<usize>; K] = std::array::from_fn(|_| fetch.next());
+        let ahead = n.saturating_sub(idx + 2 * K).min(K);
         let mut acc = [[_mm256_setzero_ps(); G]; K];
         // SAFETY: the rows at `at[..kb]` hold `hd` floats of the checked
-        // cache; each query head holds `hd` floats.
+        // cache (the prefetched ones too: keys before `pos`); each query
+        // head holds `hd` floats.
         unsafe {
-            prefetch_rows(k_cache, &ahead, hd);
+            for _ in 0..ahead {
+                prefetch_row(k_cache, fetch.next_row(), hd);
+            }
             for d in (0..hd).step_by(8) {
                 let qv: [__m256; G] = std::array::from_fn(|i| _mm256_loadu_ps(q[i].add(d)));
                 for (kk, acc) in acc.iter_mut().enumerate().take(kb) {
@@ -507,10 +527,14 @@ unsafe fn values<const G: usize, const V: usize>(
     let n = pos - lo + 1;
     let v_cache = inp.v_cache.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); V]; G];
-    let mut fetch = key_rows(p, lo, pos, kv_head * hd + d0).skip(VALUES_AHEAD);
-    for (idx, at) in key_rows(p, lo, pos, kv_head * hd + d0).enumerate() {
-        // SAFETY: only an address is computed (inside the checked cache).
-        unsafe { prefetch_rows(v_cache, &[fetch.next()], 8 * V) };
+    let mut rows = Ring::new(p, lo, kv_head * hd + d0);
+    let mut fetch = rows.skip(VALUES_AHEAD);
+    for idx in 0..n {
+        let at = rows.next_row();
+        if idx + VALUES_AHEAD < n {
+            // SAFETY: a key before `pos`: its row is in the checked cache.
+            unsafe { prefetch_row(v_cache, fetch.next_row(), 8 * V) };
+        }
         // SAFETY: dims `d0 .. d0 + 8V` of the row at `at` in the checked
         // cache; `scores` holds `g` rows of `n` (rows past `g` repeat the
         // last, computed and dropped).

@@ -29,6 +29,10 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 /// every thread: a batch of several tokens.
 const PARALLEL_QUANTIZE: usize = 1 << 12;
 
+/// Elements from which a fast GLU runs on every thread (a batch of
+/// several tokens' FFN intermediates).
+const PARALLEL_GLU: usize = 1 << 14;
+
 /// A CPU stream (see the module docs).
 pub struct CpuStream {
     pub(crate) pool: Arc<Pool>,
@@ -253,7 +257,25 @@ impl CpuStream {
         if self.llama_cpp() {
             ggml::ops::glu(&mut gate[..len], &up[..len], act);
         } else if self.numerics == Numerics::Fast {
-            kernels::glu(self.isa, &mut gate[..len], &up[..len], act);
+            let isa = self.isa;
+            if len >= PARALLEL_GLU && self.pool.threads() > 1 {
+                // Blocks of whole 8-lane vectors: every element takes the
+                // path (vector body or scalar tail) it takes in one call.
+                let parts = self.pool.threads() * PARTS_PER_THREAD;
+                let blocks = len.div_ceil(8);
+                let g = DisjointMut::new(&mut gate[..len]);
+                self.pool.run(parts, &|_, part| {
+                    let r = split(blocks, parts, part);
+                    let (lo, hi) = (r.start * 8, (r.end * 8).min(len));
+                    if lo < hi {
+                        // SAFETY: `split` gives every part a disjoint range.
+                        let g = unsafe { g.range(lo, hi - lo) };
+                        kernels::glu(isa, g, &up[lo..hi], act);
+                    }
+                });
+            } else {
+                kernels::glu(isa, &mut gate[..len], &up[..len], act);
+            }
         } else {
             elementwise::glu(&mut gate[..len], &up[..len], act);
         }

@@ -219,21 +219,20 @@ impl Stream<CpuDevice> for CpuStream {
         let len = n_tokens * n_heads * head_dim;
         let x = x.f32s_mut("rope", "x")?;
         check_len("rope", "x", x.len(), len)?;
-        let llama_cpp = self.llama_cpp();
-        let trig = &mut self.scratch.threads[0].trig;
-        if trig.len() < table.rotary_dim {
-            return Err(BackendError::ScratchTooSmall {
-                op: "rope",
-                need: table.rotary_dim,
-                have: trig.len(),
-            });
-        }
-        let rope = if llama_cpp && ggml::ops::rope_supported(table) {
-            ggml::ops::rope
+        if self.llama_cpp() && ggml::ops::rope_supported(table) {
+            let trig = &mut self.scratch.threads[0].trig;
+            if trig.len() < table.rotary_dim {
+                return Err(BackendError::ScratchTooSmall {
+                    op: "rope",
+                    need: table.rotary_dim,
+                    have: trig.len(),
+                });
+            }
+            ggml::ops::rope(&mut x[..len], n_heads, head_dim, first_pos, table, trig);
         } else {
-            rope::rope
-        };
-        rope(&mut x[..len], n_heads, head_dim, first_pos, table, trig);
+            let cache = &mut self.scratch.rope_trig;
+            rope::rope(&mut x[..len], n_heads, head_dim, first_pos, table, cache);
+        }
         Ok(())
     }
 
@@ -403,11 +402,13 @@ impl Stream<CpuDevice> for CpuStream {
         };
         let (nh, nkv, hd) = (first.n_heads, first.n_kv_heads, first.head_dim);
         let (fast, isa) = (self.numerics == Numerics::Fast, self.isa);
-        // Each part is split as `attention` splits it: items of one query
-        // head, or (prefill in fast numerics) of up to HEADS_PER_ITEM heads
-        // sharing a KV head.
+        // Items of one query head, or (fast numerics) of up to
+        // HEADS_PER_ITEM heads sharing a KV head, loading each key and
+        // value once for them (the same bits per head): with several
+        // parts there are items enough for every thread even when each
+        // part is one decoding token.
         let heads_per_item = |p: &AttentionParams| {
-            if fast && kernels::attends_heads(isa, p) {
+            if fast && kernels::attends_heads_in_parts(isa, p) {
                 kernels::HEADS_PER_ITEM
             } else {
                 1

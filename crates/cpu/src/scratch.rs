@@ -62,6 +62,8 @@ pub(crate) struct StreamScratch {
     pub fast_act: crate::kernels::ActScratch,
     /// Router values, scores and choices of one token.
     pub router: RouterScratch,
+    /// cos/sin of the rope pairs at recent positions.
+    pub rope_trig: crate::rope::TrigCache,
 }
 
 impl StreamScratch {
@@ -120,6 +122,7 @@ impl StreamScratch {
             act,
             fast_act,
             router: RouterScratch::new(limits.max_experts),
+            rope_trig: crate::rope::TrigCache::new(limits.max_head_dim / 2),
         }
     }
 }

@@ -29,6 +29,10 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 /// every thread: a batch of several tokens.
 const PARALLEL_QUANTIZE: usize = 1 << 12;
 
+/// Elements from which a fast GLU runs on every thread (a batch of
+/// several tokens' FFN intermediates).
+const PARALLEL_GLU: usize = 1 << 14;
+
 /// A CPU stream (see the module docs).
 pub struct CpuStream {
     pub(crate) pool: Arc<Pool>,
@@ -207,11 +211,11 @@ impl CpuStream {
         // thread would quantize while the others wait for the matmul).
         let pool = &self.pool;
         let acts = if x.len() >= PARALLEL_QUANTIZE {
-            fast_act.quantize_split(w.format, x, |f| {
+            fast_act.quantize_split(self.isa, w.format, x, |f| {
                 let _ = parallel(pool, threads, PARALLEL_MIN_WORK, &|i, parts, _| f(i, parts));
             })
         } else {
-            fast_act.quantize(w.format, x)
+            fast_act.quantize(self.isa, w.format, x)
         };
         let acts = acts.ok_or(BackendError::ScratchTooSmall {
             op: "matmul",
@@ -220,7 +224,7 @@ impl CpuStream {
         })?;
         let out = DisjointMut::new(&mut out[..n * w.rows]);
         let isa = self.isa;
-        let unit = kernels::row_unit(w);
+        let unit = kernels::row_unit(isa, w);
         parallel(&self.pool, threads, n * w.rows * w.cols, &|i, parts, _| {
             let units = split(w.rows.div_ceil(unit), parts, i);
             let range = (units.start * unit).min(w.rows)..(units.end * unit).min(w.rows);
@@ -253,7 +257,25 @@ impl CpuStream {
         if self.llama_cpp() {
             ggml::ops::glu(&mut gate[..len], &up[..len], act);
         } else if self.numerics == Numerics::Fast {
-            kernels::glu(self.isa, &mut gate[..len], &up[..len], act);
+            let isa = self.isa;
+            if len >= PARALLEL_GLU && self.pool.threads() > 1 {
+                // Blocks of whole 8-lane vectors: every element takes the
+                // path (vector body or scalar tail) it takes in one call.
+                let parts = self.pool.threads() * PARTS_PER_THREAD;
+                let blocks = len.div_ceil(8);
+                let g = DisjointMut::new(&mut gate[..len]);
+                self.pool.run(parts, &|_, part| {
+                    let r = split(blocks, parts, part);
+                    let (lo, hi) = (r.start * 8, (r.end * 8).min(len));
+                    if lo < hi {
+                        // SAFETY: `split` gives every part a disjoint range.
+                        let g = unsafe { g.range(lo, hi - lo) };
+                        kernels::glu(isa, g, &up[lo..hi], act);
+                    }
+                });
+            } else {
+                kernels::glu(isa, &mut gate[..len], &up[..len], act);
+            }
         } else {
             elementwise::glu(&mut gate[..len], &up[..len], act);
         }

@@ -135,3 +135,44 @@ fn malformed_uploads_are_errors() {
     t.shape = vec![512];
     assert!(be.upload_matrix(&t).is_err());
 }
+
+/// A large fast GLU split between threads gives the bits of one thread's
+/// (the vector body and the scalar tail of each element unchanged), for
+/// every activation.
+#[test]
+fn fast_glu_on_two_threads_equals_one() {
+    use turbospark_backend::Numerics;
+    use turbospark_core::arch::Activation;
+    let len = (1 << 15) + 13;
+    let mut rng = Rng(7);
+    let gate = rng.scaled(len, 4.0);
+    let up = rng.vec(len);
+    let acts = [
+        Activation::Swiglu,
+        Activation::GeluTanh,
+        Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    ];
+    for act in acts {
+        let out: Vec<Vec<u32>> = [1, 2]
+            .into_iter()
+            .map(|threads| {
+                let dev = CpuDevice::new(threads)
+                    .unwrap()
+                    .with_numerics(Numerics::Fast);
+                let mut st = stream(&dev);
+                let mut g = dev.alloc(DType::F32, len).unwrap();
+                let mut u = dev.alloc(DType::F32, len).unwrap();
+                st.write(&mut g, &gate).unwrap();
+                st.write(&mut u, &up).unwrap();
+                st.glu(&mut g, &u, len, act).unwrap();
+                let mut host = vec![0f32; len];
+                st.read(&g, &mut host).unwrap();
+                host.iter().map(|v| v.to_bits()).collect()
+            })
+            .collect();
+        assert!(out[0] == out[1], "{act:?}");
+    }
+}

@@ -12,10 +12,13 @@
 //!           d, q as above over the 256 values; bsums[k] = Σ of codes 16k .. 16k+15
 //! ```
 //!
-//! An all-zero block gets `d = 0` and zero codes. Every instruction set
-//! uses these same quantizers, so the integer sums of the kernels agree
-//! across instruction sets; only the order of the f32 sums differs.
+//! An all-zero block gets `d = 0` and zero codes. The scalar quantizers
+//! here are the reference; the AVX2 ones (`avx2_ops`, used on every x86
+//! instruction set with SIMD kernels) give the same blocks bit for bit, so
+//! the integer sums of the kernels agree across instruction sets; only the
+//! order of the f32 sums differs.
 
+use super::Isa;
 use crate::disjoint::DisjointMut;
 use crate::pool::split;
 use turbospark_core::QuantFormat;
@@ -103,7 +106,7 @@ fn code(x: f32, id: f32) -> i8 {
 
 /// `(d, 1/d)` for a block whose largest magnitude is `amax`.
 #[inline]
-fn scales(amax: f32) -> (f32, f32) {
+pub(super) fn scales(amax: f32) -> (f32, f32) {
     if amax > 0.0 {
         (amax / 127.0, 127.0 / amax)
     } else {
@@ -155,6 +158,32 @@ pub(crate) fn quantize_256(x: &[f32], out: &mut [Block256]) {
     }
 }
 
+/// [`quantize_32`] on `isa` (the same blocks on every instruction set).
+fn quantizer_32(isa: Isa) -> fn(&[f32], &mut [Block32]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => |x, out| {
+            // SAFETY: these instruction sets only exist on CPUs with AVX2
+            // and FMA.
+            unsafe { super::avx2_ops::quantize_32(x, out) }
+        },
+        _ => quantize_32,
+    }
+}
+
+/// [`quantize_256`] on `isa` (the same blocks on every instruction set).
+fn quantizer_256(isa: Isa) -> fn(&[f32], &mut [Block256]) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => |x, out| {
+            // SAFETY: these instruction sets only exist on CPUs with AVX2
+            // and FMA.
+            unsafe { super::avx2_ops::quantize_256(x, out) }
+        },
+        _ => quantize_256,
+    }
+}
+
 /// Activation rows of one matmul, quantized for its weight's kernel.
 #[derive(Clone, Copy)]
 pub(crate) enum ActRows<'a> {
@@ -202,10 +231,11 @@ impl ActScratch {
         (self.q32.len() * QK32).min(self.q256.len() * QK256)
     }
 
-    /// Quantizes `x` for a weight of `format`; `None` when `x` is longer
-    /// than the scratch or not a whole number of blocks.
+    /// Quantizes `x` for a weight of `format` on `isa`; `None` when `x` is
+    /// longer than the scratch or not a whole number of blocks.
     pub(crate) fn quantize<'a>(
         &'a mut self,
+        isa: Isa,
         format: QuantFormat,
         x: &'a [f32],
     ) -> Option<ActRows<'a>> {
@@ -214,13 +244,13 @@ impl ActScratch {
             ActKind::Q32 => {
                 let out = self.q32.get_mut(..x.len() / QK32)?;
                 x.len().is_multiple_of(QK32).then_some(())?;
-                quantize_32(x, out);
+                quantizer_32(isa)(x, out);
                 Some(ActRows::Q32(out))
             }
             ActKind::Q256 => {
                 let out = self.q256.get_mut(..x.len() / QK256)?;
                 x.len().is_multiple_of(QK256).then_some(())?;
-                quantize_256(x, out);
+                quantizer_256(isa)(x, out);
                 Some(ActRows::Q256(out))
             }
         }
@@ -234,6 +264,7 @@ impl ActScratch {
     /// own, so the codes are the same whatever the split.
     pub(crate) fn quantize_split<'a>(
         &'a mut self,
+        isa: Isa,
         format: QuantFormat,
         x: &'a [f32],
         run: impl FnOnce(&(dyn Fn(usize, usize) + Sync)),
@@ -259,13 +290,13 @@ impl ActScratch {
             ActKind::Q32 => {
                 let out = self.q32.get_mut(..x.len() / QK32)?;
                 x.len().is_multiple_of(QK32).then_some(())?;
-                split_blocks(x, out, QK32, quantize_32, run);
+                split_blocks(x, out, QK32, quantizer_32(isa), run);
                 Some(ActRows::Q32(out))
             }
             ActKind::Q256 => {
                 let out = self.q256.get_mut(..x.len() / QK256)?;
                 x.len().is_multiple_of(QK256).then_some(())?;
-                split_blocks(x, out, QK256, quantize_256, run);
+                split_blocks(x, out, QK256, quantizer_256(isa), run);
                 Some(ActRows::Q256(out))
             }
         }
@@ -288,9 +319,9 @@ mod tests {
             let mut parts = ActScratch::default();
             parts.fit_matrix(x.len());
             parts.fit_tokens(1);
-            let a = whole.quantize(format, &x).unwrap();
+            let a = whole.quantize(Isa::Scalar, format, &x).unwrap();
             let b = parts
-                .quantize_split(format, &x, |f| (0..3).for_each(|i| f(i, 3)))
+                .quantize_split(Isa::Scalar, format, &x, |f| (0..3).for_each(|i| f(i, 3)))
                 .unwrap();
             match (a, b) {
                 (ActRows::Q32(a), ActRows::Q32(b)) => assert!(a == b),
@@ -324,6 +355,62 @@ mod tests {
             for k in 0..16 {
                 let s: i32 = b.qs[16 * k..16 * k + 16].iter().map(|&q| q as i32).sum();
                 assert_eq!(b.bsums[k] as i32, s);
+            }
+        }
+    }
+
+    /// Every instruction set's quantizers give the scalar ones' blocks bit
+    /// for bit, ties, zero blocks, signed zeros, infinities and NaNs
+    /// included.
+    #[test]
+    fn quantizers_agree_across_instruction_sets() {
+        let mut x: Vec<f32> = (0..256 * 6)
+            .map(|i| ((i * 7919 % 2003) as f32 - 1001.0) * 0.0137)
+            .collect();
+        // Block 1: values whose scaled codes land on halves (ties).
+        for (j, v) in x[32..64].iter_mut().enumerate() {
+            *v = (j as f32 - 16.0) + 0.5;
+        }
+        x[32] = 127.0;
+        // Block 2: zeros, one of them negative; block 3: a NaN; block 4:
+        // an infinity; block 5 (and the second 256-block): tiny values.
+        x[64..96].iter_mut().for_each(|v| *v = 0.0);
+        x[70] = -0.0;
+        x[100] = f32::NAN;
+        x[140] = f32::INFINITY;
+        x[141] = f32::NEG_INFINITY;
+        x[160..192].iter_mut().for_each(|v| *v *= 1e-30);
+        x[300] = f32::NAN;
+        x[600] = -f32::INFINITY;
+        x[800..1056].iter_mut().for_each(|v| *v = 0.0);
+        let want32 = {
+            let mut q = vec![Block32::ZERO; x.len() / QK32];
+            quantize_32(&x, &mut q);
+            q
+        };
+        let want256 = {
+            let mut q = vec![Block256::ZERO; x.len() / QK256];
+            quantize_256(&x, &mut q);
+            q
+        };
+        let bits32 = |q: &[Block32]| -> Vec<(u32, u32, i32, [i8; QK32])> {
+            q.iter()
+                .map(|b| (b.d.to_bits(), b.s.to_bits(), b.sum128, b.qs))
+                .collect()
+        };
+        for isa in [Isa::Avx2, Isa::Avx512Vnni] {
+            if isa.supported() != isa {
+                continue;
+            }
+            let mut q = vec![Block32::ZERO; x.len() / QK32];
+            quantizer_32(isa)(&x, &mut q);
+            assert_eq!(bits32(&q), bits32(&want32), "{}", isa.name());
+            let mut q = vec![Block256::ZERO; x.len() / QK256];
+            quantizer_256(isa)(&x, &mut q);
+            for (a, b) in q.iter().zip(&want256) {
+                assert_eq!(a.d.to_bits(), b.d.to_bits(), "{}", isa.name());
+                assert_eq!(a.bsums, b.bsums, "{}", isa.name());
+                assert_eq!(a.qs, b.qs, "{}", isa.name());
             }
         }
     }

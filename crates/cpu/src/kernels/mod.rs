@@ -54,8 +54,10 @@ pub enum Isa {
     Scalar,
     /// x86-64 AVX2, FMA and F16C.
     Avx2,
-    /// [`Isa::Avx2`] plus AVX-512F, AVX-512VL and AVX-512 VNNI (integer
-    /// dots of packed weights by `vpdpbusd`; same bits as [`Isa::Avx2`]).
+    /// [`Isa::Avx2`] plus AVX-512F, AVX-512VL, AVX-512BW and AVX-512 VNNI
+    /// (integer dots of packed weights by `vpdpbusd`, sixteen rows at a
+    /// time in 512-bit registers where two groups of eight are at hand;
+    /// same bits as [`Isa::Avx2`]).
     Avx512Vnni,
 }
 
@@ -69,6 +71,7 @@ impl Isa {
         {
             if std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vnni")
             {
                 return Isa::Avx512Vnni;
@@ -213,12 +216,14 @@ pub(crate) fn repack(isa: Isa, w: &mut CpuMatrix) {
 }
 
 /// Rows per unit of work: a packed matrix is split between threads in
-/// whole groups.
-pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
-    if w.packed.is_some() {
-        packed::GROUP
-    } else {
-        1
+/// whole groups, in pairs of groups where `isa` computes two at a time.
+pub(crate) fn row_unit(isa: Isa, w: &CpuMatrix) -> usize {
+    match (&w.packed, isa) {
+        (Some(_), Isa::Avx512Vnni) if act::ActKind::of(w.format) == act::ActKind::Q32 => {
+            2 * packed::GROUP
+        }
+        (Some(_), _) => packed::GROUP,
+        (None, _) => 1,
     }
 }
 
@@ -226,16 +231,31 @@ pub(crate) fn row_unit(w: &CpuMatrix) -> usize {
 /// [`attend_heads`].
 pub(crate) const HEADS_PER_ITEM: usize = 4;
 
-/// Whether [`attend_heads`] runs on `isa` for these parameters: batches
-/// (prefill) of heads whose width is a multiple of 8. Single tokens keep
-/// one head per item, which splits better between threads.
+/// Whether [`attend_heads`] has a kernel on `isa` for these parameters:
+/// heads whose width is a multiple of 8.
+pub(crate) fn heads_kernel(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
+    isa.has_avx2() && p.head_dim.is_multiple_of(8)
+}
+
+/// Whether one attention call over these parameters attends
+/// [`HEADS_PER_ITEM`] heads per item with [`attend_heads`]: batches
+/// (prefill). A single token keeps one head per item, which splits better
+/// between threads.
 pub(crate) fn attends_heads(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
-    isa.has_avx2() && p.head_dim.is_multiple_of(8) && p.n_tokens > 1
+    heads_kernel(isa, p) && p.n_tokens > 1
+}
+
+/// Whether a call over several sequences' parts (many items to share
+/// between threads whatever each part's size) attends grouped query heads
+/// with [`attend_heads`]: where the kernel runs and query heads share KV
+/// heads.
+pub(crate) fn attends_heads_in_parts(isa: Isa, p: &turbospark_backend::AttentionParams) -> bool {
+    heads_kernel(isa, p) && p.n_heads > p.n_kv_heads
 }
 
 /// Query heads `h0 .. h0 + g` (`g ≤` [`HEADS_PER_ITEM`], one KV head) of
-/// token `t`, when [`attends_heads`] holds; `scores` holds `g` times the
-/// token's key count.
+/// token `t` (each head's bits are [`attend`]'s); `scores` holds `g` times
+/// the token's key count.
 pub(crate) fn attend_heads(
     isa: Isa,
     inputs: &crate::attention::AttentionInputs<'_>,
@@ -246,8 +266,8 @@ pub(crate) fn attend_heads(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if attends_heads(isa, inputs.params) {
-        // SAFETY: `attends_heads` checked the CPU features and the head
+    if heads_kernel(isa, inputs.params) {
+        // SAFETY: `heads_kernel` checked the CPU features and the head
         // width; the caller checked the buffers and the head group.
         unsafe { avx2_ops::attend_heads(inputs, t, h0, g, scores, out) };
         return;
@@ -321,7 +341,8 @@ pub(crate) unsafe fn matmul_rows(
 
 /// Groups of a packed matrix chunk by chunk, [`TOKENS`] tokens at a time
 /// (the AVX-512 VNNI kernel's [`avx512_packed::TILE_TOKENS`] where it
-/// runs).
+/// runs; [`avx512_packed::PAIR_TILE_TOKENS`] on two groups at a time,
+/// where the chunk has two left).
 ///
 /// # Safety
 /// The CPU has the features of `isa`, at least AVX2, FMA and F16C;
@@ -344,13 +365,41 @@ unsafe fn packed_groups(
         TOKENS
     };
     let mut tile = [[0f32; packed::GROUP]; avx512_packed::TILE_TOKENS];
+    let mut pair_tile = [[0f32; 2 * packed::GROUP]; avx512_packed::PAIR_TILE_TOKENS];
     let mut g0 = groups.start;
     while g0 < groups.end {
         let g1 = (g0 + GROUP_CHUNK).min(groups.end);
+        let mut g_single = g0;
+        // Two groups at a time in 512-bit registers where VNNI runs.
+        if let (true, ActRows::Q32(a)) = (vnni, acts) {
+            g_single = g0 + (g1 - g0) / 2 * 2;
+            let mut t = 0;
+            while t < n {
+                let c = avx512_packed::PAIR_TILE_TOKENS.min(n - t);
+                let tile = &mut pair_tile[..c];
+                for g in (g0..g_single).step_by(2) {
+                    // SAFETY: the CPU has the features (contract); groups
+                    // `g` and `g + 1` are whole; the activations hold `n`
+                    // rows of `p.blocks` blocks.
+                    unsafe {
+                        let (grp0, grp1) = (p.group(w.format, g), p.group(w.format, g + 1));
+                        avx512_packed::group_pair_tile(w.format, grp0, grp1, p.blocks, a, t, tile);
+                    }
+                    for (j, vals) in tile.iter().enumerate() {
+                        // SAFETY: both groups' rows lie in this caller's range.
+                        let o = unsafe {
+                            out.range((t + j) * w.rows + g * packed::GROUP, 2 * packed::GROUP)
+                        };
+                        o.copy_from_slice(vals);
+                    }
+                }
+                t += c;
+            }
+        }
         let mut t = 0;
-        while t < n {
+        while t < n && g_single < g1 {
             let c = tile_tokens.min(n - t);
-            for g in g0..g1 {
+            for g in g_single..g1 {
                 // SAFETY: the CPU has the features (contract); group `g` is
                 // whole; the activations hold `n` rows of `p.blocks` blocks.
                 let grp = p.group(w.format, g);
@@ -492,7 +541,16 @@ mod tests {
             } else {
                 96 + 32 * 3
             };
-            for (rows, n) in [(1, 1), (7, 3), (13, 6), (33, 9), (40, 1), (27, 5), (24, 17)] {
+            for (rows, n) in [
+                (1, 1),
+                (7, 3),
+                (13, 6),
+                (33, 9),
+                (40, 1),
+                (27, 5),
+                (24, 17),
+                (64, 16),
+            ] {
                 let w = matrix(format, rows, cols, rows as u64 * 31 + n as u64);
                 let mut next = rng(n as u64);
                 let x: Vec<f32> = (0..n * cols)
@@ -529,8 +587,8 @@ mod tests {
                     let out = DisjointMut::new(&mut got);
                     // Ragged split: rows in two uneven parts (whole groups
                     // when packed).
-                    let cut = rows / 3 / row_unit(&w) * row_unit(&w);
-                    let a = acts.quantize(format, &x).unwrap();
+                    let cut = rows / 3 / row_unit(isa, &w) * row_unit(isa, &w);
+                    let a = acts.quantize(isa, format, &x).unwrap();
                     // SAFETY: the two row ranges are disjoint.
                     unsafe {
                         matmul_rows(isa, &w, a, n, &out, 0..cut);
@@ -540,7 +598,9 @@ mod tests {
                     for t in 0..n {
                         let mut alone = vec![0f32; rows];
                         let out = DisjointMut::new(&mut alone);
-                        let a = acts.quantize(format, &x[t * cols..(t + 1) * cols]).unwrap();
+                        let a = acts
+                            .quantize(isa, format, &x[t * cols..(t + 1) * cols])
+                            .unwrap();
                         // SAFETY: one caller.
                         unsafe { matmul_rows(isa, &w, a, 1, &out, 0..rows) };
                         assert!(

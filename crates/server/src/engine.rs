@@ -18,7 +18,9 @@
 //!    prompts, oldest first, up to [`PREFILL_BUDGET`] prompt tokens (so a
 //!    long prompt delays the others by a few chunks per step, not by its
 //!    whole length). The rows share each weight read, while rope, cache
-//!    write and attention are per sequence over its own cache.
+//!    write and attention are per sequence over its own cache;
+//! 4. samples each sequence's next token, then sends every sequence's new
+//!    text (and ends) to its request at once.
 //!
 //! A sequence is generated exactly as `turbospark run` generates an answer
 //! (the CLI's `generate.rs`): every prompt token is shown to the sampler,
@@ -194,6 +196,9 @@ struct Seq<'t, D: Device> {
     next: Option<u32>,
     started: Instant,
     first_token: Option<Instant>,
+    /// This step's events, sent when every sequence of the step has
+    /// sampled (see [`flush_events`]).
+    outbox: Vec<Event>,
 }
 
 /// Runs the scheduler until `stop` is set and no sequence is left, or the
@@ -301,6 +306,7 @@ pub fn run<D: Device>(
                 next: None,
                 started: Instant::now(),
                 first_token: None,
+                outbox: Vec::with_capacity(4),
             };
             for &t in &seq.job.prompt {
                 seq.sampler.accept(t);
@@ -403,6 +409,7 @@ pub fn run<D: Device>(
                     row += 1;
                 }
             }
+            flush_events(&mut seqs);
             retire(&mut seqs, &mut caches);
         }
         metrics.set_experts(&worker_stats(&worker));
@@ -415,6 +422,19 @@ pub fn run<D: Device>(
 
 fn worker_stats<D: Device>(worker: &Session<'_, D>) -> turbospark_engine::experts::LayerStats {
     worker.expert_stats().total()
+}
+
+/// Sends each sequence's events of this step. Sampling every sequence
+/// first and sending afterwards wakes the HTTP tasks once per step, after
+/// the scheduler's own work, rather than sixteen times in the middle of it
+/// (each wake-up could preempt the scheduler for the HTTP side's work on
+/// that token, while the engine's other threads wait for the next pass).
+fn flush_events<D: Device>(seqs: &mut [Seq<'_, D>]) {
+    for s in seqs.iter_mut() {
+        for e in s.outbox.drain(..) {
+            let _ = s.job.events.send(e);
+        }
+    }
 }
 
 /// Frees the places of sequences that ended (no token to feed and the
@@ -432,7 +452,7 @@ fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<Place<D>>) {
     }
 }
 
-/// One token: sampled from `logits`, its text sent; `Some` when the
+/// One token: sampled from `logits`, its text queued; `Some` when the
 /// sequence ends with it (or before it, at `max_tokens`), else the token
 /// is `s.next`, to be fed back.
 fn sample_one<D: Device>(
@@ -461,7 +481,7 @@ fn sample_one<D: Device>(
         .push_to(token, &mut piece)
         .map_err(|e| e.to_string())?;
     if !piece.is_empty() {
-        let _ = s.job.events.send(Event::Text(piece));
+        s.outbox.push(Event::Text(piece));
     }
     if s.detok.is_stopped() {
         let stop = s.detok.stop_string().unwrap_or_default().to_string();
@@ -477,9 +497,10 @@ fn sample_one<D: Device>(
     Ok(None)
 }
 
-/// Samples from `logits` (the sequence's newest), streams the text and
+/// Samples from `logits` (the sequence's newest), queues the text and
 /// decides whether the sequence goes on: `s.next` is the token to feed, or
-/// `None` when it ended (the end is sent).
+/// `None` when it ended (the end is queued). The queue goes out at the
+/// end of the step ([`flush_events`]).
 fn step_sampled<D: Device>(
     s: &mut Seq<'_, D>,
     logits: &mut [f32],
@@ -491,13 +512,13 @@ fn step_sampled<D: Device>(
         Ok(Some(finish)) => finish,
         Ok(None) => return,
         Err(e) => {
-            let _ = s.job.events.send(Event::Failed(e));
+            s.outbox.push(Event::Failed(e));
             return;
         }
     };
     let rest = s.detok.finish();
     if !rest.is_empty() {
-        let _ = s.job.events.send(Event::Text(rest));
+        s.outbox.push(Event::Text(rest));
     }
     if let Some(first) = s.first_token {
         let decoded = s.generated.saturating_sub(1);
@@ -506,7 +527,7 @@ fn step_sampled<D: Device>(
             metrics.decode_rate(decoded as f64 / secs);
         }
     }
-    let _ = s.job.events.send(Event::Done {
+    s.outbox.push(Event::Done {
         finish,
         prompt_tokens: s.job.prompt.len(),
         completion_tokens: s.generated,

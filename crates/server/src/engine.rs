@@ -9,7 +9,10 @@
 //!    last held it, and the tokens they belong to: requests that share a
 //!    system prompt, or a conversation's next turn, compute only what is
 //!    new; a prefix is shared only between sequences steered alike, since
-//!    steering changes the keys and values of the layers after it);
+//!    steering changes the keys and values of the layers after it); when
+//!    another place, a running sequence's included, holds a longer prefix,
+//!    its keys and values are copied in ([`Session::copy_prefix`]: a copy
+//!    costs far less than computing the tokens again);
 //! 2. ends sequences whose client went away (the receiving half of their
 //!    event channel is closed) or whose deadline passed, freeing their place;
 //! 3. runs one forward pass ([`Session::forward_chunks`]) over one token of
@@ -181,6 +184,18 @@ fn take_place<D: Device>(
     Some((place, keep))
 }
 
+/// The place among `places` holding the longest prefix of `prompt`
+/// computed with the same steering, and that prefix's length.
+fn longest_prefix<'p, D: Device + 'p>(
+    places: impl Iterator<Item = &'p Place<D>>,
+    prompt: &[u32],
+    steered: Steered,
+) -> Option<(&'p Place<D>, usize)> {
+    places
+        .map(|p| (p, p.shared_prefix(prompt, steered)))
+        .max_by_key(|&(_, n)| n)
+}
+
 /// A sequence in a place of the batch.
 struct Seq<'t, D: Device> {
     job: Job,
@@ -289,9 +304,19 @@ pub fn run<D: Device>(
                     }
                 },
             };
-            let Some((place, reused)) = take_place(&mut caches, &job.prompt, steered) else {
+            let Some((mut place, mut reused)) = take_place(&mut caches, &job.prompt, steered)
+            else {
                 break;
             };
+            // A longer prefix in another place, busy or free, is copied.
+            let sources = seqs.iter().map(|s| &s.place).chain(caches.iter());
+            if let Some((src, n)) = longest_prefix(sources, &job.prompt, steered) {
+                if n > reused && worker.copy_prefix(&src.kv, &mut place.kv, n).is_ok() {
+                    place.tokens.clear();
+                    place.tokens.extend_from_slice(&job.prompt[..n]);
+                    reused = n;
+                }
+            }
             metrics.reused(reused);
             let detok = StreamDecoder::new(tok).with_stop_strings(job.params.stops.iter().cloned());
             let _ = job.events.send(Event::Started);

@@ -561,6 +561,104 @@ unsafe fn values<const G: usize, const V: usize>(
     }
 }
 
+/// `max |x|` over the `8 · R` floats at `x`, NaNs ignored (the scalar
+/// `act::amax`: `maxps` returns its second operand when either is NaN, and
+/// the running maximum is never NaN).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn amax8<const R: usize>(x: *const f32) -> f32 {
+    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let mut m = _mm256_setzero_ps();
+    for r in 0..R {
+        // SAFETY: the caller's `x` holds `8 · R` floats.
+        let v = _mm256_and_ps(unsafe { _mm256_loadu_ps(x.add(8 * r)) }, abs);
+        m = _mm256_max_ps(v, m);
+    }
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    _mm_cvtss_f32(m)
+}
+
+/// The codes of 32 floats at `x` scaled by `id` (the scalar `act::code`:
+/// NaN to 0, clamped to ±127, rounded half to even by `cvtps2dq` in the
+/// default rounding mode) stored at `q`; returns the lane sums of codes
+/// 0-15 and of codes 16-31.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn codes32(x: *const f32, id: __m256, q: *mut i8) -> (__m256i, __m256i) {
+    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
+    let mut c = [_mm256_setzero_si256(); 4];
+    for (r, c) in c.iter_mut().enumerate() {
+        // SAFETY: the caller's `x` holds 32 floats.
+        let v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(x.add(8 * r)) }, id);
+        let v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
+        *c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+    }
+    // Packing works within 128-bit halves; the permute restores the order.
+    let p = _mm256_packs_epi16(
+        _mm256_packs_epi32(c[0], c[1]),
+        _mm256_packs_epi32(c[2], c[3]),
+    );
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // SAFETY: the caller's `q` holds 32 codes.
+    unsafe { _mm256_storeu_si256(q as *mut __m256i, p) };
+    (_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]))
+}
+
+/// The sum of the eight 32-bit lanes of `v`.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+    _mm_cvtsi128_si32(s)
+}
+
+/// [`act::quantize_32`](super::act::quantize_32), the same blocks, eight
+/// lanes at a time.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn quantize_32(x: &[f32], out: &mut [super::act::Block32]) {
+    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
+        // SAFETY: `xb` holds 32 floats and `b.qs` 32 codes.
+        let (s0, s1) = unsafe {
+            let (d, id) = super::act::scales(amax8::<4>(xb.as_ptr()));
+            b.d = d;
+            codes32(xb.as_ptr(), _mm256_set1_ps(id), b.qs.as_mut_ptr())
+        };
+        let sum = hsum_epi32(_mm256_add_epi32(s0, s1));
+        b.s = b.d * sum as f32;
+        b.sum128 = 128 * sum;
+    }
+}
+
+/// [`act::quantize_256`](super::act::quantize_256), the same blocks, eight
+/// lanes at a time.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn quantize_256(x: &[f32], out: &mut [super::act::Block256]) {
+    for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
+        // SAFETY: `xb` holds 256 floats and `b.qs` 256 codes.
+        unsafe {
+            let (d, id) = super::act::scales(amax8::<32>(xb.as_ptr()));
+            b.d = d;
+            let id = _mm256_set1_ps(id);
+            for k in 0..8 {
+                let (s0, s1) = codes32(xb.as_ptr().add(32 * k), id, b.qs.as_mut_ptr().add(32 * k));
+                // At most 16 · 127 in magnitude: exact in 16 bits.
+                b.bsums[2 * k] = hsum_epi32(s0) as i16;
+                b.bsums[2 * k + 1] = hsum_epi32(s1) as i16;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,104 +870,6 @@ mod tests {
                         assert!((w - g).abs() <= 1e-5, "t={t} h0={h0}: {g} vs {w}");
                     }
                 }
-            }
-        }
-    }
-}
-
-/// `max |x|` over the `8 · R` floats at `x`, NaNs ignored (the scalar
-/// `act::amax`: `maxps` returns its second operand when either is NaN, and
-/// the running maximum is never NaN).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn amax8<const R: usize>(x: *const f32) -> f32 {
-    let abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
-    let mut m = _mm256_setzero_ps();
-    for r in 0..R {
-        // SAFETY: the caller's `x` holds `8 · R` floats.
-        let v = _mm256_and_ps(unsafe { _mm256_loadu_ps(x.add(8 * r)) }, abs);
-        m = _mm256_max_ps(v, m);
-    }
-    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    let m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    _mm_cvtss_f32(m)
-}
-
-/// The codes of 32 floats at `x` scaled by `id` (the scalar `act::code`:
-/// NaN to 0, clamped to ±127, rounded half to even by `cvtps2dq` in the
-/// default rounding mode) stored at `q`; returns the lane sums of codes
-/// 0-15 and of codes 16-31.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn codes32(x: *const f32, id: __m256, q: *mut i8) -> (__m256i, __m256i) {
-    let (lo, hi) = (_mm256_set1_ps(-127.0), _mm256_set1_ps(127.0));
-    let mut c = [_mm256_setzero_si256(); 4];
-    for (r, c) in c.iter_mut().enumerate() {
-        // SAFETY: the caller's `x` holds 32 floats.
-        let v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(x.add(8 * r)) }, id);
-        let v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));
-        *c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
-    }
-    // Packing works within 128-bit halves; the permute restores the order.
-    let p = _mm256_packs_epi16(
-        _mm256_packs_epi32(c[0], c[1]),
-        _mm256_packs_epi32(c[2], c[3]),
-    );
-    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    // SAFETY: the caller's `q` holds 32 codes.
-    unsafe { _mm256_storeu_si256(q as *mut __m256i, p) };
-    (_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]))
-}
-
-/// The sum of the eight 32-bit lanes of `v`.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b01_00_11_10));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
-    _mm_cvtsi128_si32(s)
-}
-
-/// [`act::quantize_32`](super::act::quantize_32), the same blocks, eight
-/// lanes at a time.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn quantize_32(x: &[f32], out: &mut [super::act::Block32]) {
-    for (xb, b) in x.chunks_exact(32).zip(out.iter_mut()) {
-        // SAFETY: `xb` holds 32 floats and `b.qs` 32 codes.
-        let (s0, s1) = unsafe {
-            let (d, id) = super::act::scales(amax8::<4>(xb.as_ptr()));
-            b.d = d;
-            codes32(xb.as_ptr(), _mm256_set1_ps(id), b.qs.as_mut_ptr())
-        };
-        let sum = hsum_epi32(_mm256_add_epi32(s0, s1));
-        b.s = b.d * sum as f32;
-        b.sum128 = 128 * sum;
-    }
-}
-
-/// [`act::quantize_256`](super::act::quantize_256), the same blocks, eight
-/// lanes at a time.
-///
-/// # Safety
-/// The CPU has AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn quantize_256(x: &[f32], out: &mut [super::act::Block256]) {
-    for (xb, b) in x.chunks_exact(256).zip(out.iter_mut()) {
-        // SAFETY: `xb` holds 256 floats and `b.qs` 256 codes.
-        unsafe {
-            let (d, id) = super::act::scales(amax8::<32>(xb.as_ptr()));
-            b.d = d;
-            let id = _mm256_set1_ps(id);
-            for k in 0..8 {
-                let (s0, s1) = codes32(xb.as_ptr().add(32 * k), id, b.qs.as_mut_ptr().add(32 * k));
-                // At most 16 · 127 in magnitude: exact in 16 bits.
-                b.bsums[2 * k] = hsum_epi32(s0) as i16;
-                b.bsums[2 * k + 1] = hsum_epi32(s1) as i16;
             }
         }
     }

@@ -126,6 +126,15 @@ impl<D: Device> KvCache<D> {
     /// but for position 0, when a layer keeps a recurrent state (it holds
     /// every position before the cache's, and cannot go back).
     pub fn rewind(&mut self, position: usize) -> Result<(), EngineError> {
+        self.check_rewind(position)?;
+        self.position = position;
+        Ok(())
+    }
+
+    /// Whether the first `position` positions can be kept (by
+    /// [`KvCache::rewind`], or copied to another cache by
+    /// `Session::copy_prefix`).
+    pub(crate) fn check_rewind(&self, position: usize) -> Result<(), EngineError> {
         let wrapped = self
             .layers
             .iter()
@@ -146,7 +155,6 @@ impl<D: Device> KvCache<D> {
                 ),
             });
         }
-        self.position = position;
         Ok(())
     }
 }

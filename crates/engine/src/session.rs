@@ -386,6 +386,33 @@ impl<'m, D: Device> Session<'m, D> {
         )
     }
 
+    /// Makes `dst` hold the first `positions` positions of `src` (both made
+    /// by [`Session::new_cache`]): their keys and values copied, `dst`'s
+    /// position set to `positions`, whatever `dst` held forgotten. A row
+    /// depends only on its token and the positions before it, so `dst` then
+    /// continues exactly as a sequence that computed those tokens itself
+    /// would (the server's reuse of a prompt prefix another sequence
+    /// computed). Refused, with `dst` unchanged, where [`KvCache::rewind`]
+    /// would refuse to take `src` back to `positions`: past its position,
+    /// after a sliding layer's ring wrapped, or, but for 0, with a
+    /// recurrent state.
+    pub fn copy_prefix(
+        &mut self,
+        src: &KvCache<D>,
+        dst: &mut KvCache<D>,
+        positions: usize,
+    ) -> Result<(), EngineError> {
+        self.check_cache(src)?;
+        self.check_cache(dst)?;
+        src.check_rewind(positions)?;
+        dst.reset();
+        for (s, d) in src.layers.iter().zip(dst.layers.iter_mut()) {
+            mixers::LayerCache::copy_prefix(&mut self.stream, s, d, positions)?;
+        }
+        dst.advance(positions);
+        Ok(())
+    }
+
     /// Checks that `kv` is shaped like this session's own cache.
     fn check_cache(&self, kv: &KvCache<D>) -> Result<(), EngineError> {
         if kv.same_shape(&self.kv) {

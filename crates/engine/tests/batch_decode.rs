@@ -490,8 +490,94 @@ fn rewind_is_refused_once_a_sliding_ring_wrapped() {
     let err = kv.rewind(2).unwrap_err();
     assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
     assert_eq!(kv.position(), ring + 2);
+    // Nor is its prefix copied to another cache, which stays as it was.
+    let mut other: KvCache<_> = w.new_cache().unwrap();
+    w.forward_in(&mut other, &[1, 2, 3], Logits::None).unwrap();
+    let err = w.copy_prefix(&kv, &mut other, 2).unwrap_err();
+    assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+    assert_eq!(other.position(), 3);
     // Rewinding to where it stands is no change.
     kv.rewind(ring + 2).unwrap();
+}
+
+/// A prefix copied from another sequence's cache (the server's reuse of a
+/// prompt prefix another place computed, busy or free) continues exactly
+/// as a fresh prefill of the whole prompt, whatever the copy overwrote.
+#[test]
+fn copied_prefix_continues_like_a_fresh_prefill() {
+    for numerics in [Numerics::Exact, Numerics::Fast] {
+        for &family in FAMILIES {
+            let Some(spec) = spec(family, &[]) else {
+                println!("skipped {family}: fixture absent");
+                continue;
+            };
+            let format = match numerics {
+                Numerics::Exact => QuantFormat::F32,
+                _ => QuantFormat::Q8_0,
+            };
+            let m = model_as(&spec, 2, format, numerics);
+            let vocab = spec.vocab_size;
+            let mut worker = m.session(SessionOptions::new(CONTEXT)).unwrap();
+            // The source: a prompt of 9, then 3 decoded tokens.
+            let first = prompt(0, 9, vocab);
+            let decoded: Vec<u32> = (0..3).map(|s| fed(0, s, vocab)).collect();
+            let mut src = worker.new_cache().unwrap();
+            worker.forward_in(&mut src, &first, Logits::None).unwrap();
+            for &t in &decoded {
+                let mut out = vec![0f32; vocab];
+                let mut c = [BatchChunk {
+                    kv: &mut src,
+                    tokens: &[t],
+                    logits: true,
+                    steering: None,
+                }];
+                worker.forward_chunks(&mut c, &mut out).unwrap();
+            }
+            // The destination held another sequence, longer than the copy.
+            let mut dst = worker.new_cache().unwrap();
+            worker
+                .forward_in(&mut dst, &prompt(2, 14, vocab), Logits::None)
+                .unwrap();
+            if src.has_recurrent_state() {
+                let err = worker.copy_prefix(&src, &mut dst, 6).unwrap_err();
+                assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+                assert_eq!(dst.position(), 14, "{family}");
+                worker.copy_prefix(&src, &mut dst, 0).unwrap();
+                assert_eq!(dst.position(), 0, "{family}");
+                continue;
+            }
+            let held: Vec<u32> = first.iter().chain(&decoded).copied().collect();
+            // Shares 6 prompt tokens, or the prompt and 2 decoded tokens.
+            for keep in [6usize, 11] {
+                let mut next: Vec<u32> = held[..keep].to_vec();
+                next.extend(prompt(1, 4, vocab));
+                let feds: Vec<u32> = (0..3).map(|s| fed(1, s, vocab)).collect();
+                let want = alone_logits(&m, None, &next, &feds, next.len());
+                worker.copy_prefix(&src, &mut dst, keep).unwrap();
+                assert_eq!(dst.position(), keep);
+                let mut last = vec![0f32; vocab];
+                worker
+                    .forward_in(&mut dst, &next[keep..], Logits::Last(&mut last))
+                    .unwrap();
+                assert_eq!(last, want[0], "{family} {numerics:?}: prefix {keep}");
+                for (i, &t) in feds.iter().enumerate() {
+                    let mut out = vec![0f32; vocab];
+                    let mut c = [BatchChunk {
+                        kv: &mut dst,
+                        tokens: &[t],
+                        logits: true,
+                        steering: None,
+                    }];
+                    worker.forward_chunks(&mut c, &mut out).unwrap();
+                    assert_eq!(out, want[i + 1], "{family} {numerics:?}: prefix {keep}");
+                }
+            }
+            // The source is untouched, and never copied past its position.
+            assert_eq!(src.position(), 12);
+            let err = worker.copy_prefix(&src, &mut dst, 13).unwrap_err();
+            assert!(matches!(err, EngineError::BadOptions { .. }), "{err}");
+        }
+    }
 }
 
 #[test]

@@ -9,7 +9,10 @@
 //!    last held it, and the tokens they belong to: requests that share a
 //!    system prompt, or a conversation's next turn, compute only what is
 //!    new; a prefix is shared only between sequences steered alike, since
-//!    steering changes the keys and values of the layers after it);
+//!    steering changes the keys and values of the layers after it); when
+//!    another place, a running sequence's included, holds a longer prefix,
+//!    its keys and values are copied in ([`Session::copy_prefix`]: a copy
+//!    costs far less than computing the tokens again);
 //! 2. ends sequences whose client went away (the receiving half of their
 //!    event channel is closed) or whose deadline passed, freeing their place;
 //! 3. runs one forward pass ([`Session::forward_chunks`]) over one token of
@@ -18,7 +21,9 @@
 //!    prompts, oldest first, up to [`PREFILL_BUDGET`] prompt tokens (so a
 //!    long prompt delays the others by a few chunks per step, not by its
 //!    whole length). The rows share each weight read, while rope, cache
-//!    write and attention are per sequence over its own cache.
+//!    write and attention are per sequence over its own cache;
+//! 4. samples each sequence's next token, then sends every sequence's new
+//!    text (and ends) to its request at once.
 //!
 //! A sequence is generated exactly as `turbospark run` generates an answer
 //! (the CLI's `generate.rs`): every prompt token is shown to the sampler,
@@ -179,6 +184,18 @@ fn take_place<D: Device>(
     Some((place, keep))
 }
 
+/// The place among `places` holding the longest prefix of `prompt`
+/// computed with the same steering, and that prefix's length.
+fn longest_prefix<'p, D: Device + 'p>(
+    places: impl Iterator<Item = &'p Place<D>>,
+    prompt: &[u32],
+    steered: Steered,
+) -> Option<(&'p Place<D>, usize)> {
+    places
+        .map(|p| (p, p.shared_prefix(prompt, steered)))
+        .max_by_key(|&(_, n)| n)
+}
+
 /// A sequence in a place of the batch.
 struct Seq<'t, D: Device> {
     job: Job,
@@ -194,6 +211,9 @@ struct Seq<'t, D: Device> {
     next: Option<u32>,
     started: Instant,
     first_token: Option<Instant>,
+    /// This step's events, sent when every sequence of the step has
+    /// sampled (see [`flush_events`]).
+    outbox: Vec<Event>,
 }
 
 /// Runs the scheduler until `stop` is set and no sequence is left, or the
@@ -284,9 +304,19 @@ pub fn run<D: Device>(
                     }
                 },
             };
-            let Some((place, reused)) = take_place(&mut caches, &job.prompt, steered) else {
+            let Some((mut place, mut reused)) = take_place(&mut caches, &job.prompt, steered)
+            else {
                 break;
             };
+            // A longer prefix in another place, busy or free, is copied.
+            let sources = seqs.iter().map(|s| &s.place).chain(caches.iter());
+            if let Some((src, n)) = longest_prefix(sources, &job.prompt, steered) {
+                if n > reused && worker.copy_prefix(&src.kv, &mut place.kv, n).is_ok() {
+                    place.tokens.clear();
+                    place.tokens.extend_from_slice(&job.prompt[..n]);
+                    reused = n;
+                }
+            }
             metrics.reused(reused);
             let detok = StreamDecoder::new(tok).with_stop_strings(job.params.stops.iter().cloned());
             let _ = job.events.send(Event::Started);
@@ -301,6 +331,7 @@ pub fn run<D: Device>(
                 next: None,
                 started: Instant::now(),
                 first_token: None,
+                outbox: Vec::with_capacity(4),
             };
             for &t in &seq.job.prompt {
                 seq.sampler.accept(t);
@@ -403,6 +434,7 @@ pub fn run<D: Device>(
                     row += 1;
                 }
             }
+            flush_events(&mut seqs);
             retire(&mut seqs, &mut caches);
         }
         metrics.set_experts(&worker_stats(&worker));
@@ -415,6 +447,19 @@ pub fn run<D: Device>(
 
 fn worker_stats<D: Device>(worker: &Session<'_, D>) -> turbospark_engine::experts::LayerStats {
     worker.expert_stats().total()
+}
+
+/// Sends each sequence's events of this step. Sampling every sequence
+/// first and sending afterwards wakes the HTTP tasks once per step, after
+/// the scheduler's own work, rather than sixteen times in the middle of it
+/// (each wake-up could preempt the scheduler for the HTTP side's work on
+/// that token, while the engine's other threads wait for the next pass).
+fn flush_events<D: Device>(seqs: &mut [Seq<'_, D>]) {
+    for s in seqs.iter_mut() {
+        for e in s.outbox.drain(..) {
+            let _ = s.job.events.send(e);
+        }
+    }
 }
 
 /// Frees the places of sequences that ended (no token to feed and the
@@ -432,7 +477,7 @@ fn retire<D: Device>(seqs: &mut Vec<Seq<'_, D>>, caches: &mut Vec<Place<D>>) {
     }
 }
 
-/// One token: sampled from `logits`, its text sent; `Some` when the
+/// One token: sampled from `logits`, its text queued; `Some` when the
 /// sequence ends with it (or before it, at `max_tokens`), else the token
 /// is `s.next`, to be fed back.
 fn sample_one<D: Device>(
@@ -461,7 +506,7 @@ fn sample_one<D: Device>(
         .push_to(token, &mut piece)
         .map_err(|e| e.to_string())?;
     if !piece.is_empty() {
-        let _ = s.job.events.send(Event::Text(piece));
+        s.outbox.push(Event::Text(piece));
     }
     if s.detok.is_stopped() {
         let stop = s.detok.stop_string().unwrap_or_default().to_string();
@@ -477,9 +522,10 @@ fn sample_one<D: Device>(
     Ok(None)
 }
 
-/// Samples from `logits` (the sequence's newest), streams the text and
+/// Samples from `logits` (the sequence's newest), queues the text and
 /// decides whether the sequence goes on: `s.next` is the token to feed, or
-/// `None` when it ended (the end is sent).
+/// `None` when it ended (the end is queued). The queue goes out at the
+/// end of the step ([`flush_events`]).
 fn step_sampled<D: Device>(
     s: &mut Seq<'_, D>,
     logits: &mut [f32],
@@ -491,13 +537,13 @@ fn step_sampled<D: Device>(
         Ok(Some(finish)) => finish,
         Ok(None) => return,
         Err(e) => {
-            let _ = s.job.events.send(Event::Failed(e));
+            s.outbox.push(Event::Failed(e));
             return;
         }
     };
     let rest = s.detok.finish();
     if !rest.is_empty() {
-        let _ = s.job.events.send(Event::Text(rest));
+        s.outbox.push(Event::Text(rest));
     }
     if let Some(first) = s.first_token {
         let decoded = s.generated.saturating_sub(1);
@@ -506,7 +552,7 @@ fn step_sampled<D: Device>(
             metrics.decode_rate(decoded as f64 / secs);
         }
     }
-    let _ = s.job.events.send(Event::Done {
+    s.outbox.push(Event::Done {
         finish,
         prompt_tokens: s.job.prompt.len(),
         completion_tokens: s.generated,

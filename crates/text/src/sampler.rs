@@ -390,15 +390,41 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value; the lowest index among equals; NaN never wins.
+/// Index of the largest value; the lowest index among equals; NaN never wins
+/// (0 when no value is above −∞).
+///
+/// Two passes the compiler vectorises, instead of one whose branch on each
+/// of a vocabulary's logits it cannot: the largest value (lane by lane,
+/// NaNs skipped as `v > m` skips them), then the first index holding it.
+/// The first pass's maximum is the value the one-pass scan would keep, and
+/// the first index equal to it is the one that scan would stop updating at
+/// (`-0.0 == 0.0`, so a maximum of zero finds the first zero of either
+/// sign, as the scan, which does not replace a zero by another, does).
 pub fn argmax(x: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in x.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    const LANES: usize = 16;
+    let mut m = [f32::NEG_INFINITY; LANES];
+    let chunks = x.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            m[l] = if c[l] > m[l] { c[l] } else { m[l] };
         }
     }
-    best as u32
+    let mut max = f32::NEG_INFINITY;
+    for &v in m.iter().chain(tail) {
+        if v > max {
+            max = v;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    let mut at = 0;
+    for c in x.chunks(LANES * 4) {
+        if c.iter().fold(false, |hit, &v| hit | (v == max)) {
+            return (at + c.iter().position(|&v| v == max).unwrap_or(0)) as u32;
+        }
+        at += c.len();
+    }
+    0
 }

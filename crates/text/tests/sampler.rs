@@ -26,6 +26,52 @@ fn softmax(logits: &[f32], t: f32) -> Vec<f64> {
     e.into_iter().map(|x| x / s).collect()
 }
 
+/// The one-pass scan `argmax` must agree with: the first strictly larger
+/// value wins, NaN never does.
+fn scan(x: &[f32]) -> u32 {
+    x.iter()
+        .enumerate()
+        .fold((0usize, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv {
+                (i, v)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0 as u32
+}
+
+#[test]
+fn argmax_edge_cases_match_the_scan() {
+    let nan = f32::NAN;
+    let inf = f32::INFINITY;
+    let cases: Vec<Vec<f32>> = vec![
+        vec![],
+        vec![nan],
+        vec![f32::NEG_INFINITY; 70],
+        vec![nan, f32::NEG_INFINITY, nan],
+        vec![-0.0, 0.0, -0.0],
+        vec![0.0, -0.0],
+        vec![-1.0, -0.0, -2.0, 0.0],
+        vec![nan, 3.0, 3.0, nan, 3.0],
+        vec![1.0, inf, 2.0, inf],
+    ];
+    for c in &cases {
+        assert_eq!(argmax(c), scan(c), "{c:?}");
+    }
+    // Long rows: the maximum in the tail, in the first and in a later
+    // chunk, repeated, beside NaNs.
+    for n in [15, 16, 17, 63, 64, 65, 200, 49_152] {
+        for at in [0, n / 3, n - 1] {
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 * 0.01).collect();
+            x[at] = 50.0;
+            x[n - 1 - (n - 1 - at) / 2] = 50.0;
+            x[(at + 5) % n] = nan;
+            assert_eq!(argmax(&x), scan(&x), "n {n} at {at}");
+        }
+    }
+}
+
 proptest! {
     #[test]
     fn greedy_is_argmax(logits in logits_strategy(), seed in any::<u64>()) {

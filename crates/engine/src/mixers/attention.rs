@@ -216,6 +216,26 @@ impl<D: Device> KvRows<D> {
         (self.capacity, self.row, self.values_are_keys)
             == (other.capacity, other.row, other.values_are_keys)
     }
+
+    /// Queues the copy of the rows of the first `positions` positions into
+    /// `dst` (same shape). A ring that has not wrapped holds position `p`
+    /// in row `p`, so they are its first `positions` rows.
+    pub(crate) fn copy_prefix(
+        &self,
+        st: &mut D::Stream,
+        dst: &mut Self,
+        positions: usize,
+    ) -> Result<(), EngineError> {
+        let n = positions * self.row;
+        if n == 0 {
+            return Ok(());
+        }
+        st.copy(&self.k, 0, &mut dst.k, 0, n)?;
+        if !self.values_are_keys {
+            st.copy(&self.v, 0, &mut dst.v, 0, n)?;
+        }
+        Ok(())
+    }
 }
 
 impl<D: Device> LayerState for KvRows<D> {

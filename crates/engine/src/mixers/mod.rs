@@ -162,6 +162,29 @@ impl<D: Device> LayerCache<D> {
         }
     }
 
+    /// Queues on `st` the copy of the first `positions` positions this
+    /// layer's part `src` holds into `dst` (a cache of the same shape).
+    /// The caller has checked that `src` still holds them
+    /// (`KvCache::check_rewind`): a recurrent state only gets here at
+    /// position 0, where there is nothing to copy.
+    pub(crate) fn copy_prefix(
+        st: &mut D::Stream,
+        src: &Self,
+        dst: &mut Self,
+        positions: usize,
+    ) -> Result<(), EngineError> {
+        match (src, dst) {
+            (Self::Attention(s), Self::Attention(d)) => s.copy_prefix(st, d, positions),
+            (Self::DeltaNet(_), Self::DeltaNet(_)) if positions == 0 => Ok(()),
+            _ => Err(EngineError::BadOptions {
+                detail: format!(
+                    "cannot copy {positions} positions between these layer caches \
+                     (different kinds, or a recurrent state past position 0)"
+                ),
+            }),
+        }
+    }
+
     /// Whether `other` is this layer's part of a cache of the same shape.
     pub(crate) fn same_shape(&self, other: &Self) -> bool {
         match (self, other) {

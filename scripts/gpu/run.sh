@@ -35,6 +35,8 @@
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
 #   .devcarry/llama.cpp-cuda.tgz, made by scripts/gpu/pack-llamacpp.sh),
 #   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
+#   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
+#   none times kernels at the clocks the GPU runs them at),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -141,9 +143,10 @@ PY
             IFS=: read -r label bargs count <<< "$what"
             echo "--- $label ($bargs)"
             # shellcheck disable=SC2086
-            "$NCU" --csv --print-units base -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
+            "$NCU" --csv --print-units base --clock-control "${NCU_CLOCKS:-base}" -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
                 "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 \
                 --numerics ${NUMERICS:-fast} > "$WORK/ncu-$label.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
+            [ -n "${OUT:-}" ] && cp "$WORK/ncu-$label.csv" "$OUT/"
             python3 - "$WORK/ncu-$label.csv" <<'PY'
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

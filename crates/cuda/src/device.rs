@@ -65,6 +65,7 @@ impl CudaDevice {
         let name = ctx.name().map_err(CudaError::driver("reading the name"))?;
         let ptx = nvrtc::compile_cached(capability.0, capability.1)?;
         let kernels = Arc::new(Kernels::load(&ctx, ptx)?);
+        crate::kernels::note_device(capability.0);
         Ok(CudaDevice {
             ctx,
             kernels,

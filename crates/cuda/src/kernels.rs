@@ -5,6 +5,7 @@
 use crate::CudaError;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
@@ -241,6 +242,38 @@ pub(crate) fn launch(
     if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
         return Ok(());
     }
+    if dependent_launch() {
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+            pad: [0; 4],
+            value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+        };
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: smem,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as below; `config` and the attribute it points at live
+        // until the call returns.
+        return unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                args.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(crate::memory::runtime(op));
+    }
     // SAFETY: `args` point at values of the kernel's parameter types (each
     // call site passes them in the order of the kernel's signature, with
     // the `#[repr(C)]` mirrors below for structs), alive until the launch
@@ -257,6 +290,34 @@ pub(crate) fn launch(
         )
     }
     .map_err(crate::memory::runtime(op))
+}
+
+/// Whether kernels are launched as programmatic dependents of the kernel
+/// before them (common.cuh `KERNEL_ENTRY`): on when every GPU this process
+/// opened is sm_90 or later (the kernels then hold `griddepcontrol`), unless
+/// `TURBOSPARK_CUDA_PDL=0`. Per process, as the kernel cache is.
+static DEPENDENT_LAUNCH: AtomicU8 = AtomicU8::new(PDL_UNSET);
+const PDL_UNSET: u8 = 0;
+const PDL_ON: u8 = 1;
+const PDL_OFF: u8 = 2;
+
+fn dependent_launch() -> bool {
+    DEPENDENT_LAUNCH.load(Ordering::Relaxed) == PDL_ON
+}
+
+/// Records a GPU of compute capability `major` opened by this process.
+pub(crate) fn note_device(major: i32) {
+    let off = major < 9 || std::env::var("TURBOSPARK_CUDA_PDL").is_ok_and(|v| v == "0");
+    if off {
+        DEPENDENT_LAUNCH.store(PDL_OFF, Ordering::Relaxed);
+    } else {
+        let _ = DEPENDENT_LAUNCH.compare_exchange(
+            PDL_UNSET,
+            PDL_ON,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
 }
 
 /// Blocks of `threads` for a grid-stride loop over `n` elements.

@@ -141,12 +141,14 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
 extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
                                          AttnParams p, const float* sinks, float* out,
                                          const int* step) {
+    KERNEL_ENTRY();
     attention_impl<false>(q, kc, vc, p, sinks, out, step);
 }
 
 extern "C" __global__ void attention_f16(const float* q, const u16* kc, const u16* vc,
                                          AttnParams p, const float* sinks, float* out,
                                          const int* step) {
+    KERNEL_ENTRY();
     attention_impl<true>(q, kc, vc, p, sinks, out, step);
 }
 
@@ -252,10 +254,12 @@ __device__ void attention_group_impl(const float* __restrict__ q, const void* __
 
 extern "C" __global__ void attention_group_f32(const float* q, const float* kc, const float* vc,
                                                AttnParams p, const float* sinks, float* out) {
+    KERNEL_ENTRY();
     attention_group_impl<false>(q, kc, vc, p, sinks, out);
 }
 
 extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, const u16* vc,
                                                AttnParams p, const float* sinks, float* out) {
+    KERNEL_ENTRY();
     attention_group_impl<true>(q, kc, vc, p, sinks, out);
 }

@@ -14,6 +14,26 @@ typedef long long i64;
 #define FULL_MASK 0xffffffffu
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90 and later; kernels.rs `launch`
+// sets the launch attribute there). Every kernel starts with
+// KERNEL_ENTRY: it first waits until the kernel launched before it on the
+// stream has finished and its writes are visible (griddepcontrol.wait; a
+// no-op for a launch without the attribute), so it reads nothing early,
+// and only then lets the next kernel's blocks be scheduled
+// (griddepcontrol.launch_dependents), which then wait in their own
+// KERNEL_ENTRY. A kernel's launch and block set-up thus overlap the tail
+// of the one before it, while the order of the work is unchanged: each
+// kernel still runs after the whole of the one before it, which ran after
+// the whole of its own predecessor (every kernel waits first, before any
+// early return).
+__device__ __forceinline__ void kernel_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define KERNEL_ENTRY() kernel_entry()
+
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));

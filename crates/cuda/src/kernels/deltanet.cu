@@ -17,6 +17,7 @@
 extern "C" __global__ void causal_conv1d_silu(const float* __restrict__ x, float* __restrict__ state,
                                               const float* __restrict__ w, int n, int ch, int k,
                                               int fresh, float* __restrict__ out) {
+    KERNEL_ENTRY();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= ch) return;
     int past = k - 1;
@@ -52,6 +53,7 @@ extern "C" __global__ void gated_delta_rule(const float* __restrict__ qkv,
                                             const float* __restrict__ dt_bias, int n, int hk,
                                             int hv, int dk, int dv, int fresh,
                                             float* __restrict__ state, float* __restrict__ out) {
+    KERNEL_ENTRY();
     extern __shared__ float sh[];  // q [dk], k [dk]
     __shared__ float red[32];
     float* q = sh;
@@ -137,6 +139,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS)
                              const float* __restrict__ dt_bias, int n, int hk, int hv, int dk,
                              int dv, int fresh, float* __restrict__ state,
                              float* __restrict__ out) {
+    KERNEL_ENTRY();
     extern __shared__ float sh[];
     const int C = DN_CHUNK, BV = DN_BV, ldk = dk + 1, ldc = DN_CHUNK + 1;
     float* Qs = sh;
@@ -287,5 +290,6 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS)
 }
 
 extern "C" __global__ void mul_sigmoid_rows(float* x, const float* gate, i64 rows, int dim) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, rows * dim) x[i] *= sigmoidf_(gate[i / dim]);
 }

@@ -10,22 +10,27 @@
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
 extern "C" __global__ void add_bias(float* x, const float* bias, int n, int d) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, (i64)n * d) x[i] += bias[i % d];
 }
 
 extern "C" __global__ void add(float* dst, const float* src, i64 len) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) dst[i] += src[i];
 }
 
 extern "C" __global__ void scale(float* x, i64 len, float s) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] *= s;
 }
 
 extern "C" __global__ void mul_sigmoid(float* x, const float* gate, i64 len) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] *= sigmoidf_(gate[i]);
 }
 
 extern "C" __global__ void softcap(float* x, i64 len, float cap) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] = tanhf(x[i] / cap) * cap;
 }
 
@@ -44,6 +49,7 @@ __device__ __forceinline__ float glu_one(float g, float u, int act, float alpha,
 
 extern "C" __global__ void glu(float* gate, const float* up, i64 len, int act, float alpha,
                                float limit) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) gate[i] = glu_one(gate[i], up[i], act, alpha, limit);
 }
 
@@ -164,6 +170,7 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
 extern "C" __global__ void rms_norm(const float* add_src, float* h, float* out, int dim, float eps,
                                     int mode, const float* w, signed char* q, float* qd,
                                     int order) {
+    KERNEL_ENTRY();
     rms_norm_row(add_src, h, out, dim, eps, mode, w, q, qd, order);
 }
 
@@ -186,6 +193,7 @@ struct RopeParams {
 // position comes from there (here and in kv_write and attention).
 extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_dim, int first_pos,
                                 RopeParams p, const int* step) {
+    KERNEL_ENTRY();
     if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n_tokens * n_heads * p.pairs) {
         int pair = (int)(i % p.pairs);
@@ -206,6 +214,7 @@ extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_di
 // Rows of `row_len` into cache rows (first_pos + t) % capacity.
 extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, int row_len,
                                         int first_pos, int capacity, const int* step) {
+    KERNEL_ENTRY();
     if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n * row_len) {
         int t = (int)(i / row_len), c = (int)(i % row_len);
@@ -215,6 +224,7 @@ extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, i
 
 extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int row_len,
                                         int first_pos, int capacity, const int* step) {
+    KERNEL_ENTRY();
     if (step) first_pos = step[1];
     GRID_STRIDE(i, (i64)n * row_len) {
         int t = (int)(i / row_len), c = (int)(i % row_len);
@@ -223,6 +233,7 @@ extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int
 }
 
 extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, len) dst[i] = f16_to_f32(src[i]);
 }
 
@@ -230,6 +241,7 @@ extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
 // f64. One block per row.
 extern "C" __global__ void adjust_projection(float* x, const float* u, int d, float alpha,
                                              float beta) {
+    KERNEL_ENTRY();
     float* row = x + (i64)blockIdx.x * d;
     double s = 0.0;
     for (int i = threadIdx.x; i < d; i += blockDim.x) s += (double)row[i] * (double)u[i];

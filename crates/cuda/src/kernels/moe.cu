@@ -92,15 +92,17 @@ __device__ void moe_down_impl(const float* __restrict__ act, const RouteOut* __r
     }
 }
 
-#define MOE(fmt, F)                                                                            \
+#define MOE(fmt, F)                                                                             \
     extern "C" __global__ void moe_gate_up_##fmt(const float* x, const RouteOut* routes, int k, \
-                                                 SlotMask only, BankView b, MoeAct a,         \
-                                                 float* act, int mode) {                       \
-        moe_gate_up_impl<F>(x, routes, k, only, b, a, act, mode);                              \
-    }                                                                                          \
-    extern "C" __global__ void moe_down_##fmt(const float* act, const RouteOut* routes,       \
-                                              SlotMask only, BankView b, float* y) {           \
-        moe_down_impl<F>(act, routes, only, b, y);                                             \
+                                                 SlotMask only, BankView b, MoeAct a,           \
+                                                 float* act, int mode) {                        \
+        KERNEL_ENTRY();                                                                         \
+        moe_gate_up_impl<F>(x, routes, k, only, b, a, act, mode);                               \
+    }                                                                                           \
+    extern "C" __global__ void moe_down_##fmt(const float* act, const RouteOut* routes,         \
+                                              SlotMask only, BankView b, float* y) {            \
+        KERNEL_ENTRY();                                                                         \
+        moe_down_impl<F>(act, routes, only, b, y);                                              \
     }
 
 MOE(f32, F_F32)
@@ -119,6 +121,7 @@ MOE(mxfp4, F_MXFP4)
 // out[t, c] = Σ_r w[t, r] · y[t·k + r, c], in rank order.
 extern "C" __global__ void moe_combine(const float* y, const RouteOut* routes, int n, int k,
                                        int hidden, float* out) {
+    KERNEL_ENTRY();
     GRID_STRIDE(i, (i64)n * hidden) {
         int t = (int)(i / hidden), c = (int)(i % hidden);
         float acc = 0.0f;
@@ -158,6 +161,7 @@ __device__ __forceinline__ int moe_chunk(const u32* order, u32 c, u32 end, int k
 
 extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int slots,
                                      SlotMask only, u32* order, u32* offsets) {
+    KERNEL_ENTRY();
     extern __shared__ u32 cnt[];  // slots + 1
     for (int s = threadIdx.x; s <= slots; s += blockDim.x) cnt[s] = 0;
     __syncthreads();
@@ -238,15 +242,17 @@ __device__ void moe_down_grouped_impl(const float* __restrict__ act, const u32* 
     }
 }
 
-#define MOE_GROUPED(fmt, F)                                                                    \
+#define MOE_GROUPED(fmt, F)                                                                     \
     extern "C" __global__ void moe_gate_up_grouped_##fmt(const float* x, const u32* order,      \
                                                          const u32* offsets, int k, BankView b, \
                                                          MoeAct a, float* act, int mode) {      \
-        moe_gate_up_grouped_impl<F>(x, order, offsets, k, b, a, act, mode);                    \
+        KERNEL_ENTRY();                                                                         \
+        moe_gate_up_grouped_impl<F>(x, order, offsets, k, b, a, act, mode);                     \
     }                                                                                           \
     extern "C" __global__ void moe_down_grouped_##fmt(const float* act, const u32* order,       \
                                                       const u32* offsets, BankView b,           \
                                                       float* y) {                               \
+        KERNEL_ENTRY();                                                                         \
         moe_down_grouped_impl<F>(act, order, offsets, b, y);                                    \
     }
 

@@ -39,9 +39,11 @@ __device__ void quantize_q8_impl(const float* __restrict__ x, i64 blocks, signed
 }
 
 extern "C" __global__ void quantize_q8_natural(const float* x, i64 blocks, signed char* q, float* d) {
+    KERNEL_ENTRY();
     quantize_q8_impl<F_Q8_0>(x, blocks, q, d);
 }
 extern "C" __global__ void quantize_q8_mxfp4(const float* x, i64 blocks, signed char* q, float* d) {
+    KERNEL_ENTRY();
     quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
 }
 
@@ -95,42 +97,74 @@ struct Q8Pieces {
     static constexpr int per_block = F == F_Q8_0 ? 2 : 1;
 };
 
-// Σ code · q of one 16-byte piece of weight codes against the tokens'
-// matching quantized activations (block b; `half` the piece's place in a
-// Q8_0 block).
+// The quantized activations a lane needs for one 16-byte piece of weight
+// codes of block b: the matching 16 codes of a Q8_0 half-block (`half`),
+// all 32 of an MXFP4 block (its piece holds the whole block).
 template <int F>
-__device__ __forceinline__ int q8_piece_dot(uint4 w, const signed char* xq, int b, int half) {
+struct Q8Act {
+    int4 lo, hi;  // hi: MXFP4 only
+};
+
+template <int F>
+__device__ __forceinline__ Q8Act<F> q8_load_act(const signed char* xq, int b, int half) {
+    Q8Act<F> a;
+    const int4* xp = (const int4*)(xq + (i64)b * 32);
+    if (F == F_Q8_0) {
+        a.lo = xp[half];
+        a.hi = make_int4(0, 0, 0, 0);
+    } else {
+        a.lo = xp[0];
+        a.hi = xp[1];
+    }
+    return a;
+}
+
+// Σ code · q of one 16-byte piece of weight codes against the matching
+// quantized activations.
+template <int F>
+__device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x) {
     int s = 0;
     if (F == F_Q8_0) {
-        int4 x = ((const int4*)(xq + (i64)b * 32))[half];
-        s = dp4a((int)w.x, x.x, s);
-        s = dp4a((int)w.y, x.y, s);
-        s = dp4a((int)w.z, x.z, s);
-        s = dp4a((int)w.w, x.w, s);
+        s = dp4a((int)w.x, x.lo.x, s);
+        s = dp4a((int)w.y, x.lo.y, s);
+        s = dp4a((int)w.z, x.lo.z, s);
+        s = dp4a((int)w.w, x.lo.w, s);
     } else {
-        const int4* xp = (const int4*)(xq + (i64)b * 32);
-        int4 x0 = xp[0], x1 = xp[1];
-        s = dp4a(mxfp4_word(w.x & 0xFFFFu), x0.x, s);
-        s = dp4a(mxfp4_word(w.x >> 16), x0.y, s);
-        s = dp4a(mxfp4_word(w.y & 0xFFFFu), x0.z, s);
-        s = dp4a(mxfp4_word(w.y >> 16), x0.w, s);
-        s = dp4a(mxfp4_word(w.z & 0xFFFFu), x1.x, s);
-        s = dp4a(mxfp4_word(w.z >> 16), x1.y, s);
-        s = dp4a(mxfp4_word(w.w & 0xFFFFu), x1.z, s);
-        s = dp4a(mxfp4_word(w.w >> 16), x1.w, s);
+        s = dp4a(mxfp4_word(w.x & 0xFFFFu), x.lo.x, s);
+        s = dp4a(mxfp4_word(w.x >> 16), x.lo.y, s);
+        s = dp4a(mxfp4_word(w.y & 0xFFFFu), x.lo.z, s);
+        s = dp4a(mxfp4_word(w.y >> 16), x.lo.w, s);
+        s = dp4a(mxfp4_word(w.z & 0xFFFFu), x.hi.x, s);
+        s = dp4a(mxfp4_word(w.z >> 16), x.hi.y, s);
+        s = dp4a(mxfp4_word(w.w & 0xFFFFu), x.hi.z, s);
+        s = dp4a(mxfp4_word(w.w >> 16), x.hi.w, s);
     }
     return s;
 }
 
+// The raw scale bits of block b (an f16 for Q8_0, an e8m0 byte for
+// MXFP4), loaded with the codes and decoded when used.
 template <int F>
-__device__ __forceinline__ float q8_weight_scale(const u8* row, int cols, int b) {
-    if (F == F_Q8_0) return f16_to_f32(*(const u16*)split_scale<F>(row, cols, b));
-    return e8m0_half(*split_scale<F>(row, cols, b));
+__device__ __forceinline__ u32 q8_load_scale(const u8* row, int cols, int b) {
+    if (F == F_Q8_0) return *(const u16*)split_scale<F>(row, cols, b);
+    return *split_scale<F>(row, cols, b);
+}
+
+template <int F>
+__device__ __forceinline__ float q8_weight_scale(u32 raw) {
+    if (F == F_Q8_0) return f16_to_f32((u16)raw);
+    return e8m0_half((u8)raw);
 }
 
 // R weight rows (same format and width) dotted with up to T tokens'
 // quantized activations into acc[r][t]; every lane of the warp calls it
 // (with the same cols and nt) and ends with the totals.
+//
+// Latency: a round's global loads — weight codes and scales, and for one
+// token its activations and their scales — are all issued before any is
+// used, so a warp waits for memory about once a round (a row up to 4096
+// wide is one round). With several tokens the activations (shared by
+// every row, so cached) are read where they are used, to spare registers.
 template <int F, int T, int R>
 __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
                                             const signed char* const* xq, const float* const* xd,
@@ -139,6 +173,7 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
     constexpr int BLOCKS = 32 / P;          // blocks a stretch covers
     constexpr int CHUNK_LANES = Q8_CHUNK * P;
     constexpr int CHUNKS = 32 / CHUNK_LANES;  // chunks a stretch covers
+    constexpr bool ONE = T == 1;              // activations loaded with the codes
     int lane = threadIdx.x & 31, half = lane % P;
     int nb = cols / 32;
     int stretches = (nb + BLOCKS - 1) / BLOCKS;
@@ -148,14 +183,26 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
     constexpr int UNROLL = Q8Unroll<F, T, R>::n;
     for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
-        // Every piece of UNROLL stretches is loaded before any is used.
+        // Every load of UNROLL stretches is issued before any is used.
         uint4 w[UNROLL][R];
+        u32 sw[UNROLL][R];
+        Q8Act<F> x1[ONE ? UNROLL : 1];
+        float dx1[ONE ? UNROLL : 1];
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
+            bool valid = b < nb;
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                if (b < nb) w[i][r] = ((const uint4*)split_codes<F>(rows[r], b))[half];
+            for (int r = 0; r < R; r++) {
+                w[i][r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half]
+                                : make_uint4(0, 0, 0, 0);
+                sw[i][r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
+            }
+            if (ONE) {
+                x1[i] = valid ? q8_load_act<F>(xq[0], b, half)
+                              : Q8Act<F>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+                dx1[i] = valid ? xd[0][b] : 0.0f;
+            }
         }
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
@@ -167,14 +214,21 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
             int sum[R][T];
             float dw[R], dx[T];
 #pragma unroll
-            for (int r = 0; r < R; r++) dw[r] = valid ? q8_weight_scale<F>(rows[r], cols, b) : 0.0f;
+            for (int r = 0; r < R; r++) dw[r] = valid ? q8_weight_scale<F>(sw[i][r]) : 0.0f;
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
-                dx[t] = valid ? xd[t][b] : 0.0f;
+                Q8Act<F> xa;
+                if (ONE) {
+                    dx[t] = dx1[ONE ? i : 0];
+                    xa = x1[ONE ? i : 0];
+                } else {
+                    dx[t] = valid ? xd[t][b] : 0.0f;
+                    if (valid) xa = q8_load_act<F>(xq[t], b, half);
+                }
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    int v = valid ? q8_piece_dot<F>(w[i][r], xq[t], b, half) : 0;
+                    int v = valid ? q8_piece_dot<F>(w[i][r], xa) : 0;
                     if (P == 2) v += __shfl_xor_sync(FULL_MASK, v, 1);
                     sum[r][t] = v;
                 }
@@ -273,7 +327,15 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
         ds[t] = xd + (i64)(t0 + t) * nb;
     }
     float acc[1][MM_TOKENS];
-    q8_rows_dot<F, MM_TOKENS, 1>(wr, cols, qs, ds, min(n - t0, MM_TOKENS), acc);
+    if (n == 1) {
+        // One token (decode): the variant that loads its activations with
+        // the codes (same arithmetic, so the same bits).
+        float one[1][1];
+        q8_rows_dot<F, 1, 1>(wr, cols, qs, ds, 1, one);
+        acc[0][0] = one[0][0];
+    } else {
+        q8_rows_dot<F, MM_TOKENS, 1>(wr, cols, qs, ds, min(n - t0, MM_TOKENS), acc);
+    }
     if (live && q8_writer()) {
         float b = bias ? bias[row] : 0.0f;
 #pragma unroll
@@ -415,27 +477,32 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 #define Q8_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
                                                 const float* xd, int n) {                        \
+        KERNEL_ENTRY();                                                                          \
         matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
     }                                                                                            \
     extern "C" __global__ void moe_gate_up_q8x_##fmt(const signed char* xq, const float* xd,     \
                                                      const RouteOut* routes, int k,              \
                                                      SlotMask only, BankView b, MoeAct a,        \
                                                      float* act) {                               \
+        KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
     }                                                                                            \
     extern "C" __global__ void moe_down_q8x_##fmt(const signed char* aq, const float* ad,        \
                                                   const RouteOut* routes, SlotMask only,         \
                                                   BankView b, float* y) {                        \
+        KERNEL_ENTRY();                                                                          \
         moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
     }                                                                                            \
     extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                    \
         const signed char* xq, const float* xd, const u32* order, const u32* offsets, int k,     \
         BankView b, MoeAct a, float* act) {                                                      \
+        KERNEL_ENTRY();                                                                          \
         moe_gate_up_grouped_q8_impl<F>(xq, xd, order, offsets, k, b, a, act);                    \
     }                                                                                            \
     extern "C" __global__ void moe_down_grouped_q8x_##fmt(const signed char* aq, const float* ad, \
                                                           const u32* order, const u32* offsets,  \
                                                           BankView b, float* y) {                \
+        KERNEL_ENTRY();                                                                          \
         moe_down_grouped_q8_impl<F>(aq, ad, order, offsets, b, y);                               \
     }
 

@@ -80,6 +80,7 @@ __device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* el
 extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
                                  const float* correction, const float* expert_scale,
                                  RouteOut* out) {
+    KERNEL_ENTRY();
     __shared__ float z[ROUTE_MAX_EXPERTS];
     __shared__ float values[ROUTE_MAX_EXPERTS];
     __shared__ float scores[ROUTE_MAX_EXPERTS];

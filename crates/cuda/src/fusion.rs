@@ -13,16 +13,19 @@
 //!   launch itself);
 //! - matrix-vector products of one quantized input (q, k, v) are one
 //!   `matmul_q8x` launch over a [`MatGroup`], each with the bias add that
-//!   follows it.
+//!   follows it;
+//! - the rope of q and of k at the same positions and the cache writes
+//!   of k (the roped tensor) and v that follow are one `rope_kv` launch
+//!   ([`RopeKvLaunch`]).
 //!
 //! Every fused launch computes the same values in the same order as the
-//! separate kernels (`kernels/elementwise.cu` `rms_norm_row`,
+//! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
 //! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical; only
 //! launches are saved. Any other op first launches what is pending
 //! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
 //! work is the order of the calls.
 
-use crate::kernels::{self, args, launch, Kernels};
+use crate::kernels::{self, args, launch, Kernels, RopeKvParams, RopeParams};
 use cudarc::driver::{result, CudaStream as RawStream};
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
@@ -94,8 +97,129 @@ pub(crate) struct TileLaunch {
     pub bias: u64,
 }
 
-/// The op a stream holds back.
+/// Ropes of up to two tensors at the same positions and up to two cache
+/// writes after them (`rope_kv`).
 #[derive(Clone, Copy)]
+pub(crate) struct RopeKvLaunch {
+    pub r: RopeKvParams,
+    pub p: RopeParams,
+    /// A recorded step's parameters (the position), or 0.
+    pub step: u64,
+}
+
+impl RopeKvLaunch {
+    /// The rope of `x` (`[n_tokens, heads, head_dim]`) alone.
+    pub(crate) fn rope(
+        x: u64,
+        heads: usize,
+        n_tokens: usize,
+        head_dim: usize,
+        first_pos: usize,
+        p: RopeParams,
+        step: u64,
+    ) -> RopeKvLaunch {
+        let mut r = RopeKvParams {
+            n_x: 1,
+            n_tokens: n_tokens as i32,
+            head_dim: head_dim as i32,
+            first_pos: first_pos as i32,
+            ..RopeKvParams::default()
+        };
+        r.x[0] = x;
+        r.heads[0] = heads as i32;
+        RopeKvLaunch { r, p, step }
+    }
+
+    /// Adds the rope of `x` when it is at this launch's positions with the
+    /// same table, and no write has joined yet.
+    pub(crate) fn join_rope(&mut self, other: &RopeKvLaunch) -> bool {
+        let o = &other.r;
+        let fits = self.r.n_x == 1
+            && self.r.n_w == 0
+            && o.n_x == 1
+            && (o.n_tokens, o.head_dim, o.first_pos)
+                == (self.r.n_tokens, self.r.head_dim, self.r.first_pos)
+            && other.step == self.step
+            && other.p == self.p
+            && o.x[0] != self.r.x[0];
+        if fits {
+            self.r.x[1] = o.x[0];
+            self.r.heads[1] = o.heads[0];
+            self.r.n_x = 2;
+        }
+        fits
+    }
+
+    /// Adds the write of `n_tokens` rows of `row_len` from `src` into
+    /// `cache` (rows `(first_pos + t) % capacity`) when it follows these
+    /// ropes: the same tokens and positions, and `src` either one of the
+    /// roped tensors, whole, or none of them.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn join_write(
+        &mut self,
+        cache: u64,
+        f16: bool,
+        src: u64,
+        n_tokens: usize,
+        row_len: usize,
+        first_pos: usize,
+        capacity: usize,
+        step: u64,
+    ) -> bool {
+        let r = &mut self.r;
+        let w = r.n_w as usize;
+        if w >= kernels::ROPE_KV_MAX
+            || (n_tokens as i32, first_pos as i32) != (r.n_tokens, r.first_pos)
+            || step != self.step
+        {
+            return false;
+        }
+        let roped = (0..r.n_x as usize).find(|&i| r.x[i] == src);
+        if let Some(i) = roped {
+            if row_len != r.heads[i] as usize * r.head_dim as usize {
+                return false;
+            }
+        }
+        r.cache[w] = cache;
+        r.src[w] = src;
+        r.row_len[w] = row_len as i32;
+        r.capacity[w] = capacity as i32;
+        r.f16[w] = i32::from(f16);
+        r.roped[w] = roped.map_or(-1, |i| i as i32);
+        r.n_w += 1;
+        true
+    }
+
+    /// Threads of the launch, in the kernel's order of its parts.
+    fn threads(&self) -> usize {
+        let r = &self.r;
+        let (n, hd, pairs) = (
+            r.n_tokens as usize,
+            r.head_dim as usize,
+            self.p.pairs as usize,
+        );
+        let ropes: usize = (0..r.n_x as usize)
+            .map(|i| n * r.heads[i] as usize * pairs)
+            .sum();
+        let writes: usize = (0..r.n_w as usize)
+            .map(|w| {
+                let row = r.row_len[w] as usize;
+                if r.roped[w] >= 0 {
+                    n * (row / hd) * (hd - 2 * pairs)
+                } else {
+                    n * row
+                }
+            })
+            .sum();
+        ropes + writes
+    }
+}
+
+/// The op a stream holds back. Copied in and out of the stream's cell on
+/// every op: the rope's table makes it about 1.2 KB, nothing beside a
+/// launch.
+#[derive(Clone, Copy)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Pending {
     /// `dst[..len] += src[..len]`.
     Add {
@@ -119,6 +243,7 @@ pub(crate) enum Pending {
     Norm(NormLaunch),
     Group(GroupLaunch),
     Tile(TileLaunch),
+    RopeKv(RopeKvLaunch),
 }
 
 /// Rows an RMS norm holds in registers (`NORM_THREADS · NORM_PER`): only
@@ -213,6 +338,18 @@ pub(crate) fn launch_pending(
                 kernels::Q8_THREADS,
                 0,
                 args,
+            )
+        }
+        Pending::RopeKv(l) => {
+            let threads = l.threads();
+            launch(
+                "rope",
+                &k.rope_kv,
+                stream,
+                kernels::blocks_for(threads, 256),
+                256,
+                0,
+                &mut args![l.r, l.p, l.step],
             )
         }
         Pending::Tile(t) => {

@@ -26,6 +26,9 @@
 #                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
+#   products     bandwidth of the decode step's matrix-vector products,
+#                shape by shape (examples/decode_products.rs), with and
+#                without programmatic dependent launch
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model: time, DRAM bytes and bandwidth per kernel
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
@@ -327,6 +330,12 @@ PY
             echo "--- $m"
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
         done
+        ;;
+    products)
+        stage "products: decode matrix-vector bandwidth by shape"
+        "$BIN/decode_products" 300
+        echo "--- TURBOSPARK_CUDA_PDL=0"
+        TURBOSPARK_CUDA_PDL=0 "$BIN/decode_products" 300
         ;;
     *) echo "unknown stage $s" ;;
     esac

@@ -1,0 +1,96 @@
+//! Bandwidth of the fast (8-bit activation) matrix-vector products of a
+//! decode step on the GPU, shape by shape: the gpt-oss-20b shapes (the
+//! grouped q/k/v rows, the o projection, the router and the output head,
+//! Q8_0; MXFP4 rows of an expert's gate and down widths), one token, the
+//! product alone in a loop. Each shape is uploaded in enough copies (more
+//! than the 60 MB L2 together) that every call reads its weights from
+//! HBM, as a decode step does; the loop's wall time over the calls gives
+//! µs a call and GB/s of weight bytes. Launch gaps are in the figure, as
+//! in a stream (not a replayed graph). Prints "skipped" without a GPU.
+//!
+//! `cargo run --release -p turbospark-cuda --example decode_products [CALLS]`
+//! (`TURBOSPARK_CUDA_PDL=0` to compare launches without programmatic
+//! dependence).
+
+use std::time::Instant;
+use turbospark_backend::conformance::data::{random_matrix, Rng};
+use turbospark_backend::{DType, Device, Limits, Numerics, Stream};
+use turbospark_core::QuantFormat;
+use turbospark_cuda::CudaDevice;
+
+/// (name, format, rows, cols)
+const SHAPES: [(&str, QuantFormat, usize, usize); 6] = [
+    ("q/k/v (grouped rows)", QuantFormat::Q8_0, 5120, 2880),
+    ("o projection", QuantFormat::Q8_0, 2880, 4096),
+    ("router", QuantFormat::Q8_0, 32, 2880),
+    ("output head", QuantFormat::Q8_0, 201088, 2880),
+    ("expert gate+up rows", QuantFormat::Mxfp4, 5760, 2880),
+    ("expert down rows", QuantFormat::Mxfp4, 2880, 2880),
+];
+
+/// Bytes of copies of one shape that together overflow the L2.
+const ROTATION_BYTES: usize = 192 << 20;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let calls: usize = match std::env::args().nth(1) {
+        Some(a) => a.parse()?,
+        None => 200,
+    };
+    let dev = match CudaDevice::new(0, Numerics::Fast) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}");
+            return Ok(());
+        }
+    };
+    println!(
+        "{} (sm_{}{}), {calls} calls a shape, one token",
+        dev.gpu_name(),
+        dev.capability().0,
+        dev.capability().1
+    );
+    println!(
+        "{:<22} {:>7} {:>8} {:>6} {:>9} {:>9} {:>8}",
+        "product", "format", "rows", "cols", "MB", "us/call", "GB/s"
+    );
+    for (name, fmt, rows, cols) in SHAPES {
+        let mut rng = Rng(0x0dec0de ^ rows as u64);
+        let t = random_matrix(name, fmt, rows, cols, &mut rng);
+        let bytes = t.bytes.len();
+        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(1, 64);
+        let ms = (0..copies)
+            .map(|_| dev.upload_matrix(&t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let limits = Limits {
+            max_tokens: 1,
+            ..Limits::default()
+        };
+        let mut st = dev.stream(&limits)?;
+        let mut x = dev.alloc(DType::F32, cols)?;
+        let input: Vec<f32> = rng.scaled(cols, 1.0);
+        st.write(&mut x, &input)?;
+        let mut out = dev.alloc(DType::F32, rows)?;
+        // Warm-up: module load, scratch growth, the first of every copy.
+        for m in &ms {
+            st.matmul(m, &x, 1, &mut out)?;
+        }
+        st.synchronize()?;
+        let start = Instant::now();
+        for i in 0..calls {
+            st.matmul(&ms[i % copies], &x, 1, &mut out)?;
+        }
+        st.synchronize()?;
+        let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        println!(
+            "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+            name,
+            fmt.name(),
+            rows,
+            cols,
+            bytes as f64 / 1e6,
+            us,
+            bytes as f64 / us / 1e3
+        );
+    }
+    Ok(())
+}

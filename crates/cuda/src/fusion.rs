@@ -413,3 +413,83 @@ impl MatGroup {
         Some((self.out[m], self.rows[m] as usize, &mut self.bias[m]))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(pairs: usize) -> RopeParams {
+        let mut p = RopeParams {
+            inv_freq: [0.0; kernels::MAX_ROPE_PAIRS],
+            attention_factor: 1.0,
+            pairs: pairs as i32,
+            kind: 0,
+        };
+        for (i, f) in p.inv_freq[..pairs].iter_mut().enumerate() {
+            *f = 1.0 / (i + 1) as f32;
+        }
+        p
+    }
+
+    const Q: u64 = 0x1000;
+    const K: u64 = 0x2000;
+    const V: u64 = 0x3000;
+
+    /// q (8 heads) and k (2 heads) of 3 tokens, heads of 64 with 16
+    /// rotated pairs, at position 5.
+    fn q_and_k() -> RopeKvLaunch {
+        let mut l = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        assert!(l.join_rope(&RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0)));
+        l
+    }
+
+    #[test]
+    fn a_layers_ropes_and_cache_writes_join_one_launch() {
+        let mut l = q_and_k();
+        assert!(l.join_write(0xa, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(0xb, true, V, 3, 2 * 64, 5, 100, 0));
+        assert_eq!((l.r.n_x, l.r.n_w), (2, 2));
+        assert_eq!(l.r.roped, [1, -1]);
+        // Pairs of q and k, k's unrotated 32 dims, v's elements.
+        assert_eq!(
+            l.threads(),
+            3 * 8 * 16 + 3 * 2 * 16 + 3 * 2 * 32 + 3 * 2 * 64
+        );
+        // A third write does not fit.
+        assert!(!l.join_write(0xc, true, V, 3, 2 * 64, 5, 100, 0));
+    }
+
+    #[test]
+    fn ropes_join_only_at_the_same_tokens_positions_and_table() {
+        let q = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        for other in [
+            RopeKvLaunch::rope(K, 2, 3, 64, 6, table(16), 0),
+            RopeKvLaunch::rope(K, 2, 4, 64, 5, table(16), 0),
+            RopeKvLaunch::rope(K, 2, 3, 64, 5, table(8), 0),
+            RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0x77),
+            RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0),
+        ] {
+            let mut l = q;
+            assert!(!l.join_rope(&other));
+            assert_eq!(l.r.n_x, 1);
+        }
+        // Nor after a write has joined.
+        let mut l = q;
+        assert!(l.join_write(0xa, false, V, 3, 128, 5, 100, 0));
+        assert!(!l.join_rope(&RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0)));
+    }
+
+    #[test]
+    fn writes_join_only_whole_roped_tensors_or_others_at_the_same_positions() {
+        // A roped tensor written with another row width (a latent cache
+        // row) is left to kv_write.
+        assert!(!q_and_k().join_write(0xa, true, K, 3, 100, 5, 100, 0));
+        assert!(!q_and_k().join_write(0xa, true, V, 3, 128, 6, 100, 0));
+        assert!(!q_and_k().join_write(0xa, true, V, 2, 128, 5, 100, 0));
+        assert!(!q_and_k().join_write(0xa, true, V, 3, 128, 5, 100, 0x77));
+        let mut l = q_and_k();
+        assert!(l.join_write(0xa, false, Q, 3, 8 * 64, 5, 100, 0));
+        assert_eq!(l.r.roped[0], 0);
+        assert_eq!(l.r.f16[0], 0);
+    }
+}

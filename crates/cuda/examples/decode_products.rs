@@ -6,7 +6,11 @@
 //! than the 60 MB L2 together) that every call reads its weights from
 //! HBM, as a decode step does; the loop's wall time over the calls gives
 //! µs a call and GB/s of weight bytes. Launch gaps are in the figure, as
-//! in a stream (not a replayed graph). Prints "skipped" without a GPU.
+//! in a stream (not a replayed graph). Then the launch floor: a recorded
+//! step of as many tiny element-wise kernels as a gpt-oss decode step
+//! launches (16 a layer, 24 layers), replayed as a graph, gives the cost
+//! of one dependent kernel that moves almost nothing — what fusion can
+//! save. Prints "skipped" without a GPU.
 //!
 //! `cargo run --release -p turbospark-cuda --example decode_products [CALLS]`
 //! (`TURBOSPARK_CUDA_PDL=0` to compare launches without programmatic
@@ -92,5 +96,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bytes as f64 / us / 1e3
         );
     }
+    launch_floor(&dev)?;
+    Ok(())
+}
+
+/// Kernels of a recorded decode step of the gpt-oss-20b shape (16 a
+/// layer, 24 layers).
+const STEP_KERNELS: usize = 16 * 24;
+
+/// µs a kernel in a replayed step of [`STEP_KERNELS`] tiny dependent
+/// kernels (each scales a hidden-size vector).
+fn launch_floor(dev: &CudaDevice) -> Result<(), Box<dyn std::error::Error>> {
+    let mut st = dev.stream(&Limits {
+        max_tokens: 1,
+        ..Limits::default()
+    })?;
+    let mut x = dev.alloc(DType::F32, 2880)?;
+    st.write(&mut x, &vec![1.0f32; 2880])?;
+    st.synchronize()?;
+    st.begin_step(0, 1)?;
+    for _ in 0..STEP_KERNELS {
+        st.scale(&mut x, 2880, 1.0)?;
+    }
+    st.end_step()?;
+    st.synchronize()?;
+    let replays = 50;
+    let start = Instant::now();
+    for _ in 0..replays {
+        if !st.replay_step(0, 1)? {
+            println!("launch floor: no recorded step to replay");
+            return Ok(());
+        }
+    }
+    st.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / replays as f64;
+    println!(
+        "launch floor: a replayed step of {STEP_KERNELS} tiny dependent kernels takes {us:.1} us \
+         ({:.2} us a kernel)",
+        us / STEP_KERNELS as f64
+    );
     Ok(())
 }

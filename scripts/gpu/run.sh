@@ -37,7 +37,8 @@
 #   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
 #   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
 #   none times kernels at the clocks the GPU runs them at),
-#   CPU_MOE=0 (llama.cpp only with every layer on the GPU).
+#   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
+#   (streamed: expert reader threads, bench's --io-threads; default 4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
@@ -325,7 +326,9 @@ PY
         [ "${SKEW:-1}" = 1 ] && models="synth20b synth20b-skew"
         for m in $models; do
             echo "--- $m"
-            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
+            # shellcheck disable=SC2086
+            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
+                ${IO_THREADS:+--io-threads $IO_THREADS}
         done
         ;;
     *) echo "unknown stage $s" ;;

@@ -26,6 +26,10 @@
 #                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
+#   racecheck    compute-sanitizer racecheck and synccheck on the kernels
+#                matching RACE_KERNEL (a name substring; default the chunked
+#                delta rule) while the exact conformance suite runs, then
+#                the suite three more times (a moving error is a race)
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model: time, DRAM bytes and bandwidth per kernel
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
@@ -329,6 +333,20 @@ PY
             # shellcheck disable=SC2086
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
                 ${IO_THREADS:+--io-threads $IO_THREADS}
+        done
+        ;;
+    racecheck)
+        stage "racecheck: compute-sanitizer on ${RACE_KERNEL:=gated_delta_rule_chunked}"
+        CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+        [ -n "$CS" ] || { echo "compute-sanitizer not found"; continue; }
+        for tool in racecheck synccheck; do
+            echo "--- $tool"
+            "$CS" --tool "$tool" --kernel-name "kns=$RACE_KERNEL" --print-limit 20 \
+                "$BIN/cuda-conformance" exact 2>&1 | grep -vE "^(running|test |$)" | tail -25
+        done
+        for i in 1 2 3; do
+            echo "--- conformance (exact), run $i"
+            "$BIN/cuda-conformance" exact 2>&1 | grep -E "test result|allowed error"
         done
         ;;
     *) echo "unknown stage $s" ;;

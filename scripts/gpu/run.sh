@@ -29,6 +29,10 @@
 #   products     bandwidth of the decode step's matrix-vector products,
 #                shape by shape (examples/decode_products.rs), with and
 #                without programmatic dependent launch
+#   racecheck    compute-sanitizer racecheck and synccheck on the kernels
+#                matching RACE_KERNEL (a name substring; default the chunked
+#                delta rule) while the exact conformance suite runs, then
+#                the suite three more times (a moving error is a race)
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model: time, DRAM bytes and bandwidth per kernel
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
@@ -40,7 +44,8 @@
 #   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
 #   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
 #   none times kernels at the clocks the GPU runs them at),
-#   CPU_MOE=0 (llama.cpp only with every layer on the GPU).
+#   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
+#   (streamed: expert reader threads, bench's --io-threads; default 4).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
@@ -328,7 +333,23 @@ PY
         [ "${SKEW:-1}" = 1 ] && models="synth20b synth20b-skew"
         for m in $models; do
             echo "--- $m"
-            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128
+            # shellcheck disable=SC2086
+            "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
+                ${IO_THREADS:+--io-threads $IO_THREADS}
+        done
+        ;;
+    racecheck)
+        stage "racecheck: compute-sanitizer on ${RACE_KERNEL:=gated_delta_rule_chunked}"
+        CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+        [ -n "$CS" ] || { echo "compute-sanitizer not found"; continue; }
+        for tool in racecheck synccheck; do
+            echo "--- $tool"
+            "$CS" --tool "$tool" --kernel-name "kns=$RACE_KERNEL" --print-limit 20 \
+                "$BIN/cuda-conformance" exact 2>&1 | grep -vE "^(running|test |$)" | tail -25
+        done
+        for i in 1 2 3; do
+            echo "--- conformance (exact), run $i"
+            "$BIN/cuda-conformance" exact 2>&1 | grep -E "test result|allowed error"
         done
         ;;
     products)

@@ -55,6 +55,7 @@ impl DevMem {
         };
         // SAFETY: `ptr` holds `n` bytes.
         unsafe { result::memset_d8_sync(ptr, 0, n) }.map_err(runtime(what))?;
+        legacy_stream_done(what)?;
         Ok(mem)
     }
 
@@ -88,8 +89,21 @@ impl DevMem {
         }
         self.ctx.bind_to_thread().map_err(runtime(what))?;
         // SAFETY: the range lies inside the allocation (checked above).
-        unsafe { result::memcpy_htod_sync(self.ptr + at as u64, data) }.map_err(runtime(what))
+        unsafe { result::memcpy_htod_sync(self.ptr + at as u64, data) }.map_err(runtime(what))?;
+        legacy_stream_done(what)
     }
+}
+
+/// Waits for the work queued on the legacy default stream: `cuMemsetD8`
+/// and `cuMemcpyHtoD` from pageable memory return before the device has
+/// done them (the copy once its data is staged), and the backend's work
+/// streams are non-blocking, so nothing would order a later kernel or copy
+/// on them after a buffer's zeroing or upload. Allocations and uploads are
+/// set-up work; the wait costs microseconds.
+fn legacy_stream_done(what: &'static str) -> Result<(), BackendError> {
+    // SAFETY: the null stream handle names the current context's legacy
+    // default stream, which always exists (the caller bound the context).
+    unsafe { result::stream::synchronize(std::ptr::null_mut()) }.map_err(runtime(what))
 }
 
 impl Drop for DevMem {

@@ -79,10 +79,12 @@ build_llamacpp() {
 }
 
 synth20b() {
-    if [ ! -d "$WORK/synth20b" ]; then
+    if [ ! -d "$WORK/synth20b" ] || [ ! -f "$WORK/synth20b.gguf" ]; then
+        rm -rf "$WORK/synth20b"
         "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
     fi
-    if [ ! -d "$WORK/synth20b-skew" ]; then
+    if [ ! -d "$WORK/synth20b-skew" ] || [ ! -f "$WORK/synth20b-skew.gguf" ]; then
+        rm -rf "$WORK/synth20b-skew"
         "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
     fi
 }
@@ -92,9 +94,10 @@ for s in $STAGES; do
     case $s in
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
-        ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
+        # (an install made by the synth stage has no GGUF: made again)
+        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; } ) &
         if [ "${SKEW:-1}" = 1 ]; then
-            ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; } ) &
         fi
         build_llamacpp &
         wait

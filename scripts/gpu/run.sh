@@ -79,12 +79,10 @@ build_llamacpp() {
 }
 
 synth20b() {
-    if [ ! -d "$WORK/synth20b" ] || [ ! -f "$WORK/synth20b.gguf" ]; then
-        rm -rf "$WORK/synth20b"
+    if [ ! -d "$WORK/synth20b" ]; then
         "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
     fi
-    if [ ! -d "$WORK/synth20b-skew" ] || [ ! -f "$WORK/synth20b-skew.gguf" ]; then
-        rm -rf "$WORK/synth20b-skew"
+    if [ ! -d "$WORK/synth20b-skew" ]; then
         "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
     fi
 }

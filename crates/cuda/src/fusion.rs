@@ -141,7 +141,9 @@ impl RopeKvLaunch {
                 == (self.r.n_tokens, self.r.head_dim, self.r.first_pos)
             && other.step == self.step
             && other.p == self.p
-            && o.x[0] != self.r.x[0];
+            && o.x[0] != self.r.x[0]
+            // Each element is rotated by one thread: the tensors apart.
+            && !meet((o.x[0], other.x_bytes(0)), (self.r.x[0], self.x_bytes(0)));
         if fits {
             self.r.x[1] = o.x[0];
             self.r.heads[1] = o.heads[0];
@@ -153,7 +155,12 @@ impl RopeKvLaunch {
     /// Adds the write of `n_tokens` rows of `row_len` from `src` into
     /// `cache` (rows `(first_pos + t) % capacity`) when it follows these
     /// ropes: the same tokens and positions, and `src` either one of the
-    /// roped tensors, whole, or none of them.
+    /// roped tensors, whole (written by no other write: the thread that
+    /// rotates a pair stores it for one write only), or clear of them.
+    /// The threads of one launch run in no order, so the cache must also
+    /// be clear of the roped tensors and of the earlier write's cache and
+    /// source, and a plain source clear of the earlier write's cache (the
+    /// separate kernels ordered those accesses).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn join_write(
         &mut self,
@@ -166,7 +173,7 @@ impl RopeKvLaunch {
         capacity: usize,
         step: u64,
     ) -> bool {
-        let r = &mut self.r;
+        let r = &self.r;
         let w = r.n_w as usize;
         if w >= kernels::ROPE_KV_MAX
             || (n_tokens as i32, first_pos as i32) != (r.n_tokens, r.first_pos)
@@ -176,10 +183,27 @@ impl RopeKvLaunch {
         }
         let roped = (0..r.n_x as usize).find(|&i| r.x[i] == src);
         if let Some(i) = roped {
-            if row_len != r.heads[i] as usize * r.head_dim as usize {
+            if row_len != r.heads[i] as usize * r.head_dim as usize
+                || r.roped[..w].contains(&(i as i32))
+            {
                 return false;
             }
         }
+        let xs = (0..r.n_x as usize).map(|i| (r.x[i], self.x_bytes(i)));
+        let caches = (0..w).map(|j| (r.cache[j], self.cache_bytes(j)));
+        let srcs = (0..w).map(|j| (r.src[j], self.src_bytes(j)));
+        let cache_at = (cache, capacity * row_len * if f16 { 2 } else { 4 });
+        let src_at = (src, n_tokens * row_len * 4);
+        if xs
+            .clone()
+            .chain(caches.clone())
+            .chain(srcs)
+            .any(|o| meet(cache_at, o))
+            || (roped.is_none() && xs.chain(caches).any(|o| meet(src_at, o)))
+        {
+            return false;
+        }
+        let r = &mut self.r;
         r.cache[w] = cache;
         r.src[w] = src;
         r.row_len[w] = row_len as i32;
@@ -188,6 +212,23 @@ impl RopeKvLaunch {
         r.roped[w] = roped.map_or(-1, |i| i as i32);
         r.n_w += 1;
         true
+    }
+
+    /// Bytes of roped tensor `i`.
+    fn x_bytes(&self, i: usize) -> usize {
+        let r = &self.r;
+        r.n_tokens as usize * r.heads[i] as usize * r.head_dim as usize * 4
+    }
+
+    /// Bytes of write `w`'s cache.
+    fn cache_bytes(&self, w: usize) -> usize {
+        let r = &self.r;
+        r.capacity[w] as usize * r.row_len[w] as usize * if r.f16[w] != 0 { 2 } else { 4 }
+    }
+
+    /// Bytes write `w` reads.
+    fn src_bytes(&self, w: usize) -> usize {
+        self.r.n_tokens as usize * self.r.row_len[w] as usize * 4
     }
 
     /// Threads of the launch, in the kernel's order of its parts.
@@ -213,6 +254,11 @@ impl RopeKvLaunch {
             .sum();
         ropes + writes
     }
+}
+
+/// Whether two byte ranges `(start, len)` share a byte.
+fn meet((a, a_len): (u64, usize), (b, b_len): (u64, usize)) -> bool {
+    a_len > 0 && b_len > 0 && a < b + b_len as u64 && b < a + a_len as u64
 }
 
 /// The op a stream holds back. Copied in and out of the stream's cell on
@@ -431,9 +477,13 @@ mod tests {
         p
     }
 
-    const Q: u64 = 0x1000;
-    const K: u64 = 0x2000;
-    const V: u64 = 0x3000;
+    // Tensors and caches 16 MB apart.
+    const Q: u64 = 0x100_0000;
+    const K: u64 = 0x200_0000;
+    const V: u64 = 0x300_0000;
+    const CA: u64 = 0xa00_0000;
+    const CB: u64 = 0xb00_0000;
+    const CC: u64 = 0xc00_0000;
 
     /// q (8 heads) and k (2 heads) of 3 tokens, heads of 64 with 16
     /// rotated pairs, at position 5.
@@ -446,8 +496,8 @@ mod tests {
     #[test]
     fn a_layers_ropes_and_cache_writes_join_one_launch() {
         let mut l = q_and_k();
-        assert!(l.join_write(0xa, true, K, 3, 2 * 64, 5, 100, 0));
-        assert!(l.join_write(0xb, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
         assert_eq!((l.r.n_x, l.r.n_w), (2, 2));
         assert_eq!(l.r.roped, [1, -1]);
         // Pairs of q and k, k's unrotated 32 dims, v's elements.
@@ -456,7 +506,7 @@ mod tests {
             3 * 8 * 16 + 3 * 2 * 16 + 3 * 2 * 32 + 3 * 2 * 64
         );
         // A third write does not fit.
-        assert!(!l.join_write(0xc, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CC, true, V, 3, 2 * 64, 5, 100, 0));
     }
 
     #[test]
@@ -475,7 +525,7 @@ mod tests {
         }
         // Nor after a write has joined.
         let mut l = q;
-        assert!(l.join_write(0xa, false, V, 3, 128, 5, 100, 0));
+        assert!(l.join_write(CA, false, V, 3, 128, 5, 100, 0));
         assert!(!l.join_rope(&RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0)));
     }
 
@@ -483,13 +533,46 @@ mod tests {
     fn writes_join_only_whole_roped_tensors_or_others_at_the_same_positions() {
         // A roped tensor written with another row width (a latent cache
         // row) is left to kv_write.
-        assert!(!q_and_k().join_write(0xa, true, K, 3, 100, 5, 100, 0));
-        assert!(!q_and_k().join_write(0xa, true, V, 3, 128, 6, 100, 0));
-        assert!(!q_and_k().join_write(0xa, true, V, 2, 128, 5, 100, 0));
-        assert!(!q_and_k().join_write(0xa, true, V, 3, 128, 5, 100, 0x77));
+        assert!(!q_and_k().join_write(CA, true, K, 3, 100, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 3, 128, 6, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 2, 128, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 3, 128, 5, 100, 0x77));
         let mut l = q_and_k();
-        assert!(l.join_write(0xa, false, Q, 3, 8 * 64, 5, 100, 0));
+        assert!(l.join_write(CA, false, Q, 3, 8 * 64, 5, 100, 0));
         assert_eq!(l.r.roped[0], 0);
         assert_eq!(l.r.f16[0], 0);
+    }
+
+    #[test]
+    fn writes_join_only_when_no_two_threads_touch_one_address() {
+        // One roped tensor into two caches: the rotating thread stores
+        // its pair for one write only.
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CB, true, K, 3, 2 * 64, 5, 100, 0));
+        // Two writes into one cache (the separate kernels' second wins).
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CA, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CA + 64, true, V, 3, 2 * 64, 5, 100, 0));
+        // A plain write of part of a roped tensor (it would read pairs
+        // mid-rotation), or from the cache the first write fills.
+        assert!(!q_and_k().join_write(CA, true, K + 256, 3, 64, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, Q + 4, 3, 2 * 64, 5, 100, 0));
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CB, true, CA, 3, 2 * 64, 5, 100, 0));
+        // A cache over a roped tensor or over the first write's source.
+        assert!(!q_and_k().join_write(Q + 64, true, V, 3, 2 * 64, 5, 100, 0));
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(V, true, K, 3, 2 * 64, 5, 100, 0));
+        // Overlapping ropes.
+        let mut l = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        assert!(!l.join_rope(&RopeKvLaunch::rope(Q + 256, 2, 3, 64, 5, table(16), 0)));
+        // Apart, they join.
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
     }
 }

@@ -5,8 +5,12 @@
 //! product alone in a loop. Each shape is uploaded in enough copies (more
 //! than the 60 MB L2 together) that every call reads its weights from
 //! HBM, as a decode step does; the loop's wall time over the calls gives
-//! µs a call and GB/s of weight bytes. Launch gaps are in the figure, as
-//! in a stream (not a replayed graph). Then the launch floor: a recorded
+//! µs a call and GB/s of weight bytes. Each call reads one of two input
+//! buffers in turn, so it quantizes its input and launches its product
+//! alone (two launches, as the o projection of a decode step; products
+//! of one input would otherwise join one grouped launch, see
+//! crate::fusion). Launch gaps are in the figure, as in a stream (not a
+//! replayed graph). Then the launch floor: a recorded
 //! step of as many tiny element-wise kernels as a gpt-oss decode step
 //! launches (16 a layer, 24 layers), replayed as a graph, gives the cost
 //! of one dependent kernel that moves almost nothing — what fusion can
@@ -61,7 +65,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rng = Rng(0x0dec0de ^ rows as u64);
         let t = random_matrix(name, fmt, rows, cols, &mut rng);
         let bytes = t.bytes.len();
-        let copies = ROTATION_BYTES.div_ceil(bytes).clamp(1, 64);
+        let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
         let ms = (0..copies)
             .map(|_| dev.upload_matrix(&t))
             .collect::<Result<Vec<_>, _>>()?;
@@ -70,18 +74,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..Limits::default()
         };
         let mut st = dev.stream(&limits)?;
-        let mut x = dev.alloc(DType::F32, cols)?;
         let input: Vec<f32> = rng.scaled(cols, 1.0);
-        st.write(&mut x, &input)?;
+        let mut xs = [dev.alloc(DType::F32, cols)?, dev.alloc(DType::F32, cols)?];
+        for x in &mut xs {
+            st.write(x, &input)?;
+        }
         let mut out = dev.alloc(DType::F32, rows)?;
         // Warm-up: module load, scratch growth, the first of every copy.
-        for m in &ms {
-            st.matmul(m, &x, 1, &mut out)?;
+        for (i, m) in ms.iter().enumerate() {
+            st.matmul(m, &xs[i % 2], 1, &mut out)?;
         }
         st.synchronize()?;
         let start = Instant::now();
         for i in 0..calls {
-            st.matmul(&ms[i % copies], &x, 1, &mut out)?;
+            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)?;
         }
         st.synchronize()?;
         let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;

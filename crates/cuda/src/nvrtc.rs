@@ -129,3 +129,43 @@ fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SOURCES;
+
+    /// Kernels are launched as programmatic dependents of the kernel before
+    /// them (kernels.rs `launch`), which is only sound when every kernel
+    /// waits for its predecessor before anything else (common.cuh
+    /// `KERNEL_ENTRY`): a kernel that read early, or returned before
+    /// waiting, would break the chain of "the previous kernel finished".
+    #[test]
+    fn every_kernel_starts_by_waiting_for_the_one_before() {
+        let mut kernels = 0;
+        for (file, text) in SOURCES {
+            let mut rest = text;
+            while let Some(at) = rest.find("extern \"C\" __global__") {
+                let after = &rest[at..];
+                let open = after.find('{').expect("a kernel body");
+                let name: String = after[..open]
+                    .split('(')
+                    .next()
+                    .and_then(|head| head.split_whitespace().last())
+                    .unwrap_or("?")
+                    .to_string();
+                // The body's first statement, past blanks and macro line
+                // continuations.
+                let body =
+                    after[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
+                assert!(
+                    body.starts_with("KERNEL_ENTRY();"),
+                    "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
+                    &body[..body.len().min(60)]
+                );
+                kernels += 1;
+                rest = &after[open..];
+            }
+        }
+        assert!(kernels >= 40, "found only {kernels} kernels");
+    }
+}

@@ -10,7 +10,11 @@
 //! alone (two launches, as the o projection of a decode step; products
 //! of one input would otherwise join one grouped launch, see
 //! crate::fusion). Launch gaps are in the figure, as in a stream (not a
-//! replayed graph). Then the launch floor: a recorded
+//! replayed graph). Then the routed experts of one token as a decode step
+//! runs them (`moe_experts`: the input's quantization, the grouped gate
+//! and up products with the GLU, the activations' quantization, the down
+//! products; 4 of 32 MXFP4 experts of 2880 × 2880, banks and routes
+//! rotated past the L2). Then the launch floor: a recorded
 //! step of as many tiny element-wise kernels as a gpt-oss decode step
 //! launches (16 a layer, 24 layers), replayed as a graph, gives the cost
 //! of one dependent kernel that moves almost nothing — what fusion can
@@ -22,7 +26,11 @@
 
 use std::time::Instant;
 use turbospark_backend::conformance::data::{random_matrix, Rng};
-use turbospark_backend::{DType, Device, Limits, Numerics, Stream};
+use turbospark_backend::{
+    DType, Device, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch, Numerics, Route,
+    Stream,
+};
+use turbospark_core::arch::Activation;
 use turbospark_core::QuantFormat;
 use turbospark_cuda::CudaDevice;
 
@@ -102,7 +110,111 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bytes as f64 / us / 1e3
         );
     }
+    routed_experts(&dev, calls)?;
     launch_floor(&dev)?;
+    Ok(())
+}
+
+/// gpt-oss-20b's expert shape: hidden, intermediate, experts, top-k.
+const MOE_SHAPE: (usize, usize, usize, usize) = (2880, 2880, 32, 4);
+
+/// µs and GB/s of weight bytes of one token's routed experts.
+fn routed_experts(dev: &CudaDevice, calls: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (hidden, inter, experts, top_k) = MOE_SHAPE;
+    let mut rng = Rng(0xe4be47);
+    let tensors: Vec<ExpertTensors> = (0..experts)
+        .map(|e| ExpertWeights {
+            gate: random_matrix(
+                &format!("gate{e}"),
+                QuantFormat::Mxfp4,
+                inter,
+                hidden,
+                &mut rng,
+            ),
+            up: random_matrix(
+                &format!("up{e}"),
+                QuantFormat::Mxfp4,
+                inter,
+                hidden,
+                &mut rng,
+            ),
+            down: random_matrix(
+                &format!("down{e}"),
+                QuantFormat::Mxfp4,
+                hidden,
+                inter,
+                &mut rng,
+            ),
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        })
+        .collect();
+    let expert_bytes: usize = [&tensors[0].gate, &tensors[0].up, &tensors[0].down]
+        .iter()
+        .map(|t| t.bytes.len())
+        .sum();
+    // Three banks (about 1.3 GB) and eight route sets, rotated.
+    let banks = (0..3)
+        .map(|_| dev.upload_bank(&tensors))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut st = dev.stream(&Limits {
+        max_tokens: 1,
+        max_routes: top_k,
+        max_expert_intermediate: inter,
+        ..Limits::default()
+    })?;
+    let mut routes = Vec::new();
+    for set in 0..8u32 {
+        let picked: Vec<Route> = (0..top_k as u32)
+            .map(|r| Route {
+                slot: (set * 7 + r * 9) % experts as u32,
+                weight: 0.25,
+            })
+            .collect();
+        let mut rb = dev.alloc_routes(1, top_k)?;
+        st.write_routes(&mut rb, &picked)?;
+        routes.push(rb);
+    }
+    let mut x = dev.alloc(DType::F32, hidden)?;
+    st.write(&mut x, &rng.scaled(hidden, 1.0))?;
+    let mut scratch = MoeScratch {
+        x: dev.alloc(DType::F32, hidden)?,
+        gate: dev.alloc(DType::F32, inter)?,
+        up: dev.alloc(DType::F32, inter)?,
+        y: dev.alloc(DType::F32, top_k * hidden)?,
+    };
+    let input = |i: usize| MoeInput::<CudaDevice> {
+        x: &x,
+        n_tokens: 1,
+        routes: &routes[i % routes.len()],
+        bank: &banks[i % banks.len()],
+        activation: Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    };
+    for i in 0..24 {
+        st.moe_experts(input(i), &mut scratch, None)?;
+    }
+    st.synchronize()?;
+    let start = Instant::now();
+    for i in 0..calls {
+        st.moe_experts(input(i), &mut scratch, None)?;
+    }
+    st.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+    let bytes = top_k * expert_bytes;
+    println!(
+        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+        "routed experts (4/32)",
+        "mxfp4",
+        top_k * (2 * inter + hidden),
+        hidden,
+        bytes as f64 / 1e6,
+        us,
+        bytes as f64 / us / 1e3
+    );
     Ok(())
 }
 

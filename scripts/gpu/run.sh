@@ -27,10 +27,9 @@
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
 #   products     bandwidth of the decode step's matrix-vector products,
-#                shape by shape (examples/decode_products.rs): as built,
-#                without programmatic dependent launch, and with the
-#                products staged through shared memory
-#                (TURBOSPARK_CUDA_GEMV=staged; any stage takes it)
+#                shape by shape, one token's routed experts, and the launch
+#                floor (examples/decode_products.rs), with and without
+#                programmatic dependent launch
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
 #                delta rule) while the exact conformance suite runs, then
@@ -360,8 +359,6 @@ PY
         "$BIN/decode_products" 300
         echo "--- TURBOSPARK_CUDA_PDL=0"
         TURBOSPARK_CUDA_PDL=0 "$BIN/decode_products" 300
-        echo "--- TURBOSPARK_CUDA_GEMV=staged"
-        TURBOSPARK_CUDA_GEMV=staged "$BIN/decode_products" 300
         ;;
     *) echo "unknown stage $s" ;;
     esac

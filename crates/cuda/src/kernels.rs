@@ -69,18 +69,11 @@ impl Q8Set {
                 .map_err(CudaError::driver("loading a kernel"))
         };
         let n = fmt.name();
-        // The one-token products in the form TURBOSPARK_CUDA_GEMV names
-        // (`staged`: through shared memory, kernels/q8dot.cu
-        // q8_rows_dot_staged; otherwise with shuffles). The same bits.
-        let tag = match std::env::var("TURBOSPARK_CUDA_GEMV").as_deref() {
-            Ok("staged") => "q8t",
-            _ => "q8x",
-        };
         Ok(Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
-            matmul: f(format!("matmul_{tag}_{n}"))?,
-            gate_up: f(format!("moe_gate_up_{tag}_{n}"))?,
-            down: f(format!("moe_down_{tag}_{n}"))?,
+            matmul: f(format!("matmul_q8x_{n}"))?,
+            gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
+            down: f(format!("moe_down_q8x_{n}"))?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
             mq_matmul: f(format!("mq_matmul_{n}"))?,

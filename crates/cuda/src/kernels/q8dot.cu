@@ -272,114 +272,6 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
     }
 }
 
-// The one-token products staged through shared memory (the `q8t`
-// kernels, chosen at device creation by TURBOSPARK_CUDA_GEMV=staged;
-// kernels.rs): the same sums in the same order as q8_rows_dot<F, 1, R>, so
-// the same bits, with the per-block shuffles of the chunk order gone. A
-// warp loads a stretch of Q8T_CHUNKS chunks of each of its R rows with
-// coalesced 16-byte loads (lane l takes the l-th piece of every 512 bytes)
-// and stores them chunk by chunk in shared memory; the block stores the
-// stretch's activation codes the same way; then lane l owns chunk l:
-// it dots its Q8_CHUNK blocks from shared memory, forms the chunk's part
-// block by block as the canonical order has it, and lane 0 adds the
-// stretch's parts in chunk order. Pitches (chunk bytes + 16: 144 for Q8_0
-// codes and for activations, 80 for MXFP4 codes) keep the chunk-by-lane
-// reads free of bank conflicts. Every thread of the block must call it
-// (it synchronises the block). Only lane 0 ends with the totals acc[r].
-#define Q8T_CHUNKS 32
-#define Q8T_XPITCH 144
-template <int F>
-struct Q8T {
-    static constexpr int CODE = F == F_Q8_0 ? 32 : 16;          // code bytes a block
-    static constexpr int CHUNK = Q8_CHUNK * CODE;                // code bytes a chunk
-    static constexpr int PITCH = CHUNK + 16;                     // their pitch in smem
-    static constexpr int PIECES = Q8T_CHUNKS * CHUNK / 16 / 32;  // loads a lane a row
-};
-
-template <int F, int R>
-__device__ __forceinline__ void q8_rows_dot_staged(const u8* const* rows, int cols,
-                                                   const signed char* __restrict__ xq,
-                                                   const float* __restrict__ xd, float* acc) {
-    using S = Q8T<F>;
-    __shared__ __align__(16) u8 wsm[Q8_WARPS][R][Q8T_CHUNKS * S::PITCH];
-    __shared__ __align__(16) u8 xsm[Q8T_CHUNKS * Q8T_XPITCH];
-    __shared__ float parts[Q8_WARPS][R][Q8T_CHUNKS];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int nb = cols / 32, nchunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int c0 = 0; c0 < nchunks; c0 += Q8T_CHUNKS) {
-        int b0 = c0 * Q8_CHUNK;  // the stretch's first block
-        // The rows' codes of the stretch, coalesced, into registers.
-        uint4 w[R][S::PIECES];
-#pragma unroll
-        for (int k = 0; k < S::PIECES; k++) {
-            int byte = (k * 32 + lane) * 16;
-            bool valid = b0 + byte / S::CODE < nb;
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                w[r][k] = valid ? *(const uint4*)(rows[r] + (i64)b0 * S::CODE + byte)
-                                : make_uint4(0, 0, 0, 0);
-        }
-        // This lane's chunk: its weight scales and activation scales.
-        int cb = b0 + lane * Q8_CHUNK;
-        u32 sw[R][Q8_CHUNK];
-        float dx[Q8_CHUNK];
-#pragma unroll
-        for (int j = 0; j < Q8_CHUNK; j++) {
-            bool valid = cb + j < nb;
-#pragma unroll
-            for (int r = 0; r < R; r++) sw[r][j] = valid ? q8_load_scale<F>(rows[r], cols, cb + j) : 0u;
-            dx[j] = valid ? xd[cb + j] : 0.0f;
-        }
-        // The previous stretch's shared data has been read by every warp.
-        __syncthreads();
-        for (int q = threadIdx.x; q < Q8T_CHUNKS * 8; q += blockDim.x) {
-            int c = q / 8, piece = q % 8;
-            bool valid = b0 + c * Q8_CHUNK + piece / 2 < nb;
-            uint4 v = valid ? *(const uint4*)(xq + (i64)b0 * 32 + (i64)q * 16) : make_uint4(0, 0, 0, 0);
-            *(uint4*)(xsm + c * Q8T_XPITCH + piece * 16) = v;
-        }
-#pragma unroll
-        for (int k = 0; k < S::PIECES; k++) {
-            int byte = (k * 32 + lane) * 16;
-            int c = byte / S::CHUNK, off = byte % S::CHUNK;
-#pragma unroll
-            for (int r = 0; r < R; r++) *(uint4*)(&wsm[warp][r][c * S::PITCH + off]) = w[r][k];
-        }
-        __syncthreads();
-        const u8* xc = xsm + lane * Q8T_XPITCH;
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            const u8* wc = &wsm[warp][r][lane * S::PITCH];
-            float part = 0.0f;
-#pragma unroll
-            for (int j = 0; j < Q8_CHUNK; j++) {
-                if (cb + j >= nb) break;
-                Q8Act<F> x0{*(const int4*)(xc + j * 32), *(const int4*)(xc + j * 32 + 16)};
-                int v;
-                if (F == F_Q8_0) {
-                    Q8Act<F> x1{x0.hi, x0.hi};
-                    v = q8_piece_dot<F>(*(const uint4*)(wc + j * 32), x0) +
-                        q8_piece_dot<F>(*(const uint4*)(wc + j * 32 + 16), x1);
-                } else {
-                    v = q8_piece_dot<F>(*(const uint4*)(wc + j * 16), x0);
-                }
-                part = fmaf((float)v, q8_weight_scale<F>(sw[r][j]) * dx[j], part);
-            }
-            parts[warp][r][lane] = part;
-        }
-        __syncwarp();
-        if (lane == 0) {
-            int n = min(Q8T_CHUNKS, nchunks - c0);
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                for (int c = 0; c < n; c++) acc[r] += parts[warp][r][c];
-        }
-        __syncwarp();
-    }
-}
-
 // The row a lane group of a matrix-vector kernel computes: grids are
 // (ceil(rows / Q8_BLOCK_ROWS), ...) with blocks of Q8_WARPS warps.
 #define Q8_BLOCK_ROWS (Q8_WARPS * Q8_ROWS_PER_WARP)
@@ -408,7 +300,7 @@ struct MatGroup {
 
 // out[m][t, o] (+ bias[m][o]) for quantized x: grid (block_start[count],
 // ceil(n / MM_TOKENS)), blocks of Q8_WARPS warps.
-template <int F, bool STAGED>
+template <int F>
 __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* __restrict__ xq,
                                const float* __restrict__ xd, int n) {
     // The block's matrix, picked field by field (a dynamic index into the
@@ -438,13 +330,9 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
     if (n == 1) {
         // One token (decode): the variant that loads its activations with
         // the codes (same arithmetic, so the same bits).
-        if (STAGED) {
-            q8_rows_dot_staged<F, 1>(wr, cols, qs[0], ds[0], acc[0]);
-        } else {
-            float one[1][1];
-            q8_rows_dot<F, 1, 1>(wr, cols, qs, ds, 1, one);
-            acc[0][0] = one[0][0];
-        }
+        float one[1][1];
+        q8_rows_dot<F, 1, 1>(wr, cols, qs, ds, 1, one);
+        acc[0][0] = one[0][0];
     } else {
         q8_rows_dot<F, MM_TOKENS, 1>(wr, cols, qs, ds, min(n - t0, MM_TOKENS), acc);
     }
@@ -460,7 +348,7 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
 // grid (ceil(inter / Q8_BLOCK_ROWS), routes) for gate/up (both rows of a
 // lane group read together), (ceil(hidden / Q8_BLOCK_ROWS), routes) for
 // down, whose input is the activations `act` quantized (aq, ad).
-template <int F, bool STAGED>
+template <int F>
 __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                     const RouteOut* __restrict__ routes, int k, SlotMask only,
                                     BankView b, MoeAct a, float* __restrict__ act) {
@@ -475,14 +363,7 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     const signed char* qs[1] = {xq + (i64)t * b.hidden};
     const float* ds[1] = {xd + (i64)t * nb};
     float acc[2][1];
-    if (STAGED) {
-        float a2[2];
-        q8_rows_dot_staged<F, 2>(wr, b.hidden, qs[0], ds[0], a2);
-        acc[0][0] = a2[0];
-        acc[1][0] = a2[1];
-    } else {
-        q8_rows_dot<F, 1, 2>(wr, b.hidden, qs, ds, 1, acc);
-    }
+    q8_rows_dot<F, 1, 2>(wr, b.hidden, qs, ds, 1, acc);
     if (live && q8_writer()) {
         float g = acc[0][0], u = acc[1][0];
         if (b.gate_bias) g += b.gate_bias[r];
@@ -491,7 +372,7 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     }
 }
 
-template <int F, bool STAGED>
+template <int F>
 __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
                                  float* __restrict__ y) {
@@ -505,8 +386,7 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     const signed char* qs[1] = {aq + (i64)i * b.inter};
     const float* ds[1] = {ad + (i64)i * (b.inter / 32)};
     float acc[1][1];
-    if (STAGED) q8_rows_dot_staged<F, 1>(wr, b.inter, qs[0], ds[0], acc[0]);
-    else q8_rows_dot<F, 1, 1>(wr, b.inter, qs, ds, 1, acc);
+    q8_rows_dot<F, 1, 1>(wr, b.inter, qs, ds, 1, acc);
     if (live && q8_writer()) {
         float v = acc[0][0];
         if (b.down_bias) v += b.down_bias[r];
@@ -594,42 +474,36 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
     }
 }
 
-// The one-token kernels in both forms: `q8x` (shuffles) and `q8t` (staged
-// through shared memory); kernels.rs loads one or the other.
-#define Q8_ONE_TOKEN_KERNELS(fmt, F, tag, STAGED)                                                   \
-    extern "C" __global__ void matmul_##tag##_##fmt(MatGroup g, int cols, const signed char* xq,    \
-                                                    const float* xd, int n) {                       \
-        KERNEL_ENTRY();                                                                             \
-        matmul_q8_impl<F, STAGED>(g, cols, xq, xd, n);                                              \
-    }                                                                                               \
-    extern "C" __global__ void moe_gate_up_##tag##_##fmt(const signed char* xq, const float* xd,    \
-                                                         const RouteOut* routes, int k,             \
-                                                         SlotMask only, BankView b, MoeAct a,       \
-                                                         float* act) {                              \
-        KERNEL_ENTRY();                                                                             \
-        moe_gate_up_q8_impl<F, STAGED>(xq, xd, routes, k, only, b, a, act);                         \
-    }                                                                                               \
-    extern "C" __global__ void moe_down_##tag##_##fmt(const signed char* aq, const float* ad,       \
-                                                      const RouteOut* routes, SlotMask only,        \
-                                                      BankView b, float* y) {                       \
-        KERNEL_ENTRY();                                                                             \
-        moe_down_q8_impl<F, STAGED>(aq, ad, routes, only, b, y);                                    \
-    }
-
-#define Q8_KERNELS(fmt, F)                                                                          \
-    Q8_ONE_TOKEN_KERNELS(fmt, F, q8x, false)                                                        \
-    Q8_ONE_TOKEN_KERNELS(fmt, F, q8t, true)                                                         \
-    extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                       \
-        const signed char* xq, const float* xd, const u32* order, const u32* offsets, int k,        \
-        BankView b, MoeAct a, float* act) {                                                         \
-        KERNEL_ENTRY();                                                                             \
-        moe_gate_up_grouped_q8_impl<F>(xq, xd, order, offsets, k, b, a, act);                       \
-    }                                                                                               \
-    extern "C" __global__ void moe_down_grouped_q8x_##fmt(const signed char* aq, const float* ad,   \
-                                                          const u32* order, const u32* offsets,     \
-                                                          BankView b, float* y) {                   \
-        KERNEL_ENTRY();                                                                             \
-        moe_down_grouped_q8_impl<F>(aq, ad, order, offsets, b, y);                                  \
+#define Q8_KERNELS(fmt, F)                                                                       \
+    extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
+                                                const float* xd, int n) {                        \
+        KERNEL_ENTRY();                                                                          \
+        matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
+    }                                                                                            \
+    extern "C" __global__ void moe_gate_up_q8x_##fmt(const signed char* xq, const float* xd,     \
+                                                     const RouteOut* routes, int k,              \
+                                                     SlotMask only, BankView b, MoeAct a,        \
+                                                     float* act) {                               \
+        KERNEL_ENTRY();                                                                          \
+        moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
+    }                                                                                            \
+    extern "C" __global__ void moe_down_q8x_##fmt(const signed char* aq, const float* ad,        \
+                                                  const RouteOut* routes, SlotMask only,         \
+                                                  BankView b, float* y) {                        \
+        KERNEL_ENTRY();                                                                          \
+        moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
+    }                                                                                            \
+    extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                    \
+        const signed char* xq, const float* xd, const u32* order, const u32* offsets, int k,     \
+        BankView b, MoeAct a, float* act) {                                                      \
+        KERNEL_ENTRY();                                                                          \
+        moe_gate_up_grouped_q8_impl<F>(xq, xd, order, offsets, k, b, a, act);                    \
+    }                                                                                            \
+    extern "C" __global__ void moe_down_grouped_q8x_##fmt(const signed char* aq, const float* ad, \
+                                                          const u32* order, const u32* offsets,  \
+                                                          BankView b, float* y) {                \
+        KERNEL_ENTRY();                                                                          \
+        moe_down_grouped_q8_impl<F>(aq, ad, order, offsets, b, y);                               \
     }
 
 Q8_KERNELS(q8_0, F_Q8_0)

@@ -17,5 +17,7 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
     cp "$exe" "$OUT/cuda-$t"
 done
+cargo build --release -p turbospark-cuda --example decode_products
+cp target/release/examples/decode_products "$OUT/"
 [ -f .devcarry/llama.cpp-cuda.tgz ] || scripts/gpu/pack-llamacpp.sh .devcarry/llama.cpp-cuda.tgz
 ls -la "$OUT"

@@ -26,6 +26,10 @@
 #                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
+#   products     bandwidth of the decode step's matrix-vector products,
+#                shape by shape, one token's routed experts, and the launch
+#                floor (examples/decode_products.rs), with and without
+#                programmatic dependent launch
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
 #                delta rule) while the exact conformance suite runs, then
@@ -87,9 +91,10 @@ for s in $STAGES; do
     case $s in
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
-        ( [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" ) &
+        # (an install made by the synth stage has no GGUF: made again)
+        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; } ) &
         if [ "${SKEW:-1}" = 1 ]; then
-            ( [ -d "$WORK/synth20b-skew" ] || "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" ) &
+            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; } ) &
         fi
         build_llamacpp &
         wait
@@ -348,6 +353,12 @@ PY
             echo "--- conformance (exact), run $i"
             "$BIN/cuda-conformance" exact 2>&1 | grep -E "test result|allowed error"
         done
+        ;;
+    products)
+        stage "products: decode matrix-vector bandwidth by shape"
+        "$BIN/decode_products" 300
+        echo "--- TURBOSPARK_CUDA_PDL=0"
+        TURBOSPARK_CUDA_PDL=0 "$BIN/decode_products" 300
         ;;
     *) echo "unknown stage $s" ;;
     esac

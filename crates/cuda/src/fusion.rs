@@ -13,16 +13,19 @@
 //!   launch itself);
 //! - matrix-vector products of one quantized input (q, k, v) are one
 //!   `matmul_q8x` launch over a [`MatGroup`], each with the bias add that
-//!   follows it.
+//!   follows it;
+//! - the rope of q and of k at the same positions and the cache writes
+//!   of k (the roped tensor) and v that follow are one `rope_kv` launch
+//!   ([`RopeKvLaunch`]).
 //!
 //! Every fused launch computes the same values in the same order as the
-//! separate kernels (`kernels/elementwise.cu` `rms_norm_row`,
+//! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
 //! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical; only
 //! launches are saved. Any other op first launches what is pending
 //! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
 //! work is the order of the calls.
 
-use crate::kernels::{self, args, launch, Kernels};
+use crate::kernels::{self, args, launch, Kernels, RopeKvParams, RopeParams};
 use cudarc::driver::{result, CudaStream as RawStream};
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
@@ -94,8 +97,175 @@ pub(crate) struct TileLaunch {
     pub bias: u64,
 }
 
-/// The op a stream holds back.
+/// Ropes of up to two tensors at the same positions and up to two cache
+/// writes after them (`rope_kv`).
 #[derive(Clone, Copy)]
+pub(crate) struct RopeKvLaunch {
+    pub r: RopeKvParams,
+    pub p: RopeParams,
+    /// A recorded step's parameters (the position), or 0.
+    pub step: u64,
+}
+
+impl RopeKvLaunch {
+    /// The rope of `x` (`[n_tokens, heads, head_dim]`) alone.
+    pub(crate) fn rope(
+        x: u64,
+        heads: usize,
+        n_tokens: usize,
+        head_dim: usize,
+        first_pos: usize,
+        p: RopeParams,
+        step: u64,
+    ) -> RopeKvLaunch {
+        let mut r = RopeKvParams {
+            n_x: 1,
+            n_tokens: n_tokens as i32,
+            head_dim: head_dim as i32,
+            first_pos: first_pos as i32,
+            ..RopeKvParams::default()
+        };
+        r.x[0] = x;
+        r.heads[0] = heads as i32;
+        RopeKvLaunch { r, p, step }
+    }
+
+    /// Adds the rope of `x` when it is at this launch's positions with the
+    /// same table, and no write has joined yet.
+    pub(crate) fn join_rope(&mut self, other: &RopeKvLaunch) -> bool {
+        let o = &other.r;
+        let fits = self.r.n_x == 1
+            && self.r.n_w == 0
+            && o.n_x == 1
+            && (o.n_tokens, o.head_dim, o.first_pos)
+                == (self.r.n_tokens, self.r.head_dim, self.r.first_pos)
+            && other.step == self.step
+            && other.p == self.p
+            && o.x[0] != self.r.x[0]
+            // Each element is rotated by one thread: the tensors apart.
+            && !meet((o.x[0], other.x_bytes(0)), (self.r.x[0], self.x_bytes(0)));
+        if fits {
+            self.r.x[1] = o.x[0];
+            self.r.heads[1] = o.heads[0];
+            self.r.n_x = 2;
+        }
+        fits
+    }
+
+    /// Adds the write of `n_tokens` rows of `row_len` from `src` into
+    /// `cache` (rows `(first_pos + t) % capacity`) when it follows these
+    /// ropes: the same tokens and positions, and `src` either one of the
+    /// roped tensors, whole (written by no other write: the thread that
+    /// rotates a pair stores it for one write only), or clear of them.
+    /// The threads of one launch run in no order, so the cache must also
+    /// be clear of the roped tensors and of the earlier write's cache and
+    /// source, and a plain source clear of the earlier write's cache (the
+    /// separate kernels ordered those accesses).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn join_write(
+        &mut self,
+        cache: u64,
+        f16: bool,
+        src: u64,
+        n_tokens: usize,
+        row_len: usize,
+        first_pos: usize,
+        capacity: usize,
+        step: u64,
+    ) -> bool {
+        let r = &self.r;
+        let w = r.n_w as usize;
+        if w >= kernels::ROPE_KV_MAX
+            || (n_tokens as i32, first_pos as i32) != (r.n_tokens, r.first_pos)
+            || step != self.step
+        {
+            return false;
+        }
+        let roped = (0..r.n_x as usize).find(|&i| r.x[i] == src);
+        if let Some(i) = roped {
+            if row_len != r.heads[i] as usize * r.head_dim as usize
+                || r.roped[..w].contains(&(i as i32))
+            {
+                return false;
+            }
+        }
+        let xs = (0..r.n_x as usize).map(|i| (r.x[i], self.x_bytes(i)));
+        let caches = (0..w).map(|j| (r.cache[j], self.cache_bytes(j)));
+        let srcs = (0..w).map(|j| (r.src[j], self.src_bytes(j)));
+        let cache_at = (cache, capacity * row_len * if f16 { 2 } else { 4 });
+        let src_at = (src, n_tokens * row_len * 4);
+        if xs
+            .clone()
+            .chain(caches.clone())
+            .chain(srcs)
+            .any(|o| meet(cache_at, o))
+            || (roped.is_none() && xs.chain(caches).any(|o| meet(src_at, o)))
+        {
+            return false;
+        }
+        let r = &mut self.r;
+        r.cache[w] = cache;
+        r.src[w] = src;
+        r.row_len[w] = row_len as i32;
+        r.capacity[w] = capacity as i32;
+        r.f16[w] = i32::from(f16);
+        r.roped[w] = roped.map_or(-1, |i| i as i32);
+        r.n_w += 1;
+        true
+    }
+
+    /// Bytes of roped tensor `i`.
+    fn x_bytes(&self, i: usize) -> usize {
+        let r = &self.r;
+        r.n_tokens as usize * r.heads[i] as usize * r.head_dim as usize * 4
+    }
+
+    /// Bytes of write `w`'s cache.
+    fn cache_bytes(&self, w: usize) -> usize {
+        let r = &self.r;
+        r.capacity[w] as usize * r.row_len[w] as usize * if r.f16[w] != 0 { 2 } else { 4 }
+    }
+
+    /// Bytes write `w` reads.
+    fn src_bytes(&self, w: usize) -> usize {
+        self.r.n_tokens as usize * self.r.row_len[w] as usize * 4
+    }
+
+    /// Threads of the launch, in the kernel's order of its parts.
+    fn threads(&self) -> usize {
+        let r = &self.r;
+        let (n, hd, pairs) = (
+            r.n_tokens as usize,
+            r.head_dim as usize,
+            self.p.pairs as usize,
+        );
+        let ropes: usize = (0..r.n_x as usize)
+            .map(|i| n * r.heads[i] as usize * pairs)
+            .sum();
+        let writes: usize = (0..r.n_w as usize)
+            .map(|w| {
+                let row = r.row_len[w] as usize;
+                if r.roped[w] >= 0 {
+                    n * (row / hd) * (hd - 2 * pairs)
+                } else {
+                    n * row
+                }
+            })
+            .sum();
+        ropes + writes
+    }
+}
+
+/// Whether two byte ranges `(start, len)` share a byte.
+fn meet((a, a_len): (u64, usize), (b, b_len): (u64, usize)) -> bool {
+    a_len > 0 && b_len > 0 && a < b + b_len as u64 && b < a + a_len as u64
+}
+
+/// The op a stream holds back. Copied in and out of the stream's cell on
+/// every op: the rope's table makes it about 1.2 KB, nothing beside a
+/// launch.
+#[derive(Clone, Copy)]
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Pending {
     /// `dst[..len] += src[..len]`.
     Add {
@@ -119,6 +289,7 @@ pub(crate) enum Pending {
     Norm(NormLaunch),
     Group(GroupLaunch),
     Tile(TileLaunch),
+    RopeKv(RopeKvLaunch),
 }
 
 /// Rows an RMS norm holds in registers (`NORM_THREADS · NORM_PER`): only
@@ -215,6 +386,18 @@ pub(crate) fn launch_pending(
                 args,
             )
         }
+        Pending::RopeKv(l) => {
+            let threads = l.threads();
+            launch(
+                "rope",
+                &k.rope_kv,
+                stream,
+                kernels::blocks_for(threads, 256),
+                256,
+                0,
+                &mut args![l.r, l.p, l.step],
+            )
+        }
         Pending::Tile(t) => {
             let set = k.q8.get(t.format).ok_or(BackendError::Unsupported {
                 op: "matmul (8-bit activations of this format)",
@@ -274,5 +457,122 @@ impl MatGroup {
     pub(crate) fn last(&mut self) -> Option<(u64, usize, &mut u64)> {
         let m = (self.count as usize).checked_sub(1)?;
         Some((self.out[m], self.rows[m] as usize, &mut self.bias[m]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(pairs: usize) -> RopeParams {
+        let mut p = RopeParams {
+            inv_freq: [0.0; kernels::MAX_ROPE_PAIRS],
+            attention_factor: 1.0,
+            pairs: pairs as i32,
+            kind: 0,
+        };
+        for (i, f) in p.inv_freq[..pairs].iter_mut().enumerate() {
+            *f = 1.0 / (i + 1) as f32;
+        }
+        p
+    }
+
+    // Tensors and caches 16 MB apart.
+    const Q: u64 = 0x100_0000;
+    const K: u64 = 0x200_0000;
+    const V: u64 = 0x300_0000;
+    const CA: u64 = 0xa00_0000;
+    const CB: u64 = 0xb00_0000;
+    const CC: u64 = 0xc00_0000;
+
+    /// q (8 heads) and k (2 heads) of 3 tokens, heads of 64 with 16
+    /// rotated pairs, at position 5.
+    fn q_and_k() -> RopeKvLaunch {
+        let mut l = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        assert!(l.join_rope(&RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0)));
+        l
+    }
+
+    #[test]
+    fn a_layers_ropes_and_cache_writes_join_one_launch() {
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
+        assert_eq!((l.r.n_x, l.r.n_w), (2, 2));
+        assert_eq!(l.r.roped, [1, -1]);
+        // Pairs of q and k, k's unrotated 32 dims, v's elements.
+        assert_eq!(
+            l.threads(),
+            3 * 8 * 16 + 3 * 2 * 16 + 3 * 2 * 32 + 3 * 2 * 64
+        );
+        // A third write does not fit.
+        assert!(!l.join_write(CC, true, V, 3, 2 * 64, 5, 100, 0));
+    }
+
+    #[test]
+    fn ropes_join_only_at_the_same_tokens_positions_and_table() {
+        let q = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        for other in [
+            RopeKvLaunch::rope(K, 2, 3, 64, 6, table(16), 0),
+            RopeKvLaunch::rope(K, 2, 4, 64, 5, table(16), 0),
+            RopeKvLaunch::rope(K, 2, 3, 64, 5, table(8), 0),
+            RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0x77),
+            RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0),
+        ] {
+            let mut l = q;
+            assert!(!l.join_rope(&other));
+            assert_eq!(l.r.n_x, 1);
+        }
+        // Nor after a write has joined.
+        let mut l = q;
+        assert!(l.join_write(CA, false, V, 3, 128, 5, 100, 0));
+        assert!(!l.join_rope(&RopeKvLaunch::rope(K, 2, 3, 64, 5, table(16), 0)));
+    }
+
+    #[test]
+    fn writes_join_only_whole_roped_tensors_or_others_at_the_same_positions() {
+        // A roped tensor written with another row width (a latent cache
+        // row) is left to kv_write.
+        assert!(!q_and_k().join_write(CA, true, K, 3, 100, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 3, 128, 6, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 2, 128, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, V, 3, 128, 5, 100, 0x77));
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, false, Q, 3, 8 * 64, 5, 100, 0));
+        assert_eq!(l.r.roped[0], 0);
+        assert_eq!(l.r.f16[0], 0);
+    }
+
+    #[test]
+    fn writes_join_only_when_no_two_threads_touch_one_address() {
+        // One roped tensor into two caches: the rotating thread stores
+        // its pair for one write only.
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CB, true, K, 3, 2 * 64, 5, 100, 0));
+        // Two writes into one cache (the separate kernels' second wins).
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CA, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CA + 64, true, V, 3, 2 * 64, 5, 100, 0));
+        // A plain write of part of a roped tensor (it would read pairs
+        // mid-rotation), or from the cache the first write fills.
+        assert!(!q_and_k().join_write(CA, true, K + 256, 3, 64, 5, 100, 0));
+        assert!(!q_and_k().join_write(CA, true, Q + 4, 3, 2 * 64, 5, 100, 0));
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(CB, true, CA, 3, 2 * 64, 5, 100, 0));
+        // A cache over a roped tensor or over the first write's source.
+        assert!(!q_and_k().join_write(Q + 64, true, V, 3, 2 * 64, 5, 100, 0));
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, V, 3, 2 * 64, 5, 100, 0));
+        assert!(!l.join_write(V, true, K, 3, 2 * 64, 5, 100, 0));
+        // Overlapping ropes.
+        let mut l = RopeKvLaunch::rope(Q, 8, 3, 64, 5, table(16), 0);
+        assert!(!l.join_rope(&RopeKvLaunch::rope(Q + 256, 2, 3, 64, 5, table(16), 0)));
+        // Apart, they join.
+        let mut l = q_and_k();
+        assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
+        assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
     }
 }

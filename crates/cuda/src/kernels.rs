@@ -124,7 +124,7 @@ pub(crate) struct Kernels {
     pub glu: CudaFunction,
     pub rms_norm: CudaFunction,
     pub adjust_projection: CudaFunction,
-    pub rope: CudaFunction,
+    pub rope_kv: CudaFunction,
     pub kv_write_f32: CudaFunction,
     pub kv_write_f16: CudaFunction,
     pub widen_f16: CudaFunction,
@@ -204,7 +204,7 @@ impl Kernels {
             glu: f("glu")?,
             rms_norm: f("rms_norm")?,
             adjust_projection: f("adjust_projection")?,
-            rope: f("rope")?,
+            rope_kv: f("rope_kv")?,
             kv_write_f32: f("kv_write_f32")?,
             kv_write_f16: f("kv_write_f16")?,
             widen_f16: f("widen_f16")?,
@@ -373,8 +373,31 @@ pub(crate) const MQ_BN: usize = 64;
 /// either way; only speed decides).
 pub(crate) const MMQ_MIN_TOKENS: usize = 16;
 
+/// Most tensors (and cache writes) one `rope_kv` launch takes
+/// (`ROPE_KV_MAX`).
+pub(crate) const ROPE_KV_MAX: usize = 2;
+
+/// Mirror of `RopeKvParams` in `kernels/elementwise.cu`, passed by value.
 #[repr(C)]
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default, PartialEq)]
+pub(crate) struct RopeKvParams {
+    pub x: [u64; ROPE_KV_MAX],
+    pub cache: [u64; ROPE_KV_MAX],
+    pub src: [u64; ROPE_KV_MAX],
+    pub heads: [i32; ROPE_KV_MAX],
+    pub row_len: [i32; ROPE_KV_MAX],
+    pub capacity: [i32; ROPE_KV_MAX],
+    pub f16: [i32; ROPE_KV_MAX],
+    pub roped: [i32; ROPE_KV_MAX],
+    pub n_x: i32,
+    pub n_w: i32,
+    pub n_tokens: i32,
+    pub head_dim: i32,
+    pub first_pos: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq)]
 pub(crate) struct RopeParams {
     pub inv_freq: [f32; MAX_ROPE_PAIRS],
     pub attention_factor: f32,

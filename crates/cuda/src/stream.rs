@@ -9,7 +9,9 @@
 //! [`Stream::read_routes`] and [`Stream::synchronize`] wait for the queue;
 //! a fault inside a kernel surfaces there as [`BackendError::Runtime`].
 
-use crate::fusion::{self, GroupLaunch, MatGroup, NormLaunch, Pending, Q8Out, TileLaunch};
+use crate::fusion::{
+    self, GroupLaunch, MatGroup, NormLaunch, Pending, Q8Out, RopeKvLaunch, TileLaunch,
+};
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
 use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
@@ -1059,19 +1061,26 @@ impl Stream<CudaDevice> for CudaStream {
             },
         };
         p.inv_freq[..pairs].copy_from_slice(&table.inv_freq);
-        let (nt, nh, hd, fp) = (
-            n_tokens as i32,
-            n_heads as i32,
-            head_dim as i32,
-            first_pos as i32,
+        // Held back: the rope of k joins q's, and the cache writes that
+        // follow join both (crate::fusion).
+        let l = RopeKvLaunch::rope(
+            xp,
+            n_heads,
+            n_tokens,
+            head_dim,
+            first_pos,
+            p,
+            self.step_ptr(),
         );
-        let step = self.step_ptr();
-        self.elementwise(
-            "rope",
-            &self.k.rope,
-            n_tokens * n_heads * pairs,
-            &mut args![xp, nt, nh, hd, fp, p, step],
-        )
+        self.quantized.set(None);
+        self.bind_holding("rope")?;
+        if let Some(Pending::RopeKv(mut held)) = self.pending.get() {
+            if held.join_rope(&l) {
+                self.pending.set(Some(Pending::RopeKv(held)));
+                return Ok(());
+            }
+        }
+        self.hold(Pending::RopeKv(l))
     }
 
     fn kv_write(
@@ -1096,6 +1105,25 @@ impl Stream<CudaDevice> for CudaStream {
             DType::F16 => &self.k.kv_write_f16,
             other => return Err(dtype_err("kv_write", "cache", DType::F16, other)),
         };
+        if let Some(Pending::RopeKv(mut held)) = self.pending.get() {
+            let f16 = cache.dtype == DType::F16;
+            let step = self.step_ptr();
+            if held.join_write(
+                cache.mem.ptr,
+                f16,
+                sp,
+                n_tokens,
+                row_len,
+                first_pos,
+                capacity,
+                step,
+            ) {
+                self.quantized.set(None);
+                self.bind_holding("kv_write")?;
+                self.pending.set(Some(Pending::RopeKv(held)));
+                return Ok(());
+            }
+        }
         let (n, r, fp, cap) = (
             n_tokens as i32,
             row_len as i32,

@@ -186,28 +186,116 @@ struct RopeParams {
     int kind;
 };
 
-// x: [n_tokens, n_heads, head_dim]; one thread per (token, head, pair).
-// The angle is formed in f32 and its cosine and sine taken in f64, as the
-// host table does (RopeTable::cos_sin).
-// `step`, when set, holds a recorded decode step's {token, position}; the
-// position comes from there (here and in kv_write and attention).
-extern "C" __global__ void rope(float* x, int n_tokens, int n_heads, int head_dim, int first_pos,
-                                RopeParams p, const int* step) {
+// Rope, and the cache writes that follow it: a layer's rope of q and k and
+// the cache writes of k and v in one launch (fusion.rs `RopeKvLaunch`), or
+// any part of that (a rope alone: one tensor, no write). The angle is
+// formed in f32 and its cosine and sine taken in f64, as the host table
+// does (RopeTable::cos_sin); `step`, when set, holds a recorded decode
+// step's {token, position} and the position comes from there (here and in
+// kv_write and attention). A write is kv_write_*'s, element for element. Tensor i (x[i], [n_tokens, heads[i], head_dim]) is rotated in
+// place pair by pair as `rope` does; write w copies src[w] ([n_tokens,
+// row_len[w]]) into its cache as kv_write_* does, and when src[w] is a
+// roped tensor (roped[w] = its index) the thread that rotates a pair also
+// stores the two rotated values, the dimensions past the rotated ones
+// having threads of their own. Threads, in order: the pairs of x[0], of
+// x[1], the unrotated dimensions of each roped write, the elements of each
+// plain write.
+#define ROPE_KV_MAX 2
+struct RopeKvParams {
+    float* x[ROPE_KV_MAX];
+    void* cache[ROPE_KV_MAX];
+    const float* src[ROPE_KV_MAX];
+    int heads[ROPE_KV_MAX];
+    int row_len[ROPE_KV_MAX];
+    int capacity[ROPE_KV_MAX];
+    int f16[ROPE_KV_MAX];
+    int roped[ROPE_KV_MAX];  // -1: a plain write
+    int n_x, n_w;
+    int n_tokens, head_dim, first_pos;
+};
+
+__device__ __forceinline__ void cache_store(void* cache, int f16, i64 at, float v) {
+    if (f16) ((u16*)cache)[at] = f32_to_f16(v);
+    else ((float*)cache)[at] = v;
+}
+
+extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step) {
     KERNEL_ENTRY();
-    if (step) first_pos = step[1];
-    GRID_STRIDE(i, (i64)n_tokens * n_heads * p.pairs) {
-        int pair = (int)(i % p.pairs);
-        i64 th = i / p.pairs;
-        int t = (int)(th / n_heads);
-        float* head = x + th * head_dim;
-        float angle = (float)(first_pos + t) * p.inv_freq[pair];
-        double af = (double)p.attention_factor;
-        float c = (float)(cos((double)angle) * af), s = (float)(sin((double)angle) * af);
-        int a = p.kind == ROPE_NEOX ? pair : 2 * pair;
-        int b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
-        float xa = head[a], xb = head[b];
-        head[a] = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
-        head[b] = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+    int first_pos = step ? step[1] : r.first_pos;
+    const int n = r.n_tokens, hd = r.head_dim, tail = hd - 2 * p.pairs;
+    // Which write stores tensor i's rotated values (-1: none), by
+    // constant indices (a dynamic index into the parameter would copy it
+    // to local memory).
+    int w_of0 = r.n_w > 0 && r.roped[0] == 0 ? 0 : r.n_w > 1 && r.roped[1] == 0 ? 1 : -1;
+    int w_of1 = r.n_w > 0 && r.roped[0] == 1 ? 0 : r.n_w > 1 && r.roped[1] == 1 ? 1 : -1;
+    i64 pairs0 = (i64)n * r.heads[0] * p.pairs;
+    i64 pairs1 = r.n_x > 1 ? (i64)n * r.heads[1] * p.pairs : 0;
+    i64 tail0 = r.n_w > 0 && r.roped[0] >= 0 ? (i64)n * (r.row_len[0] / hd) * tail : 0;
+    i64 tail1 = r.n_w > 1 && r.roped[1] >= 0 ? (i64)n * (r.row_len[1] / hd) * tail : 0;
+    i64 plain0 = r.n_w > 0 && r.roped[0] < 0 ? (i64)n * r.row_len[0] : 0;
+    i64 plain1 = r.n_w > 1 && r.roped[1] < 0 ? (i64)n * r.row_len[1] : 0;
+    i64 total = pairs0 + pairs1 + tail0 + tail1 + plain0 + plain1;
+    GRID_STRIDE(g, total) {
+        i64 i = g;
+        if (i < pairs0 + pairs1) {
+            bool second = i >= pairs0;
+            if (second) i -= pairs0;
+            int heads = second ? r.heads[1] : r.heads[0];
+            float* x = second ? r.x[1] : r.x[0];
+            int w = second ? w_of1 : w_of0;
+            int pair = (int)(i % p.pairs);
+            i64 th = i / p.pairs;
+            int t = (int)(th / heads), h = (int)(th % heads);
+            float* head = x + th * hd;
+            float angle = (float)(first_pos + t) * p.inv_freq[pair];
+            double af = (double)p.attention_factor;
+            float c = (float)(cos((double)angle) * af), s = (float)(sin((double)angle) * af);
+            int a = p.kind == ROPE_NEOX ? pair : 2 * pair;
+            int b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
+            float xa = head[a], xb = head[b];
+            float ra = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
+            float rb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
+            head[a] = ra;
+            head[b] = rb;
+            if (w >= 0) {
+                void* cache = w ? r.cache[1] : r.cache[0];
+                int f16 = w ? r.f16[1] : r.f16[0];
+                int row_len = w ? r.row_len[1] : r.row_len[0];
+                int cap = w ? r.capacity[1] : r.capacity[0];
+                i64 row = (i64)((first_pos + t) % cap) * row_len + (i64)h * hd;
+                cache_store(cache, f16, row + a, ra);
+                cache_store(cache, f16, row + b, rb);
+            }
+            continue;
+        }
+        i -= pairs0 + pairs1;
+        int w;
+        bool tailed = i < tail0 + tail1;
+        if (tailed) {
+            w = i < tail0 ? 0 : 1;
+            if (w) i -= tail0;
+        } else {
+            i -= tail0 + tail1;
+            w = i < plain0 ? 0 : 1;
+            if (w) i -= plain0;
+        }
+        void* cache = w ? r.cache[1] : r.cache[0];
+        const float* src = w ? r.src[1] : r.src[0];
+        int f16 = w ? r.f16[1] : r.f16[0];
+        int row_len = w ? r.row_len[1] : r.row_len[0];
+        int cap = w ? r.capacity[1] : r.capacity[0];
+        int t, c;
+        if (tailed) {
+            // Dimension 2·pairs + d of head h (not rotated).
+            int heads = row_len / hd;
+            t = (int)(i / ((i64)heads * tail));
+            i64 rest = i % ((i64)heads * tail);
+            c = (int)(rest / tail) * hd + 2 * p.pairs + (int)(rest % tail);
+        } else {
+            t = (int)(i / row_len);
+            c = (int)(i % row_len);
+        }
+        cache_store(cache, f16, (i64)((first_pos + t) % cap) * row_len + c, src[(i64)t * row_len + c]);
     }
 }
 

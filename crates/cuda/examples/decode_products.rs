@@ -1,0 +1,257 @@
+//! Bandwidth of the fast (8-bit activation) matrix-vector products of a
+//! decode step on the GPU, shape by shape: the gpt-oss-20b shapes (the
+//! grouped q/k/v rows, the o projection, the router and the output head,
+//! Q8_0; MXFP4 rows of an expert's gate and down widths), one token, the
+//! product alone in a loop. Each shape is uploaded in enough copies (more
+//! than the 60 MB L2 together) that every call reads its weights from
+//! HBM, as a decode step does; the loop's wall time over the calls gives
+//! µs a call and GB/s of weight bytes. Each call reads one of two input
+//! buffers in turn, so it quantizes its input and launches its product
+//! alone (two launches, as the o projection of a decode step; products
+//! of one input would otherwise join one grouped launch, see
+//! crate::fusion). Launch gaps are in the figure, as in a stream (not a
+//! replayed graph). Then the routed experts of one token as a decode step
+//! runs them (`moe_experts`: the input's quantization, the grouped gate
+//! and up products with the GLU, the activations' quantization, the down
+//! products; 4 of 32 MXFP4 experts of 2880 × 2880, banks and routes
+//! rotated past the L2). Then the launch floor: a recorded
+//! step of as many tiny element-wise kernels as a gpt-oss decode step
+//! launches (16 a layer, 24 layers), replayed as a graph, gives the cost
+//! of one dependent kernel that moves almost nothing — what fusion can
+//! save. Prints "skipped" without a GPU.
+//!
+//! `cargo run --release -p turbospark-cuda --example decode_products [CALLS]`
+//! (`TURBOSPARK_CUDA_PDL=0` to compare launches without programmatic
+//! dependence).
+
+use std::time::Instant;
+use turbospark_backend::conformance::data::{random_matrix, Rng};
+use turbospark_backend::{
+    DType, Device, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch, Numerics, Route,
+    Stream,
+};
+use turbospark_core::arch::Activation;
+use turbospark_core::QuantFormat;
+use turbospark_cuda::CudaDevice;
+
+/// (name, format, rows, cols)
+const SHAPES: [(&str, QuantFormat, usize, usize); 6] = [
+    ("q/k/v (grouped rows)", QuantFormat::Q8_0, 5120, 2880),
+    ("o projection", QuantFormat::Q8_0, 2880, 4096),
+    ("router", QuantFormat::Q8_0, 32, 2880),
+    ("output head", QuantFormat::Q8_0, 201088, 2880),
+    ("expert gate+up rows", QuantFormat::Mxfp4, 5760, 2880),
+    ("expert down rows", QuantFormat::Mxfp4, 2880, 2880),
+];
+
+/// Bytes of copies of one shape that together overflow the L2.
+const ROTATION_BYTES: usize = 192 << 20;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let calls: usize = match std::env::args().nth(1) {
+        Some(a) => a.parse()?,
+        None => 200,
+    };
+    let dev = match CudaDevice::new(0, Numerics::Fast) {
+        Ok(d) => d,
+        Err(e) => {
+            println!("skipped: {e}");
+            return Ok(());
+        }
+    };
+    println!(
+        "{} (sm_{}{}), {calls} calls a shape, one token",
+        dev.gpu_name(),
+        dev.capability().0,
+        dev.capability().1
+    );
+    println!(
+        "{:<22} {:>7} {:>8} {:>6} {:>9} {:>9} {:>8}",
+        "product", "format", "rows", "cols", "MB", "us/call", "GB/s"
+    );
+    for (name, fmt, rows, cols) in SHAPES {
+        let mut rng = Rng(0x0dec0de ^ rows as u64);
+        let t = random_matrix(name, fmt, rows, cols, &mut rng);
+        let bytes = t.bytes.len();
+        let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
+        let ms = (0..copies)
+            .map(|_| dev.upload_matrix(&t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let limits = Limits {
+            max_tokens: 1,
+            ..Limits::default()
+        };
+        let mut st = dev.stream(&limits)?;
+        let input: Vec<f32> = rng.scaled(cols, 1.0);
+        let mut xs = [dev.alloc(DType::F32, cols)?, dev.alloc(DType::F32, cols)?];
+        for x in &mut xs {
+            st.write(x, &input)?;
+        }
+        let mut out = dev.alloc(DType::F32, rows)?;
+        // Warm-up: module load, scratch growth, the first of every copy.
+        for (i, m) in ms.iter().enumerate() {
+            st.matmul(m, &xs[i % 2], 1, &mut out)?;
+        }
+        st.synchronize()?;
+        let start = Instant::now();
+        for i in 0..calls {
+            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)?;
+        }
+        st.synchronize()?;
+        let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        println!(
+            "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+            name,
+            fmt.name(),
+            rows,
+            cols,
+            bytes as f64 / 1e6,
+            us,
+            bytes as f64 / us / 1e3
+        );
+    }
+    routed_experts(&dev, calls)?;
+    launch_floor(&dev)?;
+    Ok(())
+}
+
+/// gpt-oss-20b's expert shape: hidden, intermediate, experts, top-k.
+const MOE_SHAPE: (usize, usize, usize, usize) = (2880, 2880, 32, 4);
+
+/// µs and GB/s of weight bytes of one token's routed experts.
+fn routed_experts(dev: &CudaDevice, calls: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (hidden, inter, experts, top_k) = MOE_SHAPE;
+    let mut rng = Rng(0xe4be47);
+    let tensors: Vec<ExpertTensors> = (0..experts)
+        .map(|e| ExpertWeights {
+            gate: random_matrix(
+                &format!("gate{e}"),
+                QuantFormat::Mxfp4,
+                inter,
+                hidden,
+                &mut rng,
+            ),
+            up: random_matrix(
+                &format!("up{e}"),
+                QuantFormat::Mxfp4,
+                inter,
+                hidden,
+                &mut rng,
+            ),
+            down: random_matrix(
+                &format!("down{e}"),
+                QuantFormat::Mxfp4,
+                hidden,
+                inter,
+                &mut rng,
+            ),
+            gate_bias: None,
+            up_bias: None,
+            down_bias: None,
+        })
+        .collect();
+    let expert_bytes: usize = [&tensors[0].gate, &tensors[0].up, &tensors[0].down]
+        .iter()
+        .map(|t| t.bytes.len())
+        .sum();
+    // Three banks (about 1.3 GB) and eight route sets, rotated.
+    let banks = (0..3)
+        .map(|_| dev.upload_bank(&tensors))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut st = dev.stream(&Limits {
+        max_tokens: 1,
+        max_routes: top_k,
+        max_expert_intermediate: inter,
+        ..Limits::default()
+    })?;
+    let mut routes = Vec::new();
+    for set in 0..8u32 {
+        let picked: Vec<Route> = (0..top_k as u32)
+            .map(|r| Route {
+                slot: (set * 7 + r * 9) % experts as u32,
+                weight: 0.25,
+            })
+            .collect();
+        let mut rb = dev.alloc_routes(1, top_k)?;
+        st.write_routes(&mut rb, &picked)?;
+        routes.push(rb);
+    }
+    let mut x = dev.alloc(DType::F32, hidden)?;
+    st.write(&mut x, &rng.scaled(hidden, 1.0))?;
+    let mut scratch = MoeScratch {
+        x: dev.alloc(DType::F32, hidden)?,
+        gate: dev.alloc(DType::F32, inter)?,
+        up: dev.alloc(DType::F32, inter)?,
+        y: dev.alloc(DType::F32, top_k * hidden)?,
+    };
+    let input = |i: usize| MoeInput::<CudaDevice> {
+        x: &x,
+        n_tokens: 1,
+        routes: &routes[i % routes.len()],
+        bank: &banks[i % banks.len()],
+        activation: Activation::ClampedSwiglu {
+            alpha: 1.702,
+            limit: 7.0,
+        },
+    };
+    for i in 0..24 {
+        st.moe_experts(input(i), &mut scratch, None)?;
+    }
+    st.synchronize()?;
+    let start = Instant::now();
+    for i in 0..calls {
+        st.moe_experts(input(i), &mut scratch, None)?;
+    }
+    st.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+    let bytes = top_k * expert_bytes;
+    println!(
+        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+        "routed experts (4/32)",
+        "mxfp4",
+        top_k * (2 * inter + hidden),
+        hidden,
+        bytes as f64 / 1e6,
+        us,
+        bytes as f64 / us / 1e3
+    );
+    Ok(())
+}
+
+/// Kernels of a recorded decode step of the gpt-oss-20b shape (16 a
+/// layer, 24 layers).
+const STEP_KERNELS: usize = 16 * 24;
+
+/// µs a kernel in a replayed step of [`STEP_KERNELS`] tiny dependent
+/// kernels (each scales a hidden-size vector).
+fn launch_floor(dev: &CudaDevice) -> Result<(), Box<dyn std::error::Error>> {
+    let mut st = dev.stream(&Limits {
+        max_tokens: 1,
+        ..Limits::default()
+    })?;
+    let mut x = dev.alloc(DType::F32, 2880)?;
+    st.write(&mut x, &vec![1.0f32; 2880])?;
+    st.synchronize()?;
+    st.begin_step(0, 1)?;
+    for _ in 0..STEP_KERNELS {
+        st.scale(&mut x, 2880, 1.0)?;
+    }
+    st.end_step()?;
+    st.synchronize()?;
+    let replays = 50;
+    let start = Instant::now();
+    for _ in 0..replays {
+        if !st.replay_step(0, 1)? {
+            println!("launch floor: no recorded step to replay");
+            return Ok(());
+        }
+    }
+    st.synchronize()?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / replays as f64;
+    println!(
+        "launch floor: a replayed step of {STEP_KERNELS} tiny dependent kernels takes {us:.1} us \
+         ({:.2} us a kernel)",
+        us / STEP_KERNELS as f64
+    );
+    Ok(())
+}

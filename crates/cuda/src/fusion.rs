@@ -331,15 +331,7 @@ pub(crate) fn launch_pending(
     match p {
         Pending::Add { dst, src, len } => {
             let l = len as i64;
-            launch(
-                "add",
-                &k.add,
-                stream,
-                kernels::blocks_for(len, 256),
-                256,
-                0,
-                &mut args![dst, src, l],
-            )
+            kernels::launch_elementwise("add", &k.add, stream, len, &mut args![dst, src, l])
         }
         Pending::Copy { src, dst, len } => copy_f32(stream, src, dst, len),
         Pending::AddCopy { h, add, dst, len } => {
@@ -387,16 +379,8 @@ pub(crate) fn launch_pending(
             )
         }
         Pending::RopeKv(l) => {
-            let threads = l.threads();
-            launch(
-                "rope",
-                &k.rope_kv,
-                stream,
-                kernels::blocks_for(threads, 256),
-                256,
-                0,
-                &mut args![l.r, l.p, l.step],
-            )
+            let args = &mut args![l.r, l.p, l.step];
+            kernels::launch_elementwise("rope", &k.rope_kv, stream, l.threads(), args)
         }
         Pending::Tile(t) => {
             let set = k.q8.get(t.format).ok_or(BackendError::Unsupported {

@@ -320,6 +320,22 @@ pub(crate) fn note_device(major: i32) {
     }
 }
 
+/// Threads of an element-wise (grid-stride) kernel's block.
+pub(crate) const ELEMENTWISE_THREADS: u32 = 256;
+
+/// Launches the grid-stride kernel `f` over `n` elements, in blocks of
+/// [`ELEMENTWISE_THREADS`].
+pub(crate) fn launch_elementwise(
+    op: &'static str,
+    f: &CudaFunction,
+    stream: &CudaStream,
+    n: usize,
+    args: &mut [*mut c_void],
+) -> Result<(), BackendError> {
+    let threads = ELEMENTWISE_THREADS;
+    launch(op, f, stream, blocks_for(n, threads), threads, 0, args)
+}
+
 /// Blocks of `threads` for a grid-stride loop over `n` elements.
 pub(crate) fn blocks_for(n: usize, threads: u32) -> (u32, u32, u32) {
     let b = n.div_ceil(threads as usize).clamp(1, 65535 * 8) as u32;

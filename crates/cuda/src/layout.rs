@@ -10,7 +10,7 @@
 //! unchanged (kernel `split_rows` in `kernels/layout.cu`; the kernels' row
 //! readers are `split_codes` / `split_scale` in `kernels/common.cuh`).
 
-use crate::kernels::{args, blocks_for, launch, Kernels};
+use crate::kernels::{args, launch_elementwise, Kernels};
 use cudarc::driver::CudaStream;
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
@@ -60,15 +60,8 @@ pub(crate) fn queue_split(
         sb as i32,
         host_row_bytes as i64,
     );
-    launch(
-        "upload",
-        &k.split_rows,
-        stream,
-        blocks_for(rows * nb, 256),
-        256,
-        0,
-        &mut args![src, dst, r, n, c, s, hrb, dev_rb],
-    )
+    let args = &mut args![src, dst, r, n, c, s, hrb, dev_rb];
+    launch_elementwise("upload", &k.split_rows, stream, rows * nb, args)
 }
 
 #[cfg(test)]

@@ -29,8 +29,6 @@ use turbospark_backend::{
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 use turbospark_core::QuantFormat;
 
-/// Threads of the element-wise kernels' blocks.
-const THREADS: u32 = 256;
 /// Threads of an attention block.
 const ATTN_THREADS: u32 = 128;
 
@@ -252,15 +250,7 @@ impl CudaStream {
         args: &mut [*mut std::ffi::c_void],
     ) -> Result<(), BackendError> {
         self.bind(op)?;
-        launch(
-            op,
-            f,
-            self.raw(),
-            kernels::blocks_for(n, THREADS),
-            THREADS,
-            0,
-            args,
-        )
+        kernels::launch_elementwise(op, f, self.raw(), n, args)
     }
 
     /// A fast matmul (8-bit activations) of `n` rows of `x` into `out`,

@@ -597,29 +597,51 @@ fn write_part<D: Device>(
 ) -> Result<(), EngineError> {
     let spec = cx.spec;
     let ls = &spec.layers[cx.l];
-    let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
+    let qd = spec.num_heads * ls.head_dim;
     let roped = cx.rope.is_some();
-    let r = &mut s.row;
+    let mut rows = part_rows(st, cx, s, cache, pos, first, n, roped)?;
+    rope_and_write(st, cx, cache, &mut rows)?;
     if roped {
+        st.copy(&s.row.q, 0, &mut s.q, first * qd, n * qd)?;
+    }
+    Ok(())
+}
+
+/// Copies batch rows `first .. first + n` of the layer's k, v (unless the
+/// cache keeps its values as keys) and, with `with_q`, q into the row
+/// scratch, and gives them as the rows of a sequence at positions `pos ..`.
+#[allow(clippy::too_many_arguments)]
+fn part_rows<'s, D: Device>(
+    st: &mut D::Stream,
+    cx: &Layer<'_, D>,
+    s: &'s mut Scratch<D>,
+    cache: &KvRows<D>,
+    pos: usize,
+    first: usize,
+    n: usize,
+    with_q: bool,
+) -> Result<Rows<'s, D::Buf>, EngineError> {
+    let ls = &cx.spec.layers[cx.l];
+    let (qd, kvd) = (
+        cx.spec.num_heads * ls.head_dim,
+        ls.num_kv_heads * ls.head_dim,
+    );
+    let r = &mut s.row;
+    if with_q {
         st.copy(&s.q, first * qd, &mut r.q, 0, n * qd)?;
     }
     st.copy(&s.k, first * kvd, &mut r.k, 0, n * kvd)?;
     if !cache.values_are_keys {
         st.copy(&s.v, first * kvd, &mut r.v, 0, n * kvd)?;
     }
-    let mut rows = Rows {
+    Ok(Rows {
         q: &mut r.q,
         k: &mut r.k,
         v: &r.v,
         out: &mut r.att,
         n,
         pos,
-    };
-    rope_and_write(st, cx, cache, &mut rows)?;
-    if roped {
-        st.copy(&r.q, 0, &mut s.q, first * qd, n * qd)?;
-    }
-    Ok(())
+    })
 }
 
 /// Attention of the layer for the sequences of `parts`, each with its
@@ -665,24 +687,9 @@ fn attend_part<D: Device>(
     first: usize,
     n: usize,
 ) -> Result<(), EngineError> {
-    let spec = cx.spec;
-    let ls = &spec.layers[cx.l];
-    let (qd, kvd) = (spec.num_heads * ls.head_dim, ls.num_kv_heads * ls.head_dim);
-    let r = &mut s.row;
-    st.copy(&s.q, first * qd, &mut r.q, 0, n * qd)?;
-    st.copy(&s.k, first * kvd, &mut r.k, 0, n * kvd)?;
-    if !cache.values_are_keys {
-        st.copy(&s.v, first * kvd, &mut r.v, 0, n * kvd)?;
-    }
-    let rows = Rows {
-        q: &mut r.q,
-        k: &mut r.k,
-        v: &r.v,
-        out: &mut r.att,
-        n,
-        pos,
-    };
+    let qd = cx.spec.num_heads * cx.spec.layers[cx.l].head_dim;
+    let rows = part_rows(st, cx, s, cache, pos, first, n, true)?;
     attend(st, cx, cache, rows)?;
-    st.copy(&r.att, 0, &mut s.att, first * qd, n * qd)?;
+    st.copy(&s.row.att, 0, &mut s.att, first * qd, n * qd)?;
     Ok(())
 }

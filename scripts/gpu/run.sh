@@ -26,10 +26,13 @@
 #                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
+#   pdetail      Nsight Compute sections (occupancy, warp states, scheduler)
+#                of decode_products' kernels matching PDETAIL
 #   products     bandwidth of the decode step's matrix-vector products,
 #                shape by shape, one token's routed experts, and the launch
-#                floor (examples/decode_products.rs), with and without
-#                programmatic dependent launch
+#                floor (examples/decode_products.rs); again with each
+#                setting of PRODUCTS_ALT (default: the one-token kernels
+#                off, then dependent launch off)
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
 #                delta rule) while the exact conformance suite runs, then
@@ -200,6 +203,22 @@ PY
                 | grep -v '^ *----' || tail -5 "$WORK/ncu.err"
         done
         ;;
+    pdetail)
+        # Nsight Compute on the products of examples/decode_products.rs
+        # (no model needed): occupancy, launch, warp-state and scheduler
+        # sections of every launch matching PDETAIL; the whole report goes
+        # to $OUT/pdetail.txt, a summary to the log.
+        stage "pdetail: Nsight Compute on decode_products, ${PDETAIL:=^(matmul_q8x|moe_gate_up_q8x|moe_down_q8x)}"
+        NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+        [ -n "$NCU" ] || { echo "ncu not found"; continue; }
+        "$NCU" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section SchedulerStats --section InstructionStats \
+            -k regex:"$PDETAIL" -c "${PDETAIL_COUNT:-120}" "$BIN/decode_products" 1 \
+            > "$WORK/pdetail.txt" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
+        [ -n "${OUT:-}" ] && cp "$WORK/pdetail.txt" "$OUT/"
+        grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Grid Size|Issue Slots Busy|No Eligible|Warp Cycles Per Issued' "$WORK/pdetail.txt" \
+            | head -150
+        ;;
     info)
         stage "info"
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
@@ -356,9 +375,11 @@ PY
         ;;
     products)
         stage "products: decode matrix-vector bandwidth by shape"
-        "$BIN/decode_products" 300
-        echo "--- TURBOSPARK_CUDA_PDL=0"
-        TURBOSPARK_CUDA_PDL=0 "$BIN/decode_products" 300
+        "$BIN/decode_products" "${CALLS:-300}"
+        for alt in ${PRODUCTS_ALT-TURBOSPARK_CUDA_ONE=0 TURBOSPARK_CUDA_PDL=0}; do
+            echo "--- $alt"
+            env "$alt" "$BIN/decode_products" "${CALLS:-300}"
+        done
         ;;
     *) echo "unknown stage $s" ;;
     esac

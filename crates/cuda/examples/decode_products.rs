@@ -9,8 +9,9 @@
 //! buffers in turn, so it quantizes its input and launches its product
 //! alone (two launches, as the o projection of a decode step; products
 //! of one input would otherwise join one grouped launch, see
-//! crate::fusion). Launch gaps are in the figure, as in a stream (not a
-//! replayed graph). Then the routed experts of one token as a decode step
+//! crate::fusion). Launch gaps are in the first figure, as in a stream;
+//! the second ("graph") records the same calls as one step and replays
+//! it, as a decode step runs (dependent launches, no host launch cost). Then the routed experts of one token as a decode step
 //! runs them (`moe_experts`: the input's quantization, the grouped gate
 //! and up products with the GLU, the activations' quantization, the down
 //! products; 4 of 32 MXFP4 experts of 2880 × 2880, banks and routes
@@ -66,8 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dev.capability().1
     );
     println!(
-        "{:<22} {:>7} {:>8} {:>6} {:>9} {:>9} {:>8}",
-        "product", "format", "rows", "cols", "MB", "us/call", "GB/s"
+        "{:<22} {:>7} {:>8} {:>6} {:>9} {:>9} {:>8} {:>9} {:>8}",
+        "product", "format", "rows", "cols", "MB", "us/call", "GB/s", "graph us", "GB/s"
     );
     for (name, fmt, rows, cols) in SHAPES {
         let mut rng = Rng(0x0dec0de ^ rows as u64);
@@ -99,15 +100,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         st.synchronize()?;
         let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+        // The same calls recorded as one step and replayed: kernel time and
+        // the dependent-launch gaps of a decode graph, no host launches.
+        let recorded = copies.max(8);
+        st.begin_step(0, 1)?;
+        for i in 0..recorded {
+            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)?;
+        }
+        st.end_step()?;
+        st.replay_step(0, 1)?;
+        st.synchronize()?;
+        let replays = calls.div_ceil(recorded).max(2);
+        let start = Instant::now();
+        for _ in 0..replays {
+            st.replay_step(0, 1)?;
+        }
+        st.synchronize()?;
+        let graph_us = start.elapsed().as_secs_f64() * 1e6 / (replays * recorded) as f64;
         println!(
-            "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+            "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0} {:>9.2} {:>8.0}",
             name,
             fmt.name(),
             rows,
             cols,
             bytes as f64 / 1e6,
             us,
-            bytes as f64 / us / 1e3
+            bytes as f64 / us / 1e3,
+            graph_us,
+            bytes as f64 / graph_us / 1e3
         );
     }
     routed_experts(&dev, calls)?;
@@ -204,16 +224,33 @@ fn routed_experts(dev: &CudaDevice, calls: usize) -> Result<(), Box<dyn std::err
     }
     st.synchronize()?;
     let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+    let recorded = 24;
+    st.begin_step(0, 1)?;
+    for i in 0..recorded {
+        st.moe_experts(input(i), &mut scratch, None)?;
+    }
+    st.end_step()?;
+    st.replay_step(0, 1)?;
+    st.synchronize()?;
+    let replays = calls.div_ceil(recorded).max(2);
+    let start = Instant::now();
+    for _ in 0..replays {
+        st.replay_step(0, 1)?;
+    }
+    st.synchronize()?;
+    let graph_us = start.elapsed().as_secs_f64() * 1e6 / (replays * recorded) as f64;
     let bytes = top_k * expert_bytes;
     println!(
-        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0}",
+        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0} {:>9.2} {:>8.0}",
         "routed experts (4/32)",
         "mxfp4",
         top_k * (2 * inter + hidden),
         hidden,
         bytes as f64 / 1e6,
         us,
-        bytes as f64 / us / 1e3
+        bytes as f64 / us / 1e3,
+        graph_us,
+        bytes as f64 / graph_us / 1e3
     );
     Ok(())
 }

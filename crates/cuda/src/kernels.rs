@@ -60,15 +60,77 @@ pub(crate) struct Q8Set {
     pub mq_matmul: CudaFunction,
     pub mq_gate_up: CudaFunction,
     pub mq_down: CudaFunction,
+    /// One token's products over rows up to [`ONE_MAX_COLS`] wide
+    /// (`kernels/q8one.cu`), where they are used ([`one_token_kernels`]).
+    pub one: Option<OneSet>,
+}
+
+/// The one-token kernels of a format (`kernels/q8one.cu`): each warp takes
+/// units one after another, so a launch is as many blocks as the GPU holds
+/// at once (`blocks`, per kernel: resident blocks an SM × SMs).
+pub(crate) struct OneSet {
+    pub matmul: (CudaFunction, u32),
+    pub gate_up: (CudaFunction, u32),
+    pub down: (CudaFunction, u32),
+}
+
+/// Whether one token's products of `fmt` take the one-token kernels:
+/// Q8_0's do (measured on an H200, gpt-oss-20b shapes: q/k/v 1575 → 2110
+/// GB/s, the output head 2518 → 4131 GB/s), MXFP4's do not (an expert's
+/// rows 1447 → 1222 GB/s: their nibble decoding, not the loads, bounds
+/// them). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both.
+fn one_token_kernels(fmt: QuantFormat) -> bool {
+    match std::env::var("TURBOSPARK_CUDA_ONE").as_deref() {
+        Ok("0") => false,
+        Ok("all") => true,
+        _ => fmt == QuantFormat::Q8_0,
+    }
+}
+
+/// Widest rows the one-token kernels take (`ONE_MAX_COLS`).
+pub(crate) const ONE_MAX_COLS: usize = 4096;
+/// Warps of a one-token block (`ONE_WARPS`) and its threads.
+pub(crate) const ONE_WARPS: usize = 4;
+pub(crate) const ONE_THREADS: u32 = 128;
+
+/// Grid of a one-token launch over `units` (rows, or route rows): no more
+/// blocks than `cap` (what the GPU holds at once), and every warp given the
+/// same number of units within one.
+pub(crate) fn one_grid(units: usize, cap: u32) -> (u32, u32, u32) {
+    let warps_cap = (cap as usize * ONE_WARPS).max(1);
+    let per_warp = units.div_ceil(warps_cap).max(1);
+    let warps = units.div_ceil(per_warp);
+    (warps.div_ceil(ONE_WARPS) as u32, 1, 1)
 }
 
 impl Q8Set {
-    fn load(m: &Arc<CudaModule>, fmt: QuantFormat, order: &str) -> Result<Q8Set, CudaError> {
+    fn load(
+        m: &Arc<CudaModule>,
+        fmt: QuantFormat,
+        order: &str,
+        sms: u32,
+    ) -> Result<Q8Set, CudaError> {
         let f = |name: String| {
             m.load_function(&name)
                 .map_err(CudaError::driver("loading a kernel"))
         };
         let n = fmt.name();
+        let with_cap = |name: String| -> Result<(CudaFunction, u32), CudaError> {
+            let k = f(name)?;
+            let per_sm = k
+                .occupancy_max_active_blocks_per_multiprocessor(ONE_THREADS, 0, None)
+                .map_err(CudaError::driver("reading a kernel's occupancy"))?;
+            Ok((k, per_sm.max(1) * sms.max(1)))
+        };
+        let one = if !one_token_kernels(fmt) {
+            None
+        } else {
+            Some(OneSet {
+                matmul: with_cap(format!("matmul1_q8x_{n}"))?,
+                gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
+                down: with_cap(format!("moe_down1_q8x_{n}"))?,
+            })
+        };
         Ok(Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
             matmul: f(format!("matmul_q8x_{n}"))?,
@@ -79,6 +141,7 @@ impl Q8Set {
             mq_matmul: f(format!("mq_matmul_{n}"))?,
             mq_gate_up: f(format!("mq_gate_up_{n}"))?,
             mq_down: f(format!("mq_down_{n}"))?,
+            one,
         })
     }
 }
@@ -164,6 +227,9 @@ impl Kernels {
             )
             .map_err(CudaError::driver("reading the shared-memory limit"))?;
         let dynamic_smem = (optin.max(48 * 1024) - 1024) as usize;
+        let sms =
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
         for k in [
             &attention_f32,
             &attention_f16,
@@ -192,8 +258,8 @@ impl Kernels {
             head_plain: PerFormat::load(&m, "head_plain")?,
             head_t: PerFormat::load(&m, "head_t")?,
             q8: Q8Kernels {
-                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural")?,
-                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4")?,
+                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural", sms)?,
+                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4", sms)?,
             },
             split_rows: f("split_rows")?,
             add_bias: f("add_bias")?,
@@ -499,4 +565,42 @@ pub(crate) struct MoeAct {
     pub act: i32,
     pub alpha: f32,
     pub limit: f32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-token grid covers every unit (warp w takes w, w + stride, …),
+    /// stays within what the GPU holds at once, and gives every warp the
+    /// same number of units within one.
+    #[test]
+    fn one_token_grids_cover_every_unit_within_the_cap() {
+        for units in [1usize, 7, 37, 2880, 5120, 11520, 201_088] {
+            for cap in [1u32, 132, 528, 660] {
+                let (blocks, y, z) = one_grid(units, cap);
+                assert_eq!((y, z), (1, 1));
+                assert!(
+                    blocks >= 1 && blocks <= cap.max(1),
+                    "{units} units, cap {cap}: {blocks}"
+                );
+                let stride = blocks as usize * ONE_WARPS;
+                let per_warp: Vec<usize> = (0..stride)
+                    .map(|w| (w..units).step_by(stride).count())
+                    .collect();
+                assert_eq!(per_warp.iter().sum::<usize>(), units);
+                let (lo, hi) = (
+                    per_warp.iter().min().unwrap(),
+                    per_warp.iter().max().unwrap(),
+                );
+                // Warps past the last unit take none; the others differ by at most one.
+                let busy: Vec<_> = per_warp.iter().filter(|&&c| c > 0).collect();
+                assert!(
+                    *hi - **busy.iter().min().unwrap() <= 1,
+                    "{units} units, cap {cap}"
+                );
+                let _ = lo;
+            }
+        }
+    }
 }

@@ -1506,6 +1506,22 @@ impl Stream<CudaDevice> for CudaStream {
                 }
             };
             self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+            // Routes one by one over rows that fit the one-token kernels:
+            // those (the same bits, see kernels/q8one.cu).
+            let fits =
+                !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
+            if let (true, Some(g1), Some(d1)) = (fits, gate.one.as_ref(), down.one.as_ref()) {
+                let nr = (n * k) as i32;
+                let (f, cap) = &g1.gate_up;
+                let args = &mut args![r.xq, r.xd, rp, kk, nr, mask, view, a, act_ptr];
+                let grid = kernels::one_grid(n * k * inter, *cap);
+                launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
+                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+                let (f, cap) = &d1.down;
+                let args = &mut args![r.aq, r.ad, rp, nr, mask, view, yp];
+                let grid = kernels::one_grid(n * k * hidden, *cap);
+                return launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args);
+            }
             let (f, per, threads) = pick(
                 &gate.mq_gate_up,
                 &gate.gate_up_grouped,

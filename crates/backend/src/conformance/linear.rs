@@ -128,15 +128,28 @@ const MATMUL_ROWS: usize = 37;
 /// Enough tokens that backends' batched (tensor-core) paths take part.
 const MATMUL_TOKENS: usize = 40;
 
-/// `matmul` of every format against the f64 dot of the reference-dequantized
-/// rows, within `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows
-/// computed alone, bit for bit.
+/// Widths of real models' rows (gpt-oss's 2880, 4096, and one past it) for
+/// the formats whose products backends specialise by row width (8-bit
+/// activation kernels): a row of several stretches of blocks, and a
+/// partial last stretch.
+const WIDE_COLS: [usize; 3] = [2880, 4096, 4160];
+const WIDE_FORMATS: [QuantFormat; 2] = [QuantFormat::Q8_0, QuantFormat::Mxfp4];
+
+/// `matmul` of every format (and of wide rows of some, [`WIDE_COLS`])
+/// against the f64 dot of the reference-dequantized rows, within
+/// `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows computed
+/// alone, bit for bit; products of one input issued one after another give
+/// each the bits it has alone.
 pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "matmul";
     let mut cases = Vec::new();
-    for fmt in QuantFormat::ALL {
-        let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()));
-        let cols = matmul_cols(fmt);
+    let shapes = QuantFormat::ALL.iter().map(|&f| (f, matmul_cols(f))).chain(
+        WIDE_FORMATS
+            .iter()
+            .flat_map(|&f| WIDE_COLS.iter().map(move |&c| (f, c))),
+    );
+    for (fmt, cols) in shapes {
+        let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()) ^ (cols as u64) << 8);
         let t = random_matrix(fmt.name(), fmt, MATMUL_ROWS, cols, &mut rng);
         let m = dev.upload_matrix(&t).at(OP, fmt.name())?;
         if dev.matrix_shape(&m) != [MATMUL_ROWS, cols] {
@@ -167,7 +180,7 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
                     )
                 })
                 .unzip();
-            let case = format!("{fmt}, {n} tokens");
+            let case = format!("{fmt} × {cols}, {n} tokens");
             compare(OP, &case, &got, &want, tol.matmul, |i| mag[i])?;
             batch = got;
         }
@@ -184,6 +197,65 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
         }
         if h.st.matmul(m, &x4, 2, &mut out).is_ok() {
             return Err(property(OP, fmt.name(), "read past the input".into()));
+        }
+    }
+    check_products_of_one_input(dev, &mut h, tol)
+}
+
+/// Three products of one token's input issued one after another (a layer's
+/// q, k and v, which a backend may launch together), of wide rows: each
+/// within `tol.matmul` of the f64 reference, and the same bits as the
+/// product issued alone.
+fn check_products_of_one_input<D: Device>(
+    dev: &D,
+    h: &mut Harness<'_, D>,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "matmul";
+    let cols = WIDE_COLS[0];
+    for fmt in WIDE_FORMATS {
+        let mut rng = Rng(0x9e0 ^ u64::from(fmt.ggml_type()));
+        let rows = [MATMUL_ROWS, 8, 13];
+        let ts: Vec<_> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| random_matrix(&format!("{fmt} {i}"), fmt, r, cols, &mut rng))
+            .collect();
+        let ms = ts
+            .iter()
+            .map(|t| dev.upload_matrix(t).at(OP, fmt.name()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let x = rng.vec(cols);
+        let xb = h.buf(&x)?;
+        let mut outs = rows
+            .iter()
+            .map(|&r| h.zeros(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            h.st.matmul(m, &xb, 1, out).at(OP, fmt.name())?;
+        }
+        let together = rows
+            .iter()
+            .zip(&outs)
+            .map(|(&r, o)| h.get(o, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, ((t, m), &r)) in ts.iter().zip(&ms).zip(&rows).enumerate() {
+            let w = dequantized(t);
+            let (want, mag): (Vec<f64>, Vec<f64>) = (0..r)
+                .map(|o| dot(&w[o * cols..(o + 1) * cols], &x))
+                .unzip();
+            let case = format!("{fmt} × {cols}, product {i} of three of one input");
+            compare(OP, &case, &together[i], &want, tol.matmul, |j| mag[j])?;
+            let mut out = h.zeros(r)?;
+            h.st.matmul(m, &xb, 1, &mut out).at(OP, fmt.name())?;
+            let alone = h.get(&out, r)?;
+            if tol.batch_invariant && alone != together[i] {
+                return Err(property(
+                    OP,
+                    fmt.name(),
+                    format!("product {i} of three of one input differs from the product alone"),
+                ));
+            }
         }
     }
     Ok(())

@@ -1,0 +1,324 @@
+// One token's fast-numerics products (the decode step) for Q8_0 and MXFP4
+// rows up to ONE_MAX_COLS wide: the sums of q8_rows_dot (q8dot.cu) in its
+// canonical order — per block the exact integer Σ c·q, per chunk of
+// Q8_CHUNK blocks part = fmaf((float)Σ, dw · dx, part) from 0 block by
+// block, the row's total the chunks' parts added in order — so the same
+// bits as the batched and tensor-core kernels, with the work laid out for
+// HBM bandwidth instead of one row per warp:
+//
+// - A warp takes units (a row; a gate row and an up row) one after another,
+//   grid-stride over the units of the launch (the grid is as many blocks
+//   as the GPU holds at once, so there is no tail wave). As soon as a
+//   unit's integer sums are formed it issues every load of its next unit,
+//   and the shuffles and f32 sums of the reduction run while those bytes
+//   are in flight.
+// - Lane l owns block l of each stretch of 32 blocks. MXFP4: the block's 16
+//   code bytes, one coalesced load for the warp. Q8_0: the 16-byte pieces
+//   at 16·l and 512 + 16·l of the stretch's 1024 code bytes (two coalesced
+//   loads: halves of blocks l/2 and 16 + l/2); the halves' integer sums
+//   meet by one shuffle, and even lanes own blocks 0..15, odd lanes 16..31.
+// - The blocks of a chunk sit in lanes head + step·u (u = 0..3; step 1 for
+//   MXFP4, 2 for Q8_0); each passes (float)Σ and dw·dx down to the head,
+//   which forms the chunk's part; the heads' parts are then added to the
+//   total in chunk order.
+
+#define ONE_STRETCHES 4                              // stretches of 32 blocks a unit holds
+#define ONE_MAX_COLS (ONE_STRETCHES * 32 * 32)       // 4096 elements
+#define ONE_WARPS 4                                  // warps a block (128 threads)
+
+template <int F>
+struct OnePieces {
+    static constexpr int n = F == F_Q8_0 ? 2 : 1;   // 16-byte code loads a lane, a stretch
+    static constexpr int step = F == F_Q8_0 ? 2 : 1; // lanes between a chunk's blocks
+};
+
+// The weight loads of a unit (R rows' codes and raw scales), issued a
+// unit ahead; the token's codes and scales, read when the unit's sums are
+// formed (shared by every row, so from the L1 or L2), are not held across.
+template <int F, int R>
+struct OneLoads {
+    uint4 w[ONE_STRETCHES][R][OnePieces<F>::n];
+    u32 sw[ONE_STRETCHES][R];
+    const signed char* xq;
+    const float* xd;
+};
+
+// The block lane `lane` owns in stretch s.
+template <int F>
+__device__ __forceinline__ int one_block(int s, int lane) {
+    return F == F_Q8_0 ? s * 32 + (lane & 1) * 16 + (lane >> 1) : s * 32 + lane;
+}
+
+// The lane holding chunk c (0..7) of a stretch's first block.
+template <int F>
+__device__ __forceinline__ int one_head(int c) {
+    return F == F_Q8_0 ? (c < 4 ? 8 * c : 8 * (c - 4) + 1) : 4 * c;
+}
+
+template <int F, int R>
+__device__ __forceinline__ void one_load(const u8* const* rows, int cols,
+                                         const signed char* __restrict__ xq,
+                                         const float* __restrict__ xd, OneLoads<F, R>& L) {
+    int lane = threadIdx.x & 31, nb = cols / 32;
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int s = 0; s < ONE_STRETCHES; s++) {
+        if (s * 32 >= nb) break;  // uniform over the warp
+        int ob = one_block<F>(s, lane);
+        bool own = ob < nb;
+        if (F == F_Q8_0) {
+            // Q8_0 codes are 32 bytes a block, the token's too (natural
+            // order): piece A is half lane & 1 of block s·32 + lane / 2,
+            // piece B the same half of the block 16 further.
+            int ba = s * 32 + (lane >> 1);
+            bool va = ba < nb, vb = ba + 16 < nb;
+            i64 off = (i64)s * 1024 + 16 * lane;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                L.w[s][r][0] = va ? *(const uint4*)(rows[r] + off) : z4;
+                L.w[s][r][OnePieces<F>::n - 1] = vb ? *(const uint4*)(rows[r] + off + 512) : z4;
+            }
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                L.w[s][r][0] = own ? *(const uint4*)split_codes<F>(rows[r], ob) : z4;
+        }
+#pragma unroll
+        for (int r = 0; r < R; r++) L.sw[s][r] = own ? q8_load_scale<F>(rows[r], cols, ob) : 0u;
+    }
+    L.xq = xq;
+    L.xd = xd;
+}
+
+// A unit's per-block values: (float)Σ c·q of the lane's own block and
+// dw · dx, for each stretch and row.
+template <int R>
+struct OneSums {
+    float s[ONE_STRETCHES][R];
+    float f[ONE_STRETCHES][R];
+};
+
+template <int F, int R>
+__device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, OneSums<R>& S) {
+    int lane = threadIdx.x & 31, nb = cols / 32;
+    const int4 zi = make_int4(0, 0, 0, 0);
+    // The token's codes matching the lane's pieces, and its block's scale,
+    // every stretch's issued before any is used.
+    int4 x[ONE_STRETCHES][2];
+    float dx[ONE_STRETCHES];
+#pragma unroll
+    for (int s = 0; s < ONE_STRETCHES; s++) {
+        if (s * 32 >= nb) break;
+        int ob = one_block<F>(s, lane);
+        bool own = ob < nb;
+        if (F == F_Q8_0) {
+            int ba = s * 32 + (lane >> 1);
+            i64 off = (i64)s * 1024 + 16 * lane;
+            x[s][0] = ba < nb ? *(const int4*)(L.xq + off) : zi;
+            x[s][1] = ba + 16 < nb ? *(const int4*)(L.xq + off + 512) : zi;
+        } else {
+            const int4* xp = (const int4*)(L.xq + (i64)ob * 32);
+            x[s][0] = own ? xp[0] : zi;
+            x[s][1] = own ? xp[1] : zi;
+        }
+        dx[s] = own ? L.xd[ob] : 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < ONE_STRETCHES; s++) {
+        if (s * 32 >= nb) break;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int v;
+            if (F == F_Q8_0) {
+                Q8Act<F> xa{x[s][0], zi}, xb{x[s][1], zi};
+                int a = q8_piece_dot<F>(L.w[s][r][0], xa);
+                int b = q8_piece_dot<F>(L.w[s][r][OnePieces<F>::n - 1], xb);
+                a += __shfl_xor_sync(FULL_MASK, a, 1);
+                b += __shfl_xor_sync(FULL_MASK, b, 1);
+                v = (lane & 1) ? b : a;
+            } else {
+                Q8Act<F> xa{x[s][0], x[s][1]};
+                v = q8_piece_dot<F>(L.w[s][r][0], xa);
+            }
+            S.s[s][r] = (float)v;
+            S.f[s][r] = q8_weight_scale<F>(L.sw[s][r]) * dx[s];
+        }
+    }
+}
+
+// The rows' totals in the canonical order; every lane ends with them.
+template <int F, int R>
+__device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float* acc) {
+    constexpr int STEP = OnePieces<F>::step;
+    int lane = threadIdx.x & 31, nb = cols / 32;
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < ONE_STRETCHES; s++) {
+        if (s * 32 >= nb) break;
+        int ob = one_block<F>(s, lane);
+        float part[R];
+#pragma unroll
+        for (int r = 0; r < R; r++) part[r] = ob < nb ? fmaf(S.s[s][r], S.f[s][r], 0.0f) : 0.0f;
+#pragma unroll
+        for (int u = 1; u < Q8_CHUNK; u++) {
+            bool in = ob + u < nb;  // (meaningful in a chunk's head)
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float su = __shfl_down_sync(FULL_MASK, S.s[s][r], STEP * u);
+                float fu = __shfl_down_sync(FULL_MASK, S.f[s][r], STEP * u);
+                if (in) part[r] = fmaf(su, fu, part[r]);
+            }
+        }
+#pragma unroll
+        for (int c = 0; c < 32 / Q8_CHUNK; c++) {
+            if (s * 32 + c * Q8_CHUNK >= nb) break;  // uniform
+#pragma unroll
+            for (int r = 0; r < R; r++) acc[r] += __shfl_sync(FULL_MASK, part[r], one_head<F>(c));
+        }
+    }
+}
+
+// The units of a launch, one after another per warp (see the top). `Work`
+// gives a unit's rows and token (`unit`, false: nothing to compute) and
+// stores its totals (`write`, lane 0).
+template <int F, int R, class Work>
+__device__ __forceinline__ void one_token_units(const Work& wk, int units, int cols) {
+    int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
+    int stride = gridDim.x * ONE_WARPS;
+    if (u >= units) return;  // uniform over the warp
+    OneLoads<F, R> L;
+    const u8* rows[R];
+    const signed char* xq;
+    const float* xd;
+    bool live = wk.unit(u, rows, &xq, &xd);
+    if (live) one_load<F, R>(rows, cols, xq, xd, L);
+    for (;;) {
+        OneSums<R> S;
+        if (live) one_sums<F, R>(L, cols, S);
+        int next = u + stride;
+        bool next_live = next < units && wk.unit(next, rows, &xq, &xd);
+        if (next_live) one_load<F, R>(rows, cols, xq, xd, L);
+        if (live) {
+            float acc[R];
+            one_reduce<F, R>(S, cols, acc);
+            if ((threadIdx.x & 31) == 0) wk.write(u, acc);
+        }
+        if (next >= units) break;
+        u = next;
+        live = next_live;
+    }
+}
+
+// A MatGroup's rows (q, k and v one after another).
+struct OneMat {
+    const MatGroup& g;
+    int cols;
+    const signed char* xq;
+    const float* xd;
+    __device__ __forceinline__ int pick(int u, int* row) const {
+        int r0 = g.rows[0], r1 = g.count > 1 ? g.rows[1] : 0;
+        int m = u >= r0 + r1 ? 2 : u >= r0 ? 1 : 0;
+        *row = u - (m == 2 ? r0 + r1 : m == 1 ? r0 : 0);
+        return m;
+    }
+    __device__ __forceinline__ bool unit(int u, const u8** rows, const signed char** q,
+                                         const float** d) const {
+        int row, m = pick(u, &row);
+        const u8* w = m == 2 ? g.w[2] : m == 1 ? g.w[1] : g.w[0];
+        i64 rb = m == 2 ? g.row_bytes[2] : m == 1 ? g.row_bytes[1] : g.row_bytes[0];
+        rows[0] = w + (i64)row * rb;
+        *q = xq;
+        *d = xd;
+        return true;
+    }
+    __device__ __forceinline__ void write(int u, const float* acc) const {
+        int row, m = pick(u, &row);
+        float* out = m == 2 ? g.out[2] : m == 1 ? g.out[1] : g.out[0];
+        const float* bias = m == 2 ? g.bias[2] : m == 1 ? g.bias[1] : g.bias[0];
+        out[row] = bias ? acc[0] + bias[row] : acc[0];
+    }
+};
+
+// Routed experts' gate and up rows (unit = route i, row), with the GLU.
+struct OneGateUp {
+    const signed char* xq;
+    const float* xd;
+    const RouteOut* routes;
+    int k;
+    const SlotMask& only;
+    const BankView& b;
+    const MoeAct& a;
+    float* act;
+    __device__ __forceinline__ bool unit(int u, const u8** rows, const signed char** q,
+                                         const float** d) const {
+        int i = u / b.inter, row = u - i * b.inter;
+        u32 slot = routes[i].slot;
+        if (slot >= (u32)b.slots || skipped(only, slot)) return false;
+        i64 r = (i64)slot * b.inter + row;
+        rows[0] = b.gate + r * b.gate_row_bytes;
+        rows[1] = b.up + r * b.up_row_bytes;
+        int t = i / k;
+        *q = xq + (i64)t * b.hidden;
+        *d = xd + (i64)t * (b.hidden / 32);
+        return true;
+    }
+    __device__ __forceinline__ void write(int u, const float* acc) const {
+        int i = u / b.inter, row = u - i * b.inter;
+        i64 r = (i64)routes[i].slot * b.inter + row;
+        float g = acc[0], v = acc[1];
+        if (b.gate_bias) g += b.gate_bias[r];
+        if (b.up_bias) v += b.up_bias[r];
+        act[(i64)i * b.inter + row] = glu_one(g, v, a.act, a.alpha, a.limit);
+    }
+};
+
+// Routed experts' down rows (unit = route i, row) over the routes'
+// quantized activations.
+struct OneDown {
+    const signed char* aq;
+    const float* ad;
+    const RouteOut* routes;
+    const SlotMask& only;
+    const BankView& b;
+    float* y;
+    __device__ __forceinline__ bool unit(int u, const u8** rows, const signed char** q,
+                                         const float** d) const {
+        int i = u / b.hidden, row = u - i * b.hidden;
+        u32 slot = routes[i].slot;
+        if (slot >= (u32)b.slots || skipped(only, slot)) return false;
+        rows[0] = b.down + ((i64)slot * b.hidden + row) * b.down_row_bytes;
+        *q = aq + (i64)i * b.inter;
+        *d = ad + (i64)i * (b.inter / 32);
+        return true;
+    }
+    __device__ __forceinline__ void write(int u, const float* acc) const {
+        int i = u / b.hidden, row = u - i * b.hidden;
+        i64 r = (i64)routes[i].slot * b.hidden + row;
+        y[(i64)i * b.hidden + row] = b.down_bias ? acc[0] + b.down_bias[r] : acc[0];
+    }
+};
+
+#define Q8_ONE_KERNELS(fmt, F)                                                                   \
+    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
+        matmul1_q8x_##fmt(MatGroup g, int cols, const signed char* xq, const float* xd) {        \
+        KERNEL_ENTRY();                                                                          \
+        int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
+        one_token_units<F, 1>(OneMat{g, cols, xq, xd}, units, cols);                             \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32) moe_gate_up1_q8x_##fmt(         \
+        const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,    \
+        SlotMask only, BankView b, MoeAct a, float* act) {                                       \
+        KERNEL_ENTRY();                                                                          \
+        one_token_units<F, 2>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter, \
+                              b.hidden);                                                         \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
+        moe_down1_q8x_##fmt(const signed char* aq, const float* ad, const RouteOut* routes,      \
+                            int n_routes, SlotMask only, BankView b, float* y) {                 \
+        KERNEL_ENTRY();                                                                          \
+        one_token_units<F, 1>(OneDown{aq, ad, routes, only, b, y}, n_routes * b.hidden, b.inter); \
+    }
+
+Q8_ONE_KERNELS(q8_0, F_Q8_0)
+Q8_ONE_KERNELS(mxfp4, F_MXFP4)

@@ -7,8 +7,11 @@
 //! jobs still unclaimed and returns when every job has finished, with the
 //! first failure if any, and how long the reads took and how long the
 //! caller waited. Each job is one
-//! positioned read (`pread`) of one expert record into its slot; jobs of a
-//! batch write disjoint slots.
+//! expert record read into its slot; jobs of a batch write disjoint slots.
+//! A job is read in pieces of at most [`PIECE_BYTES`] (positioned reads,
+//! `pread`), which the threads claim one by one: a layer that misses one
+//! expert has it read by every thread at once rather than by one (a single
+//! thread copies a record out of the page cache at a few GB/s).
 //!
 //! Nothing here allocates after [`IoPool::new`]: the job list has a fixed
 //! capacity, synchronisation is a mutex and two condition variables, and a
@@ -21,7 +24,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// One positioned read of `len` bytes at `offset` of `file` into `dst`.
+/// Bytes of a piece of a job (a multiple of 4096, so that the pieces of a
+/// direct-I/O job stay aligned as the job is).
+pub(crate) const PIECE_BYTES: usize = 1 << 20;
+
+/// One read of `len` bytes at `offset` of `file` into `dst`.
 pub(crate) struct ReadJob {
     pub file: Arc<File>,
     pub offset: u64,
@@ -48,19 +55,26 @@ impl ReadJob {
         }
     }
 
-    /// Reads the whole record; a file that ends first is `UnexpectedEof`.
-    fn execute(&self) -> io::Result<()> {
+    /// Pieces the job is read in.
+    fn pieces(&self) -> usize {
+        self.len.div_ceil(PIECE_BYTES).max(1)
+    }
+
+    /// Reads piece `k` of the record; a file that ends first is
+    /// `UnexpectedEof`.
+    fn execute(&self, k: usize) -> io::Result<()> {
+        let at = (k * PIECE_BYTES).min(self.len);
+        let len = PIECE_BYTES.min(self.len - at);
         // SAFETY: see the `Send` impl: `dst .. dst + len` lies inside a live
         // slot buffer (the slot layout is checked against the buffer once,
         // when the slots are made) that no other job of the batch and no
-        // reader touches until the batch completes.
-        let buf = unsafe { std::slice::from_raw_parts_mut(self.dst, self.len) };
+        // reader touches until the batch completes; piece k is the part
+        // `at .. at + len` of it, which no other piece covers.
+        let buf = unsafe { std::slice::from_raw_parts_mut(self.dst.add(at), len) };
+        let offset = self.offset + at as u64;
         let mut done = 0;
         while done < buf.len() {
-            match self
-                .file
-                .read_at(&mut buf[done..], self.offset + done as u64)
-            {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
                 Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -73,9 +87,11 @@ impl ReadJob {
 
 struct State {
     jobs: Vec<ReadJob>,
-    /// Next job to claim.
+    /// Every piece of the batch: (job, piece of the job), job by job.
+    pieces: Vec<(u32, u32)>,
+    /// Next piece to claim.
     next: usize,
-    /// Jobs claimed or not whose read has not finished.
+    /// Pieces claimed or not whose read has not finished.
     unfinished: usize,
     /// The first failed job and its error.
     failure: Option<(usize, io::Error)>,
@@ -99,14 +115,15 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Claims and runs jobs until none is left to claim.
+    /// Claims and runs pieces until none is left to claim.
     fn work<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        while st.next < st.jobs.len() {
-            let i = st.next;
+        while st.next < st.pieces.len() {
+            let (i, k) = st.pieces[st.next];
+            let i = i as usize;
             st.next += 1;
             let job = st.jobs[i].duplicate();
             drop(st);
-            let result = job.execute();
+            let result = job.execute(k as usize);
             drop(job);
             st = self.lock();
             if let Err(e) = result {
@@ -129,15 +146,18 @@ pub(crate) struct IoPool {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
     capacity: usize,
+    max_job_bytes: usize,
 }
 
 impl IoPool {
     /// A pool of `threads` reader threads besides the caller's, for batches
-    /// of at most `max_jobs` reads.
-    pub(crate) fn new(threads: usize, max_jobs: usize) -> io::Result<IoPool> {
+    /// of at most `max_jobs` reads of at most `max_job_bytes` each.
+    pub(crate) fn new(threads: usize, max_jobs: usize, max_job_bytes: usize) -> io::Result<IoPool> {
+        let piece_capacity = max_jobs.saturating_mul(max_job_bytes.div_ceil(PIECE_BYTES).max(1));
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 jobs: Vec::with_capacity(max_jobs),
+                pieces: Vec::with_capacity(piece_capacity),
                 next: 0,
                 unfinished: 0,
                 failure: None,
@@ -151,6 +171,7 @@ impl IoPool {
             shared,
             threads: Vec::with_capacity(threads),
             capacity: max_jobs,
+            max_job_bytes,
         };
         // Each thread's runtime start-up allocates; waiting until all have
         // started keeps that out of the first reads of a decode.
@@ -167,7 +188,7 @@ impl IoPool {
                         if st.shutdown {
                             return;
                         }
-                        if st.next < st.jobs.len() {
+                        if st.next < st.pieces.len() {
                             st = shared.work(st);
                             continue;
                         }
@@ -181,9 +202,10 @@ impl IoPool {
     }
 
     /// Posts one batch to the pool threads and returns without waiting.
-    /// At most `max_jobs` jobs (see [`IoPool::new`]); more is an
-    /// `InvalidInput` error before any read. One batch at a time: the
-    /// returned [`Pending`] borrows the pool until it is waited for.
+    /// At most `max_jobs` jobs of at most `max_job_bytes` (see
+    /// [`IoPool::new`]); more is an `InvalidInput` error before any read.
+    /// One batch at a time: the returned [`Pending`] borrows the pool until
+    /// it is waited for.
     pub(crate) fn submit(
         &self,
         jobs: impl ExactSizeIterator<Item = ReadJob>,
@@ -194,12 +216,21 @@ impl IoPool {
         let sh = &*self.shared;
         let mut st = sh.lock();
         st.jobs.clear();
+        st.pieces.clear();
         st.jobs.extend(jobs);
+        if let Some(i) = st.jobs.iter().position(|j| j.len > self.max_job_bytes) {
+            st.jobs.clear();
+            return Err((i, io::ErrorKind::InvalidInput.into()));
+        }
+        let State { jobs, pieces, .. } = &mut *st;
+        for (i, job) in jobs.iter().enumerate() {
+            pieces.extend((0..job.pieces()).map(|k| (i as u32, k as u32)));
+        }
         st.next = 0;
-        st.unfinished = st.jobs.len();
+        st.unfinished = st.pieces.len();
         st.failure = None;
         st.finished = None;
-        if !st.jobs.is_empty() && !self.threads.is_empty() {
+        if !st.pieces.is_empty() && !self.threads.is_empty() {
             sh.wake.notify_all();
         }
         Ok(Pending {
@@ -218,6 +249,7 @@ impl IoPool {
             st = sh.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         st.jobs.clear();
+        st.pieces.clear();
         let finished = st.finished.take();
         match st.failure.take() {
             Some(f) => (Err(f), finished),
@@ -305,7 +337,7 @@ mod tests {
             .unwrap();
         let file = Arc::new(File::open(&path).unwrap());
         let buf = AlignedBuf::zeroed(16 * 4096).unwrap();
-        let pool = IoPool::new(3, 16).unwrap();
+        let pool = IoPool::new(3, 16, 4096).unwrap();
         for round in 0..4 {
             let jobs = (0..16).map(|j| ReadJob {
                 file: Arc::clone(&file),
@@ -342,6 +374,60 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
     }
 
+    /// Records longer than a piece are read piece by piece by every
+    /// thread; a piece past the end of the file fails its job.
+    #[test]
+    fn long_records_are_read_in_pieces() {
+        let path = std::env::temp_dir().join(format!("ts-io-pieces-{}", std::process::id()));
+        let len = 2 * PIECE_BYTES + 12_288;
+        let data: Vec<u8> = (0..3 * len).map(|i| (i * 11 % 253) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        let buf = AlignedBuf::zeroed(3 * len).unwrap();
+        for threads in [0, 1, 3] {
+            let pool = IoPool::new(threads, 3, len).unwrap();
+            let jobs = (0..3).map(|j| ReadJob {
+                file: Arc::clone(&file),
+                offset: ((2 - j) * len) as u64,
+                dst: buf.region(j * len, len).unwrap(),
+                len,
+            });
+            run(&pool, jobs).unwrap();
+            for j in 0..3 {
+                let at = (2 - j) * len;
+                assert!(
+                    buf.as_ref()[j * len..(j + 1) * len] == data[at..at + len],
+                    "threads {threads}, job {j}"
+                );
+            }
+            // Job 1's last piece runs past the end of the file.
+            let jobs = (0..2).map(|j| ReadJob {
+                file: Arc::clone(&file),
+                offset: if j == 1 { (2 * len + 4096) as u64 } else { 0 },
+                dst: buf.region(j * len, len).unwrap(),
+                len,
+            });
+            let (i, e) = run(&pool, jobs).unwrap_err();
+            assert_eq!(
+                (i, e.kind()),
+                (1, io::ErrorKind::UnexpectedEof),
+                "threads {threads}"
+            );
+            // Longer jobs than the pool was made for are refused before any read.
+            let long = std::iter::once(ReadJob {
+                file: Arc::clone(&file),
+                offset: 0,
+                dst: buf.region(0, 3 * len).unwrap(),
+                len: 3 * len,
+            });
+            assert!(run(&pool, long).is_err());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn submitted_reads_finish_by_wait_or_drop_with_or_without_threads() {
         let path = std::env::temp_dir().join(format!("ts-io-submit-{}", std::process::id()));
@@ -352,7 +438,7 @@ mod tests {
             .unwrap();
         let file = Arc::new(File::open(&path).unwrap());
         for threads in [0, 2] {
-            let pool = IoPool::new(threads, 8).unwrap();
+            let pool = IoPool::new(threads, 8, 4096).unwrap();
             for drop_unwaited in [false, true] {
                 let buf = AlignedBuf::zeroed(8 * 4096).unwrap();
                 let jobs = (0..8).map(|j| ReadJob {

@@ -394,9 +394,16 @@ impl<D: Device> SessionExperts<D> {
                 .map(|l| l.cache.slots())
                 .max()
                 .unwrap_or(0);
+            let max_read = layers
+                .iter()
+                .flatten()
+                .map(|l| l.read_len)
+                .max()
+                .unwrap_or(0);
             Some(Streamed {
                 layers,
-                pool: IoPool::new(plan.io_threads, max_slots).map_err(ExpertError::Threads)?,
+                pool: IoPool::new(plan.io_threads, max_slots, max_read)
+                    .map_err(ExpertError::Threads)?,
                 misses: Vec::with_capacity(max_slots),
                 ready: vec![false; max_slots],
                 remap: vec![Route::default(); max_batch * top_k],

@@ -65,9 +65,9 @@ pub(crate) struct Q8Set {
     pub one: Option<OneSet>,
 }
 
-/// The one-token kernels of a format (`kernels/q8one.cu`): each warp takes
-/// units one after another, so a launch is as many blocks as the GPU holds
-/// at once (`blocks`, per kernel: resident blocks an SM × SMs).
+/// The one-token kernels of a format (`kernels/q8one.cu`), each with the
+/// most blocks the GPU holds at once (resident blocks an SM × SMs): each
+/// warp takes units one after another, so a launch needs no more.
 pub(crate) struct OneSet {
     pub matmul: (CudaFunction, u32),
     pub gate_up: (CudaFunction, u32),
@@ -589,17 +589,10 @@ mod tests {
                     .map(|w| (w..units).step_by(stride).count())
                     .collect();
                 assert_eq!(per_warp.iter().sum::<usize>(), units);
-                let (lo, hi) = (
-                    per_warp.iter().min().unwrap(),
-                    per_warp.iter().max().unwrap(),
-                );
                 // Warps past the last unit take none; the others differ by at most one.
-                let busy: Vec<_> = per_warp.iter().filter(|&&c| c > 0).collect();
-                assert!(
-                    *hi - **busy.iter().min().unwrap() <= 1,
-                    "{units} units, cap {cap}"
-                );
-                let _ = lo;
+                let busy = per_warp.iter().filter(|&&c| c > 0);
+                let (lo, hi) = (busy.clone().min().unwrap(), busy.max().unwrap());
+                assert!(hi - lo <= 1, "{units} units, cap {cap}");
             }
         }
     }

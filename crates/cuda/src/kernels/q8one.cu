@@ -9,9 +9,15 @@
 // - A warp takes units (a row; a gate row and an up row) one after another,
 //   grid-stride over the units of the launch (the grid is as many blocks
 //   as the GPU holds at once, so there is no tail wave). As soon as a
-//   unit's integer sums are formed it issues every load of its next unit,
-//   and the shuffles and f32 sums of the reduction run while those bytes
-//   are in flight.
+//   unit's integer sums are formed it issues the weight loads (codes and
+//   scales) of its next unit, and the shuffles and f32 sums of the
+//   reduction run while those bytes are in flight. The token's codes and
+//   scales, shared by every row and so in the L1 or L2, are read when a
+//   unit's sums are formed (holding them across would cost registers, and
+//   with them warps).
+//
+// Used for Q8_0 (see kernels.rs `one_token_kernels`): MXFP4's products are
+// bound by the instructions of their nibble decoding, and run slower here.
 // - Lane l owns block l of each stretch of 32 blocks. MXFP4: the block's 16
 //   code bytes, one coalesced load for the warp. Q8_0: the 16-byte pieces
 //   at 16·l and 512 + 16·l of the stretch's 1024 code bytes (two coalesced

@@ -148,28 +148,19 @@ pub fn check_gated_delta_rule<D: Device>(
     let mut start = 0;
     for (i, &len) in CALLS.iter().enumerate() {
         let case = format!("call {i} of {len} tokens");
-        let q = h.buf(&qkv[start * row..(start + len) * row])?;
-        let a = h.buf(&alpha[start * hv..(start + len) * hv])?;
-        let b = h.buf(&beta[start * hv..(start + len) * hv])?;
-        let mut out = h.zeros(len * hv * dv)?;
-        let p = DeltaNetParams {
-            n_tokens: len,
-            k_heads: hk,
-            v_heads: hv,
-            k_head_dim: dk,
-            v_head_dim: dv,
-            fresh: i == 0,
-        };
-        let input = DeltaNetInput {
-            qkv: &q,
-            alpha: &a,
-            beta: &b,
-            a_log: &a_log_v,
-            dt_bias: &dt_v,
-        };
-        h.st.gated_delta_rule(input, &p, &mut state, &mut out)
-            .at(OP, &case)?;
-        got.extend(h.get(&out, len * hv * dv)?);
+        let inputs = (&qkv[..], &alpha[..], &beta[..]);
+        let decay = (&a_log_v, &dt_v);
+        let t = (start, start + len);
+        got.extend(delta_call(
+            &mut h,
+            shape,
+            inputs,
+            decay,
+            t,
+            i == 0,
+            &mut state,
+            &case,
+        )?);
         start += len;
     }
     let t = tol.attention.max(1e-5);
@@ -278,34 +269,66 @@ fn delta_rule_calls<D: Device>(
             shape,
             &mut ref_state,
         );
-        let q = h.buf(&qkv[t0 * row..t1 * row])?;
-        let a = h.buf(&alpha[t0 * hv..t1 * hv])?;
-        let b = h.buf(&beta[t0 * hv..t1 * hv])?;
-        let mut out = h.zeros(len * hv * dv)?;
-        let p = DeltaNetParams {
-            n_tokens: len,
-            k_heads: hk,
-            v_heads: hv,
-            k_head_dim: dk,
-            v_head_dim: dv,
-            fresh: i == 0,
-        };
-        let input = DeltaNetInput {
-            qkv: &q,
-            alpha: &a,
-            beta: &b,
-            a_log: &a_log_v,
-            dt_bias: &dt_v,
-        };
-        h.st.gated_delta_rule(input, &p, &mut state, &mut out)
-            .at(OP, &case)?;
-        let got = h.get(&out, len * hv * dv)?;
+        let inputs = (&qkv[..], &alpha[..], &beta[..]);
+        let decay = (&a_log_v, &dt_v);
+        let got = delta_call(
+            &mut h,
+            shape,
+            inputs,
+            decay,
+            (t0, t1),
+            i == 0,
+            &mut state,
+            &case,
+        )?;
         compare_max(OP, &format!("{case}: outputs"), &got, &want)?;
         let state_now = h.get(&state, hv * dk * dv)?;
         compare_max(OP, &format!("{case}: state"), &state_now, &ref_state)?;
         start = t1;
     }
     Ok(())
+}
+
+/// One call of the gated delta rule over tokens `t.0 .. t.1` of a
+/// sequence's inputs (`qkv`, `alpha`, `beta` of every token, rows of
+/// `shape`) with the decay vectors (`a_log`, `dt_bias`) on `state`; its
+/// outputs.
+#[allow(clippy::too_many_arguments)]
+fn delta_call<D: Device>(
+    h: &mut Harness<'_, D>,
+    (hk, hv, dk, dv): reference::DeltaShape,
+    (qkv, alpha, beta): (&[f32], &[f32], &[f32]),
+    (a_log, dt_bias): (&D::Vector, &D::Vector),
+    (t0, t1): (usize, usize),
+    fresh: bool,
+    state: &mut D::Buf,
+    case: &str,
+) -> Result<Vec<f32>, ConformanceError> {
+    const OP: &str = "gated_delta_rule";
+    let row = 2 * hk * dk + hv * dv;
+    let len = t1 - t0;
+    let q = h.buf(&qkv[t0 * row..t1 * row])?;
+    let a = h.buf(&alpha[t0 * hv..t1 * hv])?;
+    let b = h.buf(&beta[t0 * hv..t1 * hv])?;
+    let mut out = h.zeros(len * hv * dv)?;
+    let p = DeltaNetParams {
+        n_tokens: len,
+        k_heads: hk,
+        v_heads: hv,
+        k_head_dim: dk,
+        v_head_dim: dv,
+        fresh,
+    };
+    let input = DeltaNetInput {
+        qkv: &q,
+        alpha: &a,
+        beta: &b,
+        a_log,
+        dt_bias,
+    };
+    h.st.gated_delta_rule(input, &p, state, &mut out)
+        .at(OP, case)?;
+    h.get(&out, len * hv * dv)
 }
 
 /// `compare` within [`CHUNK_TOLERANCE`] of the largest `|want|`.

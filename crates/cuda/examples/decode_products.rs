@@ -28,12 +28,12 @@
 use std::time::Instant;
 use turbospark_backend::conformance::data::{random_matrix, Rng};
 use turbospark_backend::{
-    DType, Device, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch, Numerics, Route,
-    Stream,
+    BackendError, DType, Device, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch,
+    Numerics, Route, Stream,
 };
 use turbospark_core::arch::Activation;
 use turbospark_core::QuantFormat;
-use turbospark_cuda::CudaDevice;
+use turbospark_cuda::{CudaDevice, CudaStream};
 
 /// (name, format, rows, cols)
 const SHAPES: [(&str, QuantFormat, usize, usize); 6] = [
@@ -94,45 +94,72 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             st.matmul(m, &xs[i % 2], 1, &mut out)?;
         }
         st.synchronize()?;
-        let start = Instant::now();
-        for i in 0..calls {
-            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)?;
-        }
-        st.synchronize()?;
-        let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
-        // The same calls recorded as one step and replayed: kernel time and
-        // the dependent-launch gaps of a decode graph, no host launches.
-        let recorded = copies.max(8);
-        st.begin_step(0, 1)?;
-        for i in 0..recorded {
-            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)?;
-        }
-        st.end_step()?;
-        st.replay_step(0, 1)?;
-        st.synchronize()?;
-        let replays = calls.div_ceil(recorded).max(2);
-        let start = Instant::now();
-        for _ in 0..replays {
-            st.replay_step(0, 1)?;
-        }
-        st.synchronize()?;
-        let graph_us = start.elapsed().as_secs_f64() * 1e6 / (replays * recorded) as f64;
-        println!(
-            "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0} {:>9.2} {:>8.0}",
-            name,
-            fmt.name(),
-            rows,
-            cols,
-            bytes as f64 / 1e6,
-            us,
-            bytes as f64 / us / 1e3,
-            graph_us,
-            bytes as f64 / graph_us / 1e3
-        );
+        let times = time_calls(&mut st, calls, copies.max(8), |st, i| {
+            st.matmul(&ms[i % copies], &xs[i % 2], 1, &mut out)
+        })?;
+        print_row(name, fmt.name(), rows, cols, bytes, times);
     }
     routed_experts(&dev, calls)?;
     launch_floor(&dev)?;
     Ok(())
+}
+
+/// µs a call of `call(st, i)`: `calls` calls queued on the stream (host
+/// launches included), then `recorded` of them recorded as one step and
+/// replayed (kernel time and the dependent-launch gaps of a decode graph,
+/// no host launches).
+fn time_calls(
+    st: &mut CudaStream,
+    calls: usize,
+    recorded: usize,
+    mut call: impl FnMut(&mut CudaStream, usize) -> Result<(), BackendError>,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+    let start = Instant::now();
+    for i in 0..calls {
+        call(st, i)?;
+    }
+    st.synchronize()?;
+    let queued = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
+    st.begin_step(0, 1)?;
+    for i in 0..recorded {
+        call(st, i)?;
+    }
+    st.end_step()?;
+    st.replay_step(0, 1)?;
+    st.synchronize()?;
+    let replays = calls.div_ceil(recorded).max(2);
+    let start = Instant::now();
+    for _ in 0..replays {
+        st.replay_step(0, 1)?;
+    }
+    st.synchronize()?;
+    let replayed = start.elapsed().as_secs_f64() * 1e6 / (replays * recorded) as f64;
+    Ok((queued, replayed))
+}
+
+/// A row of the table: the product, its weight bytes, and µs a call and
+/// GB/s queued and replayed ([`time_calls`]).
+fn print_row(
+    name: &str,
+    fmt: &str,
+    rows: usize,
+    cols: usize,
+    bytes: usize,
+    (us, graph_us): (f64, f64),
+) {
+    let gb_s = |us: f64| bytes as f64 / us / 1e3;
+    println!(
+        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0} {:>9.2} {:>8.0}",
+        name,
+        fmt,
+        rows,
+        cols,
+        bytes as f64 / 1e6,
+        us,
+        gb_s(us),
+        graph_us,
+        gb_s(graph_us)
+    );
 }
 
 /// gpt-oss-20b's expert shape: hidden, intermediate, experts, top-k.
@@ -218,39 +245,16 @@ fn routed_experts(dev: &CudaDevice, calls: usize) -> Result<(), Box<dyn std::err
         st.moe_experts(input(i), &mut scratch, None)?;
     }
     st.synchronize()?;
-    let start = Instant::now();
-    for i in 0..calls {
-        st.moe_experts(input(i), &mut scratch, None)?;
-    }
-    st.synchronize()?;
-    let us = start.elapsed().as_secs_f64() * 1e6 / calls as f64;
-    let recorded = 24;
-    st.begin_step(0, 1)?;
-    for i in 0..recorded {
-        st.moe_experts(input(i), &mut scratch, None)?;
-    }
-    st.end_step()?;
-    st.replay_step(0, 1)?;
-    st.synchronize()?;
-    let replays = calls.div_ceil(recorded).max(2);
-    let start = Instant::now();
-    for _ in 0..replays {
-        st.replay_step(0, 1)?;
-    }
-    st.synchronize()?;
-    let graph_us = start.elapsed().as_secs_f64() * 1e6 / (replays * recorded) as f64;
-    let bytes = top_k * expert_bytes;
-    println!(
-        "{:<22} {:>7} {:>8} {:>6} {:>9.2} {:>9.2} {:>8.0} {:>9.2} {:>8.0}",
+    let times = time_calls(&mut st, calls, 24, |st, i| {
+        st.moe_experts(input(i), &mut scratch, None)
+    })?;
+    print_row(
         "routed experts (4/32)",
         "mxfp4",
         top_k * (2 * inter + hidden),
         hidden,
-        bytes as f64 / 1e6,
-        us,
-        bytes as f64 / us / 1e3,
-        graph_us,
-        bytes as f64 / graph_us / 1e3
+        top_k * expert_bytes,
+        times,
     );
     Ok(())
 }

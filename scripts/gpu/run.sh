@@ -49,7 +49,8 @@
 #   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
 #   none times kernels at the clocks the GPU runs them at),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
-#   (streamed: expert reader threads, bench's --io-threads; default 4).
+#   (streamed: expert reader threads, bench's --io-threads; default 4),
+#   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BIN=${BIN:-.devcarry/bin}
@@ -235,6 +236,20 @@ for _ in range(20): y.copy_(x)
 e.record(); torch.cuda.synchronize()
 ms = s.elapsed_time(e) / 20
 print(f"copy bandwidth: {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write of {x.numel() >> 20} MiB in {ms:.3f} ms)")
+# Host to device, as a streamed expert's fill runs: from page-locked and
+# from pageable memory, 64 MiB a copy.
+for pinned in (True, False):
+    h = torch.empty(64 << 20, dtype=torch.uint8).random_(0, 255)
+    if pinned:
+        h = h.pin_memory()
+    d = torch.empty_like(h, device="cuda")
+    for _ in range(3): d.copy_(h, non_blocking=pinned)
+    torch.cuda.synchronize()
+    s.record()
+    for _ in range(20): d.copy_(h, non_blocking=pinned)
+    e.record(); torch.cuda.synchronize()
+    ms = s.elapsed_time(e) / 20
+    print(f"host to device ({'pinned' if pinned else 'pageable'}): {h.numel() / ms / 1e6:.1f} GB/s")
 PY
         ;;
     conformance)
@@ -358,6 +373,25 @@ PY
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
                 ${IO_THREADS:+--io-threads $IO_THREADS}
         done
+        # The same routes give the same bits: logits of a prompt and 16
+        # decoded tokens (token by token, so decode steps are compared)
+        # with experts resident and streamed through 8 and 16 slots.
+        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
+        for ex in resident streamed:8 streamed:16; do
+            IFS=: read -r mode slots <<< "$ex"
+            "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
+                --experts "$mode" ${slots:+--expert-slots $slots} --out "$WORK/bits-$mode$slots.npy" > /dev/null \
+                || echo "logits $ex failed"
+        done
+        python3 - "$WORK" <<'PY'
+import sys, numpy as np
+w = sys.argv[1]
+r = np.load(f"{w}/bits-resident.npy")
+for s in ("streamed8", "streamed16"):
+    x = np.load(f"{w}/bits-{s}.npy")
+    same = r.shape == x.shape and r.tobytes() == x.tobytes()
+    print(f"{s}: logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} resident")
+PY
         ;;
     racecheck)
         stage "racecheck: compute-sanitizer on ${RACE_KERNEL:=gated_delta_rule_chunked}"

@@ -7,6 +7,7 @@
 //! which owns the scratch its ops need, so two sessions on one model never
 //! share mutable state (see [`crate::stream`]).
 
+use crate::host::ByteOwner;
 use crate::{BackendError, DType, ExpertWeights, HostTensor, Numerics, Stream};
 
 /// Sizes a stream will use, so that its ops can run without allocating.
@@ -40,6 +41,26 @@ pub struct MemoryInfo {
     pub total: Option<u64>,
     /// Bytes it could give now.
     pub free: Option<u64>,
+}
+
+/// Host memory a device has page-locked for its copies
+/// ([`Device::pin_host`]); dropping it unlocks the memory. It keeps the
+/// memory's owner alive, so the bytes cannot be freed while locked.
+pub struct HostPin {
+    _guard: Box<dyn Send + Sync>,
+}
+
+impl HostPin {
+    /// Wraps a device's guard, whose drop unlocks the memory.
+    pub fn new(guard: Box<dyn Send + Sync>) -> HostPin {
+        HostPin { _guard: guard }
+    }
+}
+
+impl std::fmt::Debug for HostPin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HostPin")
+    }
 }
 
 /// The host tensors of one expert, as handed to [`Device::upload_bank`]
@@ -151,6 +172,18 @@ pub trait Device: Send + Sync + Sized {
     fn alloc_routes(&self, max_tokens: usize, top_k: usize) -> Result<Self::Routes, BackendError>;
     /// Host memory for `len` f32 read back by [`Stream::read_async`].
     fn alloc_host(&self, len: usize) -> Result<Self::HostBuf, BackendError>;
+    /// Page-locks the host memory of `bytes` (a streamed layer's expert
+    /// slots) so that [`Stream::fill_slot`] can copy from it straight to
+    /// the device, with no copy through a staging buffer; the bytes stay
+    /// locked until the returned pin is dropped. `Ok(None)` when the device
+    /// copies no differently from locked memory (the CPU) or the system
+    /// refuses the lock (then slots are filled through staging as before).
+    /// While locked, [`Stream::fill_slot`] may still be reading the bytes
+    /// after it returns: see [`Stream::wait_slot_fills`].
+    fn pin_host(&self, bytes: &ByteOwner) -> Result<Option<HostPin>, BackendError> {
+        let _ = bytes;
+        Ok(None)
+    }
     /// A new stream whose scratch fits `limits` and every matrix uploaded
     /// so far; its ops never allocate.
     fn stream(&self, limits: &Limits) -> Result<Self::Stream, BackendError>;

@@ -37,7 +37,7 @@ pub mod stream;
 
 pub use delta_net::{ConvParams, DeltaNetInput, DeltaNetLens, DeltaNetParams};
 pub use device::{
-    routes_for, Device, DeviceBuf, ExpertBank, ExpertTensors, Limits, MemoryInfo, RouteBuf,
+    routes_for, Device, DeviceBuf, ExpertBank, ExpertTensors, HostPin, Limits, MemoryInfo, RouteBuf,
 };
 pub use dtype::DType;
 pub use error::BackendError;

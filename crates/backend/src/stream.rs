@@ -295,6 +295,12 @@ pub trait Stream<D: Device>: Send {
     fn read_routes(&mut self, src: &D::Routes, dst: &mut [Route]) -> Result<(), BackendError>;
     /// Queues replacing slot `slot` of `bank` with `expert` (same shapes as
     /// the bank's), e.g. after the expert store read it into host memory.
+    /// A backend may go on computing from `expert`'s bytes in place until
+    /// the slot is filled again (the CPU does, so the expert store fills
+    /// slot `s` from its host slot `s` only); a device that copies them
+    /// from memory it pinned ([`Device::pin_host`]) reads them
+    /// asynchronously, so they may be rewritten only after
+    /// [`Stream::wait_slot_fills`].
     fn fill_slot(
         &mut self,
         bank: &mut D::Bank,
@@ -302,6 +308,11 @@ pub trait Stream<D: Device>: Send {
         expert: &ExpertTensors,
     ) -> Result<(), BackendError>;
 
+    /// Waits until no [`Stream::fill_slot`] queued so far still reads host
+    /// bytes (only copies from pinned memory can; see [`Device::pin_host`]).
+    fn wait_slot_fills(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// `out[t] = table[tokens[t]]`, dequantized (`table` is `[vocab, d]`).
     fn embed(
         &mut self,

@@ -11,14 +11,16 @@
 use crate::kernels::Kernels;
 use crate::memory::runtime;
 use crate::memory::{DevMem, PinnedF32};
+use crate::pinned::{PinnedRanges, Registration};
 use crate::stream::CudaStream;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector, Stacked};
 use crate::{layout, nvrtc, CudaError};
 use cudarc::driver::CudaContext;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use turbospark_backend::host::ByteOwner;
 use turbospark_backend::{
-    BackendError, DType, Device, ExpertTensors, HostTensor, Limits, MemoryInfo, Numerics,
+    BackendError, DType, Device, ExpertTensors, HostPin, HostTensor, Limits, MemoryInfo, Numerics,
 };
 use turbospark_core::QuantFormat;
 
@@ -32,6 +34,9 @@ pub struct CudaDevice {
     /// The widest matrix input uploaded so far (columns), which sizes a
     /// new stream's quantized-activation scratch.
     pub(crate) widest: AtomicUsize,
+    /// Host memory registered by [`Device::pin_host`], which streams copy
+    /// from directly.
+    pub(crate) pinned: Arc<PinnedRanges>,
 }
 
 impl CudaDevice {
@@ -73,6 +78,7 @@ impl CudaDevice {
             name,
             capability,
             widest: AtomicUsize::new(0),
+            pinned: Arc::default(),
         })
     }
 
@@ -334,6 +340,15 @@ impl Device for CudaDevice {
 
     fn alloc_host(&self, len: usize) -> Result<PinnedF32, BackendError> {
         PinnedF32::new(&self.ctx, len)
+    }
+
+    /// `TURBOSPARK_CUDA_PIN=0` leaves the slots pageable (every fill
+    /// staged through the ring, as before pinning; for comparisons).
+    fn pin_host(&self, bytes: &ByteOwner) -> Result<Option<HostPin>, BackendError> {
+        if std::env::var("TURBOSPARK_CUDA_PIN").as_deref() == Ok("0") {
+            return Ok(None);
+        }
+        Ok(Registration::new(&self.ctx, &self.pinned, bytes)?.map(|r| HostPin::new(Box::new(r))))
     }
 
     fn stream(&self, limits: &Limits) -> Result<CudaStream, BackendError> {

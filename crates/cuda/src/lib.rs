@@ -24,6 +24,7 @@ mod kernels;
 mod layout;
 mod memory;
 pub mod nvrtc;
+mod pinned;
 mod staging;
 pub mod stream;
 pub mod types;

@@ -10,7 +10,9 @@
 //! kernel must reorganise it (the split layout, `crate::layout`) — and the
 //! entry's event is recorded after its last use. An entry is reused once its
 //! event has completed: the host waits only when the ring has wrapped
-//! around onto work the GPU has not reached. Everything is ordered on the
+//! around onto work the GPU has not reached. A piece whose bytes are already
+//! page-locked (the slots registered by `crate::pinned`) skips the CPU copy:
+//! the DMA reads it in place. Everything is ordered on the
 //! stream, so a slot is never overwritten before the kernels queued earlier
 //! have read it.
 
@@ -19,8 +21,10 @@ use cudarc::driver::{result, sys, CudaContext};
 use std::sync::Arc;
 use turbospark_backend::BackendError;
 
-/// Entries of the ring: pieces in flight at once.
-const ENTRIES: usize = 8;
+/// Entries of the ring: pieces in flight at once (a gpt-oss layer's
+/// misses are up to six pieces each, filled one expert after another as
+/// each is read).
+const ENTRIES: usize = 16;
 
 /// Page-locked host bytes, freed on drop.
 struct PinnedBytes {
@@ -100,12 +104,16 @@ pub(crate) struct Staged {
 
 impl Ring {
     /// Copies `bytes` into the next entry and queues its copy to `dst` (or,
-    /// when `dst` is None, to the entry's device buffer) on `stream`.
+    /// when `dst` is None, to the entry's device buffer) on `stream`. When
+    /// `bytes` is `pinned` (registered page-locked memory, `crate::pinned`)
+    /// the DMA reads it in place: no CPU copy, and the caller's bytes stay
+    /// in use until the copy has run.
     pub(crate) fn stage(
         &mut self,
         ctx: &Arc<CudaContext>,
         stream: sys::CUstream,
         bytes: &[u8],
+        pinned: bool,
         dst: Option<u64>,
     ) -> Result<Staged, BackendError> {
         let index = self.next;
@@ -116,29 +124,40 @@ impl Ring {
             let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
                 .map_err(runtime("fill_slot"))?;
             self.entries.push(Entry {
-                host: PinnedBytes::new(ctx, bytes.len())?,
-                device: DevMem::zeroed(ctx, bytes.len(), "fill_slot")?,
+                host: PinnedBytes::new(ctx, if pinned { 0 } else { bytes.len() })?,
+                device: DevMem::zeroed(
+                    ctx,
+                    if dst.is_some() { 0 } else { bytes.len() },
+                    "fill_slot",
+                )?,
                 event,
                 pending: false,
             });
         }
         let e = &mut self.entries[index];
         e.wait()?;
-        if e.host.len < bytes.len() {
+        if !pinned && e.host.len < bytes.len() {
             e.host = PinnedBytes::new(ctx, bytes.len())?;
+        }
+        if dst.is_none() && e.device.bytes < bytes.len() {
             e.device = DevMem::zeroed(ctx, bytes.len(), "fill_slot")?;
         }
-        // SAFETY: the pinned buffer holds at least bytes.len() bytes and no
-        // queued copy reads it (its event completed above).
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), e.host.ptr, bytes.len()) };
+        let src = if pinned {
+            bytes.as_ptr()
+        } else {
+            // SAFETY: the pinned buffer holds at least bytes.len() bytes
+            // and no queued copy reads it (its event completed above).
+            unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), e.host.ptr, bytes.len()) };
+            e.host.ptr as *const u8
+        };
         let to = dst.unwrap_or(e.device.ptr);
-        // SAFETY: page-locked source of bytes.len() bytes, alive until the
-        // entry's event completes; the destination holds that many bytes
-        // (the caller's slot range, or the entry's device buffer).
-        unsafe {
-            sys::cuMemcpyHtoDAsync_v2(to, e.host.ptr as *const _, bytes.len(), stream).result()
-        }
-        .map_err(runtime("fill_slot"))?;
+        // SAFETY: page-locked source of bytes.len() bytes (the entry's
+        // buffer, alive until its event completes, or registered memory
+        // the caller keeps unwritten until `Stream::wait_slot_fills`); the
+        // destination holds that many bytes (the caller's slot range, or
+        // the entry's device buffer, checked above).
+        unsafe { sys::cuMemcpyHtoDAsync_v2(to, src as *const _, bytes.len(), stream).result() }
+            .map_err(runtime("fill_slot"))?;
         Ok(Staged { device: to, index })
     }
 

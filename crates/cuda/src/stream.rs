@@ -15,6 +15,7 @@ use crate::fusion::{
 use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, RopeParams};
 use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
+use crate::pinned::PinnedRanges;
 use crate::staging;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
@@ -53,6 +54,12 @@ pub struct CudaStream {
     q8: DevMem,
     /// Pinned staging of `fill_slot` (see [`crate::staging`]).
     ring: staging::Ring,
+    /// Host memory the device registered, which `fill_slot` copies from in
+    /// place (see [`crate::pinned`]).
+    pinned: Arc<PinnedRanges>,
+    /// Recorded after the last `fill_slot` that copied from registered
+    /// memory, until [`Stream::wait_slot_fills`] has waited for it.
+    fills: SlotFills,
     /// The input whose 8-bit quantization the scratch holds — `(address,
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
@@ -62,6 +69,55 @@ pub struct CudaStream {
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
+}
+
+/// The event of a stream's last fill from registered host memory.
+#[derive(Default)]
+struct SlotFills {
+    event: Option<sys::CUevent>,
+    /// Recorded and not yet waited for.
+    pending: bool,
+}
+
+// SAFETY: an event is a handle usable from any thread of its context.
+unsafe impl Send for SlotFills {}
+
+impl SlotFills {
+    /// Records the event after the work queued on `stream` so far.
+    fn record(&mut self, stream: sys::CUstream) -> Result<(), BackendError> {
+        let event = match self.event {
+            Some(e) => e,
+            None => {
+                let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                    .map_err(runtime("fill_slot"))?;
+                *self.event.insert(e)
+            }
+        };
+        // SAFETY: a valid event and stream of the bound context.
+        unsafe { result::event::record(event, stream) }.map_err(runtime("fill_slot"))?;
+        self.pending = true;
+        Ok(())
+    }
+
+    fn wait(&mut self) -> Result<(), BackendError> {
+        if let (true, Some(e)) = (self.pending, self.event) {
+            // SAFETY: a valid event of this context.
+            unsafe { result::event::synchronize(e) }.map_err(runtime("wait_slot_fills"))?;
+        }
+        self.pending = false;
+        Ok(())
+    }
+}
+
+impl Drop for SlotFills {
+    fn drop(&mut self) {
+        // The copies may still read the host bytes.
+        let _ = self.wait();
+        if let Some(e) = self.event {
+            // SAFETY: created in `record`, destroyed once.
+            let _ = unsafe { result::event::destroy(e) };
+        }
+    }
 }
 
 /// An instantiated CUDA graph of one decode step.
@@ -113,6 +169,8 @@ impl CudaStream {
             step: zeroed(8)?,
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
+            pinned: dev.pinned.clone(),
+            fills: SlotFills::default(),
             quantized: std::cell::Cell::new(None),
             pending: std::cell::Cell::new(None),
             recording: false,
@@ -621,6 +679,7 @@ impl Stream<CudaDevice> for CudaStream {
         }
         self.bind("fill_slot")?;
         let cu = self.raw().cu_stream();
+        let mut in_place = false;
         for (stacked, t) in [
             (&bank.gate, &expert.gate),
             (&bank.up, &expert.up),
@@ -644,12 +703,14 @@ impl Stream<CudaDevice> for CudaStream {
             // (slot < slots, n = its slot size).
             let at = stacked.mem.ptr + (slot * n) as u64;
             let host = t.bytes.as_slice();
+            let pinned = self.pinned.contains(host);
+            in_place |= pinned;
             if layout::split_parts(stacked.format).is_none() {
-                let staged = self.ring.stage(&self.ctx, cu, host, Some(at))?;
+                let staged = self.ring.stage(&self.ctx, cu, host, pinned, Some(at))?;
                 self.ring.release(staged, cu)?;
                 continue;
             }
-            let staged = self.ring.stage(&self.ctx, cu, host, None)?;
+            let staged = self.ring.stage(&self.ctx, cu, host, pinned, None)?;
             let (src, rows, hrb) = (staged.device, stacked.rows, stacked.host_row_bytes);
             let queued =
                 layout::queue_split(&self.k, &self.stream, stacked.format, src, at, rows, hrb);
@@ -672,14 +733,22 @@ impl Stream<CudaDevice> for CudaStream {
                     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                     // slot < slots and each slot holds `len` floats.
                     let at = mem.ptr + (slot * len * 4) as u64;
-                    let staged = self.ring.stage(&self.ctx, cu, &bytes, Some(at))?;
+                    let staged = self.ring.stage(&self.ctx, cu, &bytes, false, Some(at))?;
                     self.ring.release(staged, cu)?;
                 }
                 (None, None) => {}
                 _ => return Err(bias_mismatch(expert)),
             }
         }
+        if in_place {
+            self.fills.record(cu)?;
+        }
         Ok(())
+    }
+
+    fn wait_slot_fills(&mut self) -> Result<(), BackendError> {
+        self.bind_holding("wait_slot_fills")?;
+        self.fills.wait()
     }
 
     fn embed(

@@ -3,9 +3,10 @@
 use super::data::{dequantized, f32_tensor, random_matrix, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{
-    BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, Limits, MoeInput, MoeScratch,
-    Route, RouterSpec, RouterTables, Stream,
+    BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, HostTensor, Limits, MoeInput,
+    MoeScratch, Route, RouterSpec, RouterTables, SharedBytes, Stream,
 };
+use std::sync::Arc;
 use turbospark_core::arch::{Activation, RouterKind};
 use turbospark_core::QuantFormat;
 
@@ -424,6 +425,170 @@ fn check_moe_formats<D: Device>(
             format!("expected BadRoute, got {other:?}"),
         )),
     }
+}
+
+/// Host bytes a check rewrites between slot fills: the expert store's
+/// slot buffer in miniature (its owner must be shareable, as
+/// [`SharedBytes`] requires, and written in place, as the store's reads
+/// write it).
+struct Rewritable(std::cell::UnsafeCell<Vec<u8>>);
+
+// SAFETY: written only by `write`, from the one thread that runs the
+// check, never while a slice from `as_ref` is alive (each is used within
+// one op call) nor before the device's copies from it were waited for.
+unsafe impl Sync for Rewritable {}
+
+impl AsRef<[u8]> for Rewritable {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: see the `Sync` impl.
+        unsafe { &*self.0.get() }
+    }
+}
+
+impl Rewritable {
+    /// Copies `bytes` to `at`.
+    ///
+    /// # Safety
+    /// No slice from `as_ref` is in use and no device copy reads the bytes.
+    unsafe fn write(&self, at: usize, bytes: &[u8]) {
+        let v: &mut Vec<u8> = &mut *self.0.get();
+        v[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+}
+
+/// [`Stream::fill_slot`] from host memory the device pinned
+/// ([`Device::pin_host`]), as the expert store fills its slots: device slot
+/// `s` always from host slot `s`, the host slot rewritten for the next
+/// token only after [`Stream::wait_slot_fills`], with nothing else waited
+/// for between two tokens (their outputs go to two buffers, read after the
+/// second). Each token's bits must be those of the resident bank. On a
+/// device that pins nothing the fills are ordinary ones.
+pub fn check_pinned_slot_fills<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "fill_slot (pinned)";
+    let mut rng = Rng(23);
+    for formats in FORMAT_SETS {
+        let case = format!("{}/{}/{}", formats[0], formats[1], formats[2]);
+        let MoeCase {
+            tensors,
+            bank,
+            mut slots,
+            mut h,
+            mut scratch,
+            x,
+            ..
+        } = moe_case(dev, OP, formats, &mut rng)?;
+        // The bytes of an expert, part by part, as one host slot holds them.
+        fn parts(e: &ExpertTensors) -> Vec<&[u8]> {
+            let mut v = vec![
+                e.gate.bytes.as_slice(),
+                e.up.bytes.as_slice(),
+                e.down.bytes.as_slice(),
+            ];
+            for b in [&e.gate_bias, &e.up_bias, &e.down_bias]
+                .into_iter()
+                .flatten()
+            {
+                v.push(b.bytes.as_slice());
+            }
+            v
+        }
+        let slot_len: usize = parts(&tensors[0]).iter().map(|p| p.len()).sum();
+        let region = Arc::new(Rewritable(std::cell::UnsafeCell::new(vec![
+            0;
+            TOP_K * slot_len
+        ])));
+        let owner: crate::host::ByteOwner = region.clone();
+        let pin = dev.pin_host(&owner).at(OP, "pin_host")?;
+        let memory = if pin.is_some() { "pinned" } else { "ordinary" };
+        let slot_tensors: Vec<ExpertTensors> = (0..TOP_K)
+            .map(|s| {
+                let mut at = s * slot_len;
+                let mut over = |t: &HostTensor| -> Result<HostTensor, ConformanceError> {
+                    let bytes = SharedBytes::new(owner.clone(), at..at + t.bytes.len())
+                        .at(OP, "slot bytes")?;
+                    at += t.bytes.len();
+                    Ok(HostTensor { bytes, ..t.clone() })
+                };
+                let e = &tensors[0];
+                Ok(ExpertWeights {
+                    gate: over(&e.gate)?,
+                    up: over(&e.up)?,
+                    down: over(&e.down)?,
+                    gate_bias: e.gate_bias.as_ref().map(&mut over).transpose()?,
+                    up_bias: e.up_bias.as_ref().map(&mut over).transpose()?,
+                    down_bias: e.down_bias.as_ref().map(&mut over).transpose()?,
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        let routes: Vec<Route> = (0..TOKENS * TOP_K)
+            .map(|i| Route {
+                slot: ((i * 5 + i / TOP_K + 1) % EXPERTS) as u32,
+                weight: 0.3 + (i % 4) as f32 * 0.15,
+            })
+            .collect();
+        let mut one = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
+        let mut outs = [h.zeros(HIDDEN)?, h.zeros(HIDDEN)?];
+        let mut want = h.zeros(HIDDEN)?;
+        let xs: Vec<D::Buf> = (0..TOKENS)
+            .map(|t| h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN]))
+            .collect::<Result<_, _>>()?;
+        for t in 0..TOKENS {
+            h.st.wait_slot_fills().at(OP, "wait_slot_fills")?;
+            let mut remap = [Route::default(); TOP_K];
+            for (s, m) in remap.iter_mut().enumerate() {
+                let Route { slot, weight } = routes[t * TOP_K + s];
+                let mut at = s * slot_len;
+                for p in parts(&tensors[slot as usize]) {
+                    // SAFETY: the fills queued from these bytes were waited
+                    // for above, and no slice of them is in use.
+                    unsafe { region.write(at, p) };
+                    at += p.len();
+                }
+                h.st.fill_slot(&mut slots, s, &slot_tensors[s])
+                    .at(OP, &case)?;
+                *m = Route {
+                    slot: s as u32,
+                    weight,
+                };
+            }
+            h.st.write_routes(&mut one, &remap).at(OP, &case)?;
+            let input = MoeInput {
+                x: &xs[t],
+                n_tokens: 1,
+                routes: &one,
+                bank: &slots,
+                activation: Activation::Swiglu,
+            };
+            h.st.moe(input, &mut scratch, &mut outs[t % 2])
+                .at(OP, &case)?;
+            if t % 2 == 0 && t + 1 < TOKENS {
+                continue;
+            }
+            h.st.wait_slot_fills().at(OP, "wait_slot_fills")?;
+            for u in t + 1 - (t % 2 + 1)..=t {
+                let got = h.get(&outs[u % 2], HIDDEN)?;
+                h.st.write_routes(&mut one, &routes[u * TOP_K..(u + 1) * TOP_K])
+                    .at(OP, &case)?;
+                let input = MoeInput {
+                    x: &xs[u],
+                    n_tokens: 1,
+                    routes: &one,
+                    bank: &bank,
+                    activation: Activation::Swiglu,
+                };
+                h.st.moe(input, &mut scratch, &mut want).at(OP, &case)?;
+                if h.get(&want, HIDDEN)? != got {
+                    return Err(property(
+                        OP,
+                        &case,
+                        format!("token {u} over slots filled from {memory} host memory differs from the resident bank"),
+                    ));
+                }
+            }
+        }
+        drop(pin);
+    }
+    Ok(())
 }
 
 /// [`Stream::moe_intermediate`] over a resident bank: the f64 GLU

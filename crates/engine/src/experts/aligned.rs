@@ -11,8 +11,12 @@
 //! written only by a read job of the session that owns the buffer, while that
 //! session is inside its expert fetch and before any op of the current group
 //! reads them; backend ops read slot bytes only after the fetch has returned,
-//! and no reference to the bytes outlives an op. The buffer itself never
-//! moves or shrinks while it is alive.
+//! and no reference to the bytes outlives an op. A device that copies slots
+//! to its memory straight from this buffer (page-locked by
+//! `Device::pin_host`) may still be reading after `fill_slot` returns: the
+//! session waits for those copies (`Stream::wait_slot_fills`) before it
+//! reads into a slot again. The buffer itself never moves or shrinks while
+//! it is alive.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ptr::NonNull;

@@ -6,7 +6,9 @@
 //! already has), then [`Pending::wait`] lets the calling thread claim the
 //! jobs still unclaimed and returns when every job has finished, with the
 //! first failure if any, and how long the reads took and how long the
-//! caller waited. Each job is one
+//! caller waited; [`Pending::wait_job`] returns as soon as one job is
+//! read, so the caller can hand that expert on (to the device) while the
+//! others are still being read. Each job is one
 //! expert record read into its slot; jobs of a batch write disjoint slots.
 //! A job is read in pieces of at most [`PIECE_BYTES`] (positioned reads,
 //! `pread`), which the threads claim one by one: a layer that misses one
@@ -93,6 +95,8 @@ struct State {
     next: usize,
     /// Pieces claimed or not whose read has not finished.
     unfinished: usize,
+    /// The same, per job.
+    job_unfinished: Vec<u32>,
     /// The first failed job and its error.
     failure: Option<(usize, io::Error)>,
     /// When the last job of the batch finished.
@@ -104,7 +108,7 @@ struct Shared {
     state: Mutex<State>,
     /// Jobs were posted, or the pool is shutting down.
     wake: Condvar,
-    /// The last job of a batch finished.
+    /// A job of the batch finished (the last one, or any).
     done: Condvar,
 }
 
@@ -118,24 +122,34 @@ impl Shared {
     /// Claims and runs pieces until none is left to claim.
     fn work<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         while st.next < st.pieces.len() {
-            let (i, k) = st.pieces[st.next];
-            let i = i as usize;
-            st.next += 1;
-            let job = st.jobs[i].duplicate();
-            drop(st);
-            let result = job.execute(k as usize);
-            drop(job);
-            st = self.lock();
-            if let Err(e) = result {
-                if st.failure.is_none() {
-                    st.failure = Some((i, e));
-                }
-            }
-            st.unfinished -= 1;
-            if st.unfinished == 0 {
-                st.finished = Some(Instant::now());
+            st = self.work_one(st);
+        }
+        st
+    }
+
+    /// Claims and runs the next piece (there must be one).
+    fn work_one<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let (i, k) = st.pieces[st.next];
+        let i = i as usize;
+        st.next += 1;
+        let job = st.jobs[i].duplicate();
+        drop(st);
+        let result = job.execute(k as usize);
+        drop(job);
+        st = self.lock();
+        if let Err(e) = result {
+            if st.failure.is_none() {
+                st.failure = Some((i, e));
                 self.done.notify_all();
             }
+        }
+        st.unfinished -= 1;
+        st.job_unfinished[i] -= 1;
+        if st.unfinished == 0 {
+            st.finished = Some(Instant::now());
+        }
+        if st.job_unfinished[i] == 0 {
+            self.done.notify_all();
         }
         st
     }
@@ -160,6 +174,7 @@ impl IoPool {
                 pieces: Vec::with_capacity(piece_capacity),
                 next: 0,
                 unfinished: 0,
+                job_unfinished: Vec::with_capacity(max_jobs),
                 failure: None,
                 finished: None,
                 shutdown: false,
@@ -222,9 +237,16 @@ impl IoPool {
             st.jobs.clear();
             return Err((i, io::ErrorKind::InvalidInput.into()));
         }
-        let State { jobs, pieces, .. } = &mut *st;
+        let State {
+            jobs,
+            pieces,
+            job_unfinished,
+            ..
+        } = &mut *st;
+        job_unfinished.clear();
         for (i, job) in jobs.iter().enumerate() {
             pieces.extend((0..job.pieces()).map(|k| (i as u32, k as u32)));
+            job_unfinished.push(job.pieces() as u32);
         }
         st.next = 0;
         st.unfinished = st.pieces.len();
@@ -237,6 +259,7 @@ impl IoPool {
             pool: self,
             submitted: Instant::now(),
             waited: false,
+            job_waits: std::cell::Cell::new(Duration::ZERO),
         })
     }
 
@@ -263,7 +286,8 @@ impl IoPool {
 pub(crate) struct ReadTimes {
     /// From submission to the last read's end.
     pub busy: Duration,
-    /// How long the caller was blocked in [`Pending::wait`].
+    /// How long the caller was blocked in [`Pending::wait`] and
+    /// [`Pending::wait_job`].
     pub waited: Duration,
 }
 
@@ -274,9 +298,33 @@ pub(crate) struct Pending<'p> {
     pool: &'p IoPool,
     submitted: Instant,
     waited: bool,
+    /// Time the caller spent blocked in [`Pending::wait_job`].
+    job_waits: std::cell::Cell<Duration>,
 }
 
 impl Pending<'_> {
+    /// Returns when job `i` (in submission order) has been read, this
+    /// thread reading unclaimed pieces meanwhile (pieces are claimed job by
+    /// job, so jobs tend to finish in order): `true`, or `false` as soon as
+    /// any read of the batch has failed ([`Pending::wait`] then says which
+    /// and why). A job past the batch has nothing to wait for.
+    pub(crate) fn wait_job(&self, i: usize) -> bool {
+        let start = Instant::now();
+        let sh = &*self.pool.shared;
+        let mut st = sh.lock();
+        while st.job_unfinished.get(i).is_some_and(|&n| n > 0) && st.failure.is_none() {
+            st = if st.next < st.pieces.len() {
+                sh.work_one(st)
+            } else {
+                sh.done.wait(st).unwrap_or_else(|e| e.into_inner())
+            };
+        }
+        let ok = st.failure.is_none();
+        drop(st);
+        self.job_waits.set(self.job_waits.get() + start.elapsed());
+        ok
+    }
+
     /// Returns when every read of the batch has finished (this thread
     /// helps with unclaimed ones); on failure, the index (in submission
     /// order) of the first job that failed and its error.
@@ -289,7 +337,7 @@ impl Pending<'_> {
             busy: finished
                 .unwrap_or(end)
                 .saturating_duration_since(self.submitted),
-            waited: end - start,
+            waited: end - start + self.job_waits.get(),
         })
     }
 }
@@ -424,6 +472,55 @@ mod tests {
                 len: 3 * len,
             });
             assert!(run(&pool, long).is_err());
+        }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// Each job can be waited for on its own, in any order, before the
+    /// batch; a failed read makes `wait_job` return false and `wait` name it.
+    #[test]
+    fn jobs_are_waited_for_one_by_one() {
+        let path = std::env::temp_dir().join(format!("ts-io-jobs-{}", std::process::id()));
+        let len = PIECE_BYTES + 8192;
+        let data: Vec<u8> = (0..4 * len).map(|i| (i * 17 % 239) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        for threads in [0, 1, 3] {
+            let pool = IoPool::new(threads, 4, len).unwrap();
+            let buf = AlignedBuf::zeroed(4 * len).unwrap();
+            let jobs = (0..4).map(|j| ReadJob {
+                file: Arc::clone(&file),
+                offset: ((3 - j) * len) as u64,
+                dst: buf.region(j * len, len).unwrap(),
+                len,
+            });
+            let pending = pool.submit(jobs).unwrap();
+            for j in [2, 0, 3, 1, 7] {
+                assert!(pending.wait_job(j), "threads {threads}, job {j}");
+                if j < 4 {
+                    let at = (3 - j) * len;
+                    assert!(
+                        buf.as_ref()[j * len..(j + 1) * len] == data[at..at + len],
+                        "threads {threads}, job {j} not read when waited for"
+                    );
+                }
+            }
+            pending.wait().unwrap();
+            // Job 1 runs past the end of the file.
+            let jobs = (0..2).map(|j| ReadJob {
+                file: Arc::clone(&file),
+                offset: if j == 1 { (3 * len + 4096) as u64 } else { 0 },
+                dst: buf.region(j * len, len).unwrap(),
+                len,
+            });
+            let pending = pool.submit(jobs).unwrap();
+            let ok: Vec<bool> = (0..2).map(|j| pending.wait_job(j)).collect();
+            assert!(!ok[1], "threads {threads}: the failed job reported as read");
+            let (i, e) = pending.wait().unwrap_err();
+            assert_eq!((i, e.kind()), (1, io::ErrorKind::UnexpectedEof));
         }
         std::fs::remove_file(&path).unwrap();
     }

@@ -41,8 +41,8 @@ use std::sync::Arc;
 use turbospark_backend::host::ByteOwner;
 use turbospark_backend::DType;
 use turbospark_backend::{
-    BackendError, Device, ExpertTensors, ExpertWeights, HostTensor, MoeInput, MoeScratch, Route,
-    SharedBytes, Stream,
+    BackendError, Device, ExpertTensors, ExpertWeights, HostPin, HostTensor, MoeInput, MoeScratch,
+    Route, SharedBytes, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec};
 
@@ -86,6 +86,10 @@ struct SlotLayer<D: Device> {
     /// The device's copy of the slots, refilled after each read.
     bank: D::Bank,
     cache: SlotCache,
+    /// `buf` page-locked by the device, when it copies from it in place
+    /// ([`Device::pin_host`]); then a read into a slot first waits for the
+    /// copies queued from it ([`Stream::wait_slot_fills`]).
+    pin: Option<HostPin>,
 }
 
 impl<D: Device> SlotLayer<D> {
@@ -146,6 +150,7 @@ impl<D: Device> SlotLayer<D> {
             });
         }
         let bank = device.upload_bank(&tensors)?;
+        let pin = device.pin_host(&owner)?;
         Ok(SlotLayer {
             layer,
             file: Arc::clone(&f.file),
@@ -157,6 +162,7 @@ impl<D: Device> SlotLayer<D> {
             tensors,
             bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
+            pin,
         })
     }
 
@@ -234,9 +240,9 @@ impl<D: Device> SlotLayer<D> {
         .map_err(|(i, source)| self.read_error(misses.get(i).map_or(0, |m| m.expert), source))
     }
 
-    /// Waits for the reads of `misses`, counts them and fills the device's
-    /// slots with the new bytes. On failure the misses' slots are emptied,
-    /// so a later request reads them again.
+    /// Waits for the reads of `misses`, filling each device slot as soon as
+    /// its expert is read, and counts them. On failure the misses' slots are
+    /// emptied, so a later request reads them again.
     fn finish_reads(
         &mut self,
         st: &mut D::Stream,
@@ -247,6 +253,20 @@ impl<D: Device> SlotLayer<D> {
         let Some(pending) = pending else {
             return Ok(());
         };
+        // Each expert goes to the device as soon as it is read, so its copy
+        // runs while the others are still being read.
+        for (i, m) in misses.iter().enumerate() {
+            if !pending.wait_job(i) {
+                break; // `wait` reports the failure
+            }
+            let slot = m.slot as usize;
+            if let Err(e) = st.fill_slot(&mut self.bank, slot, &self.tensors[slot]) {
+                for m in misses {
+                    self.cache.invalidate(m.slot);
+                }
+                return Err(e.into());
+            }
+        }
         let times = match pending.wait() {
             Ok(t) => t,
             Err((i, source)) => {
@@ -260,15 +280,6 @@ impl<D: Device> SlotLayer<D> {
         stats.wait_nanos += times.waited.as_nanos() as u64;
         stats.reads += misses.len() as u64;
         stats.bytes_read += (misses.len() * self.read_len) as u64;
-        for m in misses {
-            let slot = m.slot as usize;
-            if let Err(e) = st.fill_slot(&mut self.bank, slot, &self.tensors[slot]) {
-                for m in misses {
-                    self.cache.invalidate(m.slot);
-                }
-                return Err(e.into());
-            }
-        }
         Ok(())
     }
 }
@@ -551,6 +562,10 @@ impl<D: Device> SessionExperts<D> {
             ready.fill(true);
             for miss in &sd.misses {
                 ready[miss.slot as usize] = false;
+            }
+            if sl.pin.is_some() && !sd.misses.is_empty() {
+                // The misses' slots may still be copied from (an earlier group).
+                st.wait_slot_fills()?;
             }
             let pending = sl.start_reads(&sd.pool, &sd.misses)?;
             let hits = if sd.misses.len() < self.grouper.needed.len() {

@@ -22,7 +22,9 @@
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
-#                that cannot fit, NVRTC missing with an empty kernel cache —
+#                that cannot fit, NVRTC missing with an empty kernel cache
+#                (hidden in a private mount namespace), a GPU memory fault
+#                in the middle of a decode (TURBOSPARK_CUDA_FAULT_STEP) —
 #                each must end with a clear error and no output file
 #   synth        only our synthetic model (no GGUF, no llama.cpp): quicker
 #                when the call does not race llama.cpp
@@ -118,8 +120,16 @@ for s in $STAGES; do
         }
         fault "VRAM budget past the GPU" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy" --gpu-memory-budget 100000
         fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
-        fault "no NVRTC, empty kernel cache" env LD_LIBRARY_PATH= TURBOSPARK_CACHE="$WORK/empty-cache" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy"
+        # NVRTC hidden: every folder the loader knows it from covered by an
+        # empty tmpfs in a private mount namespace (root; this process only).
+        nvrtc_dirs=$( { ldconfig -p | grep -o '/[^ ]*libnvrtc[^ ]*'; IFS=:; for d in ${LD_LIBRARY_PATH:-}; do ls "$d"/libnvrtc* 2>/dev/null; done; } \
+            | xargs -r -n1 dirname | sort -u | tr '\n' ' ')
+        echo "NVRTC found in: ${nvrtc_dirs:-nowhere}"
+        fault "no NVRTC, empty kernel cache" unshare -m sh -c 'for d in $0; do mount -t tmpfs none "$d" || exit 99; done; exec "$@"' \
+            "$nvrtc_dirs" env TURBOSPARK_CACHE="$WORK/empty-cache" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy"
         fault "GPU ordinal past the GPUs" "$TS" logits --model "$inst" --backend cuda --gpu 7 --tokens 1,2,3 --out "$WORK/fault.npy"
+        # A real GPU memory fault in the 5th replayed decode step.
+        fault "a GPU fault mid-generation (decode step 5)" env TURBOSPARK_CUDA_FAULT_STEP=5 timeout 120 "$TS" logits --model "$inst" --backend cuda --decode --tokens 1,2,3,4,5,6,7,8,9,10,11,12 --out "$WORK/fault.npy"
         ;;
     like)
         stage "like: synth --like installs of the real models, CUDA vs CPU"

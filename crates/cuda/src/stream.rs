@@ -69,7 +69,23 @@ pub struct CudaStream {
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
+    /// Decode steps replayed so far, and the one that faults (see
+    /// [`FAULT_STEP_VAR`]).
+    replayed: u64,
+    fault_step: Option<u64>,
 }
+
+/// A test hook: with `TURBOSPARK_CUDA_FAULT_STEP=N`, the N-th replayed decode
+/// step of a stream (from 1) is preceded by a kernel that writes outside any
+/// allocation — a real GPU memory fault, which leaves the context unusable —
+/// so that how a fault in the middle of a generation surfaces (a typed
+/// error at the next synchronisation, a clean exit, no output file) can be
+/// checked on a GPU (`scripts/gpu/run.sh faults`).
+pub const FAULT_STEP_VAR: &str = "TURBOSPARK_CUDA_FAULT_STEP";
+
+/// An address no allocation of a 64-bit process holds (above the 47-bit
+/// user address space).
+const FAULT_ADDRESS: u64 = 1 << 56;
 
 /// The event of a stream's last fill from registered host memory.
 #[derive(Default)]
@@ -175,6 +191,10 @@ impl CudaStream {
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
+            replayed: 0,
+            fault_step: std::env::var(FAULT_STEP_VAR)
+                .ok()
+                .and_then(|v| v.parse().ok()),
             ctx,
         })
     }
@@ -499,6 +519,11 @@ impl Stream<CudaDevice> for CudaStream {
             return Ok(false);
         };
         self.bind("replay_step")?;
+        self.replayed += 1;
+        if self.fault_step == Some(self.replayed) {
+            let (bad, n, s) = (FAULT_ADDRESS, 1024i64, 0.0f32);
+            self.elementwise("replay_step", &self.k.scale, 1024, &mut args![bad, n, s])?;
+        }
         self.set_step(token, position)?;
         // SAFETY: a valid exec (owned by self.graph) and stream.
         unsafe { result::graph::launch(exec, self.raw().cu_stream()) }

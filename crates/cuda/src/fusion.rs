@@ -365,13 +365,13 @@ pub(crate) fn launch_pending(
                 op: "matmul (8-bit activations of this format)",
             })?;
             let (cols, nn) = (g.cols as i32, g.n as i32);
-            if let Some(one) = set
+            if let Some((f, cap)) = set
                 .one
                 .as_ref()
+                .and_then(|one| one.matmul.as_ref())
                 .filter(|_| g.n == 1 && g.cols <= kernels::ONE_MAX_COLS)
             {
                 let units = g.group.rows[..g.group.count as usize].iter().sum::<i32>() as usize;
-                let (f, cap) = &one.matmul;
                 let args = &mut args![g.group, cols, g.xq, g.xd];
                 let grid = kernels::one_grid(units, *cap);
                 return launch("matmul", f, stream, grid, kernels::ONE_THREADS, 0, args);

@@ -65,25 +65,51 @@ pub(crate) struct Q8Set {
     pub one: Option<OneSet>,
 }
 
-/// The one-token kernels of a format (`kernels/q8one.cu`), each with the
-/// most blocks the GPU holds at once (resident blocks an SM × SMs): each
-/// warp takes units one after another, so a launch needs no more.
+/// The one-token kernels of a format (`kernels/q8one.cu`, or for MXFP4's
+/// routed experts `kernels/q8chunk.cu`), each with the most blocks the GPU
+/// holds at once (resident blocks an SM × SMs): each warp takes units (or
+/// tiles of `tile` units) one after another, so a launch needs no more.
 pub(crate) struct OneSet {
-    pub matmul: (CudaFunction, u32),
+    /// None: dense products of the format stay on the per-row kernels.
+    pub matmul: Option<(CudaFunction, u32)>,
     pub gate_up: (CudaFunction, u32),
     pub down: (CudaFunction, u32),
+    /// Units a warp takes at once (`CHUNK_TILE` for the chunk kernels).
+    pub tile: usize,
+}
+
+/// Units a warp of the chunk kernels takes at once (`CHUNK_TILE` in
+/// `kernels/q8chunk.cu`).
+pub(crate) const CHUNK_TILE: usize = 8;
+
+/// Which one-token kernels a format's products take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OneKind {
+    /// The per-row kernels of `q8dot.cu`.
+    None,
+    /// `q8one.cu`: a warp streams rows one after another.
+    Rows,
+    /// `q8chunk.cu` (MXFP4 routed experts): a lane per chunk of a row.
+    Chunks,
 }
 
 /// Whether one token's products of `fmt` take the one-token kernels:
 /// Q8_0's do (measured on an H200, gpt-oss-20b shapes: q/k/v 1575 → 2110
 /// GB/s, the output head 2518 → 4131 GB/s), MXFP4's do not (an expert's
 /// rows 1447 → 1222 GB/s: their nibble decoding, not the loads, bounds
-/// them). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both.
-fn one_token_kernels(fmt: QuantFormat) -> bool {
-    match std::env::var("TURBOSPARK_CUDA_ONE").as_deref() {
-        Ok("0") => false,
-        Ok("all") => true,
-        _ => fmt == QuantFormat::Q8_0,
+/// them). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both,
+/// `=chunk` puts MXFP4's routed experts on the chunk kernels (not yet
+/// measured on a GPU).
+fn one_token_kernels(fmt: QuantFormat) -> OneKind {
+    one_kind(std::env::var("TURBOSPARK_CUDA_ONE").ok().as_deref(), fmt)
+}
+
+fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
+    match (setting, fmt) {
+        (Some("0"), _) => OneKind::None,
+        (Some("all"), _) | (_, QuantFormat::Q8_0) => OneKind::Rows,
+        (Some("chunk"), QuantFormat::Mxfp4) => OneKind::Chunks,
+        _ => OneKind::None,
     }
 }
 
@@ -122,14 +148,20 @@ impl Q8Set {
                 .map_err(CudaError::driver("reading a kernel's occupancy"))?;
             Ok((k, per_sm.max(1) * sms.max(1)))
         };
-        let one = if !one_token_kernels(fmt) {
-            None
-        } else {
-            Some(OneSet {
-                matmul: with_cap(format!("matmul1_q8x_{n}"))?,
+        let one = match one_token_kernels(fmt) {
+            OneKind::None => None,
+            OneKind::Rows => Some(OneSet {
+                matmul: Some(with_cap(format!("matmul1_q8x_{n}"))?),
                 gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1_q8x_{n}"))?,
-            })
+                tile: 1,
+            }),
+            OneKind::Chunks => Some(OneSet {
+                matmul: None,
+                gate_up: with_cap(format!("moe_gate_up1c_q8x_{n}"))?,
+                down: with_cap(format!("moe_down1c_q8x_{n}"))?,
+                tile: CHUNK_TILE,
+            }),
         };
         Ok(Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
@@ -574,6 +606,24 @@ mod tests {
     /// A one-token grid covers every unit (warp w takes w, w + stride, …),
     /// stays within what the GPU holds at once, and gives every warp the
     /// same number of units within one.
+    /// `TURBOSPARK_CUDA_ONE`: Q8_0 on the row kernels unless `0`, MXFP4
+    /// only when asked (`all`: rows, `chunk`: the chunk kernels).
+    #[test]
+    fn one_token_kernel_choice_follows_the_setting() {
+        use QuantFormat::{Mxfp4, Q8_0};
+        let cases = [
+            (None, OneKind::Rows, OneKind::None),
+            (Some("0"), OneKind::None, OneKind::None),
+            (Some("all"), OneKind::Rows, OneKind::Rows),
+            (Some("chunk"), OneKind::Rows, OneKind::Chunks),
+            (Some("something else"), OneKind::Rows, OneKind::None),
+        ];
+        for (setting, q8, mx) in cases {
+            assert_eq!(one_kind(setting, Q8_0), q8, "{setting:?}, Q8_0");
+            assert_eq!(one_kind(setting, Mxfp4), mx, "{setting:?}, MXFP4");
+        }
+    }
+
     #[test]
     fn one_token_grids_cover_every_unit_within_the_cap() {
         for units in [1usize, 7, 37, 2880, 5120, 11520, 201_088] {

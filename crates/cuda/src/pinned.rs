@@ -78,6 +78,14 @@ impl Registration {
             sys::cuMemHostRegister_v2(bytes.as_ptr() as *mut std::ffi::c_void, bytes.len(), 0)
         };
         if r != sys::cudaError_enum::CUDA_SUCCESS {
+            static WARNED: std::sync::Once = std::sync::Once::new();
+            WARNED.call_once(|| {
+                eprintln!(
+                    "warning: could not page-lock {:.1} MiB of expert slots for the GPU ({r:?}); \
+                     their copies go through staging buffers instead, which is slower",
+                    bytes.len() as f64 / (1u64 << 20) as f64
+                )
+            });
             return Ok(None);
         }
         let range = (

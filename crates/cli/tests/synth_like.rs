@@ -491,6 +491,12 @@ fn bad_sources_are_clear_errors() {
         "{\"tensors\": []}",
         &["not a turbospark layout"],
     );
+    // A GGUF file where an install or a layout was expected.
+    try_layout(
+        "gguf",
+        "GGUF\u{3}\0\0\0",
+        &["a GGUF file", "turbospark convert"],
+    );
 
     // A broken install: a truncated expert file, then no resident.bin.
     let broken = work.0.join("broken");

@@ -140,6 +140,13 @@ impl InstallLayout {
             path: path.to_path_buf(),
             source: e,
         })?;
+        if bytes.starts_with(b"GGUF") {
+            return Err(bad(
+                path,
+                "a GGUF file, not a layout file: convert it to an install first \
+                 (turbospark convert) and pass the install directory",
+            ));
+        }
         let raw: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| json(path, e))?;
         match raw
             .get("turbospark_layout")

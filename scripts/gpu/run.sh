@@ -119,7 +119,26 @@ for s in $STAGES; do
             grep -v "^experts resident" "$WORK/fault.err" | tail -3
         }
         fault "VRAM budget past the GPU" "$TS" logits --model "$inst" --backend cuda --tokens 1,2,3 --out "$WORK/fault.npy" --gpu-memory-budget 100000
-        fault "a KV cache past the GPU" "$TS" run --model "$inst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
+        # `run` needs a tokenizer: the tiny llama with a byte-level one (its
+        # 256 ids are the fixture's vocabulary), converted again.
+        tinst="$WORK/fx-llama-tok"
+        if [ ! -d "$tinst" ]; then
+            rm -rf "$WORK/fx-llama-src" && cp -r tests/fixtures/tiny/llama "$WORK/fx-llama-src"
+            python3 - "$WORK/fx-llama-src/tokenizer.json" <<'PY'
+import json, sys
+bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+cs, n = bs[:], 0
+for b in range(256):
+    if b not in bs:
+        bs.append(b); cs.append(256 + n); n += 1
+bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+json.dump({"version": "1.0", "added_tokens": [], "pre_tokenizer": bl, "decoder": bl,
+           "model": {"type": "BPE", "vocab": {chr(c): b for b, c in zip(bs, cs)}, "merges": []}},
+          open(sys.argv[1], "w"))
+PY
+            "$TS" convert -q --force "$WORK/fx-llama-src" "$tinst"
+        fi
+        fault "a KV cache past the GPU" "$TS" run --model "$tinst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
         # NVRTC hidden: every folder the loader knows it from covered by an
         # empty tmpfs in a private mount namespace (root; this process only).
         nvrtc_dirs=$( { ldconfig -p | grep -o '/[^ ]*libnvrtc[^ ]*'; IFS=:; for d in ${LD_LIBRARY_PATH:-}; do ls "$d"/libnvrtc* 2>/dev/null; done; } \

@@ -216,6 +216,26 @@ fn prompt_longer_than_context_is_a_clear_error() {
     );
 }
 
+/// A KV cache larger than memory is a typed error (exit 2), not an abort.
+#[test]
+fn context_larger_than_memory_is_a_clear_error() {
+    let Some(dir) = install() else { return };
+    let out = run(&[
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--context",
+        "4000000000",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("KV cache") && err.contains("needs") && err.contains("bytes"),
+        "{err}"
+    );
+}
+
 #[test]
 fn invalid_utf8_prompt_file_names_file_and_offset() {
     // Checked before the model is opened: needs no model.

@@ -244,10 +244,12 @@ impl Device for CpuDevice {
                 dtype,
             });
         }
-        Ok(CpuBuf {
-            dtype,
-            data: vec![0.0; len],
-        })
+        let data = zeroed_f32(len).ok_or(BackendError::OutOfMemory {
+            what: "a buffer (KV cache or activations)",
+            need: (len as u64).saturating_mul(4),
+            free: self.memory().free.unwrap_or(0),
+        })?;
+        Ok(CpuBuf { dtype, data })
     }
 
     fn alloc_routes(&self, max_tokens: usize, top_k: usize) -> Result<CpuRoutes, BackendError> {
@@ -271,5 +273,51 @@ impl Device for CpuDevice {
             self.isa,
             scratch,
         ))
+    }
+}
+
+/// `len` zero f32 values, or `None` when the allocator refuses (a KV cache
+/// larger than memory, say) — where `vec![0.0; len]` would abort the process.
+/// Zeroed pages come from the allocator untouched, so a large buffer costs
+/// memory only as it is written, as `vec!` does.
+fn zeroed_f32(len: usize) -> Option<Vec<f32>> {
+    let layout = std::alloc::Layout::array::<f32>(len).ok()?;
+    if layout.size() == 0 {
+        return Some(Vec::new());
+    }
+    // SAFETY: `layout` has a non-zero size.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of
+    // `[f32; len]` (which is how a `Vec<f32>` of capacity `len` frees it),
+    // and all-zero bytes are `len` valid f32 zeros.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A buffer larger than memory is an error, not an abort; small and
+    /// empty ones are zeros.
+    #[test]
+    fn oversized_buffers_are_an_error() {
+        let dev = CpuDevice::new(1).unwrap();
+        match dev.alloc(DType::F32, 1 << 46) {
+            Err(BackendError::OutOfMemory { need, .. }) => assert_eq!(need, 1 << 48),
+            Err(e) => panic!("expected OutOfMemory, got {e}"),
+            Ok(_) => panic!("a 256 TiB buffer was allocated"),
+        }
+        assert!(matches!(
+            dev.alloc(DType::F32, usize::MAX / 2),
+            Err(BackendError::OutOfMemory { .. })
+        ));
+        for len in [0, 1, 4097] {
+            let b = dev.alloc(DType::F32, len).unwrap();
+            assert_eq!(b.data.len(), len);
+            assert!(b.data.iter().all(|&v| v == 0.0));
+        }
     }
 }

@@ -402,9 +402,9 @@ PY
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
                 ${IO_THREADS:+--io-threads $IO_THREADS}
         done
-        # The same routes give the same bits: logits of a prompt and 16
-        # decoded tokens (token by token, so decode steps are compared)
-        # with experts resident and streamed through 8 and 16 slots.
+        # The same routes give the same bits: logits of 24 tokens fed one at
+        # a time (so decode steps are compared) with experts resident and
+        # streamed through 8 and 16 slots.
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
         for ex in resident streamed:8 streamed:16; do
             IFS=: read -r mode slots <<< "$ex"

@@ -90,7 +90,11 @@ pub enum BackendError {
     #[error("backend setup: {0}")]
     Device(String),
     /// The device has too little free memory for an allocation.
-    #[error("{what}: needs {need} bytes of device memory, {free} are free")]
+    #[error(
+        "{what}: needs {} of the device's memory ({need} bytes), {} are free",
+        gib(*need),
+        gib(*free)
+    )]
     OutOfMemory {
         what: &'static str,
         need: u64,
@@ -103,4 +107,9 @@ pub enum BackendError {
     /// kernel, a lost device); its state is undefined afterwards.
     #[error("{op}: the device reported {detail}")]
     Runtime { op: &'static str, detail: String },
+}
+
+/// Bytes as GiB for messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
 }

@@ -56,36 +56,73 @@ impl Drop for PinnedBytes {
     }
 }
 
-struct Entry {
-    host: PinnedBytes,
-    device: DevMem,
+/// An event recorded after some queued work, and whether it was recorded
+/// since it was last waited for: the ring's entries and the stream's fills
+/// from registered memory (`Stream::wait_slot_fills`) wait on one before
+/// reusing what the work reads. Dropping it waits first.
+pub(crate) struct Fence {
     event: sys::CUevent,
-    /// Whether the event was recorded since the entry was last waited for.
     pending: bool,
 }
 
-impl Entry {
-    fn wait(&mut self) -> Result<(), BackendError> {
+// SAFETY: an event is a handle usable from any thread that binds its
+// context; a fence belongs to one entry or stream.
+unsafe impl Send for Fence {}
+
+impl Fence {
+    /// A new event in the bound context.
+    pub(crate) fn new(op: &'static str) -> Result<Fence, BackendError> {
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(runtime(op))?;
+        Ok(Fence {
+            event,
+            pending: false,
+        })
+    }
+
+    /// Records the event after the work queued on `stream` so far.
+    pub(crate) fn record(
+        &mut self,
+        stream: sys::CUstream,
+        op: &'static str,
+    ) -> Result<(), BackendError> {
+        // SAFETY: a valid event and stream of this context.
+        unsafe { result::event::record(self.event, stream) }.map_err(runtime(op))?;
+        self.pending = true;
+        Ok(())
+    }
+
+    /// Waits for the work before the last record, if not waited for yet.
+    pub(crate) fn wait(&mut self, op: &'static str) -> Result<(), BackendError> {
         if self.pending {
             // SAFETY: a valid event of this context.
-            unsafe { result::event::synchronize(self.event) }.map_err(runtime("fill_slot"))?;
+            unsafe { result::event::synchronize(self.event) }.map_err(runtime(op))?;
             self.pending = false;
         }
         Ok(())
     }
 }
 
-impl Drop for Entry {
+impl Drop for Fence {
     fn drop(&mut self) {
-        // The DMA may still read the pinned buffer.
-        let _ = self.wait();
-        // SAFETY: created in Ring::take, destroyed once.
+        // The work may still read what the fence guards.
+        let _ = self.wait("fill_slot");
+        // SAFETY: created in `new`, destroyed once.
         let _ = unsafe { result::event::destroy(self.event) };
     }
 }
 
-// SAFETY: the pinned buffer and the event belong to this entry alone and are
-// used from whichever thread owns the stream.
+/// One piece in flight: its page-locked and device buffers, and the fence
+/// after its last use. (Fields drop in order: the fence waits before the
+/// buffers are freed.)
+struct Entry {
+    fence: Fence,
+    host: PinnedBytes,
+    device: DevMem,
+}
+
+// SAFETY: the pinned buffer and the fence belong to this entry alone and
+// are used from whichever thread owns the stream.
 unsafe impl Send for Entry {}
 
 /// The ring (see the module docs).
@@ -119,23 +156,19 @@ impl Ring {
         let index = self.next;
         self.next = (self.next + 1) % ENTRIES;
         if self.entries.len() <= index {
-            // SAFETY: creating an event in the bound context.
             ctx.bind_to_thread().map_err(runtime("fill_slot"))?;
-            let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                .map_err(runtime("fill_slot"))?;
             self.entries.push(Entry {
+                fence: Fence::new("fill_slot")?,
                 host: PinnedBytes::new(ctx, if pinned { 0 } else { bytes.len() })?,
                 device: DevMem::zeroed(
                     ctx,
                     if dst.is_some() { 0 } else { bytes.len() },
                     "fill_slot",
                 )?,
-                event,
-                pending: false,
             });
         }
         let e = &mut self.entries[index];
-        e.wait()?;
+        e.fence.wait("fill_slot")?;
         if !pinned && e.host.len < bytes.len() {
             e.host = PinnedBytes::new(ctx, bytes.len())?;
         }
@@ -164,10 +197,6 @@ impl Ring {
     /// Marks the end of a staged piece's use on `stream` (after the kernel
     /// that reads its device buffer, if any).
     pub(crate) fn release(&mut self, s: Staged, stream: sys::CUstream) -> Result<(), BackendError> {
-        let e = &mut self.entries[s.index];
-        // SAFETY: a valid event and stream of this context.
-        unsafe { result::event::record(e.event, stream) }.map_err(runtime("fill_slot"))?;
-        e.pending = true;
-        Ok(())
+        self.entries[s.index].fence.record(stream, "fill_slot")
     }
 }

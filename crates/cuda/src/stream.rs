@@ -58,8 +58,9 @@ pub struct CudaStream {
     /// place (see [`crate::pinned`]).
     pinned: Arc<PinnedRanges>,
     /// Recorded after the last `fill_slot` that copied from registered
-    /// memory, until [`Stream::wait_slot_fills`] has waited for it.
-    fills: SlotFills,
+    /// memory, until [`Stream::wait_slot_fills`] has waited for it (made
+    /// at the first such fill).
+    fills: Option<staging::Fence>,
     /// The input whose 8-bit quantization the scratch holds — `(address,
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
@@ -86,55 +87,6 @@ pub const FAULT_STEP_VAR: &str = "TURBOSPARK_CUDA_FAULT_STEP";
 /// An address no allocation of a 64-bit process holds (above the 47-bit
 /// user address space).
 const FAULT_ADDRESS: u64 = 1 << 56;
-
-/// The event of a stream's last fill from registered host memory.
-#[derive(Default)]
-struct SlotFills {
-    event: Option<sys::CUevent>,
-    /// Recorded and not yet waited for.
-    pending: bool,
-}
-
-// SAFETY: an event is a handle usable from any thread of its context.
-unsafe impl Send for SlotFills {}
-
-impl SlotFills {
-    /// Records the event after the work queued on `stream` so far.
-    fn record(&mut self, stream: sys::CUstream) -> Result<(), BackendError> {
-        let event = match self.event {
-            Some(e) => e,
-            None => {
-                let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-                    .map_err(runtime("fill_slot"))?;
-                *self.event.insert(e)
-            }
-        };
-        // SAFETY: a valid event and stream of the bound context.
-        unsafe { result::event::record(event, stream) }.map_err(runtime("fill_slot"))?;
-        self.pending = true;
-        Ok(())
-    }
-
-    fn wait(&mut self) -> Result<(), BackendError> {
-        if let (true, Some(e)) = (self.pending, self.event) {
-            // SAFETY: a valid event of this context.
-            unsafe { result::event::synchronize(e) }.map_err(runtime("wait_slot_fills"))?;
-        }
-        self.pending = false;
-        Ok(())
-    }
-}
-
-impl Drop for SlotFills {
-    fn drop(&mut self) {
-        // The copies may still read the host bytes.
-        let _ = self.wait();
-        if let Some(e) = self.event {
-            // SAFETY: created in `record`, destroyed once.
-            let _ = unsafe { result::event::destroy(e) };
-        }
-    }
-}
 
 /// An instantiated CUDA graph of one decode step.
 struct StepGraph(sys::CUgraphExec);
@@ -186,7 +138,7 @@ impl CudaStream {
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
             pinned: dev.pinned.clone(),
-            fills: SlotFills::default(),
+            fills: None,
             quantized: std::cell::Cell::new(None),
             pending: std::cell::Cell::new(None),
             recording: false,
@@ -766,14 +718,21 @@ impl Stream<CudaDevice> for CudaStream {
             }
         }
         if in_place {
-            self.fills.record(cu)?;
+            let fence = match &mut self.fills {
+                Some(f) => f,
+                None => self.fills.insert(staging::Fence::new("fill_slot")?),
+            };
+            fence.record(cu, "fill_slot")?;
         }
         Ok(())
     }
 
     fn wait_slot_fills(&mut self) -> Result<(), BackendError> {
         self.bind_holding("wait_slot_fills")?;
-        self.fills.wait()
+        match &mut self.fills {
+            Some(f) => f.wait("wait_slot_fills"),
+            None => Ok(()),
+        }
     }
 
     fn embed(

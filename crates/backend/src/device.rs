@@ -57,12 +57,6 @@ impl HostPin {
     }
 }
 
-impl std::fmt::Debug for HostPin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("HostPin")
-    }
-}
-
 /// The host tensors of one expert, as handed to [`Device::upload_bank`]
 /// and [`Stream::fill_slot`].
 pub type ExpertTensors = ExpertWeights<HostTensor, HostTensor>;

@@ -72,6 +72,9 @@ pub(crate) struct Q8Set {
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
     pub matmul: Option<(CudaFunction, u32)>,
+    /// One token's router product with its routing (Q8_0 only:
+    /// `router1_q8x_q8_0`).
+    pub router: Option<(CudaFunction, u32)>,
     pub gate_up: (CudaFunction, u32),
     pub down: (CudaFunction, u32),
     /// Units a warp takes at once (`CHUNK_TILE` for the chunk kernels).
@@ -152,12 +155,17 @@ impl Q8Set {
             OneKind::None => None,
             OneKind::Rows => Some(OneSet {
                 matmul: Some(with_cap(format!("matmul1_q8x_{n}"))?),
+                router: match fmt {
+                    QuantFormat::Q8_0 => Some(with_cap(format!("router1_q8x_{n}"))?),
+                    _ => None,
+                },
                 gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1_q8x_{n}"))?,
                 tile: 1,
             }),
             OneKind::Chunks => Some(OneSet {
                 matmul: None,
+                router: None,
                 gate_up: with_cap(format!("moe_gate_up1c_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1c_q8x_{n}"))?,
                 tile: CHUNK_TILE,

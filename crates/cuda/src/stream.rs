@@ -65,6 +65,15 @@ pub struct CudaStream {
     /// values, kernel order)` — while only matmuls have run since: q, k
     /// and v projections of one input quantize it once.
     quantized: std::cell::Cell<Option<(u64, usize, usize)>>,
+    /// The ticket of the fused router launch (`router1_q8x_q8_0`: its last
+    /// block routes; one u32, 0 between launches).
+    ticket: DevMem,
+    /// One token's MoE input quantized in MXFP4's order by the fused router
+    /// launch (codes, then scales at [`Q8Regions`]' offset), and the input
+    /// it holds — `(address, values)` — until the next op but the MoE call
+    /// that reads it (cleared by `bind_holding`).
+    routed_x: DevMem,
+    routed_q8: std::cell::Cell<Option<(u64, usize)>>,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -140,6 +149,12 @@ impl CudaStream {
             pinned: dev.pinned.clone(),
             fills: None,
             quantized: std::cell::Cell::new(None),
+            ticket: zeroed(16)?,
+            routed_x: zeroed(match dev.numerics() {
+                Numerics::Fast => Q8Regions::new(widest, 0).bytes,
+                _ => 0,
+            })?,
+            routed_q8: std::cell::Cell::new(None),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -189,6 +204,7 @@ impl CudaStream {
 
     /// Binds the context for `op`, keeping the pending op.
     fn bind_holding(&self, op: &'static str) -> Result<(), BackendError> {
+        self.routed_q8.set(None);
         self.ctx.bind_to_thread().map_err(runtime(op))
     }
 
@@ -376,6 +392,82 @@ impl CudaStream {
         if self.quantized.get().is_some_and(|(p, ..)| p == out) {
             self.quantized.set(None);
         }
+    }
+
+    /// The pending one-token router product that `route` can join: a
+    /// Q8_0 product of one matrix alone (with its bias) writing `logits`.
+    fn fusable_router(&self, logits: u64, n_tokens: usize, experts: usize) -> Option<GroupLaunch> {
+        match self.pending.get() {
+            Some(Pending::Group(g))
+                if n_tokens == 1
+                    && g.n == 1
+                    && g.group.count == 1
+                    && g.group.out[0] == logits
+                    && g.group.rows[0] as usize == experts
+                    && g.format == QuantFormat::Q8_0
+                    && g.cols <= kernels::ONE_MAX_COLS
+                    && self.router_kernel().is_some() =>
+            {
+                Some(g)
+            }
+            _ => None,
+        }
+    }
+
+    fn router_kernel(&self) -> Option<&(cudarc::driver::CudaFunction, u32)> {
+        self.k
+            .q8
+            .get(QuantFormat::Q8_0)?
+            .one
+            .as_ref()?
+            .router
+            .as_ref()
+    }
+
+    /// The router product `g` (pending) and the routing of its logits in
+    /// one launch (`router1_q8x_q8_0`), which also quantizes the product's
+    /// input in MXFP4's order for the MoE call that follows when its width
+    /// fits `routed_x`.
+    fn route_fused(
+        &mut self,
+        g: GroupLaunch,
+        p: kernels::RouterParams,
+        correction: u64,
+        expert_scale: u64,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        self.bind_holding("route")?;
+        self.pending.set(None);
+        self.quantized.set(None);
+        let r = Q8Regions::new(g.cols, 0);
+        let premade = g.cols % 32 == 0 && r.bytes <= self.routed_x.bytes;
+        let (mq, md) = if premade {
+            (self.routed_x.ptr, self.routed_x.ptr + r.xd)
+        } else {
+            (0, 0)
+        };
+        let (f, cap) = self.router_kernel().expect("checked by fusable_router");
+        let grid = kernels::one_grid(g.group.rows[0] as usize, *cap);
+        let (cols, ticket) = (g.cols as i32, self.ticket.ptr);
+        let args = &mut args![
+            g.group,
+            cols,
+            g.xq,
+            g.xd,
+            p,
+            correction,
+            expert_scale,
+            out,
+            ticket,
+            g.x,
+            mq,
+            md
+        ];
+        launch("route", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
+        if premade {
+            self.routed_q8.set(Some((g.x, g.cols)));
+        }
+        Ok(())
     }
 
     fn bank_view(bank: &CudaBank) -> BankView {
@@ -1438,6 +1530,9 @@ impl Stream<CudaDevice> for CudaStream {
         let sp = tables.expert_scale.map_or(0, |v| v.mem.ptr);
         let n = n_tokens as i32;
         out.max_slot = (e - 1) as u32;
+        if let Some(g) = self.fusable_router(lp, n_tokens, e) {
+            return self.route_fused(g, p, cp, sp, out.mem.ptr);
+        }
         self.bind("route")?;
         launch(
             "route",
@@ -1507,6 +1602,10 @@ impl Stream<CudaDevice> for CudaStream {
         let view = Self::bank_view(bank);
         let a = activation(act);
         let kk = k as i32;
+        // The fused router launch's quantization of this very input (read
+        // before `bind`, which forgets it).
+        let premade = self.routed_q8.get() == Some((xp, n * hidden))
+            && bank.gate.format == QuantFormat::Mxfp4;
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -1558,7 +1657,13 @@ impl Stream<CudaDevice> for CudaStream {
                     (per_route, kernels::Q8_BLOCK_ROWS, kernels::Q8_THREADS)
                 }
             };
-            self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+            let (xq, xd) = if premade {
+                let q = Q8Regions::new(n * hidden, 0);
+                (self.routed_x.ptr, self.routed_x.ptr + q.xd)
+            } else {
+                self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
+                (r.xq, r.xd)
+            };
             // Routes one by one over rows that fit the one-token kernels:
             // those (the same bits, see kernels/q8one.cu).
             let fits =
@@ -1566,7 +1671,7 @@ impl Stream<CudaDevice> for CudaStream {
             if let (true, Some(g1), Some(d1)) = (fits, gate.one.as_ref(), down.one.as_ref()) {
                 let nr = (n * k) as i32;
                 let (f, cap) = &g1.gate_up;
-                let args = &mut args![r.xq, r.xd, rp, kk, nr, mask, view, a, act_ptr];
+                let args = &mut args![xq, xd, rp, kk, nr, mask, view, a, act_ptr];
                 let grid = kernels::one_grid((n * k * inter).div_ceil(g1.tile), *cap);
                 launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
                 self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
@@ -1581,8 +1686,8 @@ impl Stream<CudaDevice> for CudaStream {
                 &gate.gate_up,
                 kernels::MQ_BM / 2,
             );
-            let grouped_args = &mut args![r.xq, r.xd, order, offsets, kk, view, a, act_ptr];
-            let route_args = &mut args![r.xq, r.xd, rp, kk, mask, view, a, act_ptr];
+            let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
+            let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
             let args = if grouped { grouped_args } else { route_args };
             launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;

@@ -36,7 +36,10 @@ pub use elementwise::{
     check_rms_norm, check_rope, check_scale, check_softcap,
 };
 pub use linear::{check_buffers, check_embed, check_head_matmul, check_matmul};
-pub use moe::{check_moe, check_moe_intermediate, check_pinned_slot_fills, check_route};
+pub use moe::{
+    check_moe, check_moe_intermediate, check_pinned_slot_fills, check_route,
+    check_router_then_experts,
+};
 
 /// How far a backend's results may be from the f64 reference, per op
 /// family, and whether a row's bits may depend on its batch. Each tolerance
@@ -146,6 +149,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_moe(device, tol)?;
     check_moe_intermediate(device, tol)?;
     check_pinned_slot_fills(device)?;
+    check_router_then_experts(device)?;
     Ok(())
 }
 

@@ -184,6 +184,7 @@ fn moe_case<'d, D: Device>(
         max_tokens: TOKENS,
         max_routes: TOKENS * TOP_K,
         max_expert_intermediate: INTER,
+        max_experts: EXPERTS,
         ..Limits::default()
     };
     let mut h = Harness::new(dev, limits)?;
@@ -761,4 +762,84 @@ pub fn check_moe_intermediate<D: Device>(
             format!("expected BadRoute, got {other:?}"),
         )),
     }
+}
+
+/// A token's router product, its bias, its routing and its routed experts
+/// issued one after another — the decode step's order, which a backend may
+/// fuse (the CUDA backend routes in the product's launch and quantizes the
+/// experts' input there) — give the same logits, routes and output bits as
+/// the same ops with a copy of the logits between product and routing,
+/// which nothing fuses across.
+pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "route after the router product";
+    let mut rng = Rng(41);
+    let router = random_matrix("ffn_gate_inp", QuantFormat::Q8_0, EXPERTS, HIDDEN, &mut rng);
+    let router = dev.upload_matrix(&router).at(OP, "upload")?;
+    let bias = rng.scaled(EXPERTS, 0.5);
+    let bias = dev
+        .upload_vector(&f32_tensor("ffn_gate_inp.bias", vec![EXPERTS], &bias))
+        .at(OP, "upload")?;
+    let spec = RouterSpec::new(RouterKind::TopKSoftmax, EXPERTS, TOP_K).at(OP, "spec")?;
+    for formats in FORMAT_SETS {
+        let case = format!("{}/{}/{}", formats[0], formats[1], formats[2]);
+        let MoeCase {
+            bank,
+            mut h,
+            mut scratch,
+            x,
+            ..
+        } = moe_case(dev, OP, formats, &mut rng)?;
+        for t in 0..3 {
+            let xt = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
+            let mut got = Vec::new();
+            for split in [false, true] {
+                let mut logits = h.zeros(EXPERTS)?;
+                let mut copied = h.zeros(EXPERTS)?;
+                let mut routes = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
+                let mut out = h.zeros(HIDDEN)?;
+                h.st.matmul(&router, &xt, 1, &mut logits).at(OP, &case)?;
+                h.st.add_bias(&mut logits, &bias, 1).at(OP, &case)?;
+                let routed = if split {
+                    h.st.copy(&logits, 0, &mut copied, 0, EXPERTS)
+                        .at(OP, &case)?;
+                    &copied
+                } else {
+                    &logits
+                };
+                h.st.route(routed, 1, &spec, RouterTables::default(), &mut routes)
+                    .at(OP, &case)?;
+                let input = MoeInput {
+                    x: &xt,
+                    n_tokens: 1,
+                    routes: &routes,
+                    bank: &bank,
+                    activation: Activation::Swiglu,
+                };
+                h.st.moe(input, &mut scratch, &mut out).at(OP, &case)?;
+                let mut r = vec![Route::default(); TOP_K];
+                h.st.read_routes(&routes, &mut r).at(OP, &case)?;
+                let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+                let r: Vec<(u32, u32)> = r.iter().map(|r| (r.slot, r.weight.to_bits())).collect();
+                got.push((
+                    bits(h.get(&logits, EXPERTS)?),
+                    r,
+                    bits(h.get(&out, HIDDEN)?),
+                ));
+            }
+            for (what, same) in [
+                ("logits", got[0].0 == got[1].0),
+                ("routes", got[0].1 == got[1].1),
+                ("experts' output", got[0].2 == got[1].2),
+            ] {
+                if !same {
+                    return Err(property(
+                        OP,
+                        &case,
+                        format!("token {t}: {what} differ from the unfused ops'"),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -23,19 +23,27 @@ __device__ __forceinline__ int q8_pos(int e) {
     return q8_pos_order(F == F_MXFP4 ? Q8_ORDER_MXFP4 : Q8_ORDER_NATURAL, e);
 }
 
-// One warp per 32-element block of x [n, cols] (cols a multiple of 32).
+// Block b (32 elements) of x, by one warp.
 template <int F>
-__device__ void quantize_q8_impl(const float* __restrict__ x, i64 blocks, signed char* __restrict__ q,
-                                 float* __restrict__ d) {
+__device__ __forceinline__ void quantize_q8_block(const float* __restrict__ x, i64 b,
+                                                  signed char* __restrict__ q,
+                                                  float* __restrict__ d) {
     int lane = threadIdx.x & 31;
-    i64 b = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (b >= blocks) return;
     float v = x[b * 32 + lane];
     float amax = warp_max(fabsf(v));
     float scale = amax / 127.0f;
     int c = amax == 0.0f ? 0 : __float2int_rn(v / scale);
     q[b * 32 + q8_pos<F>(lane)] = (signed char)c;
     if (lane == 0) d[b] = scale;
+}
+
+// One warp per 32-element block of x [n, cols] (cols a multiple of 32).
+template <int F>
+__device__ void quantize_q8_impl(const float* __restrict__ x, i64 blocks, signed char* __restrict__ q,
+                                 float* __restrict__ d) {
+    i64 b = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (b >= blocks) return;
+    quantize_q8_block<F>(x, b, q, d);
 }
 
 extern "C" __global__ void quantize_q8_natural(const float* x, i64 blocks, signed char* q, float* d) {

@@ -188,17 +188,32 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 // The units of a launch, one after another per warp (see the top). `Work`
 // gives a unit's rows and token (`unit`, false: nothing to compute) and
 // stores its totals (`write`, lane 0).
-template <int F, int R, class Work>
+//
+// EARLY (the kernel has not yet run KERNEL_ENTRY): the first unit's weight
+// loads are issued before waiting for the kernel before this one, so they
+// overlap its tail. Only for Work whose `unit` reads nothing a kernel
+// writes (resident weights and the launch's own parameters): the token's
+// codes and scales, which the previous kernel writes, are read after the
+// wait (one_sums).
+template <int F, int R, bool EARLY, class Work>
 __device__ __forceinline__ void one_token_units(const Work& wk, int units, int cols) {
     int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
     int stride = gridDim.x * ONE_WARPS;
-    if (u >= units) return;  // uniform over the warp
     OneLoads<F, R> L;
     const u8* rows[R];
     const signed char* xq;
     const float* xd;
-    bool live = wk.unit(u, rows, &xq, &xd);
-    if (live) one_load<F, R>(rows, cols, xq, xd, L);
+    bool live = false;
+    if (EARLY) {
+        live = u < units && wk.unit(u, rows, &xq, &xd);
+        if (live) one_load<F, R>(rows, cols, xq, xd, L);
+        KERNEL_ENTRY();  // every thread waits before any returns
+        if (u >= units) return;  // uniform over the warp
+    } else {
+        if (u >= units) return;  // uniform over the warp
+        live = wk.unit(u, rows, &xq, &xd);
+        if (live) one_load<F, R>(rows, cols, xq, xd, L);
+    }
     for (;;) {
         OneSums<R> S;
         if (live) one_sums<F, R>(L, cols, S);
@@ -308,23 +323,57 @@ struct OneDown {
 #define Q8_ONE_KERNELS(fmt, F)                                                                   \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
         matmul1_q8x_##fmt(MatGroup g, int cols, const signed char* xq, const float* xd) {        \
-        KERNEL_ENTRY();                                                                          \
         int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
-        one_token_units<F, 1>(OneMat{g, cols, xq, xd}, units, cols);                             \
+        one_token_units<F, 1, true>(OneMat{g, cols, xq, xd}, units, cols);                       \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32) moe_gate_up1_q8x_##fmt(         \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,    \
         SlotMask only, BankView b, MoeAct a, float* act) {                                       \
         KERNEL_ENTRY();                                                                          \
-        one_token_units<F, 2>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter, \
+        one_token_units<F, 2, false>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter, \
                               b.hidden);                                                         \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
         moe_down1_q8x_##fmt(const signed char* aq, const float* ad, const RouteOut* routes,      \
                             int n_routes, SlotMask only, BankView b, float* y) {                 \
         KERNEL_ENTRY();                                                                          \
-        one_token_units<F, 1>(OneDown{aq, ad, routes, only, b, y}, n_routes * b.hidden, b.inter); \
+        one_token_units<F, 1, false>(OneDown{aq, ad, routes, only, b, y}, n_routes * b.hidden, b.inter); \
     }
 
 Q8_ONE_KERNELS(q8_0, F_Q8_0)
 Q8_ONE_KERNELS(mxfp4, F_MXFP4)
+
+// One token's router product and its routes in one launch (fusion of
+// matmul1_q8x_q8_0, its bias and `route`; stream.rs `route`): the product
+// as matmul1's (g holds the router matrix alone, with its bias), then the
+// last block to finish — a ticket counted with atomicAdd after a
+// __threadfence, the pattern of CUDA's threadFenceReduction sample, reset to
+// 0 by that block for the next launch — routes the token from the logits
+// the launch wrote, with route_token (route.cu), as `route` would. With
+// `mq` set, the launch's warps also quantize the product's f32 input `x`
+// (cols values) in MXFP4's code order into (mq, md), as quantize_q8_mxfp4
+// does, for the routed experts that read it next. Same values as the
+// separate launches, in the same order: only launches are saved.
+extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
+    router1_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
+                     const float* correction, const float* expert_scale, RouteOut* out,
+                     u32* ticket, const float* x, signed char* mq, float* md) {
+    one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
+    if (mq) {
+        int w = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
+        for (int b = w; b < cols / 32; b += gridDim.x * ONE_WARPS)
+            quantize_q8_block<F_MXFP4>(x, b, mq, md);
+    }
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        route_token(g.out[0], 0, p, correction, expert_scale, out);
+        if (threadIdx.x == 0) *ticket = 0;
+    }
+}
+

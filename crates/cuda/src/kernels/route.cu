@@ -77,21 +77,21 @@ __device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* el
     }
 }
 
-extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
-                                 const float* correction, const float* expert_scale,
-                                 RouteOut* out) {
-    KERNEL_ENTRY();
+// Token t's routes from its logits, by one warp (the block's first). The
+// logits are read through the L2 (ld.global.cg): route_fused reads what
+// other blocks of its own launch wrote.
+__device__ void route_token(const float* logits, int t, RouterParams p, const float* correction,
+                            const float* expert_scale, RouteOut* out) {
     __shared__ float z[ROUTE_MAX_EXPERTS];
     __shared__ float values[ROUTE_MAX_EXPERTS];
     __shared__ float scores[ROUTE_MAX_EXPERTS];
     __shared__ u8 eligible[ROUTE_MAX_EXPERTS];
     __shared__ u8 taken[ROUTE_MAX_EXPERTS];
     __shared__ float total_s;
-    int t = blockIdx.x, lane = threadIdx.x;
-    if (t >= n_tokens) return;
+    int lane = threadIdx.x & 31;
     int e = p.num_experts, k = p.top_k;
     for (int i = lane; i < e; i += 32) {
-        z[i] = logits[(i64)t * e + i];
+        z[i] = __ldcg(logits + (i64)t * e + i);
         taken[i] = 0;
     }
     __syncwarp();
@@ -173,4 +173,12 @@ extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams
             o[r].weight = w * p.scaling;
         }
     }
+}
+
+extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
+                                 const float* correction, const float* expert_scale,
+                                 RouteOut* out) {
+    KERNEL_ENTRY();
+    if ((int)blockIdx.x >= n_tokens) return;
+    route_token(logits, blockIdx.x, p, correction, expert_scale, out);
 }

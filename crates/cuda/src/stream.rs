@@ -74,6 +74,9 @@ pub struct CudaStream {
     /// that reads it (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<(u64, usize)>>,
+    /// Whether `route` may join the router product's launch
+    /// (`TURBOSPARK_CUDA_FUSE_ROUTER=0`: never, for A/B measurements).
+    fuse_router: bool,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -155,6 +158,7 @@ impl CudaStream {
                 _ => 0,
             })?,
             routed_q8: std::cell::Cell::new(None),
+            fuse_router: std::env::var("TURBOSPARK_CUDA_FUSE_ROUTER").as_deref() != Ok("0"),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -399,7 +403,8 @@ impl CudaStream {
     fn fusable_router(&self, logits: u64, n_tokens: usize, experts: usize) -> Option<GroupLaunch> {
         match self.pending.get() {
             Some(Pending::Group(g))
-                if n_tokens == 1
+                if self.fuse_router
+                    && n_tokens == 1
                     && g.n == 1
                     && g.group.count == 1
                     && g.group.out[0] == logits

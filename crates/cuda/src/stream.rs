@@ -74,9 +74,11 @@ pub struct CudaStream {
     /// that reads it (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<(u64, usize)>>,
-    /// Whether `route` may join the router product's launch
-    /// (`TURBOSPARK_CUDA_FUSE_ROUTER=0`: never, for A/B measurements).
-    fuse_router: bool,
+    /// Whether `route` may join the router product's launch and the decode
+    /// attention quantize its output for the product after it
+    /// (`TURBOSPARK_CUDA_FUSE=0`: neither, for A/B measurements and bit
+    /// comparisons).
+    fuse: bool,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -158,7 +160,7 @@ impl CudaStream {
                 _ => 0,
             })?,
             routed_q8: std::cell::Cell::new(None),
-            fuse_router: std::env::var("TURBOSPARK_CUDA_FUSE_ROUTER").as_deref() != Ok("0"),
+            fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() != Ok("0"),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -403,7 +405,7 @@ impl CudaStream {
     fn fusable_router(&self, logits: u64, n_tokens: usize, experts: usize) -> Option<GroupLaunch> {
         match self.pending.get() {
             Some(Pending::Group(g))
-                if self.fuse_router
+                if self.fuse
                     && n_tokens == 1
                     && g.n == 1
                     && g.group.count == 1
@@ -1370,6 +1372,21 @@ impl Stream<CudaDevice> for CudaStream {
                 &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op],
             );
         }
+        // In fast numerics the output is also quantized for the product
+        // that reads it next (the o projection: Q8_0's order), into the
+        // scratch where that product's `matmul_q8` looks for it.
+        // (Only into the scratch as it is: a larger one is made by the
+        // product, which then quantizes for itself.)
+        let (mut oq, mut oqd) = (0u64, 0u64);
+        let mut r = Q8Regions::new(q_len, 0);
+        if self.fuse
+            && self.numerics == Numerics::Fast
+            && p.head_dim % 32 == 0
+            && r.bytes <= self.q8.bytes
+        {
+            r.rebase(self.q8.ptr);
+            (oq, oqd) = (r.xq, r.xd);
+        }
         launch(
             "attention",
             f,
@@ -1377,8 +1394,22 @@ impl Stream<CudaDevice> for CudaStream {
             (p.n_heads as u32, p.n_tokens as u32, 1),
             ATTN_THREADS,
             smem as u32,
-            &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, sp, op, step],
-        )
+            &mut args![
+                qp,
+                k_cache.mem.ptr,
+                v_cache.mem.ptr,
+                params,
+                sp,
+                op,
+                step,
+                oq,
+                oqd
+            ],
+        )?;
+        if oq != 0 {
+            self.quantized.set(Some((op, q_len, 0)));
+        }
+        Ok(())
     }
 
     fn glu(

@@ -4,6 +4,7 @@
 use super::data::{f32_tensor, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, Stream};
+use turbospark_core::QuantFormat;
 
 /// Rows land at `(first_pos + t) % capacity`, in the device's KV dtype.
 pub fn check_kv_write<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
@@ -303,4 +304,76 @@ fn check_evicted<D: Device>(dev: &D) -> Result<(), ConformanceError> {
             format!("expected KeysEvicted, got {other:?}"),
         )),
     }
+}
+
+/// One token's attention and the product of its output (the o
+/// projection), issued one after another as a decode step does — which a
+/// backend may fuse (the CUDA backend's attention quantizes its output for
+/// the fast product) — give the same bits as the same ops with a copy of
+/// the attention's output between them, which nothing fuses across.
+pub fn check_attention_then_product<D: Device>(dev: &D) -> Result<(), ConformanceError> {
+    const OP: &str = "attention, then its product";
+    let (keys, rows) = (9, 48);
+    for (n_heads, n_kv, hd) in [(8, 1, 64), (4, 2, 32), (2, 1, 128)] {
+        let case = format!("{n_heads} heads / {n_kv} kv × {hd}");
+        let mut rng = Rng(57);
+        let (row, width) = (n_kv * hd, n_heads * hd);
+        let limits = Limits {
+            max_tokens: keys,
+            max_keys: keys,
+            max_head_dim: hd,
+            max_experts: 0,
+            ..Limits::default()
+        };
+        // (The matrix first: a stream's scratch is sized for the widest
+        // matrix its device holds when it is made.)
+        let o = super::data::random_matrix("attn_output", QuantFormat::Q8_0, rows, width, &mut rng);
+        let o = dev.upload_matrix(&o).at(OP, &case)?;
+        let mut h = Harness::new(dev, limits)?;
+        let mut kc = dev.alloc(dev.kv_dtype(), keys * row).at(OP, "alloc")?;
+        let mut vc = dev.alloc(dev.kv_dtype(), keys * row).at(OP, "alloc")?;
+        let kb = h.buf(&rng.vec(keys * row))?;
+        let vb = h.buf(&rng.vec(keys * row))?;
+        h.st.kv_write(&mut kc, &kb, keys, row, 0, keys)
+            .at(OP, &case)?;
+        h.st.kv_write(&mut vc, &vb, keys, row, 0, keys)
+            .at(OP, &case)?;
+        let qb = h.buf(&rng.scaled(width, 2.0))?;
+        let p = AttentionParams {
+            n_tokens: 1,
+            first_pos: keys - 1,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            capacity: keys,
+            window: None,
+            scale: 0.3,
+            softcap: None,
+        };
+        let mut got = Vec::new();
+        for split in [false, true] {
+            let mut att = h.zeros(width)?;
+            let mut copied = h.zeros(width)?;
+            let mut out = h.zeros(rows)?;
+            h.st.attention(&qb, &kc, &vc, &p, None, &mut att)
+                .at(OP, &case)?;
+            let x = if split {
+                h.st.copy(&att, 0, &mut copied, 0, width).at(OP, &case)?;
+                &copied
+            } else {
+                &att
+            };
+            h.st.matmul(&o, x, 1, &mut out).at(OP, &case)?;
+            let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+            got.push((bits(h.get(&att, width)?), bits(h.get(&out, rows)?)));
+        }
+        if got[0] != got[1] {
+            return Err(property(
+                OP,
+                &case,
+                "attention output or its product differ from the unfused ops'".into(),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -26,7 +26,9 @@ pub mod reference;
 
 use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
-pub use attention::{check_attention, check_attention_parts, check_kv_write};
+pub use attention::{
+    check_attention, check_attention_parts, check_attention_then_product, check_kv_write,
+};
 pub use delta_net::{
     check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_gated_delta_rule_chunks,
     check_mul_sigmoid_rows,
@@ -139,6 +141,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_kv_write(device, tol)?;
     check_attention(device, tol)?;
     check_attention_parts(device, tol)?;
+    check_attention_then_product(device)?;
     check_glu(device, tol)?;
     check_add(device, tol)?;
     check_scale(device, tol)?;

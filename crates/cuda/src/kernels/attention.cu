@@ -30,11 +30,24 @@ __device__ __forceinline__ float kv_at(const void* cache, i64 i) {
     return ((const float*)cache)[i];
 }
 
+// Output element e (of a warp holding 32 consecutive ones, a whole block)
+// also quantized to 8 bits as quantize_q8_natural does (q8dot.cu), into
+// codes `q` and block scales `qd`, for the fast product that reads it next.
+__device__ __forceinline__ void attention_quantize(float v, i64 e, signed char* q, float* qd) {
+    float amax = warp_max(fabsf(v));
+    float scale = amax / 127.0f;
+    q[e] = (signed char)(amax == 0.0f ? 0 : __float2int_rn(v / scale));
+    if ((e & 31) == 0) qd[e >> 5] = scale;
+}
+
+// q (null: none): the output also quantized (attention_quantize); only for
+// head_dim a multiple of 32, so that each warp writes whole blocks.
 template <bool HALF>
 __device__ void attention_impl(const float* __restrict__ q, const void* __restrict__ kc,
                                const void* __restrict__ vc, AttnParams p,
                                const float* __restrict__ sinks, float* __restrict__ out,
-                               const int* __restrict__ step) {
+                               const int* __restrict__ step, signed char* __restrict__ oq,
+                               float* __restrict__ oqd) {
     extern __shared__ float sm[];
     if (step) p.first_pos = step[1];
     __shared__ float red[32];
@@ -130,26 +143,29 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
                 float o = part[d];
                 for (int k = 1; k < groups; k++) o += part[k * hd + d];
                 oh[d] = o;
+                // g == 0 is threads 0 .. hd - 1: whole warps.
+                if (oq) attention_quantize(o, ((i64)t * p.n_heads + h) * hd + d, oq, oqd);
             }
             __syncthreads();
         } else if (d < hd) {
             oh[d] = acc;
+            if (oq) attention_quantize(acc, ((i64)t * p.n_heads + h) * hd + d, oq, oqd);
         }
     }
 }
 
 extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
                                          AttnParams p, const float* sinks, float* out,
-                                         const int* step) {
+                                         const int* step, signed char* oq, float* oqd) {
     KERNEL_ENTRY();
-    attention_impl<false>(q, kc, vc, p, sinks, out, step);
+    attention_impl<false>(q, kc, vc, p, sinks, out, step, oq, oqd);
 }
 
 extern "C" __global__ void attention_f16(const float* q, const u16* kc, const u16* vc,
                                          AttnParams p, const float* sinks, float* out,
-                                         const int* step) {
+                                         const int* step, signed char* oq, float* oqd) {
     KERNEL_ENTRY();
-    attention_impl<true>(q, kc, vc, p, sinks, out, step);
+    attention_impl<true>(q, kc, vc, p, sinks, out, step, oq, oqd);
 }
 
 // Grouped-query attention of a batch (prefill): one block per (KV head,

@@ -78,7 +78,7 @@ __device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* el
 }
 
 // Token t's routes from its logits, by one warp (the block's first). The
-// logits are read through the L2 (ld.global.cg): route_fused reads what
+// logits are read through the L2 (ld.global.cg): router1_q8x_q8_0 reads what
 // other blocks of its own launch wrote.
 __device__ void route_token(const float* logits, int t, RouterParams p, const float* correction,
                             const float* expert_scale, RouteOut* out) {

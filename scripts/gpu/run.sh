@@ -30,6 +30,9 @@
 #                when the call does not race llama.cpp
 #   pdetail      Nsight Compute sections (occupancy, warp states, scheduler)
 #                of decode_products' kernels matching PDETAIL
+#   variants     decode logits with each setting of VARIANTS (default: the
+#                router/attention fusions off, the MXFP4 chunk kernels on)
+#                bit for bit against the default, and tg128 of each
 #   products     bandwidth of the decode step's matrix-vector products,
 #                shape by shape, one token's routed experts, and the launch
 #                floor (examples/decode_products.rs); again with each
@@ -434,6 +437,33 @@ PY
         for i in 1 2 3; do
             echo "--- conformance (exact), run $i"
             "$BIN/cuda-conformance" exact 2>&1 | grep -E "test result|allowed error"
+        done
+        ;;
+    variants)
+        # The kernel and fusion settings that must give the same bits: decode
+        # logits of 24 tokens with each setting of VARIANTS against the
+        # default, then tg128 of each, alternated (REPS rounds).
+        stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0 TURBOSPARK_CUDA_ONE=chunk}"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
+        for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+            env "$v" "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
+                --out "$WORK/bits-$v.npy" > /dev/null || echo "logits $v failed"
+        done
+        python3 - "$WORK" $VARIANTS <<'PY'
+import sys, numpy as np
+w, variants = sys.argv[1], sys.argv[2:]
+r = np.load(f"{w}/bits-TURBOSPARK_CUDA_FUSE=1.npy")
+for v in variants:
+    x = np.load(f"{w}/bits-{v}.npy")
+    same = r.shape == x.shape and r.tobytes() == x.tobytes()
+    print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} the default")
+PY
+        for r in $(seq "$REPS"); do
+            for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+                echo "--- $v, round $r"
+                env "$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r 2 --numerics fast
+            done
         done
         ;;
     products)

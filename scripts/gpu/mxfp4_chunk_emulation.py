@@ -7,11 +7,12 @@
 #    selector nibbles are masked to 3 bits): the same 8 int8 values for
 #    every 16-bit half, and against the e2m1 table (doubled: 0, ±1, ±2,
 #    ±3, ±4, ±6, ±8, ±12) that the weights encode.
-# 2. chunk_units' (unit, chunk) dealing and its in-order sum against the
-#    canonical order of q8_rows_dot, in IEEE f32 (numpy float32; fmaf as
-#    the exactly rounded a·b + c): the same bits for random rows of several
-#    widths, partial last chunks included, every unit of a tile covered
-#    once, and the scale load never past the row's padding.
+# 2. chunk_units' lane-per-chunk parts (blocks past the row skipped) and
+#    their in-order sum against the canonical order of q8_rows_dot, in IEEE
+#    f32 (numpy float32; fmaf as the exactly rounded a·b + c): the same bits
+#    for random rows of several widths, partial last chunks included, every
+#    unit of the grid-stride covered once, and the scale load never past
+#    the row's padding.
 #
 # Usage: python3 scripts/gpu/mxfp4_chunk_emulation.py   (needs numpy)
 import random
@@ -19,7 +20,7 @@ import numpy as np
 from fractions import Fraction
 
 LO0, LO1, HI0, HI1 = 0x03020100, 0x0C080604, 0xFDFEFF00, 0xF4F8FAFC
-Q8_CHUNK, CHUNK_TILE, ONE_MAX_COLS = 4, 8, 4096
+Q8_CHUNK, ONE_MAX_COLS = 4, 4096
 
 
 def prmt(a, b, sel):
@@ -99,37 +100,35 @@ def canonical_row(sums, f):
     return acc
 
 
-def chunk_kernel(units, cols, sums, f):
-    """chunk_units: tiles of CHUNK_TILE units, (unit, chunk) items dealt to
-    32 lanes, parts to 'shared memory', lane u adds unit u's in order."""
+def chunk_kernel(units, cols, sums, f, warps=3):
+    """chunk_units: warp w takes units w, w + warps, …; lane c forms chunk
+    c's part (blocks past the row skipped), and the parts are added in
+    chunk order, each broadcast from its lane."""
     nb = cols // 32
     nc = (nb + Q8_CHUNK - 1) // Q8_CHUNK
-    full = nb // Q8_CHUNK
+    assert nc <= 32
     out, written = {}, []
-    for u0 in range(0, units, CHUNK_TILE):
-        items = min(CHUNK_TILE, units - u0) * nc
-        parts = {}
-        for lane in range(32):
-            for it in range(lane, items, 32):
-                ul, c = it // nc, it % nc
-                assert (ul, c) not in parts
-                b0 = c * Q8_CHUNK
-                n = Q8_CHUNK if c < full else nb - b0
-                assert 0 < n <= Q8_CHUNK
-                # the 32-bit scale load: bytes nb*16 + b0 .. + 3 of a row
-                # padded to 16 bytes (layout.rs device_row_bytes)
+    for w in range(warps):
+        for u in range(w, units, warps):
+            parts = []
+            for lane in range(32):
+                b0 = lane * Q8_CHUNK
+                # the 32-bit scale load (only for a chunk in the row): bytes
+                # nb*16 + b0 .. + 3 of a row padded to 16 bytes (layout.rs
+                # device_row_bytes)
                 row_bytes = -(-(nb * 17) // 16) * 16
-                assert nb * 16 + b0 + 4 <= row_bytes, (cols, c)
+                if b0 < nb:
+                    assert nb * 16 + b0 + 4 <= row_bytes, (cols, lane)
                 part = f32(0)
-                for b in range(b0, b0 + n):
-                    part = fmaf(f32(sums[u0 + ul][b]), f[u0 + ul][b], part)
-                parts[(ul, c)] = part
-        for lane in range(min(CHUNK_TILE, units - u0)):
+                for b in range(b0, b0 + Q8_CHUNK):
+                    if b < nb:
+                        part = fmaf(f32(sums[u][b]), f[u][b], part)
+                parts.append(part)
             acc = f32(0)
             for c in range(nc):
-                acc = f32(acc + parts[(lane, c)])
-            out[u0 + lane] = acc
-            written.append(u0 + lane)
+                acc = f32(acc + parts[c])
+            out[u] = acc
+            written.append(u)
     assert sorted(written) == list(range(units))
     return out
 

@@ -67,8 +67,8 @@ pub(crate) struct Q8Set {
 
 /// The one-token kernels of a format (`kernels/q8one.cu`, or for MXFP4's
 /// routed experts `kernels/q8chunk.cu`), each with the most blocks the GPU
-/// holds at once (resident blocks an SM × SMs): each warp takes units (or
-/// tiles of `tile` units) one after another, so a launch needs no more.
+/// holds at once (resident blocks an SM × SMs): each warp takes units one
+/// after another, so a launch needs no more.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
     pub matmul: Option<(CudaFunction, u32)>,
@@ -77,13 +77,7 @@ pub(crate) struct OneSet {
     pub router: Option<(CudaFunction, u32)>,
     pub gate_up: (CudaFunction, u32),
     pub down: (CudaFunction, u32),
-    /// Units a warp takes at once (`CHUNK_TILE` for the chunk kernels).
-    pub tile: usize,
 }
-
-/// Units a warp of the chunk kernels takes at once (`CHUNK_TILE` in
-/// `kernels/q8chunk.cu`).
-pub(crate) const CHUNK_TILE: usize = 8;
 
 /// Which one-token kernels a format's products take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,14 +155,12 @@ impl Q8Set {
                 },
                 gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1_q8x_{n}"))?,
-                tile: 1,
             }),
             OneKind::Chunks => Some(OneSet {
                 matmul: None,
                 router: None,
                 gate_up: with_cap(format!("moe_gate_up1c_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1c_q8x_{n}"))?,
-                tile: CHUNK_TILE,
             }),
         };
         Ok(Q8Set {

@@ -1708,12 +1708,12 @@ impl Stream<CudaDevice> for CudaStream {
                 let nr = (n * k) as i32;
                 let (f, cap) = &g1.gate_up;
                 let args = &mut args![xq, xd, rp, kk, nr, mask, view, a, act_ptr];
-                let grid = kernels::one_grid((n * k * inter).div_ceil(g1.tile), *cap);
+                let grid = kernels::one_grid(n * k * inter, *cap);
                 launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
                 self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
                 let (f, cap) = &d1.down;
                 let args = &mut args![r.aq, r.ad, rp, nr, mask, view, yp];
-                let grid = kernels::one_grid((n * k * hidden).div_ceil(d1.tile), *cap);
+                let grid = kernels::one_grid(n * k * hidden, *cap);
                 return launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args);
             }
             let (f, per, threads) = pick(

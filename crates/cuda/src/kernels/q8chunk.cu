@@ -7,21 +7,24 @@
 // instructions a byte (MXFP4's per-row kernels are bound by instructions:
 // BENCHMARKS.md, "Why MXFP4 is bound by instructions"):
 //
-// - A warp takes tiles of CHUNK_TILE units (a gate row and an up row; a
-//   down row) one after another, grid-stride. The tile's (unit, chunk)
-//   pairs are dealt to the lanes in order, so neighbouring lanes read
-//   neighbouring 64-byte chunks of a row. A lane forms a whole chunk's part
-//   alone — its 4 blocks' codes (four 16-byte loads), their 4 scale bytes
+// - A warp takes units (a gate row and an up row; a down row) one after
+//   another, grid-stride; lane c owns chunk c of the unit's rows (a row up
+//   to 4096 wide has at most 32 chunks). A lane forms its chunk's part
+//   alone — the 4 blocks' codes (four 16-byte loads), their 4 scale bytes
 //   (one 32-bit load), the token's codes and scales of those blocks — with
 //   no shuffle: the per-row kernels spend five shuffles a block moving
 //   values to each chunk's head and eight a stretch gathering the parts.
-// - The parts go to shared memory; lane u of the warp then adds unit u's
-//   parts in chunk order and writes its result (`Work::write`).
+// - Once its parts are formed, the warp issues its next unit's weight
+//   loads (into the same registers), then adds the parts in chunk order
+//   (each broadcast by a shuffle) and stores the unit's result while those
+//   bytes are in flight.
 //
 // Chosen with TURBOSPARK_CUDA_ONE=chunk (kernels.rs `one_token_kernels`).
+// (An earlier version gave a warp tiles of 8 units, a lane several chunks
+// one after another: 360 blocks for gpt-oss's gate/up rows, 16 %
+// occupancy, slower than the per-row kernels; BENCHMARKS.md.)
 
-#define CHUNK_TILE 8                               // units a warp takes at a time
-#define CHUNK_MAX (ONE_MAX_COLS / 32 / Q8_CHUNK)   // chunks of the widest row (32)
+#define CHUNK_MAX (ONE_MAX_COLS / 32 / Q8_CHUNK)   // chunks of the widest row (32, a lane each)
 
 // prmt.b32 as is: `__byte_perm` masks each selector nibble to 3 bits (the
 // 4th asks prmt to replicate a sign) unless the compiler proves them
@@ -66,35 +69,47 @@ __device__ __forceinline__ int mxfp4_block_dot(uint4 w, int4 xlo, int4 xhi) {
     return s;
 }
 
-// The parts of chunk c of R rows (one format, `cols` wide) against one
-// token's quantized activations. FULL: the chunk has all Q8_CHUNK blocks
-// (every chunk of a row but perhaps its last), so no block is tested.
-template <int R, bool FULL>
-__device__ __forceinline__ void chunk_parts(const u8* const* rows, int cols, int c,
-                                            const signed char* __restrict__ xq,
-                                            const float* __restrict__ xd, float* part) {
-    int nb = cols / 32, b0 = c * Q8_CHUNK;
-    const uint4 z4 = make_uint4(0, 0, 0, 0);
-    const int4 zi = make_int4(0, 0, 0, 0);
+// The weight loads of chunk c of R rows (codes and raw scales), zeros
+// past the row's last block; issued a unit ahead (see the top).
+template <int R>
+struct ChunkLoads {
     uint4 w[R][Q8_CHUNK];
     u32 sc[R];
+};
+
+template <int R>
+__device__ __forceinline__ void chunk_load(const u8* const* rows, int cols, int c,
+                                           ChunkLoads<R>& L) {
+    int nb = cols / 32, b0 = c * Q8_CHUNK;
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const uint4* wp = (const uint4*)split_codes<F_MXFP4>(rows[r], b0);
 #pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++) w[r][u] = FULL || b0 + u < nb ? wp[u] : z4;
+        for (int u = 0; u < Q8_CHUNK; u++) L.w[r][u] = b0 + u < nb ? wp[u] : z4;
         // The chunk's 4 scale bytes (aligned: rows start 16-byte aligned and
         // b0 is a multiple of 4). Past the row's last block they are the
         // row's padding (device rows are padded to 16 bytes, at least as
         // many bytes as the last chunk lacks) and are not used.
-        sc[r] = *(const u32*)split_scale<F_MXFP4>(rows[r], cols, b0);
+        L.sc[r] = b0 < nb ? *(const u32*)split_scale<F_MXFP4>(rows[r], cols, b0) : 0u;
     }
+}
+
+// The parts of chunk c of the loaded rows against one token's quantized
+// activations (read here: shared by every unit, so from the L1 or L2);
+// 0 for a chunk past the row.
+template <int R>
+__device__ __forceinline__ void chunk_parts(const ChunkLoads<R>& L, int cols, int c,
+                                            const signed char* __restrict__ xq,
+                                            const float* __restrict__ xd, float* part) {
+    int nb = cols / 32, b0 = c * Q8_CHUNK;
+    const int4 zi = make_int4(0, 0, 0, 0);
     const int4* xp = (const int4*)(xq + (i64)b0 * 32);
     int4 x[Q8_CHUNK][2];
     float dx[Q8_CHUNK];
 #pragma unroll
     for (int u = 0; u < Q8_CHUNK; u++) {
-        bool in = FULL || b0 + u < nb;
+        bool in = b0 + u < nb;
         x[u][0] = in ? xp[2 * u] : zi;
         x[u][1] = in ? xp[2 * u + 1] : zi;
         dx[u] = in ? xd[b0 + u] : 0.0f;
@@ -103,62 +118,55 @@ __device__ __forceinline__ void chunk_parts(const u8* const* rows, int cols, int
     for (int r = 0; r < R; r++) part[r] = 0.0f;
 #pragma unroll
     for (int u = 0; u < Q8_CHUNK; u++) {
-        if (!FULL && b0 + u >= nb) break;
+        bool in = b0 + u < nb;
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            int s = mxfp4_block_dot(w[r][u], x[u][0], x[u][1]);
-            float dw = e8m0_half((u8)(sc[r] >> (8 * u)));
-            part[r] = fmaf((float)s, dw * dx[u], part[r]);
+            int s = mxfp4_block_dot(L.w[r][u], x[u][0], x[u][1]);
+            float dw = e8m0_half((u8)(L.sc[r] >> (8 * u)));
+            if (in) part[r] = fmaf((float)s, dw * dx[u], part[r]);
         }
     }
 }
 
-// The units of a launch in tiles (see the top). `Work` is q8one.cu's:
-// a unit's rows and token (`unit`; false: nothing to compute) and its
-// totals' store (`write`).
+// The units of a launch, a warp each in turn (see the top). `Work` is
+// q8one.cu's: a unit's rows and token (`unit`; false: nothing to
+// compute) and its totals' store (`write`, lane 0).
 template <int R, class Work>
 __device__ __forceinline__ void chunk_units(const Work& wk, int units, int cols) {
-    __shared__ float parts[ONE_WARPS][R][CHUNK_TILE][CHUNK_MAX + 1];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int nc = (cols / 32 + Q8_CHUNK - 1) / Q8_CHUNK, full = cols / 32 / Q8_CHUNK;
-    int tiles = (units + CHUNK_TILE - 1) / CHUNK_TILE;
-    for (int tile = blockIdx.x * ONE_WARPS + warp; tile < tiles; tile += gridDim.x * ONE_WARPS) {
-        int u0 = tile * CHUNK_TILE;
-        int items = min(CHUNK_TILE, units - u0) * nc;
-        for (int it = lane; it < items; it += 32) {
-            int ul = it / nc, c = it - ul * nc;
-            const u8* rows[R];
-            const signed char* xq;
-            const float* xd;
-            float part[R];
-            if (wk.unit(u0 + ul, rows, &xq, &xd)) {
-                if (c < full)
-                    chunk_parts<R, true>(rows, cols, c, xq, xd, part);
-                else
-                    chunk_parts<R, false>(rows, cols, c, xq, xd, part);
-            } else {
+    int lane = threadIdx.x & 31;
+    int nc = (cols / 32 + Q8_CHUNK - 1) / Q8_CHUNK;
+    int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
+    int stride = gridDim.x * ONE_WARPS;
+    if (u >= units) return;  // uniform over the warp
+    ChunkLoads<R> L;
+    const u8* rows[R];
+    const signed char* xq;
+    const float* xd;
+    bool live = wk.unit(u, rows, &xq, &xd);
+    if (live) chunk_load<R>(rows, cols, lane, L);
+    for (;;) {
+        float part[R];
+        if (live) chunk_parts<R>(L, cols, lane, xq, xd, part);
+        int next = u + stride;
+        const signed char* nxq;
+        const float* nxd;
+        bool next_live = next < units && wk.unit(next, rows, &nxq, &nxd);
+        if (next_live) chunk_load<R>(rows, cols, lane, L);
+        if (live) {
+            float acc[R];
 #pragma unroll
-                for (int r = 0; r < R; r++) part[r] = 0.0f;
+            for (int r = 0; r < R; r++) acc[r] = 0.0f;
+            for (int c = 0; c < nc; c++) {
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r] += __shfl_sync(FULL_MASK, part[r], c);
             }
-#pragma unroll
-            for (int r = 0; r < R; r++) parts[warp][r][ul][c] = part[r];
+            if (lane == 0) wk.write(u, acc);
         }
-        __syncwarp();
-        if (lane < CHUNK_TILE && u0 + lane < units) {
-            const u8* rows[R];
-            const signed char* xq;
-            const float* xd;
-            if (wk.unit(u0 + lane, rows, &xq, &xd)) {
-                float acc[R];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    acc[r] = 0.0f;
-                    for (int c = 0; c < nc; c++) acc[r] += parts[warp][r][lane][c];
-                }
-                wk.write(u0 + lane, acc);
-            }
-        }
-        __syncwarp();
+        if (next >= units) break;
+        u = next;
+        live = next_live;
+        xq = nxq;
+        xd = nxd;
     }
 }
 

@@ -34,6 +34,17 @@ use turbospark_core::QuantFormat;
 const ATTN_THREADS: u32 = 128;
 
 /// A CUDA stream with the scratch of one session (see the module docs).
+/// The fused router launch's quantization of the MoE input (see
+/// `CudaStream::routed_q8`): the f32 input `x` (`values` long) it was made
+/// from, and its codes and scales.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RoutedQ8 {
+    x: u64,
+    values: usize,
+    xq: u64,
+    xd: u64,
+}
+
 pub struct CudaStream {
     ctx: Arc<CudaContext>,
     stream: Arc<RawStream>,
@@ -69,11 +80,11 @@ pub struct CudaStream {
     /// block routes; one u32, 0 between launches).
     ticket: DevMem,
     /// One token's MoE input quantized in MXFP4's order by the fused router
-    /// launch (codes, then scales at [`Q8Regions`]' offset), and the input
-    /// it holds — `(address, values)` — until the next op but the MoE call
-    /// that reads it (cleared by `bind_holding`).
+    /// launch (codes, then scales at [`Q8Regions`]' offset), and where it
+    /// is, until the next op but the MoE call that reads it (cleared by
+    /// `bind_holding`).
     routed_x: DevMem,
-    routed_q8: std::cell::Cell<Option<(u64, usize)>>,
+    routed_q8: std::cell::Cell<Option<RoutedQ8>>,
     /// Whether `route` may join the router product's launch and the decode
     /// attention quantize its output for the product after it
     /// (`TURBOSPARK_CUDA_FUSE=0`: neither, for A/B measurements and bit
@@ -472,7 +483,12 @@ impl CudaStream {
         ];
         launch("route", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
         if premade {
-            self.routed_q8.set(Some((g.x, g.cols)));
+            self.routed_q8.set(Some(RoutedQ8 {
+                x: g.x,
+                values: g.cols,
+                xq: mq,
+                xd: md,
+            }));
         }
         Ok(())
     }
@@ -1640,8 +1656,11 @@ impl Stream<CudaDevice> for CudaStream {
         let kk = k as i32;
         // The fused router launch's quantization of this very input (read
         // before `bind`, which forgets it).
-        let premade = self.routed_q8.get() == Some((xp, n * hidden))
-            && bank.gate.format == QuantFormat::Mxfp4;
+        let premade = self
+            .routed_q8
+            .get()
+            .filter(|r| r.x == xp && r.values == n * hidden)
+            .filter(|_| bank.gate.format == QuantFormat::Mxfp4);
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -1693,9 +1712,8 @@ impl Stream<CudaDevice> for CudaStream {
                     (per_route, kernels::Q8_BLOCK_ROWS, kernels::Q8_THREADS)
                 }
             };
-            let (xq, xd) = if premade {
-                let q = Q8Regions::new(n * hidden, 0);
-                (self.routed_x.ptr, self.routed_x.ptr + q.xd)
+            let (xq, xd) = if let Some(q) = premade {
+                (q.xq, q.xd)
             } else {
                 self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
                 (r.xq, r.xd)

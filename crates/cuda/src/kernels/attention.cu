@@ -34,9 +34,8 @@ __device__ __forceinline__ float kv_at(const void* cache, i64 i) {
 // also quantized to 8 bits as quantize_q8_natural does (q8dot.cu), into
 // codes `q` and block scales `qd`, for the fast product that reads it next.
 __device__ __forceinline__ void attention_quantize(float v, i64 e, signed char* q, float* qd) {
-    float amax = warp_max(fabsf(v));
-    float scale = amax / 127.0f;
-    q[e] = (signed char)(amax == 0.0f ? 0 : __float2int_rn(v / scale));
+    float scale;
+    q[e] = (signed char)q8_lane_code(v, &scale);
     if ((e & 31) == 0) qd[e >> 5] = scale;
 }
 

@@ -72,6 +72,18 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// The fast numerics' 8-bit quantization of one value of a 32-element
+// block held a lane each (the whole warp calls it): scale = amax / 127
+// over the block, code = v / scale rounded to nearest (ties to even), 0
+// for an all-zero block. Returns the lane's code; *scale gets the block's.
+// (quantize_q8_block, the decode attention's and rms_norm's quantized
+// outputs: one definition, so their bits cannot drift apart.)
+__device__ __forceinline__ int q8_lane_code(float v, float* scale) {
+    float amax = warp_max(fabsf(v));
+    *scale = amax / 127.0f;
+    return amax == 0.0f ? 0 : __float2int_rn(v / *scale);
+}
+
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); `red`
 // holds 32 floats of shared memory. Every thread gets the result.
 __device__ float block_sum(float v, float* red) {

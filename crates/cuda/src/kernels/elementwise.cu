@@ -147,9 +147,8 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
                 dst[i] = r;
                 if (q) {
                     // i < dim is uniform over the warp (see above).
-                    float amax = warp_max(fabsf(r));
-                    float scale = amax / 127.0f;
-                    int c = amax == 0.0f ? 0 : __float2int_rn(r / scale);
+                    float scale;
+                    int c = q8_lane_code(r, &scale);
                     i64 e = at + i;
                     q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c;
                     if ((i & 31) == 0) qd[e >> 5] = scale;

@@ -29,10 +29,8 @@ __device__ __forceinline__ void quantize_q8_block(const float* __restrict__ x, i
                                                   signed char* __restrict__ q,
                                                   float* __restrict__ d) {
     int lane = threadIdx.x & 31;
-    float v = x[b * 32 + lane];
-    float amax = warp_max(fabsf(v));
-    float scale = amax / 127.0f;
-    int c = amax == 0.0f ? 0 : __float2int_rn(v / scale);
+    float scale;
+    int c = q8_lane_code(x[b * 32 + lane], &scale);
     q[b * 32 + q8_pos<F>(lane)] = (signed char)c;
     if (lane == 0) d[b] = scale;
 }

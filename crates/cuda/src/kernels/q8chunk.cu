@@ -128,58 +128,176 @@ __device__ __forceinline__ void chunk_parts(const ChunkLoads<R>& L, int cols, in
     }
 }
 
-// The units of a launch, a warp each in turn (see the top). `Work` is
-// q8one.cu's: a unit's rows and token (`unit`; false: nothing to
-// compute) and its totals' store (`write`, lane 0).
-template <int R, class Work>
-__device__ __forceinline__ void chunk_units(const Work& wk, int units, int cols) {
-    int lane = threadIdx.x & 31;
-    int nc = (cols / 32 + Q8_CHUNK - 1) / Q8_CHUNK;
-    int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
-    int stride = gridDim.x * ONE_WARPS;
-    if (u >= units) return;  // uniform over the warp
-    ChunkLoads<R> L;
-    const u8* rows[R];
+// Where a warp stands in a launch's units: route i, its row, and what the
+// route reads (kept while the route does not change: a division, the slot
+// test and the token's pointers once a route, not once a unit).
+struct ChunkAt {
+    int i, row;
+    int ci;         // the route the cached values below are for (-1: none)
+    bool live;      // the route's slot exists and this call computes it
+    u32 slot;
     const signed char* xq;
     const float* xd;
-    bool live = wk.unit(u, rows, &xq, &xd);
-    if (live) chunk_load<R>(rows, cols, lane, L);
-    for (;;) {
-        float part[R];
-        if (live) chunk_parts<R>(L, cols, lane, xq, xd, part);
-        int next = u + stride;
-        const signed char* nxq;
-        const float* nxd;
-        bool next_live = next < units && wk.unit(next, rows, &nxq, &nxd);
-        if (next_live) chunk_load<R>(rows, cols, lane, L);
-        if (live) {
-            float acc[R];
-#pragma unroll
-            for (int r = 0; r < R; r++) acc[r] = 0.0f;
-            for (int c = 0; c < nc; c++) {
-#pragma unroll
-                for (int r = 0; r < R; r++) acc[r] += __shfl_sync(FULL_MASK, part[r], c);
-            }
-            if (lane == 0) wk.write(u, acc);
-        }
-        if (next >= units) break;
-        u = next;
-        live = next_live;
-        xq = nxq;
-        xd = nxd;
+};
+
+// Steps `at` to the unit `by` further (rows of `per` a route), refreshing
+// the route's values when the route changes. `Src` gives a route's token
+// codes and scales (`xq`/`xd`).
+template <class Src>
+__device__ __forceinline__ void chunk_step(ChunkAt& at, int by, int per, const RouteOut* routes,
+                                           const SlotMask& only, int slots, const Src& src) {
+    at.row += by;
+    while (at.row >= per) {
+        at.row -= per;
+        at.i++;
+    }
+    if (at.i != at.ci) {
+        at.ci = at.i;
+        at.slot = routes[at.i].slot;
+        at.live = at.slot < (u32)slots && !skipped(only, at.slot);
+        src.token(at.i, &at.xq, &at.xd);
     }
 }
+
+// Lane 0's in-order sum of the warp's parts (each lane's part[r] stored
+// first): acc = 0 + part of chunk 0 + part of chunk 1 + …, q8_rows_dot's
+// order. Lanes past the row's chunks hold +0, which leaves the sum as it is
+// (it is never −0: it starts at +0, and x + (−x) is +0), so the loop takes
+// them in fours without a test.
+template <int R>
+__device__ __forceinline__ void chunk_total(float (*red)[32], const float* part, int nc,
+                                            float* acc) {
+    int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int r = 0; r < R; r++) red[r][lane] = part[r];
+    __syncwarp();
+    if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            acc[r] = 0.0f;
+            for (int c = 0; c < nc; c += 4) {
+                float4 q = *(const float4*)&red[r][c];
+                acc[r] += q.x;
+                acc[r] += q.y;
+                acc[r] += q.z;
+                acc[r] += q.w;
+            }
+        }
+    }
+    __syncwarp();
+}
+
+// The token a gate/up route reads (route i of token i / k) and the
+// activations a down route reads (its own).
+struct GateUpSrc {
+    const signed char* xq;
+    const float* xd;
+    int k, hidden;
+    __device__ __forceinline__ void token(int i, const signed char** q, const float** d) const {
+        int t = i / k;
+        *q = xq + (i64)t * hidden;
+        *d = xd + (i64)t * (hidden / 32);
+    }
+};
+struct DownSrc {
+    const signed char* aq;
+    const float* ad;
+    int inter;
+    __device__ __forceinline__ void token(int i, const signed char** q, const float** d) const {
+        *q = aq + (i64)i * inter;
+        *d = ad + (i64)i * (inter / 32);
+    }
+};
+
+// The routes' rows (gate and up: R = 2, `per` = inter rows a route, `cols`
+// = hidden; down: R = 1, per = hidden, cols = inter), a warp a unit in
+// turn, grid-stride (see the top); `store` gets a unit's totals (lane 0).
+template <int R, class Src, class Store>
+__device__ __forceinline__ void chunk_routes(int n_routes, int per, int cols,
+                                             const RouteOut* routes, const SlotMask& only,
+                                             const BankView& b, const Src& src,
+                                             const Store& store) {
+    __shared__ __align__(16) float red[ONE_WARPS][R][32];
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    int nc = (cols / 32 + Q8_CHUNK - 1) / Q8_CHUNK;
+    int units = n_routes * per;
+    int u = blockIdx.x * ONE_WARPS + w;
+    int stride = gridDim.x * ONE_WARPS;
+    if (u >= units) return;  // uniform over the warp
+    ChunkAt at{0, 0, -1, false, 0u, nullptr, nullptr};
+    chunk_step(at, u, per, routes, only, b.slots, src);
+    ChunkLoads<R> L;
+    auto rows_of = [&](const ChunkAt& a, const u8** rows) {
+        i64 r = (i64)a.slot * per + a.row;
+        if (R == 2) {
+            rows[0] = b.gate + r * b.gate_row_bytes;
+            rows[R - 1] = b.up + r * b.up_row_bytes;
+        } else {
+            rows[0] = b.down + r * b.down_row_bytes;
+        }
+    };
+    const u8* rows[R];
+    if (at.live) {
+        rows_of(at, rows);
+        chunk_load<R>(rows, cols, lane, L);
+    }
+    for (;;) {
+        float part[R];
+        bool live = at.live;
+        int i = at.i, row = at.row;
+        u32 slot = at.slot;
+        if (live) chunk_parts<R>(L, cols, lane, at.xq, at.xd, part);
+        u += stride;
+        bool more = u < units;
+        if (more) {
+            chunk_step(at, stride, per, routes, only, b.slots, src);
+            if (at.live) {
+                rows_of(at, rows);
+                chunk_load<R>(rows, cols, lane, L);
+            }
+        }
+        if (live) {
+            float acc[R];
+            chunk_total<R>(red[w], part, nc, acc);
+            if (lane == 0) store(i, row, slot, acc);
+        }
+        if (!more) break;
+    }
+}
+
+struct GateUpStore {
+    const BankView& b;
+    const MoeAct& a;
+    float* act;
+    __device__ __forceinline__ void operator()(int i, int row, u32 slot, const float* acc) const {
+        i64 r = (i64)slot * b.inter + row;
+        float g = acc[0], v = acc[1];
+        if (b.gate_bias) g += b.gate_bias[r];
+        if (b.up_bias) v += b.up_bias[r];
+        act[(i64)i * b.inter + row] = glu_one(g, v, a.act, a.alpha, a.limit);
+    }
+};
+struct DownStore {
+    const BankView& b;
+    float* y;
+    __device__ __forceinline__ void operator()(int i, int row, u32 slot, const float* acc) const {
+        i64 r = (i64)slot * b.hidden + row;
+        y[(i64)i * b.hidden + row] = b.down_bias ? acc[0] + b.down_bias[r] : acc[0];
+    }
+};
 
 extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
     moe_gate_up1c_q8x_mxfp4(const signed char* xq, const float* xd, const RouteOut* routes, int k,
                             int n_routes, SlotMask only, BankView b, MoeAct a, float* act) {
     KERNEL_ENTRY();
-    chunk_units<2>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter, b.hidden);
+    chunk_routes<2>(n_routes, b.inter, b.hidden, routes, only, b, GateUpSrc{xq, xd, k, b.hidden},
+                    GateUpStore{b, a, act});
 }
 
 extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
     moe_down1c_q8x_mxfp4(const signed char* aq, const float* ad, const RouteOut* routes,
                          int n_routes, SlotMask only, BankView b, float* y) {
     KERNEL_ENTRY();
-    chunk_units<1>(OneDown{aq, ad, routes, only, b, y}, n_routes * b.hidden, b.inter);
+    chunk_routes<1>(n_routes, b.hidden, b.inter, routes, only, b, DownSrc{aq, ad, b.inter},
+                    DownStore{b, y});
 }

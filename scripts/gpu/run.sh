@@ -31,8 +31,8 @@
 #   pdetail      Nsight Compute sections (occupancy, warp states, scheduler)
 #                of decode_products' kernels matching PDETAIL
 #   variants     decode logits with each setting of VARIANTS (default: the
-#                router/attention fusions off, the MXFP4 chunk kernels on)
-#                bit for bit against the default, and tg128 of each
+#                router/attention fusions off) bit for bit against the
+#                default, and tg128 of each
 #   products     bandwidth of the decode step's matrix-vector products,
 #                shape by shape, one token's routed experts, and the launch
 #                floor (examples/decode_products.rs); again with each
@@ -443,7 +443,7 @@ PY
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against the
         # default, then tg128 of each, alternated (REPS rounds).
-        stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0 TURBOSPARK_CUDA_ONE=chunk}"
+        stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
         for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do

@@ -65,10 +65,9 @@ pub(crate) struct Q8Set {
     pub one: Option<OneSet>,
 }
 
-/// The one-token kernels of a format (`kernels/q8one.cu`, or for MXFP4's
-/// routed experts `kernels/q8chunk.cu`), each with the most blocks the GPU
-/// holds at once (resident blocks an SM × SMs): each warp takes units one
-/// after another, so a launch needs no more.
+/// The one-token kernels of a format (`kernels/q8one.cu`), each with the
+/// most blocks the GPU holds at once (resident blocks an SM × SMs): each
+/// warp takes units one after another, so a launch needs no more.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
     pub matmul: Option<(CudaFunction, u32)>,
@@ -86,17 +85,15 @@ enum OneKind {
     None,
     /// `q8one.cu`: a warp streams rows one after another.
     Rows,
-    /// `q8chunk.cu` (MXFP4 routed experts): a lane per chunk of a row.
-    Chunks,
 }
 
 /// Whether one token's products of `fmt` take the one-token kernels:
 /// Q8_0's do (measured on an H200, gpt-oss-20b shapes: q/k/v 1575 → 2110
 /// GB/s, the output head 2518 → 4131 GB/s), MXFP4's do not (an expert's
 /// rows 1447 → 1222 GB/s: their nibble decoding, not the loads, bounds
-/// them). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both,
-/// `=chunk` puts MXFP4's routed experts on the chunk kernels (not yet
-/// measured on a GPU).
+/// them; so were three kernels giving a lane a 4-block chunk of a row, up
+/// to 10 % slower a decode token: BENCHMARKS.md, ninth session).
+/// `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both.
 fn one_token_kernels(fmt: QuantFormat) -> OneKind {
     one_kind(std::env::var("TURBOSPARK_CUDA_ONE").ok().as_deref(), fmt)
 }
@@ -105,7 +102,6 @@ fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
     match (setting, fmt) {
         (Some("0"), _) => OneKind::None,
         (Some("all"), _) | (_, QuantFormat::Q8_0) => OneKind::Rows,
-        (Some("chunk"), QuantFormat::Mxfp4) => OneKind::Chunks,
         _ => OneKind::None,
     }
 }
@@ -155,12 +151,6 @@ impl Q8Set {
                 },
                 gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1_q8x_{n}"))?,
-            }),
-            OneKind::Chunks => Some(OneSet {
-                matmul: None,
-                router: None,
-                gate_up: with_cap(format!("moe_gate_up1c_q8x_{n}"))?,
-                down: with_cap(format!("moe_down1c_q8x_{n}"))?,
             }),
         };
         Ok(Q8Set {
@@ -603,11 +593,8 @@ pub(crate) struct MoeAct {
 mod tests {
     use super::*;
 
-    /// A one-token grid covers every unit (warp w takes w, w + stride, …),
-    /// stays within what the GPU holds at once, and gives every warp the
-    /// same number of units within one.
     /// `TURBOSPARK_CUDA_ONE`: Q8_0 on the row kernels unless `0`, MXFP4
-    /// only when asked (`all`: rows, `chunk`: the chunk kernels).
+    /// only when asked (`all`).
     #[test]
     fn one_token_kernel_choice_follows_the_setting() {
         use QuantFormat::{Mxfp4, Q8_0};
@@ -615,7 +602,6 @@ mod tests {
             (None, OneKind::Rows, OneKind::None),
             (Some("0"), OneKind::None, OneKind::None),
             (Some("all"), OneKind::Rows, OneKind::Rows),
-            (Some("chunk"), OneKind::Rows, OneKind::Chunks),
             (Some("something else"), OneKind::Rows, OneKind::None),
         ];
         for (setting, q8, mx) in cases {
@@ -624,6 +610,9 @@ mod tests {
         }
     }
 
+    /// A one-token grid covers every unit (warp w takes w, w + stride, …),
+    /// stays within what the GPU holds at once, and gives every warp the
+    /// same number of units within one.
     #[test]
     fn one_token_grids_cover_every_unit_within_the_cap() {
         for units in [1usize, 7, 37, 2880, 5120, 11520, 201_088] {

@@ -50,7 +50,10 @@
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
 #   .devcarry/llama.cpp-cuda.tgz, made by scripts/gpu/pack-llamacpp.sh),
-#   REPS (benchmark repetitions, default 3), SKEW=0 (no skewed model),
+#   REPS (benchmark repetitions, default 3), DEPTHS (bench and llamacpp:
+#   tokens in the cache before each test, `-d`; default 0,512: tg128 from
+#   an empty cache, as llama-bench's default, and after a 512-token
+#   prompt, as issue 10 asks), SKEW=0 (no skewed model),
 #   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
 #   none times kernels at the clocks the GPU runs them at),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
@@ -62,6 +65,7 @@ BIN=${BIN:-.devcarry/bin}
 WORK=${WORK:-/tmp/ts-gpu}
 LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
+DEPTHS=${DEPTHS:-0,512}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
 STAGES=${*:-prepare info conformance bench llamacpp fixtures census streamed}
@@ -369,7 +373,7 @@ PY
         stage "bench: gpt-oss-20b shape, resident experts"
         synth20b || { echo "synth failed"; continue; }
         du -sh "$WORK/synth20b" "$WORK/synth20b.gguf"
-        "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r "$REPS" --numerics fast
+        "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --numerics fast
         python3 - "$WORK/synth20b/manifest.json" <<'PY'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -388,7 +392,7 @@ PY
         stage "llama.cpp (CUDA, sm_90) on the same GGUF"
         build_llamacpp || { echo "llama.cpp build failed"; continue; }
         LB="$WORK/lcb/bin/llama-bench"
-        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -r "$REPS" -o md
+        "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 -p 512 -n 128 -d "$DEPTHS" -r "$REPS" -o md
         if [ "${CPU_MOE:-1}" = 1 ]; then
             echo "--- llama.cpp with every expert layer on the CPU (--n-cpu-moe 24 -t 16)"
             "$LB" -m "$WORK/synth20b.gguf" -ngl 99 -fa 1 --n-cpu-moe 24 -t 16 -p 512 -n 128 -r 1 -o md

@@ -124,6 +124,52 @@ fn dense_json_has_one_line_per_test() {
     }
 }
 
+/// `-d` repeats every test after a prefill of that many tokens, in
+/// llama-bench's order (depth outermost) and with its names.
+#[test]
+fn depths_repeat_each_test_after_a_prefill() {
+    let work = Work::new("ts-bench-speed-depth");
+    let model = dense_install(&work);
+    let out = turbospark(&[
+        "bench",
+        "-m",
+        model.to_str().unwrap(),
+        "-p",
+        "4",
+        "-n",
+        "3",
+        "-d",
+        "0,6",
+        "-r",
+        "1",
+        "-t",
+        "1",
+        "--json",
+    ]);
+    let rows = json_lines(&out);
+    let got: Vec<(&str, u64, u64, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["test"].as_str().unwrap(),
+                r["n_prompt"].as_u64().unwrap(),
+                r["n_gen"].as_u64().unwrap(),
+                r["n_depth"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("pp4", 4, 0, 0),
+            ("tg3", 0, 3, 0),
+            ("pp4 @ d6", 4, 0, 6),
+            ("tg3 @ d6", 0, 3, 6)
+        ]
+    );
+    assert!(rows.iter().all(|r| r["tok_per_s"].as_f64().unwrap() > 0.0));
+}
+
 #[test]
 fn moe_table_and_long_options() {
     let work = Work::new("ts-bench-speed-moe");

@@ -3,7 +3,8 @@
 //! - Speed (the default, any install, dense or MoE): llama-bench's tests
 //!   and report ([`speed`]): `-p 512` one prefill of 512 random tokens into
 //!   an empty cache (`pp512`), `-n 128` 128 single-token decode steps from
-//!   an empty cache (`tg128`), `-r 5` repetitions after a warm-up, mean ±
+//!   an empty cache (`tg128`), `-d 512` either after an untimed 512-token
+//!   prompt (`tg128 @ d512`), `-r 5` repetitions after a warm-up, mean ±
 //!   standard deviation of tok/s, peak resident memory; a markdown table, or
 //!   one JSON object per line and test with `--json`.
 //! - Expert-slot sweep (MoE installs; `--sweep`, or any of its options
@@ -32,8 +33,8 @@ pub struct Args {
     #[arg(long, short = 'm')]
     pub model: PathBuf,
     /// Prompt lengths to test, comma-separated: each is one prefill of that
-    /// many random tokens into an empty KV cache (test `ppN`); 0 skips the
-    /// prefill test.
+    /// many random tokens into an empty KV cache, or one holding `-d`
+    /// tokens (test `ppN`); 0 skips the prefill test.
     #[arg(
         short = 'p',
         long = "n-prompt",
@@ -42,8 +43,8 @@ pub struct Args {
     )]
     pub n_prompt: Vec<usize>,
     /// Generation lengths to test, comma-separated: each is that many
-    /// single-token decode steps from an empty KV cache (test `tgN`); 0
-    /// skips the decode test.
+    /// single-token decode steps from an empty KV cache, or one holding `-d`
+    /// tokens (test `tgN`); 0 skips the decode test.
     #[arg(
         short = 'n',
         long = "n-gen",
@@ -51,6 +52,17 @@ pub struct Args {
         default_value = "128"
     )]
     pub n_gen: Vec<usize>,
+    /// Tokens already in the KV cache when each test starts, comma-separated
+    /// to test several (llama-bench's `-d`): an untimed prefill of that many
+    /// random tokens runs first, so `-n 128 -d 512` times 128 decode steps
+    /// after a 512-token prompt (test `tg128 @ d512`).
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub n_depth: Vec<usize>,
     /// Timed runs of each test (after one warm-up run); each starts from an
     /// empty KV cache.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]

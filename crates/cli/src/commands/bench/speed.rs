@@ -7,6 +7,9 @@
 //!   position's logits (llama-bench's batch asks for the last one only).
 //! - `tgN`: N single-token decode steps from an empty KV cache, each
 //!   computing that token's logits; the next token is random, not sampled.
+//! - `-d D` (llama-bench's `--n-depth`): each test runs after an untimed
+//!   prefill of D random tokens, so at positions D.. of a cache holding D
+//!   (`pp512 @ d512`, `tg128 @ d512`: decode after a 512-token prompt).
 //! - A warm-up run first (the whole prefill; one decode step), then `-r`
 //!   timed repetitions, each from a cleared cache. Only the forward passes
 //!   are timed: the tokens are drawn before the clock starts and nothing is
@@ -43,52 +46,85 @@ fn backend_label(name: &str) -> &'static str {
     }
 }
 
-/// One test: a prefill of `n_prompt` tokens or `n_gen` decode steps.
+/// What a test times: one prefill, or single-token decode steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Test {
-    Prompt(usize),
-    Gen(usize),
+pub enum Kind {
+    Prompt,
+    Gen,
+}
+
+/// One test: a prefill of `n` tokens or `n` decode steps, after `depth`
+/// tokens already in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Test {
+    pub kind: Kind,
+    pub n: usize,
+    pub depth: usize,
 }
 
 impl Test {
-    /// llama-bench's name: `pp512`, `tg128`.
-    pub fn name(self) -> String {
-        match self {
-            Test::Prompt(n) => format!("pp{n}"),
-            Test::Gen(n) => format!("tg{n}"),
+    pub fn prompt(n: usize) -> Test {
+        Test {
+            kind: Kind::Prompt,
+            n,
+            depth: 0,
         }
     }
 
-    fn tokens(self) -> usize {
-        match self {
-            Test::Prompt(n) | Test::Gen(n) => n,
+    pub fn gen(n: usize) -> Test {
+        Test {
+            kind: Kind::Gen,
+            n,
+            depth: 0,
+        }
+    }
+
+    /// The same test after `depth` tokens.
+    pub fn at(self, depth: usize) -> Test {
+        Test { depth, ..self }
+    }
+
+    /// llama-bench's name: `pp512`, `tg128`, `tg128 @ d512`.
+    pub fn name(self) -> String {
+        let base = match self.kind {
+            Kind::Prompt => format!("pp{}", self.n),
+            Kind::Gen => format!("tg{}", self.n),
+        };
+        if self.depth > 0 {
+            format!("{base} @ d{}", self.depth)
+        } else {
+            base
         }
     }
 
     fn n_prompt(self) -> usize {
-        match self {
-            Test::Prompt(n) => n,
-            Test::Gen(_) => 0,
+        match self.kind {
+            Kind::Prompt => self.n,
+            Kind::Gen => 0,
         }
     }
 
     fn n_gen(self) -> usize {
-        match self {
-            Test::Gen(n) => n,
-            Test::Prompt(_) => 0,
+        match self.kind {
+            Kind::Gen => self.n,
+            Kind::Prompt => 0,
         }
     }
 }
 
-/// The tests `-p` and `-n` ask for, prefills first (llama-bench's order);
-/// zeros are skipped.
-pub fn tests(n_prompt: &[usize], n_gen: &[usize]) -> Vec<Test> {
-    let pp = n_prompt
-        .iter()
-        .filter(|&&n| n > 0)
-        .map(|&n| Test::Prompt(n));
-    let tg = n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::Gen(n));
-    pp.chain(tg).collect()
+/// The tests `-p`, `-n` and `-d` ask for in llama-bench's order: for each
+/// depth, the prefills, then the decodes; zero lengths are skipped.
+pub fn tests(n_prompt: &[usize], n_gen: &[usize], depths: &[usize]) -> Vec<Test> {
+    let mut all = Vec::new();
+    for &d in depths {
+        let pp = n_prompt
+            .iter()
+            .filter(|&&n| n > 0)
+            .map(|&n| Test::prompt(n));
+        let tg = n_gen.iter().filter(|&&n| n > 0).map(|&n| Test::gen(n));
+        all.extend(pp.chain(tg).map(|t| t.at(d)));
+    }
+    all
 }
 
 /// Uniform random token ids from a fixed seed (a 64-bit LCG, high bits).
@@ -114,8 +150,9 @@ impl RandomTokens {
     }
 }
 
-/// Runs `test` once from an empty cache; returns the seconds its forward
-/// passes took. `steps` limits a decode test (the warm-up runs one).
+/// Runs `test` once from an empty cache (after its untimed depth
+/// prefill); returns the seconds its timed forward passes took. `steps`
+/// limits a decode test (the warm-up runs one).
 fn run_once<D: Device>(
     session: &mut Session<'_, D>,
     test: Test,
@@ -124,17 +161,22 @@ fn run_once<D: Device>(
     last: &mut [f32],
 ) -> Result<f64> {
     session.reset();
-    match test {
-        Test::Prompt(n) => {
-            let tokens: Vec<u32> = (0..n).map(|_| random.next()).collect();
+    let at = test.depth;
+    if at > 0 {
+        let depth: Vec<u32> = (0..at).map(|_| random.next()).collect();
+        session.forward(0, &depth, Logits::Last(last))?;
+    }
+    match test.kind {
+        Kind::Prompt => {
+            let tokens: Vec<u32> = (0..test.n).map(|_| random.next()).collect();
             let t = Instant::now();
-            session.forward(0, &tokens, Logits::Last(last))?;
+            session.forward(at, &tokens, Logits::Last(last))?;
             Ok(t.elapsed().as_secs_f64())
         }
-        Test::Gen(n) => {
+        Kind::Gen => {
             let mut token = random.next();
             let t = Instant::now();
-            for pos in 0..n.min(steps) {
+            for pos in at..at + test.n.min(steps) {
                 session.decode(token, pos)?;
                 token = random.next();
             }
@@ -183,13 +225,14 @@ fn measure<'m, D: Device>(
     numerics: Numerics,
     a: &Args,
 ) -> Result<(Measurement, Session<'m, D>)> {
-    let n = test.tokens();
+    let n = test.n;
+    let context = n + test.depth;
     let chunk = a
         .prefill_chunk
-        .unwrap_or(model.session_options(n).max_batch);
+        .unwrap_or(model.session_options(context).max_batch);
     let mut session = model.session(SessionOptions {
-        context: n,
-        max_batch: chunk.min(n),
+        context,
+        max_batch: chunk.min(context),
     })?;
     session.set_route_statistics(a.experts.counts_routes());
     let mut random = RandomTokens::new(model.vocab_size());
@@ -238,6 +281,7 @@ pub fn json_line(desc: &ModelDesc, m: &Measurement, experts: Option<&str>) -> St
         "test": m.test.name(),
         "n_prompt": m.test.n_prompt(),
         "n_gen": m.test.n_gen(),
+        "n_depth": m.test.depth,
         "prefill_chunk": m.prefill_chunk,
         "repetitions": m.samples.len(),
         "tok_per_s": m.mean(),
@@ -319,7 +363,7 @@ pub fn table_line(desc: &ModelDesc, m: &Measurement) -> String {
 }
 
 pub fn run(a: &Args) -> Result<ExitCode> {
-    let tests = tests(&a.n_prompt, &a.n_gen);
+    let tests = tests(&a.n_prompt, &a.n_gen, &a.n_depth);
     if tests.is_empty() {
         bail!("nothing to run: every -p/--n-prompt and -n/--n-gen is 0");
     }
@@ -415,18 +459,29 @@ mod tests {
     #[test]
     fn tests_skip_zeros_and_keep_llama_bench_order() {
         assert_eq!(
-            tests(&[512, 0], &[0, 128, 16]),
-            [Test::Prompt(512), Test::Gen(128), Test::Gen(16)]
+            tests(&[512, 0], &[0, 128, 16], &[0]),
+            [Test::prompt(512), Test::gen(128), Test::gen(16)]
         );
-        assert!(tests(&[0], &[0]).is_empty());
-        assert_eq!(Test::Prompt(512).name(), "pp512");
-        assert_eq!(Test::Gen(128).name(), "tg128");
+        assert!(tests(&[0], &[0], &[0, 512]).is_empty());
+        assert_eq!(Test::prompt(512).name(), "pp512");
+        assert_eq!(Test::gen(128).name(), "tg128");
+    }
+
+    /// llama-bench's loops: depth outermost, then prefills, then decodes;
+    /// its names (`tg128 @ d512`).
+    #[test]
+    fn depths_repeat_every_test_in_llama_bench_order() {
+        let t = tests(&[512], &[128], &[0, 512]);
+        let names: Vec<String> = t.iter().map(|t| t.name()).collect();
+        assert_eq!(names, ["pp512", "tg128", "pp512 @ d512", "tg128 @ d512"]);
+        assert_eq!(t[3], Test::gen(128).at(512));
+        assert_eq!((t[3].n_prompt(), t[3].n_gen(), t[3].depth), (0, 128, 512));
     }
 
     #[test]
     fn mean_and_sample_sd() {
         let m = Measurement {
-            test: Test::Gen(1),
+            test: Test::gen(1),
             backend: "CPU",
             threads: 1,
             numerics: Numerics::Fast,

@@ -33,7 +33,6 @@ use turbospark_core::QuantFormat;
 /// Threads of an attention block.
 const ATTN_THREADS: u32 = 128;
 
-/// A CUDA stream with the scratch of one session (see the module docs).
 /// The fused router launch's quantization of the MoE input (see
 /// `CudaStream::routed_q8`): the f32 input `x` (`values` long) it was made
 /// from, and its codes and scales.
@@ -45,6 +44,7 @@ struct RoutedQ8 {
     xd: u64,
 }
 
+/// A CUDA stream with the scratch of one session (see the module docs).
 pub struct CudaStream {
     ctx: Arc<CudaContext>,
     stream: Arc<RawStream>,

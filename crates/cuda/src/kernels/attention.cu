@@ -11,6 +11,7 @@
 // then threads per output dimension sum the weighted values.
 
 #define ATTN_THREADS 128
+#define ATTN_VALUE_BATCH 16  // values a thread loads at once (attention_impl)
 
 struct AttnParams {
     int first_pos;
@@ -121,19 +122,31 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
         float acc = 0.0f;
         if (g < groups && d < hd) {
             i64 base = (i64)kvh * hd + d;
+            // Keys j = g, g + groups, … in ascending order, one
+            // acc = fmaf(sc[j], v_j, acc) after another (the order that fixes
+            // the bits, however the loop is blocked); the values of
+            // ATTN_VALUE_BATCH keys are loaded before their multiply-adds,
+            // so at long context a thread waits for memory once a batch, not
+            // once every few keys. r: key j's cache row, stepped instead of
+            // taken modulo the capacity key by key.
             int j = g;
-            for (; j + 3 * groups < nk; j += 4 * groups) {
-                float v0 = kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base);
-                float v1 = kv_at<HALF>(vc, (i64)((lo + j + groups) % p.capacity) * row + base);
-                float v2 = kv_at<HALF>(vc, (i64)((lo + j + 2 * groups) % p.capacity) * row + base);
-                float v3 = kv_at<HALF>(vc, (i64)((lo + j + 3 * groups) % p.capacity) * row + base);
-                acc = fmaf(sc[j], v0, acc);
-                acc = fmaf(sc[j + groups], v1, acc);
-                acc = fmaf(sc[j + 2 * groups], v2, acc);
-                acc = fmaf(sc[j + 3 * groups], v3, acc);
+            int r = (lo + j) % p.capacity;
+            for (; j + (ATTN_VALUE_BATCH - 1) * groups < nk; j += ATTN_VALUE_BATCH * groups) {
+                float v[ATTN_VALUE_BATCH];
+#pragma unroll
+                for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
+                    v[b] = kv_at<HALF>(vc, (i64)r * row + base);
+                    r += groups;
+                    while (r >= p.capacity) r -= p.capacity;
+                }
+#pragma unroll
+                for (int b = 0; b < ATTN_VALUE_BATCH; b++) acc = fmaf(sc[j + b * groups], v[b], acc);
             }
-            for (; j < nk; j += groups)
-                acc = fmaf(sc[j], kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base), acc);
+            for (; j < nk; j += groups) {
+                acc = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc);
+                r += groups;
+                while (r >= p.capacity) r -= p.capacity;
+            }
         }
         if (groups > 1) {
             part[threadIdx.x] = acc;

@@ -54,8 +54,12 @@
 #   tokens in the cache before each test, `-d`; default 0,512: tg128 from
 #   an empty cache, as llama-bench's default, and after a 512-token
 #   prompt, as issue 10 asks), SKEW=0 (no skewed model),
-#   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default base;
-#   none times kernels at the clocks the GPU runs them at),
+#   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default none:
+#   kernels timed at the clocks the GPU runs them at; base locks them to
+#   the base clock, as before 2026-12-02), NCU_CACHE (profile:
+#   --cache-control, default none: caches as the decode leaves them, so a
+#   decode step's kernel times add up to its measured time; all flushes
+#   them before every kernel),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
 #   (streamed: expert reader threads, bench's --io-threads; default 4),
 #   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged).
@@ -193,7 +197,7 @@ PY
             IFS=: read -r label bargs count <<< "$what"
             echo "--- $label ($bargs)"
             # shellcheck disable=SC2086
-            "$NCU" --csv --print-units base --clock-control "${NCU_CLOCKS:-base}" -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
+            "$NCU" --csv --print-units base --clock-control "${NCU_CLOCKS:-none}" --cache-control "${NCU_CACHE:-none}" -k regex:'^(?!split_rows)' --metrics gpu__time_duration.sum,dram__bytes_read.sum -c "$count" \
                 "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 \
                 --numerics ${NUMERICS:-fast} > "$WORK/ncu-$label.csv" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
             [ -n "${OUT:-}" ] && cp "$WORK/ncu-$label.csv" "$OUT/"

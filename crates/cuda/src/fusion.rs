@@ -1,7 +1,11 @@
 //! Ops held back by one call so that the next can join their launch.
 //!
-//! A decode step is launch-bound: most of its ~25 kernels a layer move a
-//! few kilobytes, and each costs a launch (or a graph node) of 2–5 µs. The
+//! Most of a decode step's kernels move a few kilobytes, and each costs
+//! its launch (or graph node), its wait for the kernel before it and its
+//! own serial latency: 2–9 µs each on an H200, a third of a gpt-oss token
+//! (BENCHMARKS.md, ninth session; with programmatic dependent launch the
+//! launch itself mostly overlaps, and a fused launch saves only what its
+//! parts did not already overlap). The
 //! engine's op sequence is backend-neutral, so instead of new ops the CUDA
 //! stream keeps the last fusable op *pending* and launches it when the next
 //! op arrives — together with that op where the two compose:

@@ -5,10 +5,10 @@
 //! own serial latency: 2–9 µs each on an H200, a third of a gpt-oss token
 //! (BENCHMARKS.md, ninth session; with programmatic dependent launch the
 //! launch itself mostly overlaps, and a fused launch saves only what its
-//! parts did not already overlap). The
-//! engine's op sequence is backend-neutral, so instead of new ops the CUDA
-//! stream keeps the last fusable op *pending* and launches it when the next
-//! op arrives — together with that op where the two compose:
+//! parts did not already overlap). The engine's op sequence is
+//! backend-neutral, so instead of new ops the CUDA stream keeps the last
+//! fusable op *pending* and launches it when the next op arrives —
+//! together with that op where the two compose:
 //!
 //! - a residual add, the copy of its sum and the RMS norm of the copy
 //!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch;

@@ -95,22 +95,33 @@ __device__ __forceinline__ int q8_pos_order(int order, int e) {
 //   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
 //   that reads it next. Only for rows held in registers with dim a
 //   multiple of 32: a warp then holds whole 32-element blocks.
+// The weights of a row held in registers (rms_norm_row's `held` case),
+// this thread's NORM_PER of them; zeros elsewhere.
+__device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, float* wv) {
+    bool held = dim <= (int)blockDim.x * NORM_PER;
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) {
+        int i = threadIdx.x + k * blockDim.x;
+        wv[k] = held && i < dim && mode != NORM_NONE ? w[i] : 0.0f;
+    }
+}
+
+// wv: this thread's weights as norm_weights loads them.
 __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
-                                             float eps, int mode, const float* w, signed char* q,
-                                             float* qd, int order) {
+                                             float eps, int mode, const float* w,
+                                             const float* wv, signed char* q, float* qd,
+                                             int order) {
     i64 at = (i64)blockIdx.x * dim;
     float* row = h + at;
     float* dst = out + at;
     double s = 0.0;
-    float v[NORM_PER], wv[NORM_PER];
+    float v[NORM_PER];
     bool held = dim <= (int)blockDim.x * NORM_PER;
     if (held) {
-        // The weights are loaded with the row (neither depends on the other).
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) {
             int i = threadIdx.x + k * blockDim.x;
             v[k] = i < dim ? row[i] : 0.0f;
-            wv[k] = i < dim && mode != NORM_NONE ? w[i] : 0.0f;
         }
         if (add_src) {
 #pragma unroll
@@ -166,11 +177,17 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
 }
 
 // rms_norm_row with its fused neighbours; `h` is only written with `add_src`.
+// The norm's weights (a backend vector: made only by `upload_vector` and
+// never written, so no kernel writes them) are loaded before waiting for
+// the kernel before this one (KERNEL_ENTRY, common.cuh), so that their
+// loads from memory overlap its tail; the row, which it writes, after.
 extern "C" __global__ void rms_norm(const float* add_src, float* h, float* out, int dim, float eps,
                                     int mode, const float* w, signed char* q, float* qd,
                                     int order) {
+    float wv[NORM_PER];
+    norm_weights(w, dim, mode, wv);
     KERNEL_ENTRY();
-    rms_norm_row(add_src, h, out, dim, eps, mode, w, q, qd, order);
+    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order);
 }
 
 #define ROPE_MAX_PAIRS 256

@@ -86,15 +86,6 @@ __device__ __forceinline__ int q8_pos_order(int order, int e) {
     return 8 * i + 4 * h + 2 * m + hi;
 }
 
-// RMS norm of row blockIdx.x of `h` into `out` (which may be `h`), with
-// two fused neighbours (each the same arithmetic as its own kernel, so the
-// bits do not change):
-// - `add_src` (null: none): first h += add_src, written back to h — the
-//   residual add before the next norm;
-// - `q` (null: none): the normed row also quantized to 8 bits per block
-//   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
-//   that reads it next. Only for rows held in registers with dim a
-//   multiple of 32: a warp then holds whole 32-element blocks.
 // The weights of a row held in registers (rms_norm_row's `held` case),
 // this thread's NORM_PER of them; zeros elsewhere.
 __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, float* wv) {
@@ -106,7 +97,16 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
     }
 }
 
-// wv: this thread's weights as norm_weights loads them.
+// RMS norm of row blockIdx.x of `h` into `out` (which may be `h`), with
+// two fused neighbours (each the same arithmetic as its own kernel, so the
+// bits do not change):
+// - `add_src` (null: none): first h += add_src, written back to h — the
+//   residual add before the next norm;
+// - `q` (null: none): the normed row also quantized to 8 bits per block
+//   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
+//   that reads it next. Only for rows held in registers with dim a
+//   multiple of 32: a warp then holds whole 32-element blocks.
+// wv: this thread's weights, as norm_weights loads them.
 __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
                                              float eps, int mode, const float* w,
                                              const float* wv, signed char* q, float* qd,

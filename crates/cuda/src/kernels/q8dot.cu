@@ -88,10 +88,16 @@ __device__ __forceinline__ int mxfp4_word(u32 h) {
 // Stretches of 32 pieces a lane loads before computing (all in flight):
 // rows up to 4096 wide are one round of loads (8 stretches of Q8_0, 4 of
 // MXFP4), except for Q8_0 with many tokens or rows, where 8 would crowd
-// the registers.
+// the registers, and for one token's MXFP4 rows, which take 3 (rows up to
+// 3072 wide in one round: gpt-oss's 2880, which use 3 of 4 anyway; the
+// registers of the 4th, unused there, held the gate/up kernel to 4
+// blocks an SM at 120 registers and the down kernel to 6 at 80; with 3,
+// 92 and 63 registers by ptxas for sm_90, 5 and 8). The stretches are
+// taken in the same order however they are batched, so the bits are the
+// same.
 template <int F, int T, int R>
 struct Q8Unroll {
-    static constexpr int n = F == F_Q8_0 && T * R <= 4 ? 8 : 4;
+    static constexpr int n = F == F_Q8_0 && T * R <= 4 ? 8 : F == F_MXFP4 && T == 1 ? 3 : 4;
 };
 // Warps of a matrix-vector block (few, so that short matrices still
 // spread over the GPU).

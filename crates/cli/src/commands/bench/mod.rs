@@ -3,8 +3,8 @@
 //! - Speed (the default, any install, dense or MoE): llama-bench's tests
 //!   and report ([`speed`]): `-p 512` one prefill of 512 random tokens into
 //!   an empty cache (`pp512`), `-n 128` 128 single-token decode steps from
-//!   an empty cache (`tg128`), `-d 512` either after an untimed 512-token
-//!   prompt (`tg128 @ d512`), `-r 5` repetitions after a warm-up, mean ±
+//!   an empty cache (`tg128`), `-d 512` each of them after an untimed
+//!   512-token prompt (`tg128 @ d512`), `-r 5` repetitions after a warm-up, mean ±
 //!   standard deviation of tok/s, peak resident memory; a markdown table, or
 //!   one JSON object per line and test with `--json`.
 //! - Expert-slot sweep (MoE installs; `--sweep`, or any of its options
@@ -64,7 +64,7 @@ pub struct Args {
     )]
     pub n_depth: Vec<usize>,
     /// Timed runs of each test (after one warm-up run); each starts from an
-    /// empty KV cache.
+    /// empty KV cache (and its `-d` prefill).
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
     /// Compute threads, comma-separated to test several (default: one per

@@ -1656,11 +1656,9 @@ impl Stream<CudaDevice> for CudaStream {
         let kk = k as i32;
         // The fused router launch's quantization of this very input (read
         // before `bind`, which forgets it).
-        let premade = self
-            .routed_q8
-            .get()
-            .filter(|r| r.x == xp && r.values == n * hidden)
-            .filter(|_| bank.gate.format == QuantFormat::Mxfp4);
+        let premade = self.routed_q8.get().filter(|r| {
+            r.x == xp && r.values == n * hidden && bank.gate.format == QuantFormat::Mxfp4
+        });
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {

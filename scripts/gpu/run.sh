@@ -9,7 +9,9 @@
 #   info         GPU, driver, NVRTC, HBM copy bandwidth
 #   conformance  the backend conformance suite on the GPU (exact and fast)
 #   fixtures     every tiny fixture family: CUDA logits vs CPU exact logits
-#                (max |Δ| / max |logit|) and 32 greedy tokens, CUDA exact and fast
+#                (max |Δ| / max |logit|) and 32 greedy tokens, CUDA exact and fast;
+#                token by token (replayed steps), exact vs CPU exact and fast
+#                vs CUDA fast prefill
 #   census       every MoE fixture: --ffn-census on CUDA (experts resident and
 #                streamed through top_k slots) vs the CPU's, exact numerics
 #   bench        gpt-oss-20b-shaped synthetic model (synth --gguf): our
@@ -343,6 +345,18 @@ PY
                     echo "$fam $mode: cuda failed"
                 fi
             done
+            # Fast numerics token by token (replayed steps: one token's
+            # attention over the f16 cache, split over the keys) against
+            # the same numerics' prefill, whose products give the same bits
+            # batched or not: what differs is the attention kernel.
+            if "$TS" logits --model "$inst" --backend cuda --tokens "$toks" --out "$WORK/$fam-cuda-decodefast.npy" --numerics fast --decode > /dev/null \
+                && [ -f "$WORK/$fam-cuda-fast.npy" ]; then
+                python3 -c "
+import numpy as np
+x, y = np.load('$WORK/$fam-cuda-fast.npy').astype(np.float64), np.load('$WORK/$fam-cuda-decodefast.npy').astype(np.float64)
+rel = np.abs(x - y).max() / np.abs(x).max()
+print(f'{\"$fam\":<14} {\"dec/f\":<6} {rel:12.2e} {\"-\":>12} {\"ok\" if rel <= 2e-3 else \"FAIL\"}   (vs CUDA fast prefill)')"
+            fi
         done
         ;;
     census)

@@ -218,6 +218,10 @@ pub(crate) struct Kernels {
     /// Prefill attention a block per (KV head, token) (`attention.cu`).
     pub attention_group_f32: CudaFunction,
     pub attention_group_f16: CudaFunction,
+    /// One token's attention split over the keys, f16 cache, head width
+    /// 64 and 128 (`attention.cu`, flash-decoding).
+    pub attention_decode_f16_64: CudaFunction,
+    pub attention_decode_f16_128: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
@@ -300,6 +304,8 @@ impl Kernels {
             attention_f16,
             attention_group_f32,
             attention_group_f16,
+            attention_decode_f16_64: f("attention_decode_f16_64")?,
+            attention_decode_f16_128: f("attention_decode_f16_128")?,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
@@ -452,8 +458,23 @@ pub(crate) const fn gated_delta_rule_chunked_smem(dk: usize) -> usize {
 }
 
 pub(crate) const MAX_ROPE_PAIRS: usize = 256;
-/// Most query heads a KV head serves in `attention_group_*`.
+/// Most query heads a KV head serves in `attention_group_*` and
+/// `attention_decode_*`.
 pub(crate) const ATTN_MAX_GROUP: usize = 8;
+/// Keys one block of `attention_decode_*` takes a round (`DEC_WARPS` warps
+/// of `DEC_TILE` keys), and most blocks (splits) per KV head.
+pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
+pub(crate) const DECODE_MAX_SPLITS: usize = 16;
+
+/// Splits of one token's attention over a cache of `capacity` rows
+/// (`window`: a sliding layer's), from the cache alone so that a
+/// position's bits do not depend on whether the step is recorded: enough
+/// blocks that each takes one round of keys, at most [`DECODE_MAX_SPLITS`].
+pub(crate) fn decode_splits(capacity: usize, window: Option<usize>) -> usize {
+    let keys = window.map_or(capacity, |w| w.min(capacity));
+    keys.div_ceil(DECODE_KEYS_A_BLOCK)
+        .clamp(1, DECODE_MAX_SPLITS)
+}
 /// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
 pub(crate) const CONV_MAX_PAST: usize = 16;
 pub(crate) const MAX_EMBED_TOKENS: usize = 256;

@@ -33,6 +33,22 @@ use turbospark_core::QuantFormat;
 /// Threads of an attention block.
 const ATTN_THREADS: u32 = 128;
 
+/// Query heads whose split-attention partials a stream holds: a layer's
+/// heads times their width is at most the widest matrix input (its o
+/// projection's), or 64 heads of the widest head, and the split kernels'
+/// heads are at least 64 wide.
+fn decode_heads(widest: usize, max_head_dim: usize) -> usize {
+    widest.max(64 * max_head_dim) / 64
+}
+
+/// Bytes of [`CudaStream`]'s `decode_split`: the tickets, then
+/// `DECODE_MAX_SPLITS` partials (`head_dim + 2` floats) of every head.
+fn decode_split_bytes(widest: usize, max_head_dim: usize) -> usize {
+    let heads = decode_heads(widest, max_head_dim);
+    let width = widest.max(64 * max_head_dim);
+    (heads * 4).next_multiple_of(16) + kernels::DECODE_MAX_SPLITS * (width + 2 * heads) * 4
+}
+
 /// The fused router launch's quantization of the MoE input (see
 /// `CudaStream::routed_q8`): the f32 input `x` (`values` long) it was made
 /// from, and its codes and scales.
@@ -79,6 +95,14 @@ pub struct CudaStream {
     /// The ticket of the fused router launch (`router1_q8x_q8_0`: its last
     /// block routes; one u32, 0 between launches).
     ticket: DevMem,
+    /// One token's split attention (`attention_decode_*`): a ticket per KV
+    /// head (u32, 0 between launches; `decode_heads` of them, then padding
+    /// to 16 bytes), then every split's partial sums (f32).
+    decode_split: DevMem,
+    /// Most query heads (and so KV heads) `decode_split` holds partials of;
+    /// 0 with `TURBOSPARK_CUDA_SPLIT=0` (one token's attention then takes
+    /// the block-per-head kernel, for A/B measurements).
+    decode_heads: usize,
     /// One token's MoE input quantized in MXFP4's order by the fused router
     /// launch (codes, then scales at [`Q8Regions`]' offset), and where it
     /// is, until the next op but the MoE call that reads it (cleared by
@@ -166,6 +190,11 @@ impl CudaStream {
             fills: None,
             quantized: std::cell::Cell::new(None),
             ticket: zeroed(16)?,
+            decode_split: zeroed(decode_split_bytes(widest, limits.max_head_dim))?,
+            decode_heads: match std::env::var("TURBOSPARK_CUDA_SPLIT").as_deref() {
+                Ok("0") => 0,
+                _ => decode_heads(widest, limits.max_head_dim),
+            },
             routed_x: zeroed(match dev.numerics() {
                 Numerics::Fast => Q8Regions::new(widest, 0).bytes,
                 _ => 0,
@@ -1334,8 +1363,26 @@ impl Stream<CudaDevice> for CudaStream {
         } else {
             keys_seen
         };
+        let group = p.n_heads / p.n_kv_heads.max(1);
+        // One token over an f16 cache: split over the keys (no shared
+        // memory per key), a block per KV head and split serving the
+        // group's query heads.
+        let splits = kernels::decode_splits(p.capacity, p.window);
+        let tickets = (self.decode_heads * 4).next_multiple_of(16);
+        let split_kernel = match p.head_dim {
+            64 => Some(&self.k.attention_decode_f16_64),
+            128 => Some(&self.k.attention_decode_f16_128),
+            _ => None,
+        }
+        .filter(|_| {
+            p.n_tokens == 1
+                && k_cache.dtype == DType::F16
+                && (1..=kernels::ATTN_MAX_GROUP).contains(&group)
+                && p.n_kv_heads <= self.decode_heads
+                && tickets + splits * p.n_heads * (p.head_dim + 2) * 4 <= self.decode_split.bytes
+        });
         let smem = (p.head_dim + max_keys) * 4;
-        if smem > self.k.dynamic_smem {
+        if split_kernel.is_none() && smem > self.k.dynamic_smem {
             return Err(BackendError::ScratchTooSmall {
                 op: "attention",
                 need: max_keys,
@@ -1363,7 +1410,6 @@ impl Stream<CudaDevice> for CudaStream {
         self.bind("attention")?;
         // Prefill of grouped-query attention: a block per KV head and
         // token serves the group's query heads (each key read once).
-        let group = p.n_heads / p.n_kv_heads.max(1);
         let sets = ((ATTN_THREADS as usize) / p.head_dim.max(1)).clamp(1, group.max(1));
         let group_smem = (group * p.head_dim + group * keys_seen) * 4;
         if !self.recording
@@ -1403,25 +1449,54 @@ impl Stream<CudaDevice> for CudaStream {
             r.rebase(self.q8.ptr);
             (oq, oqd) = (r.xq, r.xd);
         }
-        launch(
-            "attention",
-            f,
-            self.raw(),
-            (p.n_heads as u32, p.n_tokens as u32, 1),
-            ATTN_THREADS,
-            smem as u32,
-            &mut args![
-                qp,
-                k_cache.mem.ptr,
-                v_cache.mem.ptr,
-                params,
-                sp,
-                op,
-                step,
-                oq,
-                oqd
-            ],
-        )?;
+        match split_kernel {
+            Some(f) => {
+                let (tp, pp) = (
+                    self.decode_split.ptr,
+                    self.decode_split.ptr + tickets as u64,
+                );
+                launch(
+                    "attention",
+                    f,
+                    self.raw(),
+                    (p.n_kv_heads as u32, splits as u32, 1),
+                    ATTN_THREADS,
+                    0,
+                    &mut args![
+                        qp,
+                        k_cache.mem.ptr,
+                        v_cache.mem.ptr,
+                        params,
+                        sp,
+                        op,
+                        step,
+                        oq,
+                        oqd,
+                        pp,
+                        tp
+                    ],
+                )?
+            }
+            _ => launch(
+                "attention",
+                f,
+                self.raw(),
+                (p.n_heads as u32, p.n_tokens as u32, 1),
+                ATTN_THREADS,
+                smem as u32,
+                &mut args![
+                    qp,
+                    k_cache.mem.ptr,
+                    v_cache.mem.ptr,
+                    params,
+                    sp,
+                    op,
+                    step,
+                    oq,
+                    oqd
+                ],
+            )?,
+        }
         if oq != 0 {
             self.quantized.set(Some((op, q_len, 0)));
         }

@@ -154,6 +154,160 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
     check_evicted(dev)
 }
 
+/// One token's attention (the decode step) at long context and through a
+/// ring that has wrapped, one position after another, against the f64
+/// formula: the shapes a backend may give a kernel of its own (split over
+/// the keys): gpt-oss's 8 query heads a KV head at width 64 with sinks
+/// over 600 keys, a sliding window of 100 over a wrapped ring at width
+/// 128 with a soft-cap, and one query head a KV head from the first key.
+pub fn check_decode_attention<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "attention (one token)";
+    // (case, positions decoded after the prefix)
+    let cases = [
+        (
+            Case {
+                n_heads: 16,
+                n_kv: 2,
+                hd: 64,
+                window: None,
+                sinks: true,
+                softcap: None,
+            },
+            597..600,
+        ),
+        (
+            Case {
+                n_heads: 4,
+                n_kv: 1,
+                hd: 128,
+                window: Some(100),
+                sinks: false,
+                softcap: Some(5.0),
+            },
+            331..334,
+        ),
+        (
+            Case {
+                n_heads: 2,
+                n_kv: 2,
+                hd: 64,
+                window: None,
+                sinks: true,
+                softcap: None,
+            },
+            0..3,
+        ),
+    ];
+    for (c, decoded) in &cases {
+        let case = format!(
+            "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
+            c.n_heads, c.n_kv, c.hd, c.window, c.sinks, c.softcap
+        );
+        let mut rng = Rng(77);
+        let total = decoded.end;
+        // Without a window, room for more keys than were seen (blocks of
+        // a split kernel with no key to take).
+        let capacity = c.window.unwrap_or(total + 400);
+        let row = c.n_kv * c.hd;
+        let ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let sinks: Vec<f32> = rng.scaled(c.n_heads, 2.0);
+        let sink_vec = dev
+            .upload_vector(&f32_tensor("sinks", vec![c.n_heads], &sinks))
+            .at(OP, &case)?;
+        let limits = Limits {
+            max_tokens: 64,
+            max_keys: capacity,
+            max_head_dim: c.hd,
+            max_experts: 0,
+            ..Limits::default()
+        };
+        let mut h = Harness::new(dev, limits)?;
+        let mut kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+        let mut vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+        // The prefix, keeping only the keys the ring holds at the first
+        // decoded position.
+        let kept = decoded.start.saturating_sub(capacity - 1);
+        let mut caches = (&mut kc, &mut vc);
+        write_history(
+            &mut h,
+            &mut caches,
+            (&ks, &vs),
+            kept..decoded.start,
+            capacity,
+        )?;
+        for pos in decoded.clone() {
+            write_history(&mut h, &mut caches, (&ks, &vs), pos..pos + 1, capacity)?;
+            let q = rng.scaled(c.n_heads * c.hd, 2.0);
+            let qb = h.buf(&q)?;
+            let mut out = h.zeros(c.n_heads * c.hd)?;
+            let p = AttentionParams {
+                n_tokens: 1,
+                first_pos: pos,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv,
+                head_dim: c.hd,
+                capacity,
+                window: c.window,
+                scale: 0.125,
+                softcap: c.softcap,
+            };
+            h.st.attention(
+                &qb,
+                caches.0,
+                caches.1,
+                &p,
+                c.sinks.then_some(&sink_vec),
+                &mut out,
+            )
+            .at(OP, &case)?;
+            let got = h.get(&out, c.n_heads * c.hd)?;
+            let want: Vec<f64> = (0..c.n_heads)
+                .flat_map(|head| {
+                    let sink = c.sinks.then_some(sinks[head]);
+                    reference::attention(&p, &q, &ks, &vs, 0, head, sink)
+                })
+                .collect();
+            compare(
+                OP,
+                &format!("{case}, position {pos}"),
+                &got,
+                &want,
+                tol.attention,
+                |_| 1.0,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes the keys and values of positions `at` into their ring caches,
+/// at most `max_tokens` of the harness's limits at a time (64).
+fn write_history<D: Device>(
+    h: &mut Harness<'_, D>,
+    caches: &mut (&mut D::Buf, &mut D::Buf),
+    (ks, vs): (&[Vec<f32>], &[Vec<f32>]),
+    at: std::ops::Range<usize>,
+    capacity: usize,
+) -> Result<(), ConformanceError> {
+    let row = ks.first().map_or(0, Vec::len);
+    let mut first = at.start;
+    while first < at.end {
+        let n = 64.min(at.end - first);
+        let k_new = h.buf(&ks[first..first + n].concat())?;
+        let v_new = h.buf(&vs[first..first + n].concat())?;
+        h.st.kv_write(caches.0, &k_new, n, row, first, capacity)
+            .at("kv_write", "history")?;
+        h.st.kv_write(caches.1, &v_new, n, row, first, capacity)
+            .at("kv_write", "history")?;
+        first += n;
+    }
+    Ok(())
+}
+
 /// Attention of several sequences in one call (decode tokens and a prefill
 /// chunk, each over its own ring cache): against the f64 formula, and each
 /// part's rows bit for bit what `attention` gives that part alone.

@@ -291,3 +291,215 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
     KERNEL_ENTRY();
     attention_group_impl<true>(q, kc, vc, p, sinks, out);
 }
+
+// One token's attention over an f16 cache, split over the keys
+// (flash-decoding): grid (KV heads, splits), DEC_WARPS warps a block. A
+// block serves the G = n_heads / n_kv_heads query heads of its KV head (so
+// a key and value row is read once for the group); its warps take tiles of
+// DEC_TILE keys, tile w = split · DEC_WARPS + warp, then w + splits ·
+// DEC_WARPS, …, lane l the tile's key l. For each tile and head, the
+// lane's score is the same dot as attention_impl's (s = fmaf(q_d, k_d, s),
+// d ascending; then scale and soft-cap); the warp then updates its running
+// max m, denominator l and value sums o (lane l holds dimensions
+// l·HD/32 … of each head) as the online softmax does:
+//   m' = max(m, max_tile s),  c = e^(m - m'),  l' = c·l + Σ_tile e^(s - m'),
+//   o' = c·o + Σ_tile e^(s - m') v          (keys in order)
+// The block's warps then meet in warp order into one partial (m, l, o) per
+// head; the last block of a KV head to finish (a ticket, as router1's)
+// adds the splits' partials in split order with the sink:
+//   M = max(max_s m_s, sink),  out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M))
+// The splits' number depends only on the cache (host: stream.rs), so a
+// position's bits are the same whether a step is recorded or not.
+#define DEC_WARPS 4
+#define DEC_TILE 32
+#define DEC_BATCH 16  // values a lane loads before their multiply-adds
+
+__device__ __forceinline__ float ld_cg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+template <int HD>
+__device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
+                                      const u16* __restrict__ vc, AttnParams p,
+                                      const float* __restrict__ sinks, float* __restrict__ out,
+                                      const int* __restrict__ step, signed char* __restrict__ oq,
+                                      float* __restrict__ oqd, float* __restrict__ part,
+                                      u32* __restrict__ tickets) {
+    constexpr int PER = HD / 32;  // value dimensions a lane owns
+    constexpr int MG = ATTN_MAX_GROUP;
+    __shared__ float qs[MG * HD];
+    __shared__ __align__(16) float ps[DEC_WARPS][MG][DEC_TILE];
+    __shared__ float wm[DEC_WARPS][MG], wl[DEC_WARPS][MG];
+    __shared__ float wo[DEC_WARPS][MG * HD];
+    __shared__ bool last;
+    if (step) p.first_pos = step[1];
+    int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
+    int G = p.n_heads / p.n_kv_heads, h0 = kvh * G;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int pos = p.first_pos;
+    int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
+    int nk = pos - lo + 1;
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
+    __syncthreads();
+    i64 row = (i64)p.n_kv_heads * HD;
+    const u16* kb = kc + (i64)kvh * HD;
+    const u16* vb = vc + (i64)kvh * HD + lane * PER;
+    float m[MG], l[MG], o[MG][PER];
+#pragma unroll
+    for (int g = 0; g < MG; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < PER; e++) o[g][e] = 0.0f;
+    }
+    for (int t0 = (split * DEC_WARPS + warp) * DEC_TILE; t0 < nk; t0 += S * DEC_WARPS * DEC_TILE) {
+        int j = t0 + lane;
+        bool in = j < nk;
+        // Lanes past the last key score the tile's first (a row that
+        // exists) and weigh it 0.
+        const uint4* kp = (const uint4*)(kb + (i64)((lo + (in ? j : t0)) % p.capacity) * row);
+        float s[MG];
+#pragma unroll
+        for (int g = 0; g < MG; g++) s[g] = 0.0f;
+#pragma unroll
+        for (int d0 = 0; d0 < HD; d0 += 64) {
+            uint4 kr[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) kr[i] = kp[(d0 >> 3) + i];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                u32 w4[4] = {kr[i].x, kr[i].y, kr[i].z, kr[i].w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float k0 = f16_to_f32((u16)(w4[e] & 0xFFFF)), k1 = f16_to_f32((u16)(w4[e] >> 16));
+                    int d = d0 + 8 * i + 2 * e;
+#pragma unroll
+                    for (int g = 0; g < MG; g++) {
+                        if (g >= G) break;
+                        s[g] = fmaf(qs[g * HD + d], k0, s[g]);
+                        s[g] = fmaf(qs[g * HD + d + 1], k1, s[g]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < MG; g++) {
+            if (g >= G) break;
+            float v = s[g] * p.scale;
+            if (p.softcap > 0.0f) v = tanhf(v / p.softcap) * p.softcap;
+            if (!in) v = -INFINITY;
+            float mt = fmaxf(m[g], warp_max(v));  // finite: lane 0 holds a key
+            float c = expf(m[g] - mt);            // 0 for the first tile
+            float e = in ? expf(v - mt) : 0.0f;
+            l[g] = fmaf(l[g], c, warp_sum(e));
+#pragma unroll
+            for (int x = 0; x < PER; x++) o[g][x] *= c;
+            m[g] = mt;
+            ps[warp][g][lane] = e;
+        }
+        __syncwarp();
+        int nt = min(DEC_TILE, nk - t0);
+        int r = (lo + t0) % p.capacity;
+        for (int jb = 0; jb < nt; jb += DEC_BATCH) {
+            float v[DEC_BATCH][PER];
+#pragma unroll
+            for (int b = 0; b < DEC_BATCH; b++) {
+                const u16* vp = vb + (i64)r * row;
+                bool here = jb + b < nt;
+#pragma unroll
+                for (int x = 0; x < PER; x++) v[b][x] = here ? f16_to_f32(vp[x]) : 0.0f;
+                r += 1;
+                if (r == p.capacity) r = 0;
+            }
+#pragma unroll
+            for (int b4 = 0; b4 < DEC_BATCH; b4 += 4) {
+#pragma unroll
+                for (int g = 0; g < MG; g++) {
+                    if (g >= G) break;
+                    float4 w = *(const float4*)&ps[warp][g][jb + b4];
+                    float wv[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+                    for (int b = 0; b < 4; b++)
+#pragma unroll
+                        for (int x = 0; x < PER; x++) o[g][x] = fmaf(wv[b], v[b4 + b][x], o[g][x]);
+                }
+            }
+        }
+        __syncwarp();
+    }
+    // The block's partial: its warps in order.
+    if (lane == 0) {
+#pragma unroll
+        for (int g = 0; g < MG; g++) {
+            if (g >= G) break;
+            wm[warp][g] = m[g];
+            wl[warp][g] = l[g];
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < MG; g++) {
+        if (g >= G) break;
+#pragma unroll
+        for (int x = 0; x < PER; x++) wo[warp][g * HD + lane * PER + x] = o[g][x];
+    }
+    __syncthreads();
+    int stride = G * (HD + 2);  // a partial: o [G][HD], m [G], l [G]
+    float* bp = part + ((i64)kvh * S + split) * stride;
+    for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
+        int g = i < G * HD ? i / HD : i - G * HD;
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w][g]);
+        float acc = 0.0f;
+        for (int w = 0; w < DEC_WARPS; w++) {
+            float c = wm[w][g] == -INFINITY ? 0.0f : expf(wm[w][g] - M);
+            acc = fmaf(c, i < G * HD ? wo[w][i] : wl[w][g], acc);
+        }
+        if (i < G * HD) bp[i] = acc;
+        else {
+            bp[G * HD + g] = M;
+            bp[G * HD + G + g] = acc;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&tickets[kvh], 1u) == (u32)S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // The splits in order (loops uniform over each warp, which holds 32
+    // consecutive outputs: whole blocks for attention_quantize).
+    const float* kp0 = part + (i64)kvh * S * stride;
+    for (int i0 = 0; i0 < G * HD; i0 += blockDim.x) {
+        int i = i0 + threadIdx.x;
+        if (i >= G * HD) break;
+        int g = i / HD;
+        float M = p.has_sinks ? sinks[h0 + g] : -INFINITY;
+        for (int sp = 0; sp < S; sp++) M = fmaxf(M, ld_cg(kp0 + sp * stride + G * HD + g));
+        float den = 0.0f, acc = 0.0f;
+        for (int sp = 0; sp < S; sp++) {
+            const float* pp = kp0 + sp * stride;
+            float ms = ld_cg(pp + G * HD + g);
+            float c = ms == -INFINITY ? 0.0f : expf(ms - M);
+            den = fmaf(c, ld_cg(pp + G * HD + G + g), den);
+            acc = fmaf(c, ld_cg(pp + i), acc);
+        }
+        if (p.has_sinks) den += expf(sinks[h0 + g] - M);
+        float r = acc / den;
+        out[(i64)h0 * HD + i] = r;
+        if (oq) attention_quantize(r, (i64)h0 * HD + i, oq, oqd);
+    }
+    if (threadIdx.x == 0) tickets[kvh] = 0;
+}
+
+#define ATTN_DECODE(hd)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(     \
+        const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
+        float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
+        KERNEL_ENTRY();                                                                         \
+        attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets);      \
+    }
+
+ATTN_DECODE(64)
+ATTN_DECODE(128)

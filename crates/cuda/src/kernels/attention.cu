@@ -265,8 +265,30 @@ __device__ void attention_group_impl(const float* __restrict__ q, const void* __
     for (int i = 0; i < ATTN_MAX_GROUP; i++) acc[i] = 0.0f;
     i64 base = (i64)kvh * hd + d;
     const float* w0 = sc + (i64)set * hpt * nk;
-    for (int j = 0; j < nk; j++) {
-        float v = kv_at<HALF>(vc, (i64)((lo + j) % p.capacity) * row + base);
+    // Keys in ascending order, each head's acc[i] = fmaf(w, v_j, acc[i])
+    // one key after another (the order that fixes the bits); the values of
+    // ATTN_VALUE_BATCH keys are loaded before their multiply-adds, and the
+    // cache row r is stepped instead of taken modulo the capacity key by key.
+    int r = lo % p.capacity, j = 0;
+    for (; j + ATTN_VALUE_BATCH <= nk; j += ATTN_VALUE_BATCH) {
+        float v[ATTN_VALUE_BATCH];
+#pragma unroll
+        for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
+            v[b] = kv_at<HALF>(vc, (i64)r * row + base);
+            if (++r == p.capacity) r = 0;
+        }
+#pragma unroll
+        for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
+#pragma unroll
+            for (int i = 0; i < ATTN_MAX_GROUP; i++) {
+                if (i >= hpt) break;
+                acc[i] = fmaf(w0[i * nk + j + b], v[b], acc[i]);
+            }
+        }
+    }
+    for (; j < nk; j++) {
+        float v = kv_at<HALF>(vc, (i64)r * row + base);
+        if (++r == p.capacity) r = 0;
 #pragma unroll
         for (int i = 0; i < ATTN_MAX_GROUP; i++) {
             if (i >= hpt) break;

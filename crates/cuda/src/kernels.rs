@@ -464,6 +464,8 @@ pub(crate) const ATTN_MAX_GROUP: usize = 8;
 /// Keys one block of `attention_decode_*` takes a round (`DEC_WARPS` warps
 /// of `DEC_TILE` keys), and most blocks (splits) per KV head.
 pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
+/// Threads of an `attention_decode_*` block (`DEC_WARPS` warps).
+pub(crate) const DECODE_THREADS: u32 = 128;
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;
 
 /// Splits of one token's attention over a cache of `capacity` rows

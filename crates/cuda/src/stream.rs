@@ -1460,7 +1460,7 @@ impl Stream<CudaDevice> for CudaStream {
                     f,
                     self.raw(),
                     (p.n_kv_heads as u32, splits as u32, 1),
-                    ATTN_THREADS,
+                    kernels::DECODE_THREADS,
                     0,
                     &mut args![
                         qp,

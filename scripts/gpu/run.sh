@@ -35,6 +35,9 @@
 #   variants     decode logits with each setting of VARIANTS (default: the
 #                router/attention fusions off) bit for bit against the
 #                default, and tg128 of each
+#   ab           AB_BASE (another turbospark binary) against BIN's, alternated
+#                (scripts/bench/ab.sh, AB_ROUNDS rounds, default 2): pp512 and
+#                tg128 at each of DEPTHS on the synthetic model
 #   products     bandwidth of the decode step's matrix-vector products,
 #                shape by shape, one token's routed experts, and the launch
 #                floor (examples/decode_products.rs); again with each
@@ -487,6 +490,16 @@ PY
                 env "$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r 2 --numerics fast
             done
         done
+        ;;
+    ab)
+        # Another build of ours (AB_BASE, e.g. .devcarry/bin-base/turbospark)
+        # against this one on the synthetic model, alternated round by
+        # round (scripts/bench/ab.sh), pp512 / tg128 at each of DEPTHS.
+        stage "ab: ${AB_BASE:-(AB_BASE unset)} vs $TS"
+        [ -x "${AB_BASE:-}" ] || { echo "AB_BASE must name a turbospark binary"; continue; }
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        scripts/bench/ab.sh "$AB_BASE" "$TS" "${AB_ROUNDS:-2}" -- -m "$WORK/synth20b" --backend cuda \
+            --experts resident -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --numerics fast
         ;;
     products)
         stage "products: decode matrix-vector bandwidth by shape"

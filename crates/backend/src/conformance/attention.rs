@@ -48,6 +48,16 @@ struct Case {
     softcap: Option<f32>,
 }
 
+impl Case {
+    /// How a failure names the case.
+    fn label(&self) -> String {
+        format!(
+            "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
+            self.n_heads, self.n_kv, self.hd, self.window, self.sinks, self.softcap
+        )
+    }
+}
+
 /// Attention of prefill chunks through a ring cache, against the f64
 /// formula over the whole history.
 pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
@@ -89,10 +99,7 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
     ];
     let (total, chunk) = (23, 3);
     for c in &cases {
-        let case = format!(
-            "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
-            c.n_heads, c.n_kv, c.hd, c.window, c.sinks, c.softcap
-        );
+        let case = c.label();
         let mut rng = Rng(42);
         let capacity = c.window.map_or(total, |w| w + chunk - 1);
         let row = c.n_kv * c.hd;
@@ -116,12 +123,14 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
         let mut first = 0;
         while first < total {
             let n = chunk.min(total - first);
-            let k_new = h.buf(&ks[first..first + n].concat())?;
-            let v_new = h.buf(&vs[first..first + n].concat())?;
-            h.st.kv_write(&mut kc, &k_new, n, row, first, capacity)
-                .at(OP, &case)?;
-            h.st.kv_write(&mut vc, &v_new, n, row, first, capacity)
-                .at(OP, &case)?;
+            write_history(
+                (OP, &case),
+                &mut h,
+                &mut (&mut kc, &mut vc),
+                (&ks, &vs),
+                first..first + n,
+                capacity,
+            )?;
             let q = qs[first..first + n].concat();
             let qb = h.buf(&q)?;
             let mut out = h.zeros(n * c.n_heads * c.hd)?;
@@ -202,10 +211,7 @@ pub fn check_decode_attention<D: Device>(
         ),
     ];
     for (c, decoded) in &cases {
-        let case = format!(
-            "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
-            c.n_heads, c.n_kv, c.hd, c.window, c.sinks, c.softcap
-        );
+        let case = c.label();
         let mut rng = Rng(77);
         let total = decoded.end;
         // Without a window, room for more keys than were seen (blocks of
@@ -233,6 +239,7 @@ pub fn check_decode_attention<D: Device>(
         let kept = decoded.start.saturating_sub(capacity - 1);
         let mut caches = (&mut kc, &mut vc);
         write_history(
+            (OP, &case),
             &mut h,
             &mut caches,
             (&ks, &vs),
@@ -240,7 +247,14 @@ pub fn check_decode_attention<D: Device>(
             capacity,
         )?;
         for pos in decoded.clone() {
-            write_history(&mut h, &mut caches, (&ks, &vs), pos..pos + 1, capacity)?;
+            write_history(
+                (OP, &case),
+                &mut h,
+                &mut caches,
+                (&ks, &vs),
+                pos..pos + 1,
+                capacity,
+            )?;
             let q = rng.scaled(c.n_heads * c.hd, 2.0);
             let qb = h.buf(&q)?;
             let mut out = h.zeros(c.n_heads * c.hd)?;
@@ -285,8 +299,10 @@ pub fn check_decode_attention<D: Device>(
 }
 
 /// Writes the keys and values of positions `at` into their ring caches,
-/// at most `max_tokens` of the harness's limits at a time (64).
+/// at most `max_tokens` of the harness's limits at a time (64); errors
+/// name `op` and `case`.
 fn write_history<D: Device>(
+    (op, case): (&'static str, &str),
     h: &mut Harness<'_, D>,
     caches: &mut (&mut D::Buf, &mut D::Buf),
     (ks, vs): (&[Vec<f32>], &[Vec<f32>]),
@@ -300,9 +316,9 @@ fn write_history<D: Device>(
         let k_new = h.buf(&ks[first..first + n].concat())?;
         let v_new = h.buf(&vs[first..first + n].concat())?;
         h.st.kv_write(caches.0, &k_new, n, row, first, capacity)
-            .at("kv_write", "history")?;
+            .at(op, case)?;
         h.st.kv_write(caches.1, &v_new, n, row, first, capacity)
-            .at("kv_write", "history")?;
+            .at(op, case)?;
         first += n;
     }
     Ok(())

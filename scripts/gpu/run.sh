@@ -258,11 +258,11 @@ PY
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
         "$NCU" --clock-control none --section SpeedOfLight --section Occupancy --section LaunchStats \
-            --section WarpStateStats --section SchedulerStats --section InstructionStats \
+            --section WarpStateStats --section SchedulerStats --section InstructionStats --section ComputeWorkloadAnalysis \
             -k regex:"$PDETAIL" -c "${PDETAIL_COUNT:-120}" "$BIN/decode_products" 1 \
             > "$WORK/pdetail.txt" 2> "$WORK/ncu.err" || tail -5 "$WORK/ncu.err"
         [ -n "${OUT:-}" ] && cp "$WORK/pdetail.txt" "$OUT/"
-        grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Grid Size|Issue Slots Busy|No Eligible|Warp Cycles Per Issued' "$WORK/pdetail.txt" \
+        grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Grid Size|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Instructions  |Executed Ipc A' "$WORK/pdetail.txt" \
             | head -150
         ;;
     info)

@@ -369,16 +369,16 @@ pub(crate) fn launch_pending(
                 op: "matmul (8-bit activations of this format)",
             })?;
             let (cols, nn) = (g.cols as i32, g.n as i32);
-            if let Some((f, cap)) = set
+            if let Some(one) = set
                 .one
                 .as_ref()
                 .and_then(|one| one.matmul.as_ref())
                 .filter(|_| g.n == 1 && g.cols <= kernels::ONE_MAX_COLS)
             {
-                let units = g.group.rows[..g.group.count as usize].iter().sum::<i32>() as usize;
+                let rows = kernels::OneWork::Rows(&g.group.rows[..g.group.count as usize]);
+                let l = one.config(g.format, g.cols, rows)?;
                 let args = &mut args![g.group, cols, g.xq, g.xd];
-                let grid = kernels::one_grid(units, *cap);
-                return launch("matmul", f, stream, grid, kernels::ONE_THREADS, 0, args);
+                return launch("matmul", &one.f, stream, l.grid, l.threads, l.smem, args);
             }
             let blocks = g.group.block_start[g.group.count as usize] as u32;
             let grid = (blocks, g.n.div_ceil(kernels::MM_TOKENS) as u32, 1);

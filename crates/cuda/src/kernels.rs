@@ -6,7 +6,7 @@ use crate::CudaError;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
 
@@ -61,21 +61,112 @@ pub(crate) struct Q8Set {
     pub mq_gate_up: CudaFunction,
     pub mq_down: CudaFunction,
     /// One token's products over rows up to [`ONE_MAX_COLS`] wide
-    /// (`kernels/q8one.cu`), where they are used ([`one_token_kernels`]).
+    /// (`kernels/q8one.cu` or `q8cta.cu`), where they are used
+    /// ([`one_token_kernels`]).
     pub one: Option<OneSet>,
 }
 
-/// The one-token kernels of a format (`kernels/q8one.cu`), each with the
-/// most blocks the GPU holds at once (resident blocks an SM × SMs): each
-/// warp takes units one after another, so a launch needs no more.
+/// The one-token kernels of a format.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
-    pub matmul: Option<(CudaFunction, u32)>,
+    pub matmul: Option<OneKernel>,
     /// One token's router product with its routing (Q8_0 only:
-    /// `router1_q8x_q8_0`).
-    pub router: Option<(CudaFunction, u32)>,
-    pub gate_up: (CudaFunction, u32),
-    pub down: (CudaFunction, u32),
+    /// `router1_q8x_q8_0`, `router1c_q8x_q8_0`).
+    pub router: Option<OneKernel>,
+    pub gate_up: OneKernel,
+    pub down: OneKernel,
+}
+
+/// What a one-token launch computes, for its grid: the rows of up to
+/// three matrices, or the gate/up or down rows of `routes` routes.
+#[derive(Clone, Copy)]
+pub(crate) enum OneWork<'a> {
+    Rows(&'a [i32]),
+    GateUp { routes: usize, inter: usize },
+    Down { routes: usize, hidden: usize },
+}
+
+/// A one-token kernel and what sizes its grid: a launch has no more blocks
+/// than the GPU holds at once, and gives each the same work within one
+/// unit (q8one.cu: a warp takes rows one after another; q8cta.cu: a block
+/// takes groups of [`CTA_GROUP`] rows one after another).
+pub(crate) struct OneKernel {
+    pub f: CudaFunction,
+    kind: OneKind,
+    sms: u32,
+    /// Blocks an SM holds, by (threads, dynamic shared bytes), as the
+    /// driver reported them.
+    per_sm: Mutex<Vec<(u32, u32, u32)>>,
+}
+
+impl OneKernel {
+    fn new(f: CudaFunction, kind: OneKind, sms: u32) -> OneKernel {
+        OneKernel {
+            f,
+            kind,
+            sms: sms.max(1),
+            per_sm: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The launch of `work` over rows `cols` wide in `fmt`.
+    pub(crate) fn config(
+        &self,
+        fmt: QuantFormat,
+        cols: usize,
+        work: OneWork<'_>,
+    ) -> Result<OneLaunch, CudaError> {
+        let (threads, smem) = match self.kind {
+            OneKind::Cta => cta_block_shape(fmt, cols),
+            _ => (ONE_THREADS, 0),
+        };
+        let mut known = self.per_sm.lock().unwrap_or_else(|e| e.into_inner());
+        let per_sm = match known.iter().find(|&&(t, m, _)| (t, m) == (threads, smem)) {
+            Some(&(_, _, n)) => n,
+            None => {
+                let n = self
+                    .f
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+                    .map_err(CudaError::driver("reading a kernel's occupancy"))?
+                    .max(1);
+                known.push((threads, smem, n));
+                n
+            }
+        };
+        let cap = per_sm * self.sms;
+        let grid = match self.kind {
+            OneKind::Cta => {
+                let groups = match work {
+                    OneWork::Rows(rows) => {
+                        rows.iter().map(|&r| (r as usize).div_ceil(CTA_GROUP)).sum()
+                    }
+                    OneWork::GateUp { routes, inter } => routes * inter.div_ceil(CTA_GROUP / 2),
+                    OneWork::Down { routes, hidden } => routes * hidden.div_ceil(CTA_GROUP),
+                };
+                cta_grid(groups, cap)
+            }
+            _ => {
+                let units = match work {
+                    OneWork::Rows(rows) => rows.iter().map(|&r| r as usize).sum(),
+                    OneWork::GateUp { routes, inter } => routes * inter,
+                    OneWork::Down { routes, hidden } => routes * hidden,
+                };
+                one_grid(units, cap)
+            }
+        };
+        Ok(OneLaunch {
+            grid,
+            threads,
+            smem,
+        })
+    }
+}
+
+/// Grid, threads a block and dynamic shared bytes of a one-token launch.
+pub(crate) struct OneLaunch {
+    pub grid: (u32, u32, u32),
+    pub threads: u32,
+    pub smem: u32,
 }
 
 /// Which one-token kernels a format's products take.
@@ -85,6 +176,12 @@ enum OneKind {
     None,
     /// `q8one.cu`: a warp streams rows one after another.
     Rows,
+    /// `q8cta.cu`: a block of a thread a 16-byte piece takes groups of
+    /// rows, their totals walked from a shared stash. Opt-in: the same
+    /// bits on an H200, 37–50 % fewer instructions for the MXFP4 experts,
+    /// but at 10–16 % occupancy (128–155 registers) no faster there, and
+    /// a decode token 5 % slower (BENCHMARKS.md, eleventh session).
+    Cta,
 }
 
 /// Whether one token's products of `fmt` take the one-token kernels:
@@ -92,8 +189,10 @@ enum OneKind {
 /// GB/s, the output head 2518 → 4131 GB/s), MXFP4's do not (an expert's
 /// rows 1447 → 1222 GB/s: their nibble decoding, not the loads, bounds
 /// them; so were three kernels giving a lane a 4-block chunk of a row, up
-/// to 10 % slower a decode token: BENCHMARKS.md, ninth session).
-/// `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on for both.
+/// to 10 % slower a decode token: BENCHMARKS.md, ninth session; and so
+/// with the row totals formed from a shared stash instead of shuffles,
+/// eleventh session). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on
+/// for both, `=cta` takes q8cta.cu's kernels for both.
 fn one_token_kernels(fmt: QuantFormat) -> OneKind {
     one_kind(std::env::var("TURBOSPARK_CUDA_ONE").ok().as_deref(), fmt)
 }
@@ -101,18 +200,19 @@ fn one_token_kernels(fmt: QuantFormat) -> OneKind {
 fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
     match (setting, fmt) {
         (Some("0"), _) => OneKind::None,
+        (Some("cta"), _) => OneKind::Cta,
         (Some("all"), _) | (_, QuantFormat::Q8_0) => OneKind::Rows,
         _ => OneKind::None,
     }
 }
 
-/// Widest rows the one-token kernels take (`ONE_MAX_COLS`).
+/// Widest rows the one-token kernels take (`ONE_MAX_COLS`, `CTA_MAX_COLS`).
 pub(crate) const ONE_MAX_COLS: usize = 4096;
-/// Warps of a one-token block (`ONE_WARPS`) and its threads.
+/// Warps of a q8one.cu block (`ONE_WARPS`) and its threads.
 pub(crate) const ONE_WARPS: usize = 4;
 pub(crate) const ONE_THREADS: u32 = 128;
 
-/// Grid of a one-token launch over `units` (rows, or route rows): no more
+/// Grid of a q8one.cu launch over `units` (rows, or route rows): no more
 /// blocks than `cap` (what the GPU holds at once), and every warp given the
 /// same number of units within one.
 pub(crate) fn one_grid(units: usize, cap: u32) -> (u32, u32, u32) {
@@ -120,6 +220,28 @@ pub(crate) fn one_grid(units: usize, cap: u32) -> (u32, u32, u32) {
     let per_warp = units.div_ceil(warps_cap).max(1);
     let warps = units.div_ceil(per_warp);
     (warps.div_ceil(ONE_WARPS) as u32, 1, 1)
+}
+
+/// Rows a q8cta.cu block forms at once (`CTA_GROUP`).
+pub(crate) const CTA_GROUP: usize = 16;
+
+/// Threads (one a 16-byte piece of a row's codes, in whole warps) and
+/// dynamic shared memory (the stash: two buffers of [`CTA_GROUP`] rows of
+/// a float pair a block, rows an odd number of pairs apart) of a q8cta.cu
+/// block over rows `cols` wide in `fmt` (`cta_stride` in the kernels).
+pub(crate) fn cta_block_shape(fmt: QuantFormat, cols: usize) -> (u32, u32) {
+    let blocks = cols / 32;
+    let pieces = blocks * if fmt == QuantFormat::Q8_0 { 2 } else { 1 };
+    let threads = pieces.div_ceil(32).max(1) * 32;
+    let stride = if blocks % 2 == 1 { blocks } else { blocks + 1 };
+    (threads as u32, (2 * CTA_GROUP * stride * 8) as u32)
+}
+
+/// Grid of a q8cta.cu launch over `groups` row groups: no more blocks than
+/// `cap`, and every block given the same number of groups within one.
+pub(crate) fn cta_grid(groups: usize, cap: u32) -> (u32, u32, u32) {
+    let per_block = groups.div_ceil((cap as usize).max(1)).max(1);
+    (groups.div_ceil(per_block) as u32, 1, 1)
 }
 
 impl Q8Set {
@@ -134,23 +256,22 @@ impl Q8Set {
                 .map_err(CudaError::driver("loading a kernel"))
         };
         let n = fmt.name();
-        let with_cap = |name: String| -> Result<(CudaFunction, u32), CudaError> {
-            let k = f(name)?;
-            let per_sm = k
-                .occupancy_max_active_blocks_per_multiprocessor(ONE_THREADS, 0, None)
-                .map_err(CudaError::driver("reading a kernel's occupancy"))?;
-            Ok((k, per_sm.max(1) * sms.max(1)))
+        let kind = one_token_kernels(fmt);
+        let with_cap = |name: String| -> Result<OneKernel, CudaError> {
+            Ok(OneKernel::new(f(name)?, kind, sms))
         };
-        let one = match one_token_kernels(fmt) {
+        // q8one.cu's names, or q8cta.cu's (a `c` after the `1`).
+        let c = if kind == OneKind::Cta { "c" } else { "" };
+        let one = match kind {
             OneKind::None => None,
-            OneKind::Rows => Some(OneSet {
-                matmul: Some(with_cap(format!("matmul1_q8x_{n}"))?),
+            OneKind::Rows | OneKind::Cta => Some(OneSet {
+                matmul: Some(with_cap(format!("matmul1{c}_q8x_{n}"))?),
                 router: match fmt {
-                    QuantFormat::Q8_0 => Some(with_cap(format!("router1_q8x_{n}"))?),
+                    QuantFormat::Q8_0 => Some(with_cap(format!("router1{c}_q8x_{n}"))?),
                     _ => None,
                 },
-                gate_up: with_cap(format!("moe_gate_up1_q8x_{n}"))?,
-                down: with_cap(format!("moe_down1_q8x_{n}"))?,
+                gate_up: with_cap(format!("moe_gate_up1{c}_q8x_{n}"))?,
+                down: with_cap(format!("moe_down1{c}_q8x_{n}"))?,
             }),
         };
         Ok(Q8Set {
@@ -617,7 +738,7 @@ mod tests {
     use super::*;
 
     /// `TURBOSPARK_CUDA_ONE`: Q8_0 on the row kernels unless `0`, MXFP4
-    /// only when asked (`all`).
+    /// only when asked (`all`); `cta` both on q8cta.cu's.
     #[test]
     fn one_token_kernel_choice_follows_the_setting() {
         use QuantFormat::{Mxfp4, Q8_0};
@@ -625,6 +746,7 @@ mod tests {
             (None, OneKind::Rows, OneKind::None),
             (Some("0"), OneKind::None, OneKind::None),
             (Some("all"), OneKind::Rows, OneKind::Rows),
+            (Some("cta"), OneKind::Cta, OneKind::Cta),
             (Some("something else"), OneKind::Rows, OneKind::None),
         ];
         for (setting, q8, mx) in cases {
@@ -633,7 +755,7 @@ mod tests {
         }
     }
 
-    /// A one-token grid covers every unit (warp w takes w, w + stride, …),
+    /// A q8one.cu grid covers every unit (warp w takes w, w + stride, …),
     /// stays within what the GPU holds at once, and gives every warp the
     /// same number of units within one.
     #[test]
@@ -656,6 +778,51 @@ mod tests {
                 let (lo, hi) = (busy.clone().min().unwrap(), busy.max().unwrap());
                 assert!(hi - lo <= 1, "{units} units, cap {cap}");
             }
+        }
+    }
+
+    /// A q8cta.cu grid covers every group (block b takes b, b + grid, …),
+    /// stays within what the GPU holds at once, and gives every block the
+    /// same number of groups within one.
+    #[test]
+    fn cta_grids_cover_every_group_within_the_cap() {
+        for groups in [1usize, 7, 37, 180, 320, 1440, 12_568] {
+            for cap in [1u32, 132, 528, 660] {
+                let (blocks, y, z) = cta_grid(groups, cap);
+                assert_eq!((y, z), (1, 1));
+                assert!(
+                    blocks >= 1 && blocks <= cap.max(1),
+                    "{groups} groups, cap {cap}: {blocks}"
+                );
+                let per_block: Vec<usize> = (0..blocks as usize)
+                    .map(|b| (b..groups).step_by(blocks as usize).count())
+                    .collect();
+                assert_eq!(per_block.iter().sum::<usize>(), groups);
+                let (lo, hi) = (
+                    per_block.iter().min().unwrap(),
+                    per_block.iter().max().unwrap(),
+                );
+                assert!(*lo >= 1 && hi - lo <= 1, "{groups} groups, cap {cap}");
+            }
+        }
+    }
+
+    /// A thread a 16-byte piece of a row (Q8_0 blocks are two, MXFP4 one),
+    /// whole warps; the stash two buffers of 16 rows of 8 bytes a block,
+    /// rows an odd number of blocks apart (gpt-oss-20b's widths by hand).
+    #[test]
+    fn cta_blocks_have_a_thread_a_piece() {
+        use QuantFormat::{Mxfp4, Q8_0};
+        assert_eq!(cta_block_shape(Mxfp4, 2880), (96, 2 * 16 * 91 * 8));
+        assert_eq!(cta_block_shape(Q8_0, 2880), (192, 2 * 16 * 91 * 8));
+        assert_eq!(cta_block_shape(Q8_0, 4096), (256, 2 * 16 * 129 * 8));
+        assert_eq!(cta_block_shape(Mxfp4, 4096), (128, 2 * 16 * 129 * 8));
+        assert_eq!(cta_block_shape(Q8_0, 32), (32, 2 * 16 * 8));
+        // The widest rows fit the block size the kernels are built for and
+        // the 48 KiB of shared memory a launch gets without asking.
+        for fmt in [Mxfp4, Q8_0] {
+            let (threads, smem) = cta_block_shape(fmt, ONE_MAX_COLS);
+            assert!(threads <= 256 && smem <= 48 << 10, "{fmt:?}");
         }
     }
 }

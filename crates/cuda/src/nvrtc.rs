@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 12] = [
+const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -24,6 +24,7 @@ const SOURCES: [(&str, &str); 12] = [
     ("moe.cu", include_str!("kernels/moe.cu")),
     ("q8dot.cu", include_str!("kernels/q8dot.cu")),
     ("q8one.cu", include_str!("kernels/q8one.cu")),
+    ("q8cta.cu", include_str!("kernels/q8cta.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
 ];
 
@@ -167,14 +168,21 @@ mod tests {
                 // The exceptions (common.cuh) read only weights, which no
                 // kernel writes, before waiting: one token's Q8_0 products
                 // issue their first loads and then wait, every thread,
-                // inside `one_token_units<…, true>` (q8one.cu, EARLY); the
-                // RMS norm loads its weights, then waits (elementwise.cu).
-                let early = name.starts_with("matmul1_q8x_") || name == "router1_q8x_q8_0";
-                let waits_early = body
-                    .split("one_token_units<")
-                    .nth(1)
-                    .and_then(|args| args.split('>').next())
-                    .is_some_and(|args| args.trim_end().ends_with("true"));
+                // inside `one_token_units<…, true>` (q8one.cu, EARLY) or
+                // `cta_token_units<…, true>` (q8cta.cu); the RMS norm loads
+                // its weights, then waits (elementwise.cu).
+                let early = name.starts_with("matmul1_q8x_")
+                    || name.starts_with("matmul1c_q8x_")
+                    || name == "router1_q8x_q8_0"
+                    || name == "router1c_q8x_q8_0";
+                let waits_early = ["one_token_units<", "cta_token_units<"]
+                    .iter()
+                    .any(|units| {
+                        body.split(units)
+                            .nth(1)
+                            .and_then(|args| args.split('>').next())
+                            .is_some_and(|args| args.trim_end().ends_with("true"))
+                    });
                 let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
                 let norm_early = name == "rms_norm"
                     && compact.starts_with(

@@ -461,7 +461,7 @@ impl CudaStream {
         }
     }
 
-    fn router_kernel(&self) -> Option<&(cudarc::driver::CudaFunction, u32)> {
+    fn router_kernel(&self) -> Option<&kernels::OneKernel> {
         self.k
             .q8
             .get(QuantFormat::Q8_0)?
@@ -493,8 +493,9 @@ impl CudaStream {
         } else {
             (0, 0)
         };
-        let (f, cap) = self.router_kernel().expect("checked by fusable_router");
-        let grid = kernels::one_grid(g.group.rows[0] as usize, *cap);
+        let one = self.router_kernel().expect("checked by fusable_router");
+        let rows = kernels::OneWork::Rows(&g.group.rows[..1]);
+        let l = one.config(QuantFormat::Q8_0, g.cols, rows)?;
         let (cols, ticket) = (g.cols as i32, self.ticket.ptr);
         let args = &mut args![
             g.group,
@@ -510,7 +511,7 @@ impl CudaStream {
             mq,
             md
         ];
-        launch("route", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
+        launch("route", &one.f, self.raw(), l.grid, l.threads, l.smem, args)?;
         if premade {
             self.routed_q8.set(Some(RoutedQ8 {
                 x: g.x,
@@ -1797,15 +1798,37 @@ impl Stream<CudaDevice> for CudaStream {
                 !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
             if let (true, Some(g1), Some(d1)) = (fits, gate.one.as_ref(), down.one.as_ref()) {
                 let nr = (n * k) as i32;
-                let (f, cap) = &g1.gate_up;
+                let work = kernels::OneWork::GateUp {
+                    routes: n * k,
+                    inter,
+                };
+                let l = g1.gate_up.config(bank.gate.format, hidden, work)?;
                 let args = &mut args![xq, xd, rp, kk, nr, mask, view, a, act_ptr];
-                let grid = kernels::one_grid(n * k * inter, *cap);
-                launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args)?;
+                launch(
+                    "moe",
+                    &g1.gate_up.f,
+                    self.raw(),
+                    l.grid,
+                    l.threads,
+                    l.smem,
+                    args,
+                )?;
                 self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
-                let (f, cap) = &d1.down;
+                let work = kernels::OneWork::Down {
+                    routes: n * k,
+                    hidden,
+                };
+                let l = d1.down.config(bank.down.format, inter, work)?;
                 let args = &mut args![r.aq, r.ad, rp, nr, mask, view, yp];
-                let grid = kernels::one_grid(n * k * hidden, *cap);
-                return launch("moe", f, self.raw(), grid, kernels::ONE_THREADS, 0, args);
+                return launch(
+                    "moe",
+                    &d1.down.f,
+                    self.raw(),
+                    l.grid,
+                    l.threads,
+                    l.smem,
+                    args,
+                );
             }
             let (f, per, threads) = pick(
                 &gate.mq_gate_up,

@@ -340,37 +340,12 @@ struct CtaDown {
 Q8_CTA_KERNELS(q8_0, F_Q8_0)
 Q8_CTA_KERNELS(mxfp4, F_MXFP4)
 
-// One token's router product and its routes in one launch (fusion of
-// matmul1c_q8x_q8_0, its bias and `route`; stream.rs `route`): the product
-// as matmul1's (g holds the router matrix alone, with its bias), then the
-// last block to finish — a ticket counted with atomicAdd after a
-// __threadfence, the pattern of CUDA's threadFenceReduction sample, reset to
-// 0 by that block for the next launch — routes the token from the logits
-// the launch wrote, with route_token (route.cu), as `route` would. With
-// `mq` set, the launch's warps also quantize the product's f32 input `x`
-// (cols values) in MXFP4's code order into (mq, md), as quantize_q8_mxfp4
-// does, for the routed experts that read it next. Same values as the
-// separate launches, in the same order: only launches are saved.
+// router1_q8x_q8_0 (q8one.cu) with this file's product: the router's
+// logits, then router_finish (the quantization, the ticket, the routing).
 extern "C" __global__ void __launch_bounds__(CTA_MAX_PIECES)
     router1c_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
                      const float* correction, const float* expert_scale, RouteOut* out,
                      u32* ticket, const float* x, signed char* mq, float* md) {
     cta_token_units<F_Q8_0, true>(CtaMat{g, xq, xd}, cols);
-    if (mq) {
-        int warps = blockDim.x >> 5, w = blockIdx.x * warps + (threadIdx.x >> 5);
-        for (int b = w; b < cols / 32; b += gridDim.x * warps)
-            quantize_q8_block<F_MXFP4>(x, b, mq, md);
-    }
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        route_token(g.out[0], 0, p, correction, expert_scale, out);
-        if (threadIdx.x == 0) *ticket = 0;
-    }
+    router_finish(g, cols, p, correction, expert_scale, out, ticket, x, mq, md);
 }
-

@@ -354,14 +354,19 @@ Q8_ONE_KERNELS(mxfp4, F_MXFP4)
 // (cols values) in MXFP4's code order into (mq, md), as quantize_q8_mxfp4
 // does, for the routed experts that read it next. Same values as the
 // separate launches, in the same order: only launches are saved.
-extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
-    router1_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
-                     const float* correction, const float* expert_scale, RouteOut* out,
-                     u32* ticket, const float* x, signed char* mq, float* md) {
-    one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
+// The launch's part after its product (every thread of every block calls
+// it once the block's logits are written): the quantization of `x` when
+// `mq` is set (warp w of the grid takes blocks w, w + warps, …), then the
+// ticket, and the routing by the last block. Shared with q8cta.cu's
+// router1c_q8x_q8_0.
+__device__ __forceinline__ void router_finish(const MatGroup& g, int cols, const RouterParams& p,
+                                              const float* correction,
+                                              const float* expert_scale, RouteOut* out,
+                                              u32* ticket, const float* x, signed char* mq,
+                                              float* md) {
     if (mq) {
-        int w = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
-        for (int b = w; b < cols / 32; b += gridDim.x * ONE_WARPS)
+        int warps = blockDim.x >> 5, w = blockIdx.x * warps + (threadIdx.x >> 5);
+        for (int b = w; b < cols / 32; b += gridDim.x * warps)
             quantize_q8_block<F_MXFP4>(x, b, mq, md);
     }
     __shared__ bool last;
@@ -377,3 +382,10 @@ extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
     }
 }
 
+extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
+    router1_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
+                     const float* correction, const float* expert_scale, RouteOut* out,
+                     u32* ticket, const float* x, signed char* mq, float* md) {
+    one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
+    router_finish(g, cols, p, correction, expert_scale, out, ticket, x, mq, md);
+}

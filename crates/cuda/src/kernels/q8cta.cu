@@ -83,8 +83,8 @@ __device__ __forceinline__ int cta_piece_dot(uint4 w, const Q8Act<F>& x) {
 // lanes walk side by side fall in different banks.
 __device__ __forceinline__ int cta_stride(int nb) { return nb % 2 ? nb : nb + 1; }
 
-// The walk of stash row `row` (see the top); every lane that calls it ends
-// with that row's total.
+// The walk of the stash row at `p` (see the top); every lane that calls it
+// ends with that row's total.
 __device__ __forceinline__ float cta_walk(const float2* p, int nb) {
     float acc = 0.0f;
     for (int c = 0; c < nb; c += Q8_CHUNK) {
@@ -117,9 +117,9 @@ struct CtaRows {
 // The groups of a launch (see the top). `Work` gives the number of groups
 // (`groups`), whether a group is computed (`live`: uniform over the block),
 // where its rows lie (`rows`) and the token codes and scales it reads
-// (`x`), and stores totals (`write`,
-// called by lane j < CTA_GROUP of warp 0 with row j's total; every lane of
-// warp 0 calls it, so that it may exchange totals between lanes).
+// (`x`), and stores totals (`write`, called by lane j < CTA_GROUP of warp
+// 0 with row j's total; every lane of warp 0 calls it, so that it may
+// exchange totals between lanes).
 //
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first group's
 // weight loads are issued before waiting for the kernel before this one,

@@ -26,9 +26,9 @@ typedef long long i64;
 // kernel still runs after the whole of the one before it, which ran after
 // the whole of its own predecessor (every kernel waits first, before any
 // early return). The exceptions read only weights, which no kernel
-// writes, before waiting: one token's Q8_0 products (q8one.cu, EARLY)
-// issue their first rows' weight loads, and the RMS norm loads its
-// weights (elementwise.cu), then wait.
+// writes, before waiting: one token's Q8_0 products (q8one.cu and
+// q8cta.cu, EARLY) issue their first rows' weight loads, and the RMS norm
+// loads its weights (elementwise.cu), then wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -7,7 +7,7 @@ use crate::{
     MoeScratch, Route, RouterSpec, RouterTables, SharedBytes, Stream,
 };
 use std::sync::Arc;
-use turbospark_core::arch::{Activation, RouterKind};
+use turbospark_core::arch::{Activation, NormSpec, RouterKind};
 use turbospark_core::QuantFormat;
 
 /// Every router kind, with its correction bias or expert scales, over a
@@ -769,7 +769,10 @@ pub fn check_moe_intermediate<D: Device>(
 /// fuse (the CUDA backend routes in the product's launch and quantizes the
 /// experts' input there) — give the same logits, routes and output bits as
 /// the same ops with a copy of the logits between product and routing,
-/// which nothing fuses across.
+/// which nothing fuses across. Both with the product's input given, and
+/// with it made just before by the decode step's residual add, copy and
+/// RMS norm (which the CUDA backend also joins to the routing's launch):
+/// then the residual stream and the normed input must match too.
 pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceError> {
     const OP: &str = "route after the router product";
     let mut rng = Rng(41);
@@ -780,6 +783,10 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
         .upload_vector(&f32_tensor("ffn_gate_inp.bias", vec![EXPERTS], &bias))
         .at(OP, "upload")?;
     let spec = RouterSpec::new(RouterKind::TopKSoftmax, EXPERTS, TOP_K).at(OP, "spec")?;
+    let norm_w = rng.scaled(HIDDEN, 1.0);
+    let norm_w = dev
+        .upload_vector(&f32_tensor("ffn_norm", vec![HIDDEN], &norm_w))
+        .at(OP, "upload")?;
     for formats in FORMAT_SETS {
         let case = format!("{}/{}/{}", formats[0], formats[1], formats[2]);
         let MoeCase {
@@ -789,10 +796,22 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
             x,
             ..
         } = moe_case(dev, OP, formats, &mut rng)?;
-        for t in 0..3 {
-            let xt = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
+        for t in 0..6 {
+            // Tokens 3..6: the input normed from a residual stream.
+            let normed = t >= 3;
+            let xs = &x[(t % 3) * HIDDEN..(t % 3 + 1) * HIDDEN];
+            let o = rng.scaled(HIDDEN, 1.0);
             let mut got = Vec::new();
             for split in [false, true] {
+                let mut xt = h.buf(xs)?;
+                let mut resid = h.buf(xs)?;
+                if normed {
+                    let ob = h.buf(&o)?;
+                    h.st.add(&mut resid, &ob, HIDDEN).at(OP, &case)?;
+                    h.st.copy(&resid, 0, &mut xt, 0, HIDDEN).at(OP, &case)?;
+                    h.st.rms_norm(&mut xt, 1, HIDDEN, NormSpec::plain(1e-5), Some(&norm_w))
+                        .at(OP, &case)?;
+                }
                 let mut logits = h.zeros(EXPERTS)?;
                 let mut copied = h.zeros(EXPERTS)?;
                 let mut routes = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
@@ -824,12 +843,16 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                     bits(h.get(&logits, EXPERTS)?),
                     r,
                     bits(h.get(&out, HIDDEN)?),
+                    bits(h.get(&xt, HIDDEN)?),
+                    bits(h.get(&resid, HIDDEN)?),
                 ));
             }
             for (what, same) in [
                 ("logits", got[0].0 == got[1].0),
                 ("routes", got[0].1 == got[1].1),
                 ("experts' output", got[0].2 == got[1].2),
+                ("normed input", got[0].3 == got[1].3),
+                ("residual stream", got[0].4 == got[1].4),
             ] {
                 if !same {
                     return Err(property(

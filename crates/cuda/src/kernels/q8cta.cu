@@ -33,48 +33,6 @@
 //   buffered: the walk of one group overlaps the sums of the next, and one
 //   barrier a group orders both.
 
-// Σ code · q of the 8 MXFP4 nibbles of code word w (nibbles 0-3 against
-// the 4 codes of xa, 4-7 against xb), without forming the nibbles' values:
-// each half takes two byte permutes whose selector nibble's top bit picks
-// copy (0) or the selected byte's sign spread over the byte (1), as PTX
-// `prmt` (default mode) defines it. P = prmt(T1, c) and N = prmt(T2, c ^ 8),
-// with T1 = {0, 2, 3, 4, 5, 7, 9, 13} and T2 = {0, -1, -2, -3, -4, -6, -8,
-// -12} (the negated doubled e2m1 magnitudes):
-//   c < 8:  P = T1[c], N = sign(T2[c]) = -1 (0 for c = 0): P + N = KVALUES[c]
-//   c >= 8: P = sign(T1[c - 8]) = 0, N = T2[c - 8]:          P + N = KVALUES[c]
-// so dp4a(P, x) + dp4a(N, x) is the integer sum mxfp4_word's values give
-// (exactly: integer sums), in 4 permutes, 2 shifts and 1 logic op a word
-// against 6 permutes and ~7 logic and shift ops.
-#define MXFP4_P0 0x04030200u
-#define MXFP4_P1 0x0D090705u
-__device__ __forceinline__ u32 prmt_signed(u32 a, u32 b, u32 sel) {
-    u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-    return r;
-}
-__device__ __forceinline__ int mxfp4_dot_word(u32 w, int xa, int xb, int s) {
-    u32 f = w ^ 0x88888888u;
-    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w), xa, s);
-    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f), xa, s);
-    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w >> 16), xb, s);
-    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f >> 16), xb, s);
-    return s;
-}
-
-// Σ code · q of one 16-byte piece of weight codes against the matching
-// quantized activations, as q8_piece_dot (q8dot.cu), MXFP4's words
-// through mxfp4_dot_word (the same integer sums).
-template <int F>
-__device__ __forceinline__ int cta_piece_dot(uint4 w, const Q8Act<F>& x) {
-    if (F == F_Q8_0) return q8_piece_dot<F>(w, x);
-    int s = 0;
-    s = mxfp4_dot_word(w.x, x.lo.x, x.lo.y, s);
-    s = mxfp4_dot_word(w.y, x.lo.z, x.lo.w, s);
-    s = mxfp4_dot_word(w.z, x.hi.x, x.hi.y, s);
-    s = mxfp4_dot_word(w.w, x.hi.z, x.hi.w, s);
-    return s;
-}
-
 #define CTA_GROUP 16                   // rows a group
 #define CTA_MAX_PIECES 256             // pieces (threads) a row at most
 #define CTA_MAX_COLS 4096              // Q8_0: 256 pieces; MXFP4: 128
@@ -172,7 +130,7 @@ __device__ __forceinline__ void cta_token_units(const Work& wk, int cols) {
             }
 #pragma unroll
             for (int j = 0; j < CTA_GROUP; j++) {
-                int v = cta_piece_dot<F>(w[j], xa);
+                int v = q8_piece_dot<F>(w[j], xa);
                 if (P == 2) v += __shfl_xor_sync(FULL_MASK, v, 1);
                 if (own && h == 0) st[j * stride + b] = make_float2((float)v, q8_weight_scale<F>(sw[j]) * dx);
             }

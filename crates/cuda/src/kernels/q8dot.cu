@@ -59,12 +59,44 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     return r;
 }
 
-// Four MXFP4 nibbles (a 16-bit half of a code word) as four int8 values.
+// Four MXFP4 nibbles (a 16-bit half of a code word) as four int8 values
+// (the tensor-core tiles of mmq.cu, which need the values themselves).
 __device__ __forceinline__ int mxfp4_word(u32 h) {
     u32 sel = h & 0x7777u;
     u32 pos = __byte_perm(MXFP4_LO0, MXFP4_LO1, sel);
     u32 neg = __byte_perm(MXFP4_HI0, MXFP4_HI1, sel);
     return (int)__byte_perm(pos, neg, ((h & 0x8888u) >> 1) | 0x3210u);
+}
+
+// Σ code · q of the 8 MXFP4 nibbles of code word w (nibbles 0-3 against
+// the 4 codes of xa, 4-7 against xb), without forming the nibbles' values:
+// each half takes two byte permutes whose selector nibble's top bit picks
+// copy (0) or the selected byte's sign spread over the byte (1), as PTX
+// `prmt` (default mode) defines it. P = prmt(T1, c) and N = prmt(T2, c ^ 8),
+// with T1 = {0, 2, 3, 4, 5, 7, 9, 13} and T2 = {0, -1, -2, -3, -4, -6, -8,
+// -12} (the negated doubled e2m1 magnitudes):
+//   c < 8:  P = T1[c], N = sign(T2[c]) = -1 (0 for c = 0): P + N = KVALUES[c]
+//   c >= 8: P = sign(T1[c - 8]) = 0, N = T2[c - 8]:          P + N = KVALUES[c]
+// so dp4a(P, x) + dp4a(N, x) is the integer sum mxfp4_word's values give
+// (exactly: integer sums), in 4 permutes, 2 shifts and 1 logic op a word
+// against mxfp4_word's 6 permutes and ~7 logic and shift ops. (Checked by
+// emulating `prmt` over all 65536 half words in both positions, then by the
+// GPU conformance suite; every one-token and batched MXFP4 product dots
+// through it.)
+#define MXFP4_P0 0x04030200u
+#define MXFP4_P1 0x0D090705u
+__device__ __forceinline__ u32 prmt_signed(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+__device__ __forceinline__ int mxfp4_dot_word(u32 w, int xa, int xb, int s) {
+    u32 f = w ^ 0x88888888u;
+    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w), xa, s);
+    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f), xa, s);
+    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w >> 16), xb, s);
+    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f >> 16), xb, s);
+    return s;
 }
 
 // The order of the f32 sums, shared by the matrix-vector kernels below and
@@ -142,14 +174,10 @@ __device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x) {
         s = dp4a((int)w.z, x.lo.z, s);
         s = dp4a((int)w.w, x.lo.w, s);
     } else {
-        s = dp4a(mxfp4_word(w.x & 0xFFFFu), x.lo.x, s);
-        s = dp4a(mxfp4_word(w.x >> 16), x.lo.y, s);
-        s = dp4a(mxfp4_word(w.y & 0xFFFFu), x.lo.z, s);
-        s = dp4a(mxfp4_word(w.y >> 16), x.lo.w, s);
-        s = dp4a(mxfp4_word(w.z & 0xFFFFu), x.hi.x, s);
-        s = dp4a(mxfp4_word(w.z >> 16), x.hi.y, s);
-        s = dp4a(mxfp4_word(w.w & 0xFFFFu), x.hi.z, s);
-        s = dp4a(mxfp4_word(w.w >> 16), x.hi.w, s);
+        s = mxfp4_dot_word(w.x, x.lo.x, x.lo.y, s);
+        s = mxfp4_dot_word(w.y, x.lo.z, x.lo.w, s);
+        s = mxfp4_dot_word(w.z, x.hi.x, x.hi.y, s);
+        s = mxfp4_dot_word(w.w, x.hi.z, x.hi.w, s);
     }
     return s;
 }

@@ -309,10 +309,8 @@ __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float*
                 int j = tb + 8 * nt + 2 * q + (i & 1);
                 if (row < b.inter && j < tk.count) {
                     i64 r = (i64)slot * b.inter + row;
-                    float gv = acc[0][nt][i], uv = acc[1][nt][i];
-                    if (b.gate_bias) gv += b.gate_bias[r];
-                    if (b.up_bias) uv += b.up_bias[r];
-                    act[(i64)order[c + j] * b.inter + row] = glu_one(gv, uv, a.act, a.alpha, a.limit);
+                    act[(i64)order[c + j] * b.inter + row] =
+                        moe_act_value(b, a, r, acc[0][nt][i], acc[1][nt][i]);
                 }
             }
     }
@@ -351,9 +349,8 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
                     int row = r0 + ra[mt] + g + 8 * (i >> 1);
                     int j = tb + 8 * nt + 2 * q + (i & 1);
                     if (row < b.hidden && j < tk.count) {
-                        float v = acc[mt][nt][i];
-                        if (b.down_bias) v += b.down_bias[(i64)slot * b.hidden + row];
-                        y[(i64)order[c + j] * b.hidden + row] = v;
+                        y[(i64)order[c + j] * b.hidden + row] =
+                            moe_down_value(b, (i64)slot * b.hidden + row, acc[mt][nt][i]);
                     }
                 }
     }

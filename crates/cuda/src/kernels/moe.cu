@@ -38,6 +38,23 @@ struct MoeAct {
     float limit;
 };
 
+// The activation of a gate and up row pair's totals (g, u) of bank row r
+// (slot · inter + row): the biases added when the bank has them, then the
+// GLU — the store of every routed gate/up kernel (q8dot.cu, q8one.cu,
+// q8cta.cu, mmq.cu).
+__device__ __forceinline__ float moe_act_value(const BankView& b, const MoeAct& a, i64 r, float g,
+                                               float u) {
+    if (b.gate_bias) g += b.gate_bias[r];
+    if (b.up_bias) u += b.up_bias[r];
+    return glu_one(g, u, a.act, a.alpha, a.limit);
+}
+
+// A down row's total v of bank row r (slot · hidden + row), its bias added
+// when the bank has one.
+__device__ __forceinline__ float moe_down_value(const BankView& b, i64 r, float v) {
+    return b.down_bias ? v + b.down_bias[r] : v;
+}
+
 // A row's dot with one token, as matmul_impl computes it for one token.
 template <int F>
 __device__ __forceinline__ float row_dot(const u8* wr, int cols, const float* x) {

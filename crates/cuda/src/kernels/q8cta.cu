@@ -232,10 +232,7 @@ struct CtaGateUp {
         int i = grp / per_route(), r = (grp - i * per_route()) * (CTA_GROUP / 2) + j / 2;
         if (j >= CTA_GROUP || j % 2 || r >= b.inter) return;
         i64 rr = (i64)routes[i].slot * b.inter + r;
-        float gv = acc;
-        if (b.gate_bias) gv += b.gate_bias[rr];
-        if (b.up_bias) u += b.up_bias[rr];
-        act[(i64)i * b.inter + r] = glu_one(gv, u, a.act, a.alpha, a.limit);
+        act[(i64)i * b.inter + r] = moe_act_value(b, a, rr, acc, u);
     }
 };
 
@@ -273,7 +270,7 @@ struct CtaDown {
         int i = grp / per_route(), r = (grp - i * per_route()) * CTA_GROUP + j;
         if (j >= CTA_GROUP || r >= b.hidden) return;
         i64 rr = (i64)routes[i].slot * b.hidden + r;
-        y[(i64)i * b.hidden + r] = b.down_bias ? acc + b.down_bias[rr] : acc;
+        y[(i64)i * b.hidden + r] = moe_down_value(b, rr, acc);
     }
 };
 

@@ -405,10 +405,7 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     float acc[2][1];
     q8_rows_dot<F, 1, 2>(wr, b.hidden, qs, ds, 1, acc);
     if (live && q8_writer()) {
-        float g = acc[0][0], u = acc[1][0];
-        if (b.gate_bias) g += b.gate_bias[r];
-        if (b.up_bias) u += b.up_bias[r];
-        act[(i64)i * b.inter + row] = glu_one(g, u, a.act, a.alpha, a.limit);
+        act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0][0], acc[1][0]);
     }
 }
 
@@ -428,9 +425,7 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     float acc[1][1];
     q8_rows_dot<F, 1, 1>(wr, b.inter, qs, ds, 1, acc);
     if (live && q8_writer()) {
-        float v = acc[0][0];
-        if (b.down_bias) v += b.down_bias[r];
-        y[(i64)i * b.hidden + row] = v;
+        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0][0]);
     }
 }
 
@@ -467,10 +462,7 @@ __device__ void moe_gate_up_grouped_q8_impl(const signed char* __restrict__ xq,
 #pragma unroll
             for (int t = 0; t < MOE_GROUP; t++) {
                 if (t >= nt) break;
-                float g = acc[0][t], u = acc[1][t];
-                if (b.gate_bias) g += b.gate_bias[r];
-                if (b.up_bias) u += b.up_bias[r];
-                act[(i64)ids[t] * b.inter + row] = glu_one(g, u, a.act, a.alpha, a.limit);
+                act[(i64)ids[t] * b.inter + row] = moe_act_value(b, a, r, acc[0][t], acc[1][t]);
             }
         }
     }
@@ -506,9 +498,7 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 #pragma unroll
             for (int t = 0; t < MOE_GROUP; t++) {
                 if (t >= nt) break;
-                float v = acc[0][t];
-                if (b.down_bias) v += b.down_bias[r];
-                y[(i64)ids[t] * b.hidden + row] = v;
+                y[(i64)ids[t] * b.hidden + row] = moe_down_value(b, r, acc[0][t]);
             }
         }
     }

@@ -288,10 +288,7 @@ struct OneGateUp {
     __device__ __forceinline__ void write(int u, const float* acc) const {
         int i = u / b.inter, row = u - i * b.inter;
         i64 r = (i64)routes[i].slot * b.inter + row;
-        float g = acc[0], v = acc[1];
-        if (b.gate_bias) g += b.gate_bias[r];
-        if (b.up_bias) v += b.up_bias[r];
-        act[(i64)i * b.inter + row] = glu_one(g, v, a.act, a.alpha, a.limit);
+        act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0], acc[1]);
     }
 };
 
@@ -317,7 +314,7 @@ struct OneDown {
     __device__ __forceinline__ void write(int u, const float* acc) const {
         int i = u / b.hidden, row = u - i * b.hidden;
         i64 r = (i64)routes[i].slot * b.hidden + row;
-        y[(i64)i * b.hidden + row] = b.down_bias ? acc[0] + b.down_bias[r] : acc[0];
+        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0]);
     }
 };
 

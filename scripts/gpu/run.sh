@@ -32,9 +32,10 @@
 #                when the call does not race llama.cpp
 #   pdetail      Nsight Compute sections (occupancy, warp states, scheduler)
 #                of decode_products' kernels matching PDETAIL
-#   variants     decode logits with each setting of VARIANTS (default: the
-#                router/attention fusions off) bit for bit against the
-#                default, and tg128 of each
+#   variants     decode logits with each setting of VARIANTS (default:
+#                TURBOSPARK_CUDA_FUSE=0, i.e. the default since the twelfth
+#                session) bit for bit against TURBOSPARK_CUDA_FUSE=1 (the
+#                opt-in router/attention fusions), and tg128 of each
 #   ab           AB_BASE (another turbospark binary) against BIN's, alternated
 #                (scripts/bench/ab.sh, AB_ROUNDS rounds, default 2): pp512 and
 #                tg128 at each of DEPTHS on the synthetic model
@@ -303,6 +304,11 @@ PY
             echo "--- $t"
             "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
         done
+        # The opt-in router and attention fusions: the suite's
+        # check_router_then_experts and check_attention_then_product
+        # compare them with separate launches bit for bit.
+        echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_FUSE=1"
+        TURBOSPARK_CUDA_FUSE=1 "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         ;;
     fixtures)
         stage "fixtures: CUDA vs CPU exact"
@@ -466,8 +472,9 @@ PY
         ;;
     variants)
         # The kernel and fusion settings that must give the same bits: decode
-        # logits of 24 tokens with each setting of VARIANTS against the
-        # default, then tg128 of each, alternated (REPS rounds).
+        # logits of 24 tokens with each setting of VARIANTS against those with
+        # the opt-in fusions (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
+        # alternated (REPS rounds).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
@@ -482,7 +489,7 @@ r = np.load(f"{w}/bits-TURBOSPARK_CUDA_FUSE=1.npy")
 for v in variants:
     x = np.load(f"{w}/bits-{v}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
-    print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} the default")
+    print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} TURBOSPARK_CUDA_FUSE=1's")
 PY
         for r in $(seq "$REPS"); do
             for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do

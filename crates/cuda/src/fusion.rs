@@ -12,10 +12,6 @@
 //!
 //! - a residual add, the copy of its sum and the RMS norm of the copy
 //!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch;
-//! - when that norm feeds a token's Q8_0 product, it is held with the
-//!   product ([`GroupLaunch::norm`]): if the product is a router whose
-//!   routing follows, norm, product and routing are one
-//!   `norm_router1_q8_0` launch (one block);
 //! - that norm also writes the 8-bit quantization of its output when the
 //!   next op is a fast matmul of it (the quantization the matmul would
 //!   launch itself);
@@ -68,9 +64,6 @@ pub(crate) struct NormLaunch {
     pub w: u64,
 }
 
-/// The codes' order of Q8_0's fast kernels (`Q8_ORDER_NATURAL`).
-pub(crate) const Q8_ORDER_NATURAL: i32 = 0;
-
 /// Where a norm also writes its output's quantization: codes, scales and
 /// the codes' order (`Q8_ORDER_*`).
 #[derive(Clone, Copy)]
@@ -91,10 +84,6 @@ pub(crate) struct GroupLaunch {
     pub n: usize,
     pub xq: u64,
     pub xd: u64,
-    /// The norm that writes `x` and its quantization (`xq`, `xd`), not yet
-    /// launched: launched just before the products, unless the router's
-    /// routing takes both into one launch (stream.rs `route_fused`).
-    pub norm: Option<NormLaunch>,
 }
 
 /// A tensor-core product of a batch (`mq_matmul`).
@@ -379,14 +368,6 @@ pub(crate) fn launch_pending(
             let set = k.q8.get(g.format).ok_or(BackendError::Unsupported {
                 op: "matmul (8-bit activations of this format)",
             })?;
-            if let Some(n) = g.norm {
-                let q = Q8Out {
-                    codes: g.xq,
-                    scales: g.xd,
-                    order: Q8_ORDER_NATURAL,
-                };
-                launch_pending(k, stream, Pending::Norm(n), Some(q))?;
-            }
             let (cols, nn) = (g.cols as i32, g.n as i32);
             if let Some(one) = set
                 .one

@@ -206,11 +206,6 @@ fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
     }
 }
 
-/// Most threads of a `norm_router1_q8_0` block (`NORM_ROUTER_THREADS`):
-/// it has the norm's ([`crate::fusion::norm_threads`]), so it takes rows up
-/// to 3072 wide.
-pub(crate) const NORM_ROUTER_THREADS: u32 = 768;
-
 /// Widest rows the one-token kernels take (`ONE_MAX_COLS`, `CTA_MAX_COLS`).
 pub(crate) const ONE_MAX_COLS: usize = 4096;
 /// Warps of a q8one.cu block (`ONE_WARPS`) and its threads.
@@ -349,9 +344,6 @@ pub(crate) struct Kernels {
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
     pub route: CudaFunction,
-    /// One token's RMS norm, router product and routing in one block
-    /// (`kernels/q8one.cu` `norm_router1_q8_0`).
-    pub norm_router1: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
     /// than the default 48 KiB (attention, the chunked delta rule) may use
@@ -436,7 +428,6 @@ impl Kernels {
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             route: f("route")?,
-            norm_router1: f("norm_router1_q8_0")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
         })

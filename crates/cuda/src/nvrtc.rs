@@ -184,16 +184,10 @@ mod tests {
                             .is_some_and(|args| args.trim_end().ends_with("true"))
                     });
                 let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-                let norm_early = (name == "rms_norm"
+                let norm_early = name == "rms_norm"
                     && compact.starts_with(
                         "floatwv[NORM_PER];norm_weights(w,dim,mode,wv);KERNEL_ENTRY();",
-                    ))
-                    || (name == "norm_router1_q8_0"
-                        && compact.starts_with(
-                            "floatwv[NORM_PER];norm_weights(w,dim,mode,wv);\
-                             l2_prefetch_range(g.w[0],(i64)g.rows[0]*g.row_bytes[0],\
-                             threadIdx.x,blockDim.x);KERNEL_ENTRY();",
-                        ));
+                    );
                 assert!(
                     body.starts_with("KERNEL_ENTRY();") || (early && waits_early) || norm_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",

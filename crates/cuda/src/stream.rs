@@ -110,9 +110,10 @@ pub struct CudaStream {
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<RoutedQ8>>,
     /// Whether `route` may join the router product's launch and the decode
-    /// attention quantize its output for the product after it
-    /// (`TURBOSPARK_CUDA_FUSE=0`: neither, for A/B measurements and bit
-    /// comparisons).
+    /// attention quantize its output for the product after it: only with
+    /// `TURBOSPARK_CUDA_FUSE=1` (the same bits; on an H200 a gpt-oss decode
+    /// token was 2–3 % faster with separate launches, BENCHMARKS.md,
+    /// twelfth session).
     fuse: bool,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
@@ -200,7 +201,7 @@ impl CudaStream {
                 _ => 0,
             })?,
             routed_q8: std::cell::Cell::new(None),
-            fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() != Ok("0"),
+            fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() == Ok("1"),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -361,7 +362,6 @@ impl CudaStream {
         let order = usize::from(w.format == QuantFormat::Mxfp4);
         let key = (x, n * w.cols, order);
         let gemv = n < kernels::MMQ_MIN_TOKENS;
-        let mut held_norm = None;
         match self.pending.get() {
             Some(Pending::Group(g))
                 if gemv
@@ -386,16 +386,12 @@ impl CudaStream {
                     && nl.dim <= fusion::NORM_HELD =>
             {
                 self.pending.set(None);
-                if self.may_route_with_norm(&nl, w) {
-                    held_norm = Some(nl);
-                } else {
-                    let q = Q8Out {
-                        codes: r.xq,
-                        scales: r.xd,
-                        order: order as i32,
-                    };
-                    fusion::launch_pending(&self.k, self.raw(), Pending::Norm(nl), Some(q))?;
-                }
+                let q = Q8Out {
+                    codes: r.xq,
+                    scales: r.xd,
+                    order: order as i32,
+                };
+                fusion::launch_pending(&self.k, self.raw(), Pending::Norm(nl), Some(q))?;
                 self.quantized.set(Some(key));
             }
             _ => self.flush()?,
@@ -418,7 +414,6 @@ impl CudaStream {
                 n,
                 xq: r.xq,
                 xd: r.xd,
-                norm: held_norm,
             })
         } else {
             Pending::Tile(TileLaunch {
@@ -467,19 +462,6 @@ impl CudaStream {
         }
     }
 
-    /// Whether the norm `nl`, whose output the one-token Q8_0 product of
-    /// `w` reads next, is held with that product (see [`GroupLaunch::norm`])
-    /// rather than launched now: when the product may be a router whose
-    /// routing then takes all three into one `norm_router1_q8_0` block.
-    fn may_route_with_norm(&self, nl: &fusion::NormLaunch, w: &CudaMatrix) -> bool {
-        self.fuse
-            && nl.rows == 1
-            && w.format == QuantFormat::Q8_0
-            && w.cols <= kernels::ONE_MAX_COLS
-            && fusion::norm_threads(nl.dim) <= kernels::NORM_ROUTER_THREADS
-            && self.router_kernel().is_some()
-    }
-
     fn router_kernel(&self) -> Option<&kernels::OneKernel> {
         self.k
             .q8
@@ -491,11 +473,9 @@ impl CudaStream {
     }
 
     /// The router product `g` (pending) and the routing of its logits in
-    /// one launch, which also quantizes the product's input in MXFP4's
-    /// order for the MoE call that follows when its width fits `routed_x`:
-    /// `norm_router1_q8_0` when the norm that writes that input is held
-    /// with the product (and then joins the launch), else
-    /// `router1_q8x_q8_0`.
+    /// one launch (`router1_q8x_q8_0`), which also quantizes the product's
+    /// input in MXFP4's order for the MoE call that follows when its width
+    /// fits `routed_x`.
     fn route_fused(
         &mut self,
         g: GroupLaunch,
@@ -514,64 +494,6 @@ impl CudaStream {
         } else {
             (0, 0)
         };
-        if let Some(n) = g.norm {
-            // Norm, product and routing in one block.
-            let (d, eps, mode, w) = (n.dim as i32, n.eps, n.mode, n.w);
-            let args = &mut args![
-                n.add,
-                n.h,
-                n.out,
-                d,
-                eps,
-                mode,
-                w,
-                g.group,
-                g.xq,
-                g.xd,
-                p,
-                correction,
-                expert_scale,
-                out,
-                mq,
-                md
-            ];
-            let threads = fusion::norm_threads(n.dim);
-            launch(
-                "route",
-                &self.k.norm_router1,
-                self.raw(),
-                (1, 1, 1),
-                threads,
-                0,
-                args,
-            )?;
-        } else {
-            self.launch_router1(&g, p, correction, expert_scale, out, mq, md)?;
-        }
-        if premade {
-            self.routed_q8.set(Some(RoutedQ8 {
-                x: g.x,
-                values: g.cols,
-                xq: mq,
-                xd: md,
-            }));
-        }
-        Ok(())
-    }
-
-    /// The router product `g` with its routing (`router1_q8x_q8_0`, many
-    /// blocks; the last routes).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_router1(
-        &self,
-        g: &GroupLaunch,
-        p: kernels::RouterParams,
-        correction: u64,
-        expert_scale: u64,
-        out: u64,
-        mq: u64,
-        md: u64,
-    ) -> Result<(), BackendError> {
         let one = self.router_kernel().expect("checked by fusable_router");
         let rows = kernels::OneWork::Rows(&g.group.rows[..1]);
         let l = one.config(QuantFormat::Q8_0, g.cols, rows)?;
@@ -590,7 +512,16 @@ impl CudaStream {
             mq,
             md
         ];
-        launch("route", &one.f, self.raw(), l.grid, l.threads, l.smem, args)
+        launch("route", &one.f, self.raw(), l.grid, l.threads, l.smem, args)?;
+        if premade {
+            self.routed_q8.set(Some(RoutedQ8 {
+                x: g.x,
+                values: g.cols,
+                xq: mq,
+                xd: md,
+            }));
+        }
+        Ok(())
     }
 
     fn bank_view(bank: &CudaBank) -> BankView {

@@ -771,7 +771,7 @@ pub fn check_moe_intermediate<D: Device>(
 /// the same ops with a copy of the logits between product and routing,
 /// which nothing fuses across. Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and
-/// RMS norm (which the CUDA backend also joins to the routing's launch):
+/// RMS norm (one CUDA launch, which also quantizes the product's input):
 /// then the residual stream and the normed input must match too.
 pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceError> {
     const OP: &str = "route after the router product";

@@ -28,8 +28,7 @@ typedef long long i64;
 // early return). The exceptions read only weights, which no kernel
 // writes, before waiting: one token's Q8_0 products (q8one.cu and
 // q8cta.cu, EARLY) issue their first rows' weight loads, and the RMS norm
-// loads its weights (elementwise.cu; norm_router1_q8_0 also asks L2 for
-// the router's rows), then wait.
+// loads its weights (elementwise.cu), then wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -37,17 +36,6 @@ __device__ __forceinline__ void kernel_entry() {
 #endif
 }
 #define KERNEL_ENTRY() kernel_entry()
-
-// Thread t of nt asks L2 for its share of the 128-byte lines holding
-// [p, p + bytes) (prefetch.global.L2: no registers, no result, reads
-// nothing a kernel sees). For weights a kernel will read, issued before
-// its KERNEL_ENTRY.
-__device__ __forceinline__ void l2_prefetch_range(const void* p, i64 bytes, int t, int nt) {
-    if (bytes <= 0) return;
-    const char* a = (const char*)((unsigned long long)p & ~127ull);
-    i64 lines = ((const char*)p + bytes - a + 127) / 128;
-    for (i64 i = t; i < lines; i += nt) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + i * 128));
-}
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

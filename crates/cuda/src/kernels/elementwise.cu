@@ -105,15 +105,12 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
 // - `q` (null: none): the normed row also quantized to 8 bits per block
 //   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
 //   that reads it next. Only for rows held in registers with dim a
-//   multiple of 32: a warp then holds whole 32-element blocks. `q2` (null:
-//   none) takes the same codes again in MXFP4's order, their scales `qd2`
-//   (norm_router1_q8_0: the router reads one order, the experts the other).
+//   multiple of 32: a warp then holds whole 32-element blocks.
 // wv: this thread's weights, as norm_weights loads them.
 __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
                                              float eps, int mode, const float* w,
                                              const float* wv, signed char* q, float* qd,
-                                             int order, signed char* q2 = nullptr,
-                                             float* qd2 = nullptr) {
+                                             int order) {
     i64 at = (i64)blockIdx.x * dim;
     float* row = h + at;
     float* dst = out + at;
@@ -166,11 +163,6 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
                     i64 e = at + i;
                     q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c;
                     if ((i & 31) == 0) qd[e >> 5] = scale;
-                    if (q2) {
-                        q2[(e & ~(i64)31) + q8_pos_order(Q8_ORDER_MXFP4, (int)(e & 31))] =
-                            (signed char)c;
-                        if ((i & 31) == 0) qd2[e >> 5] = scale;
-                    }
                 }
             }
         }

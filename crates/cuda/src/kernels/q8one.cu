@@ -197,9 +197,8 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 // wait (one_sums).
 template <int F, int R, bool EARLY, class Work>
 __device__ __forceinline__ void one_token_units(const Work& wk, int units, int cols) {
-    int warps = blockDim.x >> 5;  // ONE_WARPS, but for norm_router1_q8_0
-    int u = blockIdx.x * warps + (threadIdx.x >> 5);
-    int stride = gridDim.x * warps;
+    int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
+    int stride = gridDim.x * ONE_WARPS;
     OneLoads<F, R> L;
     const u8* rows[R];
     const signed char* xq;
@@ -386,38 +385,4 @@ extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
                      u32* ticket, const float* x, signed char* mq, float* md) {
     one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
     router_finish(g, cols, p, correction, expert_scale, out, ticket, x, mq, md);
-}
-
-// One token's RMS norm, router product and routing in one block (fusion of
-// rms_norm — with its residual add and quantization — and
-// router1_q8x_q8_0; stream.rs `route_fused`). The block has the norm's
-// threads (fusion.rs `norm_threads`, so rms_norm_row's sums in the same
-// order), at most NORM_ROUTER_THREADS of them. The norm writes the residual
-// stream `h` (after h += add_src), the normed row `out`, its quantization in
-// natural order (xq, xd: the router product's input) and, when mq is set,
-// in MXFP4's order (mq, md: the routed experts' input, as router1's
-// quantization). Then warp w takes router rows w, w + warps, … as matmul1
-// does (one_token_units; the bias in `write`) into g.out[0], and warp 0
-// routes from those logits with route_token. One block, so no ticket: the
-// __syncthreads between the phases make each phase's global writes visible
-// to the next (the CUDA programming guide's rule for __syncthreads). The
-// same operations in the same order as the separate launches, so the same
-// bits. Before waiting for the kernel before it, the block loads the
-// norm's weights (as rms_norm does) and asks L2 for the router's rows
-// (weights only: no kernel writes them).
-#define NORM_ROUTER_THREADS 768
-extern "C" __global__ void __launch_bounds__(NORM_ROUTER_THREADS)
-    norm_router1_q8_0(const float* add_src, float* h, float* out, int dim, float eps, int mode,
-                      const float* w, MatGroup g, signed char* xq, float* xd, RouterParams p,
-                      const float* correction, const float* expert_scale, RouteOut* routes,
-                      signed char* mq, float* md) {
-    float wv[NORM_PER];
-    norm_weights(w, dim, mode, wv);
-    l2_prefetch_range(g.w[0], (i64)g.rows[0] * g.row_bytes[0], threadIdx.x, blockDim.x);
-    KERNEL_ENTRY();
-    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, xq, xd, Q8_ORDER_NATURAL, mq, md);
-    __syncthreads();
-    one_token_units<F_Q8_0, 1, false>(OneMat{g, dim, xq, xd}, g.rows[0], dim);
-    __syncthreads();
-    if (threadIdx.x < 32) route_token(g.out[0], 0, p, correction, expert_scale, routes);
 }

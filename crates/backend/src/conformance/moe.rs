@@ -766,8 +766,8 @@ pub fn check_moe_intermediate<D: Device>(
 
 /// A token's router product, its bias, its routing and its routed experts
 /// issued one after another — the decode step's order, which a backend may
-/// fuse (the CUDA backend routes in the product's launch and quantizes the
-/// experts' input there) — give the same logits, routes and output bits as
+/// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
+/// product's launch and quantizes the experts' input there) — give the same logits, routes and output bits as
 /// the same ops with a copy of the logits between product and routing,
 /// which nothing fuses across. Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and

@@ -341,7 +341,9 @@ Q8_ONE_KERNELS(q8_0, F_Q8_0)
 Q8_ONE_KERNELS(mxfp4, F_MXFP4)
 
 // One token's router product and its routes in one launch (fusion of
-// matmul1_q8x_q8_0, its bias and `route`; stream.rs `route`): the product
+// matmul1_q8x_q8_0, its bias and `route`; stream.rs `route`, opt-in with
+// TURBOSPARK_CUDA_FUSE=1: the separate launches were faster on an H200,
+// BENCHMARKS.md, twelfth session): the product
 // as matmul1's (g holds the router matrix alone, with its bias), then the
 // last block to finish — a ticket counted with atomicAdd after a
 // __threadfence, the pattern of CUDA's threadFenceReduction sample, reset to

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # build.sh — builds, on this machine, what scripts/gpu/run.sh runs on the
 # GPU machine: the release `turbospark` binary and the CUDA crate's test
-# binaries, copied into OUT (default .devcarry/bin), plus the packed
+# binaries, copied into OUT (default .devcarry/bin), the sm_90 kernels
+# compiled into .devcarry/cache (when NVRTC is here), plus the packed
 # llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,5 +20,18 @@ for l in sys.stdin:
 done
 cargo build --release -p turbospark-cuda --example decode_products
 cp target/release/examples/decode_products "$OUT/"
+# The sm_90 kernels, compiled here into a kernel cache that run.sh hands
+# to the binaries (TURBOSPARK_CACHE), so that a fresh device machine with
+# the same NVRTC version skips its ~1-minute compile: carry .devcarry/cache
+# with the binaries.
+NVRTC_LIB=${NVRTC_LIB:-$HOME/.cache/turbospark/nvrtc-13.0/nvidia/cu13/lib}
+if [ -d "$NVRTC_LIB" ]; then
+    cargo build --release -p turbospark-cuda --example kernel_cache
+    rm -rf .devcarry/cache
+    LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TURBOSPARK_CACHE=.devcarry/cache \
+        target/release/examples/kernel_cache 90
+else
+    echo "no NVRTC at $NVRTC_LIB (scripts/test.sh installs it): no prebuilt kernel cache"
+fi
 [ -f .devcarry/llama.cpp-cuda.tgz ] || scripts/gpu/pack-llamacpp.sh .devcarry/llama.cpp-cuda.tgz
 ls -la "$OUT"

@@ -78,6 +78,11 @@ REPS=${REPS:-3}
 DEPTHS=${DEPTHS:-0,512}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
+# The kernels build.sh compiled for sm_90, when they travelled with the
+# binaries (a miss — other source or NVRTC version — compiles as before).
+if [ -z "${TURBOSPARK_CACHE:-}" ] && [ -d .devcarry/cache/cuda ]; then
+    export TURBOSPARK_CACHE="$PWD/.devcarry/cache"
+fi
 STAGES=${*:-prepare info conformance bench llamacpp fixtures census streamed}
 t_all=$SECONDS
 stage() { echo; echo "=== $1 ($(date -u +%H:%M:%S))"; }

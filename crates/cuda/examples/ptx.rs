@@ -15,7 +15,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    match turbospark_cuda::nvrtc::compile(major, minor) {
+    match turbospark_cuda::nvrtc::compile_ptx(major, minor) {
         Ok(ptx) => print!("{ptx}"),
         Err(e) => {
             eprintln!("error: {e}");

@@ -68,8 +68,20 @@ impl CudaDevice {
             .compute_capability()
             .map_err(CudaError::driver("reading the compute capability"))?;
         let name = ctx.name().map_err(CudaError::driver("reading the name"))?;
-        let ptx = nvrtc::compile_cached(capability.0, capability.1)?;
-        let kernels = Arc::new(Kernels::load(&ctx, ptx)?);
+        let (major, minor) = capability;
+        let kernels = match nvrtc::compile_cached(major, minor)? {
+            (cubin, false) => Kernels::load(&ctx, cubin)?,
+            // A cached CUBIN the driver refuses (damaged, or from a
+            // compiler it does not take): compiled afresh, once.
+            (cubin, true) => match Kernels::load(&ctx, cubin) {
+                Ok(k) => k,
+                Err(_) => {
+                    nvrtc::forget_cached(major, minor);
+                    Kernels::load(&ctx, nvrtc::compile_cached(major, minor)?.0)?
+                }
+            },
+        };
+        let kernels = Arc::new(kernels);
         crate::kernels::note_device(capability.0);
         Ok(CudaDevice {
             ctx,

@@ -352,9 +352,10 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    pub(crate) fn load(ctx: &Arc<CudaContext>, ptx: String) -> Result<Kernels, CudaError> {
+    /// The kernels of a module's CUBIN (`nvrtc::compile`).
+    pub(crate) fn load(ctx: &Arc<CudaContext>, cubin: Vec<u8>) -> Result<Kernels, CudaError> {
         let m = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_src(ptx))
+            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(CudaError::driver("loading the kernel module"))?;
         let f = |name: &str| {
             m.load_function(name)

@@ -1,8 +1,8 @@
 //! The kernels' CUDA C source and its compilation by NVRTC, cached on disk.
 //!
 //! The sources under `kernels/` form one translation unit, compiled at run
-//! time for the device's compute capability (`compute_XY` PTX, which the
-//! driver turns into machine code when the module loads). The PTX is kept
+//! time for the device's compute capability, straight to its machine code
+//! (`sm_XY` CUBIN, which the driver loads as it is). The CUBIN is kept
 //! under `$TURBOSPARK_CACHE/cuda` (default `~/.cache/turbospark/cuda`),
 //! keyed by a hash of the source, the target and NVRTC's version, so a
 //! second start skips the compiler.
@@ -63,14 +63,15 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
-/// PTX of the kernels for `compute_{major}{minor}`, compiled now.
-pub fn compile(major: i32, minor: i32) -> Result<String, CudaError> {
+/// Machine code (CUBIN) of the kernels for `sm_{major}{minor}`, compiled
+/// now.
+pub fn compile(major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
     compile_source(source(), major, minor)
 }
 
-/// PTX of `src` for `compute_{major}{minor}`; a failed compile is
-/// [`CudaError::Compile`] with NVRTC's log.
-pub fn compile_source(src: String, major: i32, minor: i32) -> Result<String, CudaError> {
+/// PTX of the kernels for `compute_{major}{minor}`, compiled now: for
+/// static checks with CUDA's own tools (`examples/ptx.rs`).
+pub fn compile_ptx(major: i32, minor: i32) -> Result<String, CudaError> {
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc);
     }
@@ -79,40 +80,107 @@ pub fn compile_source(src: String, major: i32, minor: i32) -> Result<String, Cud
         options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
         ..Default::default()
     };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts).map_err(|e| CudaError::Compile {
-        arch: arch.clone(),
-        log: compile_log(e),
-    })?;
+    let ptx =
+        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
+            arch: arch.clone(),
+            log: match e {
+                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
+                    log.to_string_lossy().into_owned()
+                }
+                other => format!("{other:?}"),
+            },
+        })?;
     Ok(ptx.to_src())
 }
 
-fn compile_log(e: cudarc::nvrtc::CompileError) -> String {
-    match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-        other => format!("{other:?}"),
+/// CUBIN of `src` for `sm_{major}{minor}` (so the driver loads it without
+/// translating PTX); a failed compile is [`CudaError::Compile`] with
+/// NVRTC's log.
+pub fn compile_source(src: String, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    use cudarc::nvrtc::{result, sys};
+    if !nvrtc_available() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let arch = format!("sm_{major}{minor}");
+    let fail = |log: String| CudaError::Compile {
+        arch: arch.clone(),
+        log,
+    };
+    let text = std::ffi::CString::new(src)
+        .map_err(|_| fail("the kernel source holds a NUL byte".into()))?;
+    let prog = result::create_program(&text, None)
+        .map_err(|e| fail(format!("nvrtcCreateProgram: {e}")))?;
+    let opts = [format!("--gpu-architecture={arch}"), "--std=c++17".into()];
+    // SAFETY: `prog` comes from create_program above, is used only here and
+    // destroyed once, after its last use; `text` outlives it. The CUBIN
+    // buffer has the size NVRTC reports for it.
+    unsafe {
+        let out = match result::compile_program(prog, &opts) {
+            Err(e) => Err(fail(match result::get_program_log(prog) {
+                Ok(log) => std::ffi::CStr::from_ptr(log.as_ptr())
+                    .to_string_lossy()
+                    .into_owned(),
+                Err(_) => format!("nvrtcCompileProgram: {e}"),
+            })),
+            Ok(()) => {
+                let mut size = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut size)
+                    .result()
+                    .and_then(|()| {
+                        let mut cubin = vec![0u8; size];
+                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                            .result()
+                            .map(|()| cubin)
+                    })
+                    .map_err(|e| fail(format!("nvrtcGetCUBIN: {e}")))
+            }
+        };
+        let _ = result::destroy_program(prog);
+        out
     }
 }
 
-/// PTX for `compute_{major}{minor}`, from the disk cache when it holds it.
-pub fn compile_cached(major: i32, minor: i32) -> Result<String, CudaError> {
+/// The kernels' CUBIN for `sm_{major}{minor}`, from the disk cache when it
+/// holds it (`true`: it came from there), else compiled now and stored.
+/// A machine that is handed a filled cache directory (`TURBOSPARK_CACHE`,
+/// e.g. `scripts/gpu/build.sh`'s `.devcarry/cache`, filled by
+/// `examples/kernel_cache.rs`) with the same source and NVRTC version
+/// skips the compiler.
+pub fn compile_cached(major: i32, minor: i32) -> Result<(Vec<u8>, bool), CudaError> {
+    let path = cache_path(major, minor)?;
+    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        if !bytes.is_empty() {
+            return Ok((bytes, true));
+        }
+    }
+    let cubin = compile(major, minor)?;
+    if let Some(path) = path {
+        // A cache that cannot be written only costs the next start a compile.
+        let _ = write_atomically(&path, &cubin);
+    }
+    Ok((cubin, false))
+}
+
+/// Drops the cached CUBIN for `sm_{major}{minor}` (one the driver would
+/// not load), so that the next start compiles afresh.
+pub fn forget_cached(major: i32, minor: i32) {
+    if let Ok(Some(path)) = cache_path(major, minor) {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Where the CUBIN of this source for `sm_{major}{minor}` is cached: keyed
+/// by a hash of the source, the target and NVRTC's version.
+fn cache_path(major: i32, minor: i32) -> Result<Option<PathBuf>, CudaError> {
     let (vmaj, vmin) = nvrtc_version()?;
     let mut h = Sha256::new();
     h.update(source().as_bytes());
-    h.update(format!("compute_{major}{minor} nvrtc {vmaj}.{vmin}").as_bytes());
+    h.update(format!("sm_{major}{minor} nvrtc {vmaj}.{vmin}").as_bytes());
     let key: String = h.finalize()[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let path = cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key}.ptx")));
-    if let Some(text) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
-        return Ok(text);
-    }
-    let ptx = compile(major, minor)?;
-    if let Some(path) = path {
-        // A cache that cannot be written only costs the next start a compile.
-        let _ = write_atomically(&path, &ptx);
-    }
-    Ok(ptx)
+    Ok(cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key}.cubin"))))
 }
 
 fn cache_dir() -> Option<PathBuf> {
@@ -123,7 +191,7 @@ fn cache_dir() -> Option<PathBuf> {
     Some(base.join("cuda"))
 }
 
-fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+fn write_atomically(path: &std::path::Path, text: &[u8]) -> std::io::Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }

@@ -1,0 +1,38 @@
+//! Compiles the kernels for the given compute capabilities (default 9.0)
+//! into the disk cache (`$TURBOSPARK_CACHE/cuda`), as a first start on such
+//! a GPU would, so that a machine handed that directory skips NVRTC when
+//! its NVRTC has the same version (`scripts/gpu/build.sh` fills
+//! `.devcarry/cache` for the device machine this way). Needs NVRTC, no
+//! GPU: `TURBOSPARK_CACHE=DIR cargo run --release -p turbospark-cuda
+//! --example kernel_cache -- 90`.
+
+fn main() {
+    let mut ccs: Vec<String> = std::env::args().skip(1).collect();
+    if ccs.is_empty() {
+        ccs.push("90".into());
+    }
+    for cc in ccs {
+        let (major, minor) = match cc.as_bytes() {
+            [a @ b'0'..=b'9', b @ b'0'..=b'9'] => (i32::from(a - b'0'), i32::from(b - b'0')),
+            _ => {
+                eprintln!("usage: kernel_cache [CC...]   (CC: two digits, e.g. 80 or 90)");
+                std::process::exit(2);
+            }
+        };
+        match turbospark_cuda::nvrtc::compile_cached(major, minor) {
+            Ok((cubin, cached)) => println!(
+                "sm_{cc}: {} bytes of CUBIN{}",
+                cubin.len(),
+                if cached {
+                    " (already cached)"
+                } else {
+                    ", cached"
+                }
+            ),
+            Err(e) => {
+                eprintln!("error: sm_{cc}: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+}

@@ -71,6 +71,11 @@
 #   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
+# On the device machine ($OUT set), the whole log also goes to
+# $OUT/run.log, which comes back even when the call runs out of time.
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && [ -w "$OUT" ]; then
+    exec > >(tee -a "$OUT/run.log") 2>&1
+fi
 BIN=${BIN:-.devcarry/bin}
 WORK=${WORK:-/tmp/ts-gpu}
 LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}

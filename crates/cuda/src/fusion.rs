@@ -14,7 +14,9 @@
 //!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch;
 //! - that norm also writes the 8-bit quantization of its output when the
 //!   next op is a fast matmul of it (the quantization the matmul would
-//!   launch itself);
+//!   launch itself); for one token's Q8_0 product also in MXFP4's order,
+//!   which the routed experts take when a router product it was (stream.rs
+//!   `routed_q8`);
 //! - matrix-vector products of one quantized input (q, k, v) are one
 //!   `matmul_q8x` launch over a [`MatGroup`], each with the bias add that
 //!   follows it;
@@ -65,12 +67,16 @@ pub(crate) struct NormLaunch {
 }
 
 /// Where a norm also writes its output's quantization: codes, scales and
-/// the codes' order (`Q8_ORDER_*`).
+/// the codes' order (`Q8_ORDER_*`); and, when `mxfp4_codes` is not 0, the
+/// same codes again in MXFP4's order with their scales (for the routed
+/// experts after a router product in natural order).
 #[derive(Clone, Copy)]
 pub(crate) struct Q8Out {
     pub codes: u64,
     pub scales: u64,
     pub order: i32,
+    pub mxfp4_codes: u64,
+    pub mxfp4_scales: u64,
 }
 
 /// Fast matrix-vector products of one quantized input (`xq`, `xd`, from
@@ -353,6 +359,7 @@ pub(crate) fn launch_pending(
         }
         Pending::Norm(n) => {
             let (codes, scales, order) = q.map_or((0, 0, 0), |q| (q.codes, q.scales, q.order));
+            let (codes2, scales2) = q.map_or((0, 0), |q| (q.mxfp4_codes, q.mxfp4_scales));
             let (d, eps, mode, w) = (n.dim as i32, n.eps, n.mode, n.w);
             launch(
                 "rms_norm",
@@ -361,7 +368,9 @@ pub(crate) fn launch_pending(
                 (n.rows as u32, 1, 1),
                 norm_threads(n.dim),
                 0,
-                &mut args![n.add, n.h, n.out, d, eps, mode, w, codes, scales, order],
+                &mut args![
+                    n.add, n.h, n.out, d, eps, mode, w, codes, scales, order, codes2, scales2
+                ],
             )
         }
         Pending::Group(g) => {

@@ -49,7 +49,7 @@ fn decode_split_bytes(widest: usize, max_head_dim: usize) -> usize {
     (heads * 4).next_multiple_of(16) + kernels::DECODE_MAX_SPLITS * (width + 2 * heads) * 4
 }
 
-/// The fused router launch's quantization of the MoE input (see
+/// A quantization of the MoE input made ahead (see
 /// `CudaStream::routed_q8`): the f32 input `x` (`values` long) it was made
 /// from, and its codes and scales.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,10 +103,12 @@ pub struct CudaStream {
     /// 0 with `TURBOSPARK_CUDA_SPLIT=0` (one token's attention then takes
     /// the block-per-head kernel, for A/B measurements).
     decode_heads: usize,
-    /// One token's MoE input quantized in MXFP4's order by the fused router
-    /// launch (codes, then scales at [`Q8Regions`]' offset), and where it
-    /// is, until the next op but the MoE call that reads it (cleared by
-    /// `bind_holding`).
+    /// One token's MoE input quantized in MXFP4's order ahead of the MoE
+    /// call — by the norm that also quantizes a Q8_0 router product's
+    /// input (`matmul_q8`), or by the fused router launch — (codes, then
+    /// scales at [`Q8Regions`]' offset), and where it is, until the next
+    /// op but the router's bias, its routing and the MoE call that reads it
+    /// (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<RoutedQ8>>,
     /// Whether `route` may join the router product's launch and the decode
@@ -386,12 +388,28 @@ impl CudaStream {
                     && nl.dim <= fusion::NORM_HELD =>
             {
                 self.pending.set(None);
+                // One token's Q8_0 product may be a router, whose MXFP4
+                // routed experts then read the same codes in their order:
+                // the norm writes both (the experts' own quantization
+                // launch saved).
+                let both = Q8Regions::new(nl.dim, 0);
+                let mxfp4 =
+                    (n == 1 && w.format == QuantFormat::Q8_0 && both.bytes <= self.routed_x.bytes)
+                        .then(|| RoutedQ8 {
+                            x,
+                            values: nl.dim,
+                            xq: self.routed_x.ptr,
+                            xd: self.routed_x.ptr + both.xd,
+                        });
                 let q = Q8Out {
                     codes: r.xq,
                     scales: r.xd,
                     order: order as i32,
+                    mxfp4_codes: mxfp4.map_or(0, |m| m.xq),
+                    mxfp4_scales: mxfp4.map_or(0, |m| m.xd),
                 };
                 fusion::launch_pending(&self.k, self.raw(), Pending::Norm(nl), Some(q))?;
+                self.routed_q8.set(mxfp4);
                 self.quantized.set(Some(key));
             }
             _ => self.flush()?,
@@ -1662,7 +1680,11 @@ impl Stream<CudaDevice> for CudaStream {
         if let Some(g) = self.fusable_router(lp, n_tokens, e) {
             return self.route_fused(g, p, cp, sp, out.mem.ptr);
         }
+        // The routing writes only the routes: a quantization of the MoE
+        // input made before it stays valid.
+        let routed = self.routed_q8.get();
         self.bind("route")?;
+        self.routed_q8.set(routed);
         launch(
             "route",
             &self.k.route,

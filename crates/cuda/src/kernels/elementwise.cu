@@ -105,12 +105,15 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
 // - `q` (null: none): the normed row also quantized to 8 bits per block
 //   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
 //   that reads it next. Only for rows held in registers with dim a
-//   multiple of 32: a warp then holds whole 32-element blocks.
+//   multiple of 32: a warp then holds whole 32-element blocks. With `q`,
+//   `q2` (null: none) takes the same codes again in MXFP4's order, their
+//   scales `qd2`: a token's router product reads the natural order, its
+//   MXFP4 routed experts the other (stream.rs `matmul_q8`).
 // wv: this thread's weights, as norm_weights loads them.
 __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
                                              float eps, int mode, const float* w,
                                              const float* wv, signed char* q, float* qd,
-                                             int order) {
+                                             int order, signed char* q2, float* qd2) {
     i64 at = (i64)blockIdx.x * dim;
     float* row = h + at;
     float* dst = out + at;
@@ -163,6 +166,11 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
                     i64 e = at + i;
                     q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c;
                     if ((i & 31) == 0) qd[e >> 5] = scale;
+                    if (q2) {
+                        q2[(e & ~(i64)31) + q8_pos_order(Q8_ORDER_MXFP4, (int)(e & 31))] =
+                            (signed char)c;
+                        if ((i & 31) == 0) qd2[e >> 5] = scale;
+                    }
                 }
             }
         }
@@ -183,11 +191,11 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
 // loads from memory overlap its tail; the row, which it writes, after.
 extern "C" __global__ void rms_norm(const float* add_src, float* h, float* out, int dim, float eps,
                                     int mode, const float* w, signed char* q, float* qd,
-                                    int order) {
+                                    int order, signed char* q2, float* qd2) {
     float wv[NORM_PER];
     norm_weights(w, dim, mode, wv);
     KERNEL_ENTRY();
-    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order);
+    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order, q2, qd2);
 }
 
 #define ROPE_MAX_PAIRS 256

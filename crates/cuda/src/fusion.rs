@@ -11,7 +11,9 @@
 //! together with that op where the two compose:
 //!
 //! - a residual add, the copy of its sum and the RMS norm of the copy
-//!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch;
+//!   (`h += o; a = h; norm(a)`) are one `rms_norm` launch — with the MoE
+//!   call's sum of its routes' outputs that wrote `o` (`moe_combine`)
+//!   formed there too;
 //! - that norm also writes the 8-bit quantization of its output when the
 //!   next op is a fast matmul of it (the quantization the matmul would
 //!   launch itself); for one token's Q8_0 product also in MXFP4's order,
@@ -52,11 +54,46 @@ pub(crate) struct MatGroup {
     pub count: i32,
 }
 
+/// The sum of a MoE call's routed outputs into `out` (`moe_combine`):
+/// `out[t, c] = Σ_r w[t, r] · y[t·k + r, c]` in rank order.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct CombineLaunch {
+    pub y: u64,
+    pub routes: u64,
+    pub n: usize,
+    pub k: usize,
+    pub hidden: usize,
+    pub out: u64,
+}
+
+impl CombineLaunch {
+    /// Whether `vals` f32 values at `p` overlap what the sum reads (the
+    /// routes' outputs and the routes): such a buffer cannot be written by
+    /// the launch that forms the sum.
+    pub(crate) fn reads(&self, p: u64, vals: usize) -> bool {
+        let at = (p, vals * 4);
+        meet(at, (self.y, self.n * self.k * self.hidden * 4))
+            || meet(at, (self.routes, self.n * self.k * 8))
+    }
+}
+
+/// Mirror of `NormCombine` in `kernels/elementwise.cu`, passed by value
+/// (`y` 0: none).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct NormCombine {
+    y: u64,
+    routes: u64,
+    k: i32,
+}
+
 /// An RMS norm of `rows × dim` values of `h` into `out` (which may be
-/// `h`), after `h += add` when `add` is set.
+/// `h`), after `h += add` when `add` is set — where `add` is first formed
+/// by `combine` when that is set (the MoE output the residual add reads).
 #[derive(Clone, Copy)]
 pub(crate) struct NormLaunch {
     pub add: u64,
+    pub combine: Option<CombineLaunch>,
     pub h: u64,
     pub out: u64,
     pub rows: usize,
@@ -277,11 +314,13 @@ fn meet((a, a_len): (u64, usize), (b, b_len): (u64, usize)) -> bool {
 #[derive(Clone, Copy)]
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Pending {
-    /// `dst[..len] += src[..len]`.
+    /// `dst[..len] += src[..len]`, after `combine` (which writes `src`)
+    /// when set.
     Add {
         dst: u64,
         src: u64,
         len: usize,
+        combine: Option<CombineLaunch>,
     },
     /// `dst[..len] = src[..len]` (f32 values).
     Copy {
@@ -289,13 +328,16 @@ pub(crate) enum Pending {
         dst: u64,
         len: usize,
     },
-    /// `h += add`, then `dst = h` (`len` values each).
+    /// `h += add`, then `dst = h` (`len` values each), after `combine`
+    /// (which writes `add`) when set.
     AddCopy {
         h: u64,
         add: u64,
         dst: u64,
         len: usize,
+        combine: Option<CombineLaunch>,
     },
+    Combine(CombineLaunch),
     Norm(NormLaunch),
     Group(GroupLaunch),
     Tile(TileLaunch),
@@ -325,7 +367,20 @@ impl Pending {
                 add,
                 dst,
                 len: l,
-            } if dst == n.out && l == len => Some(NormLaunch { add, h, ..n }),
+                combine,
+            } if dst == n.out
+                && l == len
+                && combine.is_none_or(|c| {
+                    c.n == n.rows && c.hidden == n.dim && n.dim <= NORM_HELD && !c.reads(dst, len)
+                }) =>
+            {
+                Some(NormLaunch {
+                    add,
+                    h,
+                    combine,
+                    ..n
+                })
+            }
             _ => None,
         }
     }
@@ -339,12 +394,31 @@ pub(crate) fn launch_pending(
     q: Option<Q8Out>,
 ) -> Result<(), BackendError> {
     match p {
-        Pending::Add { dst, src, len } => {
+        Pending::Combine(c) => {
+            let (n, kk, h) = (c.n as i32, c.k as i32, c.hidden as i32);
+            let args = &mut args![c.y, c.routes, n, kk, h, c.out];
+            kernels::launch_elementwise("moe", &k.moe_combine, stream, c.n * c.hidden, args)
+        }
+        Pending::Add {
+            dst,
+            src,
+            len,
+            combine,
+        } => {
+            if let Some(c) = combine {
+                launch_pending(k, stream, Pending::Combine(c), None)?;
+            }
             let l = len as i64;
             kernels::launch_elementwise("add", &k.add, stream, len, &mut args![dst, src, l])
         }
         Pending::Copy { src, dst, len } => copy_f32(stream, src, dst, len),
-        Pending::AddCopy { h, add, dst, len } => {
+        Pending::AddCopy {
+            h,
+            add,
+            dst,
+            len,
+            combine,
+        } => {
             launch_pending(
                 k,
                 stream,
@@ -352,6 +426,7 @@ pub(crate) fn launch_pending(
                     dst: h,
                     src: add,
                     len,
+                    combine,
                 },
                 None,
             )?;
@@ -360,6 +435,11 @@ pub(crate) fn launch_pending(
         Pending::Norm(n) => {
             let (codes, scales, order) = q.map_or((0, 0, 0), |q| (q.codes, q.scales, q.order));
             let (codes2, scales2) = q.map_or((0, 0), |q| (q.mxfp4_codes, q.mxfp4_scales));
+            let cy = n.combine.map_or(NormCombine::default(), |c| NormCombine {
+                y: c.y,
+                routes: c.routes,
+                k: c.k as i32,
+            });
             let (d, eps, mode, w) = (n.dim as i32, n.eps, n.mode, n.w);
             launch(
                 "rms_norm",
@@ -369,7 +449,7 @@ pub(crate) fn launch_pending(
                 norm_threads(n.dim),
                 0,
                 &mut args![
-                    n.add, n.h, n.out, d, eps, mode, w, codes, scales, order, codes2, scales2
+                    n.add, n.h, n.out, d, eps, mode, w, codes, scales, order, codes2, scales2, cy
                 ],
             )
         }

@@ -750,6 +750,7 @@ impl Stream<CudaDevice> for CudaStream {
                 dst: h,
                 src: add,
                 len: l,
+                combine,
             }) = self.pending.get()
             {
                 if h == sp && l == len {
@@ -758,6 +759,7 @@ impl Stream<CudaDevice> for CudaStream {
                         add,
                         dst: dp,
                         len,
+                        combine,
                     }));
                     return Ok(());
                 }
@@ -1222,6 +1224,7 @@ impl Stream<CudaDevice> for CudaStream {
         self.bind_holding("rms_norm")?;
         let norm = NormLaunch {
             add: 0,
+            combine: None,
             h: xp,
             out: xp,
             rows,
@@ -1548,13 +1551,26 @@ impl Stream<CudaDevice> for CudaStream {
         if len == 0 {
             return Ok(());
         }
-        // Held for a copy and norm of the sum.
+        // Held for a copy and norm of the sum; joins the held sum of a MoE
+        // call's routes that wrote `src`.
         self.quantized.set(None);
         self.bind_holding("add")?;
+        if let Some(Pending::Combine(c)) = self.pending.get() {
+            if c.out == sp && c.n * c.hidden == len && !c.reads(dp, len) && !c.reads(sp, len) {
+                self.pending.set(Some(Pending::Add {
+                    dst: dp,
+                    src: sp,
+                    len,
+                    combine: Some(c),
+                }));
+                return Ok(());
+            }
+        }
         self.hold(Pending::Add {
             dst: dp,
             src: sp,
             len,
+            combine: None,
         })
     }
 
@@ -1996,13 +2012,18 @@ impl Stream<CudaDevice> for CudaStream {
             .y
             .f32_ptr("moe", "scratch.y", n_tokens * k * hidden)?;
         let op = out.f32_ptr("moe", "out", n_tokens * hidden)?;
-        let (n, kk, h) = (n_tokens as i32, k as i32, hidden as i32);
-        self.elementwise(
-            "moe",
-            &self.k.moe_combine,
-            n_tokens * hidden,
-            &mut args![yp, routes.mem.ptr, n, kk, h, op],
-        )
+        // Held for the residual add that reads `out`, whose norm may form
+        // the sum itself (see crate::fusion).
+        self.quantized.set(None);
+        self.bind_holding("moe")?;
+        self.hold(Pending::Combine(fusion::CombineLaunch {
+            y: yp,
+            routes: routes.mem.ptr,
+            n: n_tokens,
+            k,
+            hidden,
+            out: op,
+        }))
     }
 }
 

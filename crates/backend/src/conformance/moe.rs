@@ -772,7 +772,10 @@ pub fn check_moe_intermediate<D: Device>(
 /// which nothing fuses across. Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and
 /// RMS norm (one CUDA launch, which also quantizes the product's input):
-/// then the residual stream and the normed input must match too.
+/// then the residual stream and the normed input must match too, and so
+/// must the next layer's start — the experts' output added into the
+/// residual stream, copied and normed (one CUDA launch that also forms
+/// the sum of the routes' outputs).
 pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceError> {
     const OP: &str = "route after the router product";
     let mut rng = Rng(41);
@@ -816,6 +819,8 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 let mut copied = h.zeros(EXPERTS)?;
                 let mut routes = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
                 let mut out = h.zeros(HIDDEN)?;
+                let mut out_copy = h.zeros(HIDDEN)?;
+                let mut next = h.zeros(HIDDEN)?;
                 h.st.matmul(&router, &xt, 1, &mut logits).at(OP, &case)?;
                 h.st.add_bias(&mut logits, &bias, 1).at(OP, &case)?;
                 let routed = if split {
@@ -835,6 +840,21 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                     activation: Activation::Swiglu,
                 };
                 h.st.moe(input, &mut scratch, &mut out).at(OP, &case)?;
+                if normed {
+                    // The next layer's start: the MoE output added into the
+                    // residual stream, copied and normed (the CUDA backend
+                    // forms the routes' sum in that norm) — split: after a
+                    // copy of the output, which nothing fuses across.
+                    if split {
+                        h.st.copy(&out, 0, &mut out_copy, 0, HIDDEN).at(OP, &case)?;
+                        h.st.add(&mut resid, &out_copy, HIDDEN).at(OP, &case)?;
+                    } else {
+                        h.st.add(&mut resid, &out, HIDDEN).at(OP, &case)?;
+                    }
+                    h.st.copy(&resid, 0, &mut next, 0, HIDDEN).at(OP, &case)?;
+                    h.st.rms_norm(&mut next, 1, HIDDEN, NormSpec::plain(1e-5), Some(&norm_w))
+                        .at(OP, &case)?;
+                }
                 let mut r = vec![Route::default(); TOP_K];
                 h.st.read_routes(&routes, &mut r).at(OP, &case)?;
                 let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
@@ -845,6 +865,7 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                     bits(h.get(&out, HIDDEN)?),
                     bits(h.get(&xt, HIDDEN)?),
                     bits(h.get(&resid, HIDDEN)?),
+                    bits(h.get(&next, HIDDEN)?),
                 ));
             }
             for (what, same) in [
@@ -853,6 +874,7 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 ("experts' output", got[0].2 == got[1].2),
                 ("normed input", got[0].3 == got[1].3),
                 ("residual stream", got[0].4 == got[1].4),
+                ("next layer's normed input", got[0].5 == got[1].5),
             ] {
                 if !same {
                     return Err(property(

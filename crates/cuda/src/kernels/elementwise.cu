@@ -86,6 +86,26 @@ __device__ __forceinline__ int q8_pos_order(int order, int e) {
     return 8 * i + 4 * h + 2 * m + hi;
 }
 
+struct RouteOut;                                              // route.cu
+__device__ float route_weight(const RouteOut* routes, int j);  // route.cu
+
+// The MoE output that a norm's residual add reads, formed in the norm
+// (rms_norm_row's `cy`): moe_combine's value for token t, column c — the
+// routes' outputs y weighted in rank order, the same fmaf chain.
+struct NormCombine {
+    const float* y;
+    const RouteOut* routes;
+    int k;
+};
+__device__ __forceinline__ float norm_combine_value(const NormCombine& m, int t, int dim, int c) {
+    float acc = 0.0f;
+    for (int r = 0; r < m.k; r++) {
+        int j = t * m.k + r;
+        acc = fmaf(route_weight(m.routes, j), m.y[(i64)j * dim + c], acc);
+    }
+    return acc;
+}
+
 // The weights of a row held in registers (rms_norm_row's `held` case),
 // this thread's NORM_PER of them; zeros elsewhere.
 __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, float* wv) {
@@ -101,7 +121,9 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
 // two fused neighbours (each the same arithmetic as its own kernel, so the
 // bits do not change):
 // - `add_src` (null: none): first h += add_src, written back to h — the
-//   residual add before the next norm;
+//   residual add before the next norm; with `cy.y` set, add_src is first
+//   formed here as moe_combine would (and written), the MoE output that
+//   add reads (rows held in registers only: fusion.rs `absorb_norm`);
 // - `q` (null: none): the normed row also quantized to 8 bits per block
 //   as quantize_q8_* does (codes in `order`, scales to qd) for the matmul
 //   that reads it next. Only for rows held in registers with dim a
@@ -110,10 +132,11 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
 //   scales `qd2`: a token's router product reads the natural order, its
 //   MXFP4 routed experts the other (stream.rs `matmul_q8`).
 // wv: this thread's weights, as norm_weights loads them.
-__device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, float* out, int dim,
+__device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* out, int dim,
                                              float eps, int mode, const float* w,
                                              const float* wv, signed char* q, float* qd,
-                                             int order, signed char* q2, float* qd2) {
+                                             int order, signed char* q2, float* qd2,
+                                             NormCombine cy) {
     i64 at = (i64)blockIdx.x * dim;
     float* row = h + at;
     float* dst = out + at;
@@ -131,7 +154,14 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
             for (int k = 0; k < NORM_PER; k++) {
                 int i = threadIdx.x + k * blockDim.x;
                 if (i < dim) {
-                    v[k] += add_src[at + i];
+                    float a;
+                    if (cy.y) {
+                        a = norm_combine_value(cy, blockIdx.x, dim, i);
+                        add_src[at + i] = a;
+                    } else {
+                        a = add_src[at + i];
+                    }
+                    v[k] += a;
                     row[i] = v[k];
                 }
             }
@@ -185,17 +215,19 @@ __device__ __forceinline__ void rms_norm_row(const float* add_src, float* h, flo
 }
 
 // rms_norm_row with its fused neighbours; `h` is only written with `add_src`.
+// Blocks of up to NORM_THREADS threads (fusion.rs `norm_threads`), so at
+// most 64 registers a thread.
 // The norm's weights (a backend vector: made only by `upload_vector` and
 // never written, so no kernel writes them) are loaded before waiting for
 // the kernel before this one (KERNEL_ENTRY, common.cuh), so that their
 // loads from memory overlap its tail; the row, which it writes, after.
-extern "C" __global__ void rms_norm(const float* add_src, float* h, float* out, int dim, float eps,
-                                    int mode, const float* w, signed char* q, float* qd,
-                                    int order, signed char* q2, float* qd2) {
+extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+    rms_norm(float* add_src, float* h, float* out, int dim, float eps, int mode, const float* w,
+             signed char* q, float* qd, int order, signed char* q2, float* qd2, NormCombine cy) {
     float wv[NORM_PER];
     norm_weights(w, dim, mode, wv);
     KERNEL_ENTRY();
-    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order, q2, qd2);
+    rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order, q2, qd2, cy);
 }
 
 #define ROPE_MAX_PAIRS 256

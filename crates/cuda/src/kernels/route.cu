@@ -27,6 +27,9 @@ struct RouteOut {
     float weight;
 };
 
+// Route j's weight (for elementwise.cu, which comes before this file).
+__device__ float route_weight(const RouteOut* routes, int j) { return routes[j].weight; }
+
 // Index of the largest eligible value not yet taken; -1 when none (a
 // serial scan, for the short group list).
 __device__ int best_of(const float* v, int e, const int* taken, int nt, const u8* eligible) {

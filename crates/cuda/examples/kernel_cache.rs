@@ -12,12 +12,9 @@ fn main() {
         ccs.push("90".into());
     }
     for cc in ccs {
-        let (major, minor) = match cc.as_bytes() {
-            [a @ b'0'..=b'9', b @ b'0'..=b'9'] => (i32::from(a - b'0'), i32::from(b - b'0')),
-            _ => {
-                eprintln!("usage: kernel_cache [CC...]   (CC: two digits, e.g. 80 or 90)");
-                std::process::exit(2);
-            }
+        let Some((major, minor)) = turbospark_cuda::nvrtc::parse_capability(&cc) else {
+            eprintln!("usage: kernel_cache [CC...]   (CC: two digits, e.g. 80 or 90)");
+            std::process::exit(2);
         };
         match turbospark_cuda::nvrtc::compile_cached(major, minor) {
             Ok((cubin, cached)) => println!(

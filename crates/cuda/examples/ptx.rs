@@ -8,12 +8,9 @@
 
 fn main() {
     let cc = std::env::args().nth(1).unwrap_or_else(|| "90".into());
-    let (major, minor) = match cc.as_bytes() {
-        [a @ b'0'..=b'9', b @ b'0'..=b'9'] => (i32::from(a - b'0'), i32::from(b - b'0')),
-        _ => {
-            eprintln!("usage: ptx [CC]   (CC: two digits, e.g. 80 or 90; default 90)");
-            std::process::exit(2);
-        }
+    let Some((major, minor)) = turbospark_cuda::nvrtc::parse_capability(&cc) else {
+        eprintln!("usage: ptx [CC]   (CC: two digits, e.g. 80 or 90; default 90)");
+        std::process::exit(2);
     };
     match turbospark_cuda::nvrtc::compile_ptx(major, minor) {
         Ok(ptx) => print!("{ptx}"),

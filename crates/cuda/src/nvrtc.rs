@@ -72,36 +72,34 @@ pub fn compile(major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
 /// PTX of the kernels for `compute_{major}{minor}`, compiled now: for
 /// static checks with CUDA's own tools (`examples/ptx.rs`).
 pub fn compile_ptx(major: i32, minor: i32) -> Result<String, CudaError> {
-    if !nvrtc_available() {
-        return Err(CudaError::NoNvrtc);
+    let mut ptx = nvrtc_compile(source(), format!("compute_{major}{minor}"), Output::Ptx)?;
+    // NVRTC's PTX ends with a NUL.
+    while ptx.last() == Some(&0) {
+        ptx.pop();
     }
-    let arch = format!("compute_{major}{minor}");
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx =
-        cudarc::nvrtc::compile_ptx_with_opts(source(), opts).map_err(|e| CudaError::Compile {
-            arch: arch.clone(),
-            log: match e {
-                cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-                    log.to_string_lossy().into_owned()
-                }
-                other => format!("{other:?}"),
-            },
-        })?;
-    Ok(ptx.to_src())
+    Ok(String::from_utf8_lossy(&ptx).into_owned())
 }
 
 /// CUBIN of `src` for `sm_{major}{minor}` (so the driver loads it without
 /// translating PTX); a failed compile is [`CudaError::Compile`] with
 /// NVRTC's log.
 pub fn compile_source(src: String, major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
+    nvrtc_compile(src, format!("sm_{major}{minor}"), Output::Cubin)
+}
+
+/// What [`nvrtc_compile`] hands back.
+enum Output {
+    Ptx,
+    Cubin,
+}
+
+/// `src` compiled by NVRTC for `arch` (`compute_XY` or `sm_XY`), its PTX or
+/// CUBIN; a failed compile is [`CudaError::Compile`] with NVRTC's log.
+fn nvrtc_compile(src: String, arch: String, output: Output) -> Result<Vec<u8>, CudaError> {
     use cudarc::nvrtc::{result, sys};
     if !nvrtc_available() {
         return Err(CudaError::NoNvrtc);
     }
-    let arch = format!("sm_{major}{minor}");
     let fail = |log: String| CudaError::Compile {
         arch: arch.clone(),
         log,
@@ -122,21 +120,34 @@ pub fn compile_source(src: String, major: i32, minor: i32) -> Result<Vec<u8>, Cu
                     .into_owned(),
                 Err(_) => format!("nvrtcCompileProgram: {e}"),
             })),
-            Ok(()) => {
-                let mut size = 0usize;
-                sys::nvrtcGetCUBINSize(prog, &mut size)
-                    .result()
-                    .and_then(|()| {
-                        let mut cubin = vec![0u8; size];
-                        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
-                            .result()
-                            .map(|()| cubin)
-                    })
-                    .map_err(|e| fail(format!("nvrtcGetCUBIN: {e}")))
-            }
+            Ok(()) => match output {
+                Output::Ptx => result::get_ptx(prog)
+                    .map(|ptx| ptx.into_iter().map(|c| c as u8).collect())
+                    .map_err(|e| fail(format!("nvrtcGetPTX: {e}"))),
+                Output::Cubin => {
+                    let mut size = 0usize;
+                    sys::nvrtcGetCUBINSize(prog, &mut size)
+                        .result()
+                        .and_then(|()| {
+                            let mut cubin = vec![0u8; size];
+                            sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast())
+                                .result()
+                                .map(|()| cubin)
+                        })
+                        .map_err(|e| fail(format!("nvrtcGetCUBIN: {e}")))
+                }
+            },
         };
         let _ = result::destroy_program(prog);
         out
+    }
+}
+
+/// `(major, minor)` of a compute capability written as two digits ("90").
+pub fn parse_capability(cc: &str) -> Option<(i32, i32)> {
+    match cc.as_bytes() {
+        [a @ b'0'..=b'9', b @ b'0'..=b'9'] => Some((i32::from(a - b'0'), i32::from(b - b'0'))),
+        _ => None,
     }
 }
 

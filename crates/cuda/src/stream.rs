@@ -493,7 +493,7 @@ impl CudaStream {
     /// The router product `g` (pending) and the routing of its logits in
     /// one launch (`router1_q8x_q8_0`), which also quantizes the product's
     /// input in MXFP4's order for the MoE call that follows when its width
-    /// fits `routed_x`.
+    /// fits `routed_x` and the norm before the product has not done so.
     fn route_fused(
         &mut self,
         g: GroupLaunch,
@@ -502,12 +502,18 @@ impl CudaStream {
         expert_scale: u64,
         out: u64,
     ) -> Result<(), BackendError> {
+        // The norm that wrote the product's input may have quantized it in
+        // MXFP4's order already (`matmul_q8`): then the launch need not.
+        let made = self
+            .routed_q8
+            .get()
+            .filter(|m| m.x == g.x && m.values == g.cols);
         self.bind_holding("route")?;
         self.pending.set(None);
         self.quantized.set(None);
         let r = Q8Regions::new(g.cols, 0);
         let premade = g.cols % 32 == 0 && r.bytes <= self.routed_x.bytes;
-        let (mq, md) = if premade {
+        let (mq, md) = if premade && made.is_none() {
             (self.routed_x.ptr, self.routed_x.ptr + r.xd)
         } else {
             (0, 0)
@@ -531,7 +537,9 @@ impl CudaStream {
             md
         ];
         launch("route", &one.f, self.raw(), l.grid, l.threads, l.smem, args)?;
-        if premade {
+        if made.is_some() {
+            self.routed_q8.set(made);
+        } else if premade {
             self.routed_q8.set(Some(RoutedQ8 {
                 x: g.x,
                 values: g.cols,

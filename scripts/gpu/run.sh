@@ -36,7 +36,8 @@
 #                TURBOSPARK_CUDA_FUSE=0, i.e. the default since the twelfth
 #                session) bit for bit against TURBOSPARK_CUDA_FUSE=1 (the
 #                opt-in router/attention fusions), and tg128 of each
-#   ab           AB_BASE (another turbospark binary) against BIN's, alternated
+#   ab           AB_BASE (another turbospark binary) against BIN's: decode
+#                logits of both bit for bit, then alternated
 #                (scripts/bench/ab.sh, AB_ROUNDS rounds, default 2): pp512 and
 #                tg128 at each of DEPTHS on the synthetic model
 #   products     bandwidth of the decode step's matrix-vector products,
@@ -515,6 +516,22 @@ PY
         stage "ab: ${AB_BASE:-(AB_BASE unset)} vs $TS"
         [ -x "${AB_BASE:-}" ] || { echo "AB_BASE must name a turbospark binary"; continue; }
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        # Kernels that must give the same bits: decode logits of 24 tokens, A vs B.
+        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
+        for side in A B; do
+            bin=$AB_BASE
+            [ $side = B ] && bin=$TS
+            "$bin" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
+                --out "$WORK/ab-bits-$side.npy" > /dev/null || echo "logits of $side ($bin) failed"
+        done
+        python3 - "$WORK" <<'PY'
+import sys, numpy as np
+a, b = (np.load(f"{sys.argv[1]}/ab-bits-{s}.npy") for s in "AB")
+same = a.shape == b.shape and a.tobytes() == b.tobytes()
+verdict = "bit-identical to" if same else "DIFFERS from"
+extra = "" if same or a.shape != b.shape else f" (max |d| {np.abs(a - b).max():.3g})"
+print(f"decode logits {b.shape}: B {verdict} A{extra}")
+PY
         scripts/bench/ab.sh "$AB_BASE" "$TS" "${AB_ROUNDS:-2}" -- -m "$WORK/synth20b" --backend cuda \
             --experts resident -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --numerics fast
         ;;

@@ -90,12 +90,35 @@ __device__ __forceinline__ u32 prmt_signed(u32 a, u32 b, u32 sel) {
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
-__device__ __forceinline__ int mxfp4_dot_word(u32 w, int xa, int xb, int s) {
+// The first word of each permute table, in a register (`prmt`'s first
+// operand must be one; the second goes as an immediate). Mxfp4Tables::held()
+// loads them lane by lane from a device variable (a copy a lane), values
+// ptxas can neither know nor prove uniform over the warp, so it keeps them
+// in two registers. With the constants (or one shared load, which it
+// keeps in a uniform register) it copies the word into a register before
+// every permute: an extra instruction each, 96 in the one-token gate/up
+// kernel's 3 stretches × 2 rows (ptxas 13.0, sm_90 SASS).
+#define MXFP4_PERM_P0 MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0
+#define MXFP4_PERM_N0 MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0
+__device__ u32 mxfp4_perm_tables[2][32] = {
+    {MXFP4_PERM_P0, MXFP4_PERM_P0, MXFP4_PERM_P0, MXFP4_PERM_P0},
+    {MXFP4_PERM_N0, MXFP4_PERM_N0, MXFP4_PERM_N0, MXFP4_PERM_N0}};
+struct Mxfp4Tables {
+    u32 p0, n0;
+    __device__ __forceinline__ static Mxfp4Tables constants() { return {MXFP4_P0, MXFP4_HI0}; }
+    __device__ __forceinline__ static Mxfp4Tables held() {
+        int lane = threadIdx.x & 31;
+        return {mxfp4_perm_tables[0][lane], mxfp4_perm_tables[1][lane]};
+    }
+};
+
+__device__ __forceinline__ int mxfp4_dot_word(u32 w, int xa, int xb, int s,
+                                              Mxfp4Tables t = Mxfp4Tables::constants()) {
     u32 f = w ^ 0x88888888u;
-    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w), xa, s);
-    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f), xa, s);
-    s = dp4a((int)prmt_signed(MXFP4_P0, MXFP4_P1, w >> 16), xb, s);
-    s = dp4a((int)prmt_signed(MXFP4_HI0, MXFP4_HI1, f >> 16), xb, s);
+    s = dp4a((int)prmt_signed(t.p0, MXFP4_P1, w), xa, s);
+    s = dp4a((int)prmt_signed(t.n0, MXFP4_HI1, f), xa, s);
+    s = dp4a((int)prmt_signed(t.p0, MXFP4_P1, w >> 16), xb, s);
+    s = dp4a((int)prmt_signed(t.n0, MXFP4_HI1, f >> 16), xb, s);
     return s;
 }
 
@@ -166,7 +189,8 @@ __device__ __forceinline__ Q8Act<F> q8_load_act(const signed char* xq, int b, in
 // Σ code · q of one 16-byte piece of weight codes against the matching
 // quantized activations.
 template <int F>
-__device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x) {
+__device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x,
+                                            Mxfp4Tables t = Mxfp4Tables::constants()) {
     int s = 0;
     if (F == F_Q8_0) {
         s = dp4a((int)w.x, x.lo.x, s);
@@ -174,10 +198,10 @@ __device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x) {
         s = dp4a((int)w.z, x.lo.z, s);
         s = dp4a((int)w.w, x.lo.w, s);
     } else {
-        s = mxfp4_dot_word(w.x, x.lo.x, x.lo.y, s);
-        s = mxfp4_dot_word(w.y, x.lo.z, x.lo.w, s);
-        s = mxfp4_dot_word(w.z, x.hi.x, x.hi.y, s);
-        s = mxfp4_dot_word(w.w, x.hi.z, x.hi.w, s);
+        s = mxfp4_dot_word(w.x, x.lo.x, x.lo.y, s, t);
+        s = mxfp4_dot_word(w.y, x.lo.z, x.lo.w, s, t);
+        s = mxfp4_dot_word(w.z, x.hi.x, x.hi.y, s, t);
+        s = mxfp4_dot_word(w.w, x.hi.z, x.hi.w, s, t);
     }
     return s;
 }
@@ -196,15 +220,15 @@ __device__ __forceinline__ float q8_weight_scale(u32 raw) {
     return e8m0_half((u8)raw);
 }
 
-// R weight rows (same format and width) dotted with up to T tokens'
-// quantized activations into acc[r][t]; every lane of the warp calls it
-// (with the same cols and nt) and ends with the totals.
+// R weight rows (same format and width) dotted with T > 1 tokens'
+// quantized activations into acc[r][t] (nt of them live); every lane of
+// the warp calls it (with the same cols and nt) and ends with the totals.
+// One token takes q8_rows_dot1 below (the same sums in the same order).
 //
-// Latency: a round's global loads — weight codes and scales, and for one
-// token its activations and their scales — are all issued before any is
-// used, so a warp waits for memory about once a round (a row up to 4096
-// wide is one round). With several tokens the activations (shared by
-// every row, so cached) are read where they are used, to spare registers.
+// Latency: a round's weight loads (codes and scales) are all issued before
+// any is used, so a warp waits for memory about once a round (a row up to
+// 4096 wide is one round). The activations (shared by every row, so
+// cached) are read where they are used, to spare registers.
 template <int F, int T, int R>
 __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
                                             const signed char* const* xq, const float* const* xd,
@@ -213,7 +237,6 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
     constexpr int BLOCKS = 32 / P;          // blocks a stretch covers
     constexpr int CHUNK_LANES = Q8_CHUNK * P;
     constexpr int CHUNKS = 32 / CHUNK_LANES;  // chunks a stretch covers
-    constexpr bool ONE = T == 1;              // activations loaded with the codes
     int lane = threadIdx.x & 31, half = lane % P;
     int nb = cols / 32;
     int stretches = (nb + BLOCKS - 1) / BLOCKS;
@@ -223,11 +246,9 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
         for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
     constexpr int UNROLL = Q8Unroll<F, T, R>::n;
     for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
-        // Every load of UNROLL stretches is issued before any is used.
+        // Every weight load of UNROLL stretches is issued before any is used.
         uint4 w[UNROLL][R];
         u32 sw[UNROLL][R];
-        Q8Act<F> x1[ONE ? UNROLL : 1];
-        float dx1[ONE ? UNROLL : 1];
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
@@ -237,11 +258,6 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
                 w[i][r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half]
                                 : make_uint4(0, 0, 0, 0);
                 sw[i][r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
-            }
-            if (ONE) {
-                x1[i] = valid ? q8_load_act<F>(xq[0], b, half)
-                              : Q8Act<F>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
-                dx1[i] = valid ? xd[0][b] : 0.0f;
             }
         }
 #pragma unroll
@@ -259,13 +275,8 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
                 Q8Act<F> xa;
-                if (ONE) {
-                    dx[t] = dx1[ONE ? i : 0];
-                    xa = x1[ONE ? i : 0];
-                } else {
-                    dx[t] = valid ? xd[t][b] : 0.0f;
-                    if (valid) xa = q8_load_act<F>(xq[t], b, half);
-                }
+                dx[t] = valid ? xd[t][b] : 0.0f;
+                if (valid) xa = q8_load_act<F>(xq[t], b, half);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     int v = valid ? q8_piece_dot<F>(w[i][r], xa) : 0;
@@ -310,6 +321,110 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
             }
         }
     }
+}
+
+// R weight rows dotted with one token's quantized activations into
+// acc[r], in the canonical order above (the same bits as q8_rows_dot), by
+// every lane of a warp of a block of at most Q8_WARPS warps; every lane
+// ends with the totals. A round's loads — weight codes and scales, the
+// token's codes and scales — are all issued before any is used.
+//
+// Instructions (these kernels are bound by them, not by HBM, on an H200):
+// lane l holds block l's integer sum v and g = dw · dx (the product the
+// canonical order takes). A chunk's part is the chain
+//   p = fmaf(v_0, g_0, 0); p = fmaf(v_u, g_u, p)  for u = 1, 2, 3
+// over its 4 blocks' lanes: every lane forms fmaf(v, g, 0), then 3 times
+// takes p from the lane one block back (`shfl.up`) and the lane at that
+// position in its chunk re-forms fmaf(v, g, p) — 3 shuffles a row, where
+// gathering v, dw and dx of each block into every lane of its chunk took
+// 4 × (2R + 1). The chunks' parts go to shared memory in chunk order; at
+// the end of a round, lane r adds row r's parts to its total one after
+// another (the rows in parallel), where every lane added every chunk's part
+// after a shuffle (2 instructions a chunk and row). Slots of chunks past
+// the row's end hold 0, and adding +0 leaves the total unchanged (it is
+// never -0: it starts at +0, and no sum of finite floats rounds to -0
+// unless both are -0).
+template <int F, int R>
+__device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
+                                             const signed char* __restrict__ xq,
+                                             const float* __restrict__ xd, float* acc) {
+    constexpr int P = Q8Pieces<F>::per_block;
+    constexpr int BLOCKS = 32 / P;             // blocks a stretch covers
+    constexpr int CHUNK_LANES = Q8_CHUNK * P;
+    constexpr int CHUNKS = 32 / CHUNK_LANES;   // chunks a stretch covers
+    constexpr int UNROLL = Q8Unroll<F, 1, R>::n;
+    constexpr int SLOTS = UNROLL * CHUNKS;     // chunk parts of a round, a row
+    static_assert(SLOTS % 4 == 0, "a row's parts are read 4 at a time");
+    __shared__ __align__(16) float parts_of_warp[Q8_WARPS][R][SLOTS];
+    float(*parts)[SLOTS] = parts_of_warp[threadIdx.x >> 5];
+    int lane = threadIdx.x & 31, half = lane % P;
+    int pos = (lane % CHUNK_LANES) / P;           // the lane's block in its chunk
+    bool tail = lane % CHUNK_LANES == (Q8_CHUNK - 1) * P;  // ends with the chunk's part
+    int chunk = lane / CHUNK_LANES;
+    int nb = cols / 32;
+    int stretches = (nb + BLOCKS - 1) / BLOCKS;
+    Mxfp4Tables tables = Mxfp4Tables::held();
+    float total = 0.0f;  // lane r < R: row r's
+    for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
+        uint4 w[UNROLL][R];
+        u32 sw[UNROLL][R];
+        Q8Act<F> x[UNROLL];
+        float dx[UNROLL];
+#pragma unroll
+        for (int i = 0; i < UNROLL; i++) {
+            int b = (s0 + i) * BLOCKS + lane / P;
+            bool valid = b < nb;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[i][r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half]
+                                : make_uint4(0, 0, 0, 0);
+                sw[i][r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
+            }
+            x[i] = valid ? q8_load_act<F>(xq, b, half)
+                         : Q8Act<F>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+            dx[i] = valid ? xd[b] : 0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < UNROLL; i++) {
+            int first = (s0 + i) * BLOCKS;
+            if (first >= nb) {  // uniform over the warp: no blocks from here on
+                for (int z = i * CHUNKS + lane; z < SLOTS; z += 32)
+#pragma unroll
+                    for (int r = 0; r < R; r++) parts[r][z] = 0.0f;
+                break;
+            }
+            bool valid = first + lane / P < nb;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int v = valid ? q8_piece_dot<F>(w[i][r], x[i], tables) : 0;
+                if (P == 2) v += __shfl_xor_sync(FULL_MASK, v, 1);
+                float f = (float)v;
+                float g = (valid ? q8_weight_scale<F>(sw[i][r]) : 0.0f) * dx[i];
+                float p = fmaf(f, g, 0.0f);
+#pragma unroll
+                for (int u = 1; u < Q8_CHUNK; u++) {
+                    float back = __shfl_up_sync(FULL_MASK, p, P);
+                    if (pos == u) p = fmaf(f, g, back);
+                }
+                if (tail) parts[r][i * CHUNKS + chunk] = p;
+            }
+        }
+        __syncwarp();
+        if (lane < R) {
+            const float4* mine = (const float4*)parts[lane];
+#pragma unroll
+            for (int c = 0; c < SLOTS / 4; c++) {
+                float4 q = mine[c];
+                total += q.x;
+                total += q.y;
+                total += q.z;
+                total += q.w;
+            }
+        }
+        __syncwarp();  // read before the next round's parts overwrite them
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = __shfl_sync(FULL_MASK, total, r);
 }
 
 // The row a lane group of a matrix-vector kernel computes: grids are
@@ -368,11 +483,9 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
     }
     float acc[1][MM_TOKENS];
     if (n == 1) {
-        // One token (decode): the variant that loads its activations with
-        // the codes (same arithmetic, so the same bits).
-        float one[1][1];
-        q8_rows_dot<F, 1, 1>(wr, cols, qs, ds, 1, one);
-        acc[0][0] = one[0][0];
+        // One token (decode): the same sums in the same order, with the
+        // token's loads issued with the codes and a cheaper reduction.
+        q8_rows_dot1<F, 1>(wr, cols, xq, xd, acc[0]);
     } else {
         q8_rows_dot<F, MM_TOKENS, 1>(wr, cols, qs, ds, min(n - t0, MM_TOKENS), acc);
     }
@@ -400,12 +513,10 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     int t = i / k, nb = b.hidden / 32;
     i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
     const u8* wr[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
-    const signed char* qs[1] = {xq + (i64)t * b.hidden};
-    const float* ds[1] = {xd + (i64)t * nb};
-    float acc[2][1];
-    q8_rows_dot<F, 1, 2>(wr, b.hidden, qs, ds, 1, acc);
+    float acc[2];
+    q8_rows_dot1<F, 2>(wr, b.hidden, xq + (i64)t * b.hidden, xd + (i64)t * nb, acc);
     if (live && q8_writer()) {
-        act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0][0], acc[1][0]);
+        act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0], acc[1]);
     }
 }
 
@@ -420,12 +531,10 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
     i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
     const u8* wr[1] = {b.down + r * b.down_row_bytes};
-    const signed char* qs[1] = {aq + (i64)i * b.inter};
-    const float* ds[1] = {ad + (i64)i * (b.inter / 32)};
-    float acc[1][1];
-    q8_rows_dot<F, 1, 1>(wr, b.inter, qs, ds, 1, acc);
+    float acc[1];
+    q8_rows_dot1<F, 1>(wr, b.inter, aq + (i64)i * b.inter, ad + (i64)i * (b.inter / 32), acc);
     if (live && q8_writer()) {
-        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0][0]);
+        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0]);
     }
 }
 
@@ -504,6 +613,11 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
     }
 }
 
+// MXFP4's down kernel held to 64 registers (8 blocks of Q8_WARPS warps an
+// SM): with q8_rows_dot1 it took 70 without the bound, and fits in 62 with
+// it (no spills, ptxas 13.0 for sm_90). Q8_0's would spill.
+#define Q8_DOWN_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 8)
+#define Q8_DOWN_BOUNDS_q8_0
 #define Q8_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
                                                 const float* xd, int n) {                        \
@@ -517,7 +631,8 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
     }                                                                                            \
-    extern "C" __global__ void moe_down_q8x_##fmt(const signed char* aq, const float* ad,        \
+    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(const signed char* aq,         \
+                                                                 const float* ad,                \
                                                   const RouteOut* routes, SlotMask only,         \
                                                   BankView b, float* y) {                        \
         KERNEL_ENTRY();                                                                          \

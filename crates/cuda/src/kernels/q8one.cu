@@ -24,9 +24,9 @@
 //   loads: halves of blocks l/2 and 16 + l/2); the halves' integer sums
 //   meet by one shuffle, and even lanes own blocks 0..15, odd lanes 16..31.
 // - The blocks of a chunk sit in lanes head + step·u (u = 0..3; step 1 for
-//   MXFP4, 2 for Q8_0); each passes (float)Σ and dw·dx down to the head,
-//   which forms the chunk's part; the heads' parts are then added to the
-//   total in chunk order.
+//   MXFP4, 2 for Q8_0); the chunk's fmaf chain passes up from lane to lane,
+//   the last stores the chunk's part in shared memory, and a lane a row adds
+//   the parts to the total in chunk order (one_reduce).
 
 #define ONE_STRETCHES 4                              // stretches of 32 blocks a unit holds
 #define ONE_MAX_COLS (ONE_STRETCHES * 32 * 32)       // 4096 elements
@@ -105,7 +105,8 @@ struct OneSums {
 };
 
 template <int F, int R>
-__device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, OneSums<R>& S) {
+__device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, Mxfp4Tables tables,
+                                         OneSums<R>& S) {
     int lane = threadIdx.x & 31, nb = cols / 32;
     const int4 zi = make_int4(0, 0, 0, 0);
     // The token's codes matching the lane's pieces, and its block's scale,
@@ -144,7 +145,7 @@ __device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, OneS
                 v = (lane & 1) ? b : a;
             } else {
                 Q8Act<F> xa{x[s][0], x[s][1]};
-                v = q8_piece_dot<F>(L.w[s][r][0], xa);
+                v = q8_piece_dot<F>(L.w[s][r][0], xa, tables);
             }
             S.s[s][r] = (float)v;
             S.f[s][r] = q8_weight_scale<F>(L.sw[s][r]) * dx[s];
@@ -153,36 +154,56 @@ __device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, OneS
 }
 
 // The rows' totals in the canonical order; every lane ends with them.
+// As q8_rows_dot1 (q8dot.cu) forms them: a chunk's fmaf chain passed from
+// block to block by `shfl.up` (STEP lanes back), ending in the lane of its
+// last block, which stores the chunk's part in shared memory in chunk order;
+// lane r then adds row r's parts one after another (slots of chunks past
+// the row's end hold 0, which leaves the total unchanged).
 template <int F, int R>
 __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float* acc) {
     constexpr int STEP = OnePieces<F>::step;
+    constexpr int CHUNKS = 32 / Q8_CHUNK;              // chunks a stretch covers
+    constexpr int SLOTS = ONE_STRETCHES * CHUNKS;      // a row's chunks
+    __shared__ __align__(16) float parts_of_warp[ONE_WARPS][R][SLOTS];
+    float(*parts)[SLOTS] = parts_of_warp[threadIdx.x >> 5];
     int lane = threadIdx.x & 31, nb = cols / 32;
-#pragma unroll
-    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    int pos = (lane / STEP) % Q8_CHUNK;                // the lane's block in its chunk
+    int chunk = one_block<F>(0, lane) / Q8_CHUNK;      // its chunk in a stretch
 #pragma unroll
     for (int s = 0; s < ONE_STRETCHES; s++) {
-        if (s * 32 >= nb) break;
-        int ob = one_block<F>(s, lane);
-        float part[R];
+        if (s * 32 >= nb) {  // uniform: no blocks from here on
+            for (int z = s * CHUNKS + lane; z < SLOTS; z += 32)
 #pragma unroll
-        for (int r = 0; r < R; r++) part[r] = ob < nb ? fmaf(S.s[s][r], S.f[s][r], 0.0f) : 0.0f;
-#pragma unroll
-        for (int u = 1; u < Q8_CHUNK; u++) {
-            bool in = ob + u < nb;  // (meaningful in a chunk's head)
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                float su = __shfl_down_sync(FULL_MASK, S.s[s][r], STEP * u);
-                float fu = __shfl_down_sync(FULL_MASK, S.f[s][r], STEP * u);
-                if (in) part[r] = fmaf(su, fu, part[r]);
-            }
+                for (int r = 0; r < R; r++) parts[r][z] = 0.0f;
+            break;
         }
 #pragma unroll
-        for (int c = 0; c < 32 / Q8_CHUNK; c++) {
-            if (s * 32 + c * Q8_CHUNK >= nb) break;  // uniform
+        for (int r = 0; r < R; r++) {
+            float p = fmaf(S.s[s][r], S.f[s][r], 0.0f);
 #pragma unroll
-            for (int r = 0; r < R; r++) acc[r] += __shfl_sync(FULL_MASK, part[r], one_head<F>(c));
+            for (int u = 1; u < Q8_CHUNK; u++) {
+                float back = __shfl_up_sync(FULL_MASK, p, STEP);
+                if (pos == u) p = fmaf(S.s[s][r], S.f[s][r], back);
+            }
+            if (pos == Q8_CHUNK - 1) parts[r][s * CHUNKS + chunk] = p;
         }
     }
+    __syncwarp();
+    float total = 0.0f;
+    if (lane < R) {
+        const float4* mine = (const float4*)parts[lane];
+#pragma unroll
+        for (int c = 0; c < SLOTS / 4; c++) {
+            float4 q = mine[c];
+            total += q.x;
+            total += q.y;
+            total += q.z;
+            total += q.w;
+        }
+    }
+    __syncwarp();  // read before the next unit's parts overwrite them
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = __shfl_sync(FULL_MASK, total, r);
 }
 
 // The units of a launch, one after another per warp (see the top). `Work`
@@ -200,6 +221,7 @@ __device__ __forceinline__ void one_token_units(const Work& wk, int units, int c
     int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
     int stride = gridDim.x * ONE_WARPS;
     OneLoads<F, R> L;
+    Mxfp4Tables tables = F == F_MXFP4 ? Mxfp4Tables::held() : Mxfp4Tables::constants();
     const u8* rows[R];
     const signed char* xq;
     const float* xd;
@@ -216,7 +238,7 @@ __device__ __forceinline__ void one_token_units(const Work& wk, int units, int c
     }
     for (;;) {
         OneSums<R> S;
-        if (live) one_sums<F, R>(L, cols, S);
+        if (live) one_sums<F, R>(L, cols, tables, S);
         int next = u + stride;
         bool next_live = next < units && wk.unit(next, rows, &xq, &xd);
         if (next_live) one_load<F, R>(rows, cols, xq, xd, L);

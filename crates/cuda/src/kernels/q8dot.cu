@@ -98,8 +98,10 @@ __device__ __forceinline__ u32 prmt_signed(u32 a, u32 b, u32 sel) {
 // keeps in a uniform register) it copies the word into a register before
 // every permute: an extra instruction each, 96 in the one-token gate/up
 // kernel's 3 stretches × 2 rows (ptxas 13.0, sm_90 SASS).
-#define MXFP4_PERM_P0 MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0
-#define MXFP4_PERM_N0 MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0
+#define MXFP4_PERM_P0 \
+    MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0, MXFP4_P0
+#define MXFP4_PERM_N0 \
+    MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0, MXFP4_HI0
 __device__ u32 mxfp4_perm_tables[2][32] = {
     {MXFP4_PERM_P0, MXFP4_PERM_P0, MXFP4_PERM_P0, MXFP4_PERM_P0},
     {MXFP4_PERM_N0, MXFP4_PERM_N0, MXFP4_PERM_N0, MXFP4_PERM_N0}};
@@ -613,28 +615,29 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
     }
 }
 
-// MXFP4's down kernel held to 64 registers (8 blocks of Q8_WARPS warps an
-// SM): with q8_rows_dot1 it took 70 without the bound, and fits in 62 with
-// it (no spills, ptxas 13.0 for sm_90). Q8_0's would spill.
+// MXFP4's per-route kernels held to fewer registers, for more warps an SM
+// (ptxas 13.0 for sm_90, no spills either way): down to 64 (8 blocks of
+// Q8_WARPS warps; 70 without the bound), gate/up to 72 (7 blocks; 80
+// without; at 64 it spilled). Q8_0's would spill.
 #define Q8_DOWN_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 8)
 #define Q8_DOWN_BOUNDS_q8_0
+#define Q8_GATE_UP_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 7)
+#define Q8_GATE_UP_BOUNDS_q8_0
 #define Q8_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
                                                 const float* xd, int n) {                        \
         KERNEL_ENTRY();                                                                          \
         matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
     }                                                                                            \
-    extern "C" __global__ void moe_gate_up_q8x_##fmt(const signed char* xq, const float* xd,     \
-                                                     const RouteOut* routes, int k,              \
-                                                     SlotMask only, BankView b, MoeAct a,        \
-                                                     float* act) {                               \
+    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt(                    \
+        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
+        BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
     }                                                                                            \
-    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(const signed char* aq,         \
-                                                                 const float* ad,                \
-                                                  const RouteOut* routes, SlotMask only,         \
-                                                  BankView b, float* y) {                        \
+    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(                         \
+        const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
+        float* y) {                                                                              \
         KERNEL_ENTRY();                                                                          \
         moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
     }                                                                                            \

@@ -365,7 +365,7 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
     int chunk = lane / CHUNK_LANES;
     int nb = cols / 32;
     int stretches = (nb + BLOCKS - 1) / BLOCKS;
-    Mxfp4Tables tables = Mxfp4Tables::held();
+    Mxfp4Tables tables = F == F_MXFP4 ? Mxfp4Tables::held() : Mxfp4Tables::constants();
     float total = 0.0f;  // lane r < R: row r's
     for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
         uint4 w[UNROLL][R];

@@ -222,6 +222,70 @@ __device__ __forceinline__ float q8_weight_scale(u32 raw) {
     return e8m0_half((u8)raw);
 }
 
+// Block b's weight codes (this lane's 16-byte piece `half`) and raw scale
+// of each of R rows; zeros when the block is past the row's end.
+template <int F, int R>
+__device__ __forceinline__ void q8_load_weights(const u8* const* rows, int cols, int b, int half,
+                                                bool valid, uint4* w, u32* sw) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        w[r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half] : make_uint4(0, 0, 0, 0);
+        sw[r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
+    }
+}
+
+// One token's reduction in the canonical order (q8_rows_dot1 here,
+// one_reduce in q8one.cu), in three steps:
+//
+// A chunk's part, the chain p = fmaf(v_0, g_0, 0); p = fmaf(v_u, g_u, p)
+// for u = 1, 2, 3 over its blocks' lanes (`step` lanes apart; `pos` the
+// lane's block in its chunk): every lane forms fmaf(v, g, 0), then 3 times
+// takes p from the lane one block back (`shfl.up`) and the lane at that
+// position re-forms fmaf(v, g, p). The lane at position 3 ends with the
+// part. Every lane of the warp calls it.
+__device__ __forceinline__ float q8_chunk_part(float v, float g, int pos, int step) {
+    float p = fmaf(v, g, 0.0f);
+#pragma unroll
+    for (int u = 1; u < Q8_CHUNK; u++) {
+        float back = __shfl_up_sync(FULL_MASK, p, step);
+        if (pos == u) p = fmaf(v, g, back);
+    }
+    return p;
+}
+
+// Slots `from`.. of every row's parts set to 0 (chunks past the row's end;
+// by the whole warp).
+template <int R, int SLOTS>
+__device__ __forceinline__ void q8_zero_parts(float (*parts)[SLOTS], int from) {
+    for (int z = from + (threadIdx.x & 31); z < SLOTS; z += 32)
+#pragma unroll
+        for (int r = 0; r < R; r++) parts[r][z] = 0.0f;
+}
+
+// Lane r (< R) adds row r's parts to its total in slot order, after the
+// warp has stored them; the parts may be overwritten once it returns.
+// Adding a 0 slot leaves the total unchanged (it is never -0: it starts at
+// +0, and no sum of finite floats rounds to -0 unless both are -0).
+template <int R, int SLOTS>
+__device__ __forceinline__ float q8_add_parts(float (*parts)[SLOTS], float total) {
+    static_assert(SLOTS % 4 == 0, "a row's parts are read 4 at a time");
+    int lane = threadIdx.x & 31;
+    __syncwarp();
+    if (lane < R) {
+        const float4* mine = (const float4*)parts[lane];
+#pragma unroll
+        for (int c = 0; c < SLOTS / 4; c++) {
+            float4 q = mine[c];
+            total += q.x;
+            total += q.y;
+            total += q.z;
+            total += q.w;
+        }
+    }
+    __syncwarp();
+    return total;
+}
+
 // R weight rows (same format and width) dotted with T > 1 tokens'
 // quantized activations into acc[r][t] (nt of them live); every lane of
 // the warp calls it (with the same cols and nt) and ends with the totals.
@@ -255,12 +319,7 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
         for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
             bool valid = b < nb;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                w[i][r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half]
-                                : make_uint4(0, 0, 0, 0);
-                sw[i][r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
-            }
+            q8_load_weights<F, R>(rows, cols, b, half, valid, w[i], sw[i]);
         }
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
@@ -333,19 +392,12 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
 //
 // Instructions (these kernels are bound by them, not by HBM, on an H200):
 // lane l holds block l's integer sum v and g = dw · dx (the product the
-// canonical order takes). A chunk's part is the chain
-//   p = fmaf(v_0, g_0, 0); p = fmaf(v_u, g_u, p)  for u = 1, 2, 3
-// over its 4 blocks' lanes: every lane forms fmaf(v, g, 0), then 3 times
-// takes p from the lane one block back (`shfl.up`) and the lane at that
-// position in its chunk re-forms fmaf(v, g, p) — 3 shuffles a row, where
-// gathering v, dw and dx of each block into every lane of its chunk took
-// 4 × (2R + 1). The chunks' parts go to shared memory in chunk order; at
-// the end of a round, lane r adds row r's parts to its total one after
-// another (the rows in parallel), where every lane added every chunk's part
-// after a shuffle (2 instructions a chunk and row). Slots of chunks past
-// the row's end hold 0, and adding +0 leaves the total unchanged (it is
-// never -0: it starts at +0, and no sum of finite floats rounds to -0
-// unless both are -0).
+// canonical order takes); a chunk's fmaf chain passes from lane to lane
+// (q8_chunk_part: 3 shuffles a row, where gathering v, dw and dx of each
+// block into every lane of its chunk took 4 × (2R + 1)); the chunks' parts
+// go to shared memory in chunk order, and at the end of a round lane r
+// adds row r's (q8_add_parts, the rows in parallel), where every lane added
+// every chunk's part after a shuffle (2 instructions a chunk and row).
 template <int F, int R>
 __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
                                              const signed char* __restrict__ xq,
@@ -356,7 +408,6 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
     constexpr int CHUNKS = 32 / CHUNK_LANES;   // chunks a stretch covers
     constexpr int UNROLL = Q8Unroll<F, 1, R>::n;
     constexpr int SLOTS = UNROLL * CHUNKS;     // chunk parts of a round, a row
-    static_assert(SLOTS % 4 == 0, "a row's parts are read 4 at a time");
     __shared__ __align__(16) float parts_of_warp[Q8_WARPS][R][SLOTS];
     float(*parts)[SLOTS] = parts_of_warp[threadIdx.x >> 5];
     int lane = threadIdx.x & 31, half = lane % P;
@@ -376,12 +427,7 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
         for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
             bool valid = b < nb;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                w[i][r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half]
-                                : make_uint4(0, 0, 0, 0);
-                sw[i][r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
-            }
+            q8_load_weights<F, R>(rows, cols, b, half, valid, w[i], sw[i]);
             x[i] = valid ? q8_load_act<F>(xq, b, half)
                          : Q8Act<F>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
             dx[i] = valid ? xd[b] : 0.0f;
@@ -390,9 +436,7 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
         for (int i = 0; i < UNROLL; i++) {
             int first = (s0 + i) * BLOCKS;
             if (first >= nb) {  // uniform over the warp: no blocks from here on
-                for (int z = i * CHUNKS + lane; z < SLOTS; z += 32)
-#pragma unroll
-                    for (int r = 0; r < R; r++) parts[r][z] = 0.0f;
+                q8_zero_parts<R, SLOTS>(parts, i * CHUNKS);
                 break;
             }
             bool valid = first + lane / P < nb;
@@ -400,30 +444,12 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
             for (int r = 0; r < R; r++) {
                 int v = valid ? q8_piece_dot<F>(w[i][r], x[i], tables) : 0;
                 if (P == 2) v += __shfl_xor_sync(FULL_MASK, v, 1);
-                float f = (float)v;
                 float g = (valid ? q8_weight_scale<F>(sw[i][r]) : 0.0f) * dx[i];
-                float p = fmaf(f, g, 0.0f);
-#pragma unroll
-                for (int u = 1; u < Q8_CHUNK; u++) {
-                    float back = __shfl_up_sync(FULL_MASK, p, P);
-                    if (pos == u) p = fmaf(f, g, back);
-                }
+                float p = q8_chunk_part((float)v, g, pos, P);
                 if (tail) parts[r][i * CHUNKS + chunk] = p;
             }
         }
-        __syncwarp();
-        if (lane < R) {
-            const float4* mine = (const float4*)parts[lane];
-#pragma unroll
-            for (int c = 0; c < SLOTS / 4; c++) {
-                float4 q = mine[c];
-                total += q.x;
-                total += q.y;
-                total += q.z;
-                total += q.w;
-            }
-        }
-        __syncwarp();  // read before the next round's parts overwrite them
+        total = q8_add_parts<R, SLOTS>(parts, total);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = __shfl_sync(FULL_MASK, total, r);

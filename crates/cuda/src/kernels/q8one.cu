@@ -155,10 +155,9 @@ __device__ __forceinline__ void one_sums(const OneLoads<F, R>& L, int cols, Mxfp
 
 // The rows' totals in the canonical order; every lane ends with them.
 // As q8_rows_dot1 (q8dot.cu) forms them: a chunk's fmaf chain passed from
-// block to block by `shfl.up` (STEP lanes back), ending in the lane of its
-// last block, which stores the chunk's part in shared memory in chunk order;
-// lane r then adds row r's parts one after another (slots of chunks past
-// the row's end hold 0, which leaves the total unchanged).
+// block to block (q8_chunk_part, STEP lanes apart), ending in the lane of
+// its last block, which stores the chunk's part in shared memory in chunk
+// order; lane r then adds row r's parts (q8_add_parts).
 template <int F, int R>
 __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float* acc) {
     constexpr int STEP = OnePieces<F>::step;
@@ -172,36 +171,16 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 #pragma unroll
     for (int s = 0; s < ONE_STRETCHES; s++) {
         if (s * 32 >= nb) {  // uniform: no blocks from here on
-            for (int z = s * CHUNKS + lane; z < SLOTS; z += 32)
-#pragma unroll
-                for (int r = 0; r < R; r++) parts[r][z] = 0.0f;
+            q8_zero_parts<R, SLOTS>(parts, s * CHUNKS);
             break;
         }
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            float p = fmaf(S.s[s][r], S.f[s][r], 0.0f);
-#pragma unroll
-            for (int u = 1; u < Q8_CHUNK; u++) {
-                float back = __shfl_up_sync(FULL_MASK, p, STEP);
-                if (pos == u) p = fmaf(S.s[s][r], S.f[s][r], back);
-            }
+            float p = q8_chunk_part(S.s[s][r], S.f[s][r], pos, STEP);
             if (pos == Q8_CHUNK - 1) parts[r][s * CHUNKS + chunk] = p;
         }
     }
-    __syncwarp();
-    float total = 0.0f;
-    if (lane < R) {
-        const float4* mine = (const float4*)parts[lane];
-#pragma unroll
-        for (int c = 0; c < SLOTS / 4; c++) {
-            float4 q = mine[c];
-            total += q.x;
-            total += q.y;
-            total += q.z;
-            total += q.w;
-        }
-    }
-    __syncwarp();  // read before the next unit's parts overwrite them
+    float total = q8_add_parts<R, SLOTS>(parts, 0.0f);
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = __shfl_sync(FULL_MASK, total, r);
 }

@@ -1438,6 +1438,25 @@ impl Stream<CudaDevice> for CudaStream {
         };
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
+        // The held rope of q and k and cache writes of k and v, when they
+        // are this attention's own, join its split launch (crate::fusion).
+        let rope = match (split_kernel, self.pending.get()) {
+            (Some(_), Some(Pending::RopeKv(held))) => held.decode_rope(
+                qp,
+                k_cache.mem.ptr,
+                v_cache.mem.ptr,
+                p.n_heads,
+                p.n_kv_heads,
+                p.head_dim,
+                p.first_pos,
+                p.capacity,
+                step,
+            ),
+            _ => None,
+        };
+        if rope.is_some() {
+            self.pending.set(None);
+        }
         self.bind("attention")?;
         // Prefill of grouped-query attention: a block per KV head and
         // token serves the group's query heads (each key read once).
@@ -1486,11 +1505,32 @@ impl Stream<CudaDevice> for CudaStream {
                     self.decode_split.ptr,
                     self.decode_split.ptr + tickets as u64,
                 );
+                let grid = (p.n_kv_heads as u32, splits as u32, 1);
+                if let Some(rope) = rope {
+                    let f = match p.head_dim {
+                        64 => &self.k.attention_decode_rope_f16_64,
+                        _ => &self.k.attention_decode_rope_f16_128,
+                    };
+                    let (kp, vp) = (k_cache.mem.ptr, v_cache.mem.ptr);
+                    launch(
+                        "attention",
+                        f,
+                        self.raw(),
+                        grid,
+                        kernels::DECODE_THREADS,
+                        0,
+                        &mut args![qp, kp, vp, params, sp, op, step, oq, oqd, pp, tp, rope],
+                    )?;
+                    if oq != 0 {
+                        self.quantized.set(Some((op, q_len, 0)));
+                    }
+                    return Ok(());
+                }
                 launch(
                     "attention",
                     f,
                     self.raw(),
-                    (p.n_kv_heads as u32, splits as u32, 1),
+                    grid,
                     kernels::DECODE_THREADS,
                     0,
                     &mut args![
@@ -1699,25 +1739,26 @@ impl Stream<CudaDevice> for CudaStream {
         }
         let cp = tables.correction.map_or(0, |v| v.mem.ptr);
         let sp = tables.expert_scale.map_or(0, |v| v.mem.ptr);
-        let n = n_tokens as i32;
         out.max_slot = (e - 1) as u32;
         if let Some(g) = self.fusable_router(lp, n_tokens, e) {
             return self.route_fused(g, p, cp, sp, out.mem.ptr);
         }
         // The routing writes only the routes: a quantization of the MoE
-        // input made before it stays valid.
+        // input made before it stays valid. Held back: one token's routed
+        // experts may route in their gate/up launch (`moe_experts`).
         let routed = self.routed_q8.get();
-        self.bind("route")?;
+        self.quantized.set(None);
+        self.bind_holding("route")?;
+        self.hold(Pending::Route(fusion::RouteLaunch {
+            logits: lp,
+            n_tokens,
+            p,
+            correction: cp,
+            expert_scale: sp,
+            out: out.mem.ptr,
+        }))?;
         self.routed_q8.set(routed);
-        launch(
-            "route",
-            &self.k.route,
-            self.raw(),
-            (n_tokens as u32, 1, 1),
-            32,
-            0,
-            &mut args![lp, n, p, cp, sp, out.mem.ptr],
-        )
+        Ok(())
     }
 
     fn moe_experts(
@@ -1782,6 +1823,34 @@ impl Stream<CudaDevice> for CudaStream {
         let premade = self.routed_q8.get().filter(|r| {
             r.x == xp && r.values == n * hidden && bank.gate.format == QuantFormat::Mxfp4
         });
+        let grouped =
+            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        let fast = bank.gate.format == bank.up.format
+            && self.q8_set(bank.gate.format).is_some()
+            && self.q8_set(bank.down.format).is_some();
+        // Routes one by one over rows that fit the one-token kernels:
+        // those (the same bits, see kernels/q8one.cu).
+        let fits = !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
+        let one_kernels = fits
+            && [bank.gate.format, bank.down.format]
+                .iter()
+                .all(|&f| self.q8_set(f).is_some_and(|s| s.one.is_some()));
+        // One token's held routing into these routes joins the per-route
+        // gate/up launch (kernels/q8dot.cu `moe_gate_up_routed_q8_impl`).
+        let routing = match self.pending.get() {
+            Some(Pending::Route(r))
+                if fast
+                    && !grouped
+                    && !one_kernels
+                    && n == 1
+                    && r.n_tokens == 1
+                    && r.out == routes.mem.ptr =>
+            {
+                self.pending.set(None);
+                Some(r)
+            }
+            _ => None,
+        };
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -1789,11 +1858,6 @@ impl Stream<CudaDevice> for CudaStream {
         } else {
             &[(bank.gate.format, 1), (bank.up.format, 2)]
         };
-        let grouped =
-            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
-        let fast = bank.gate.format == bank.up.format
-            && self.q8_set(bank.gate.format).is_some()
-            && self.q8_set(bank.down.format).is_some();
         let (order, offsets) = (self.order.ptr, self.offsets.ptr);
         if grouped {
             let (nr, slots) = ((n * k) as i32, bank.slots as i32);
@@ -1839,10 +1903,6 @@ impl Stream<CudaDevice> for CudaStream {
                 self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
                 (r.xq, r.xd)
             };
-            // Routes one by one over rows that fit the one-token kernels:
-            // those (the same bits, see kernels/q8one.cu).
-            let fits =
-                !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
             if let (true, Some(g1), Some(d1)) = (fits, gate.one.as_ref(), down.one.as_ref()) {
                 let nr = (n * k) as i32;
                 let work = kernels::OneWork::GateUp {
@@ -1885,8 +1945,15 @@ impl Stream<CudaDevice> for CudaStream {
             );
             let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
             let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
-            let args = if grouped { grouped_args } else { route_args };
-            launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
+            if let Some(r) = routing {
+                let (lp, p, cp, sp) = (r.logits, r.p, r.correction, r.expert_scale);
+                let args = &mut args![xq, xd, lp, p, cp, sp, rp, kk, mask, view, a, act_ptr];
+                let f = &gate.gate_up_routed;
+                launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
+            } else {
+                let args = if grouped { grouped_args } else { route_args };
+                launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
+            }
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let (f, per, threads) = pick(
                 &down.mq_down,

@@ -3,7 +3,8 @@
 
 use super::data::{f32_tensor, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
-use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, Stream};
+use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, RopeTable, Stream};
+use turbospark_core::arch::{RopeKind, RopeScaling, RopeSpec};
 use turbospark_core::QuantFormat;
 
 /// Rows land at `(first_pos + t) % capacity`, in the device's KV dtype.
@@ -289,6 +290,198 @@ pub fn check_decode_attention<D: Device>(
                 OP,
                 &format!("{case}, position {pos}"),
                 &got,
+                &want,
+                tol.attention,
+                |_| 1.0,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// One token's layer start as the engine issues it — the rope of q and of
+/// k, the cache writes of k and v, then the attention — against the f64
+/// formula over roped queries and keys, and bit for bit (output, roped q
+/// and k) against the same ops with a `synchronize` before the attention,
+/// which keeps a backend from joining the attention to the ops before it
+/// (the CUDA backend's split decode attention does their rope and writes
+/// itself). Positions run on after each case's prefix, so later outputs
+/// also read the rows the joined launches wrote.
+pub fn check_rope_then_decode_attention<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "rope, cache writes, then attention (one token)";
+    let yarn = RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 64,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.2,
+        truncate: true,
+    };
+    // (case, rope kind, rotated dims, scaling, positions after the prefix)
+    let cases = [
+        (
+            Case {
+                n_heads: 16,
+                n_kv: 2,
+                hd: 64,
+                window: None,
+                sinks: true,
+                softcap: None,
+            },
+            RopeKind::Neox,
+            64,
+            RopeScaling::None,
+            597..600,
+        ),
+        (
+            Case {
+                n_heads: 4,
+                n_kv: 1,
+                hd: 128,
+                window: Some(100),
+                sinks: false,
+                softcap: Some(5.0),
+            },
+            RopeKind::Interleaved,
+            64,
+            RopeScaling::None,
+            331..334,
+        ),
+        (
+            Case {
+                n_heads: 8,
+                n_kv: 1,
+                hd: 64,
+                window: None,
+                sinks: true,
+                softcap: None,
+            },
+            RopeKind::Neox,
+            32,
+            yarn,
+            0..3,
+        ),
+    ];
+    for (c, kind, rotary_dim, scaling, decoded) in cases {
+        let table = RopeTable::new(&RopeSpec {
+            kind,
+            theta: 10000.0,
+            rotary_dim,
+            scaling,
+        });
+        let case = format!("{}, {kind:?} over {rotary_dim} dims", c.label());
+        let mut rng = Rng(78);
+        let total = decoded.end;
+        let capacity = c.window.unwrap_or(total + 400);
+        let row = c.n_kv * c.hd;
+        let qd = c.n_heads * c.hd;
+        // Past keys as stored (already roped), then the new ones as the
+        // projection gives them.
+        let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
+        let sinks: Vec<f32> = rng.scaled(c.n_heads, 2.0);
+        let sink_vec = dev
+            .upload_vector(&f32_tensor("sinks", vec![c.n_heads], &sinks))
+            .at(OP, &case)?;
+        let limits = Limits {
+            max_tokens: 64,
+            max_keys: capacity,
+            max_head_dim: c.hd,
+            max_experts: 0,
+            ..Limits::default()
+        };
+        let mut h = Harness::new(dev, limits)?;
+        let mut caches = Vec::new();
+        for _ in 0..2 {
+            let kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+            let vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+            caches.push((kc, vc));
+        }
+        let kept = decoded.start.saturating_sub(capacity - 1);
+        for (kc, vc) in &mut caches {
+            write_history(
+                (OP, &case),
+                &mut h,
+                &mut (kc, vc),
+                (&ks, &vs),
+                kept..decoded.start,
+                capacity,
+            )?;
+        }
+        for pos in decoded {
+            let q = rng.scaled(qd, 2.0);
+            let p = AttentionParams {
+                n_tokens: 1,
+                first_pos: pos,
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv,
+                head_dim: c.hd,
+                capacity,
+                window: c.window,
+                scale: 0.125,
+                softcap: c.softcap,
+            };
+            let mut got = Vec::new();
+            for (apart, (kc, vc)) in caches.iter_mut().enumerate() {
+                let mut qb = h.buf(&q)?;
+                let mut kb = h.buf(&ks[pos])?;
+                let vb = h.buf(&vs[pos])?;
+                let mut out = h.zeros(qd)?;
+                h.st.rope(&mut qb, 1, c.n_heads, c.hd, pos, &table)
+                    .at(OP, &case)?;
+                h.st.rope(&mut kb, 1, c.n_kv, c.hd, pos, &table)
+                    .at(OP, &case)?;
+                h.st.kv_write(kc, &kb, 1, row, pos, capacity)
+                    .at(OP, &case)?;
+                h.st.kv_write(vc, &vb, 1, row, pos, capacity)
+                    .at(OP, &case)?;
+                if apart == 1 {
+                    h.st.synchronize().at(OP, &case)?;
+                }
+                h.st.attention(&qb, kc, vc, &p, c.sinks.then_some(&sink_vec), &mut out)
+                    .at(OP, &case)?;
+                let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
+                got.push((
+                    h.get(&out, qd)?,
+                    bits(h.get(&qb, qd)?),
+                    bits(h.get(&kb, row)?),
+                ));
+            }
+            for (what, same) in [
+                ("output", got[0].0 == got[1].0),
+                ("roped q", got[0].1 == got[1].1),
+                ("roped k", got[0].2 == got[1].2),
+            ] {
+                if !same {
+                    return Err(property(
+                        OP,
+                        &format!("{case}, position {pos}"),
+                        format!("{what} differs from the ops' apart (a synchronize between)"),
+                    ));
+                }
+            }
+            // The f64 formula over the roped query and history.
+            let rope_heads = |x: &[f32]| -> Vec<f32> {
+                x.chunks_exact(c.hd)
+                    .flat_map(|head| reference::rope(head, pos, &table))
+                    .map(|v| v as f32)
+                    .collect()
+            };
+            let roped_q = rope_heads(&q);
+            ks[pos] = rope_heads(&ks[pos]);
+            let want: Vec<f64> = (0..c.n_heads)
+                .flat_map(|head| {
+                    let sink = c.sinks.then_some(sinks[head]);
+                    reference::attention(&p, &roped_q, &ks, &vs, 0, head, sink)
+                })
+                .collect();
+            compare(
+                OP,
+                &format!("{case}, position {pos}"),
+                &got[0].0,
                 &want,
                 tol.attention,
                 |_| 1.0,

@@ -88,6 +88,38 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
             })?;
         }
     }
+    // Ties go to the lower expert, -inf is a logit like any other.
+    let inf = f32::NEG_INFINITY;
+    let tied = [2.0, 5.0, inf, 5.0, 1.0, 5.0, -1.0, 0.5, 5.0, inf, 3.0, 0.0];
+    let tb = h.buf(&tied)?;
+    for (kind, k) in [
+        (RouterKind::TopKSoftmax, 3),
+        (RouterKind::TopKSoftmax, 11),
+        (RouterKind::SoftmaxTopK { renormalize: true }, 3),
+    ] {
+        let case = format!("{kind:?}, top {k} of tied logits");
+        let spec = RouterSpec::new(kind, experts, k).at(OP, &case)?;
+        let mut routes = dev.alloc_routes(1, k).at(OP, "alloc")?;
+        h.st.route(&tb, 1, &spec, RouterTables::default(), &mut routes)
+            .at(OP, &case)?;
+        let mut got = vec![Route::default(); k];
+        h.st.read_routes(&routes, &mut got).at(OP, &case)?;
+        let want = reference::route(kind, k, &tied, None, None);
+        let slots: Vec<u32> = got.iter().map(|r| r.slot).collect();
+        let want_slots: Vec<u32> = want.iter().map(|r| r.0).collect();
+        if slots != want_slots {
+            return Err(property(
+                OP,
+                &case,
+                format!("routed to {slots:?}, the reference to {want_slots:?}"),
+            ));
+        }
+        let weights: Vec<f32> = got.iter().map(|r| r.weight).collect();
+        let want_w: Vec<f64> = want.iter().map(|r| r.1).collect();
+        compare(OP, &case, &weights, &want_w, tol.route, |i| {
+            1.0 + want_w[i].abs()
+        })?;
+    }
     if h.st
         .route(
             &lb,
@@ -766,10 +798,12 @@ pub fn check_moe_intermediate<D: Device>(
 
 /// A token's router product, its bias, its routing and its routed experts
 /// issued one after another — the decode step's order, which a backend may
-/// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
-/// product's launch and quantizes the experts' input there) — give the same logits, routes and output bits as
-/// the same ops with a copy of the logits between product and routing,
-/// which nothing fuses across. Both with the product's input given, and
+/// fuse (the CUDA backend routes in the experts' gate/up launch, or with
+/// `TURBOSPARK_CUDA_FUSE=1` in the product's launch, and quantizes the
+/// experts' input there) — give the same logits, routes and output bits as
+/// the same ops with a copy of the logits between product and routing and
+/// the routes read back before the experts, which nothing fuses across.
+/// Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and
 /// RMS norm (one CUDA launch, which also quantizes the product's input):
 /// then the residual stream and the normed input must match too, and so
@@ -832,6 +866,13 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 };
                 h.st.route(routed, 1, &spec, RouterTables::default(), &mut routes)
                     .at(OP, &case)?;
+                if split {
+                    // Routes read back before the experts: the routing
+                    // runs apart (the CUDA backend otherwise does it in
+                    // the experts' gate/up launch).
+                    let mut early = vec![Route::default(); TOP_K];
+                    h.st.read_routes(&routes, &mut early).at(OP, &case)?;
+                }
                 let input = MoeInput {
                     x: &xt,
                     n_tokens: 1,

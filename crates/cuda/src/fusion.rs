@@ -26,15 +26,11 @@
 //!   of k (the roped tensor) and v that follow are one `rope_kv` launch
 //!   ([`RopeKvLaunch`]) — and for one token over f16 caches, that is done
 //!   by the split decode attention that reads them
-//!   ([`RopeKvLaunch::decode_rope`], `kernels/attention.cu`);
-//! - one token's routing (`route`) is done by every block of its routed
-//!   experts' gate/up launch ([`RouteLaunch`], `kernels/q8dot.cu`
-//!   `moe_gate_up_routed_q8_impl`), which also stores the routes.
+//!   ([`RopeKvLaunch::decode_rope`], `kernels/attention.cu`).
 //!
 //! Every fused launch computes the same values in the same order as the
 //! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
-//! `kernels/q8dot.cu` `matmul_q8_impl`, `kernels/route.cu` `route_token`),
-//! so results are bit-identical; only
+//! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical; only
 //! launches are saved. Any other op first launches what is pending
 //! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
 //! work is the order of the calls.
@@ -148,19 +144,6 @@ pub(crate) struct TileLaunch {
     pub xd: u64,
     pub out: u64,
     pub bias: u64,
-}
-
-/// The routing of `n_tokens` tokens from their router logits into `out`
-/// (`route`), held so that one token's routed experts can route in their
-/// gate/up launch (stream.rs `moe_experts`).
-#[derive(Clone, Copy)]
-pub(crate) struct RouteLaunch {
-    pub logits: u64,
-    pub n_tokens: usize,
-    pub p: kernels::RouterParams,
-    pub correction: u64,
-    pub expert_scale: u64,
-    pub out: u64,
 }
 
 /// Ropes of up to two tensors at the same positions and up to two cache
@@ -411,7 +394,6 @@ pub(crate) enum Pending {
     Group(GroupLaunch),
     Tile(TileLaunch),
     RopeKv(RopeKvLaunch),
-    Route(RouteLaunch),
 }
 
 /// Rows an RMS norm holds in registers (`NORM_THREADS · NORM_PER`): only
@@ -464,11 +446,6 @@ pub(crate) fn launch_pending(
     q: Option<Q8Out>,
 ) -> Result<(), BackendError> {
     match p {
-        Pending::Route(r) => {
-            let n = r.n_tokens as i32;
-            let args = &mut args![r.logits, n, r.p, r.correction, r.expert_scale, r.out];
-            kernels::launch("route", &k.route, stream, (n as u32, 1, 1), 32, 0, args)
-        }
         Pending::Combine(c) => {
             let (n, kk, h) = (c.n as i32, c.k as i32, c.hidden as i32);
             let args = &mut args![c.y, c.routes, n, kk, h, c.out];

@@ -53,8 +53,6 @@ pub(crate) struct Q8Set {
     pub quantize: CudaFunction,
     pub matmul: CudaFunction,
     pub gate_up: CudaFunction,
-    /// `gate_up` for one token with its routing in the launch.
-    pub gate_up_routed: CudaFunction,
     pub down: CudaFunction,
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
@@ -280,7 +278,6 @@ impl Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
             matmul: f(format!("matmul_q8x_{n}"))?,
             gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
-            gate_up_routed: f(format!("moe_gate_up_routed_q8x_{n}"))?,
             down: f(format!("moe_down_q8x_{n}"))?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,

@@ -249,7 +249,12 @@ mod tests {
                 // issue their first loads and then wait, every thread,
                 // inside `one_token_units<…, true>` (q8one.cu, EARLY) or
                 // `cta_token_units<…, true>` (q8cta.cu); the RMS norm loads
-                // its weights, then waits (elementwise.cu).
+                // its weights, then waits (elementwise.cu); one token's
+                // split attention forms its rotary angles and fetches older
+                // cache rows into the L2, then waits (attention.cu
+                // `attention_decode_impl`, which calls `kernel_entry`).
+                let attention_early = name.starts_with("attention_decode_")
+                    && body.starts_with("attention_decode_impl<");
                 let early = name.starts_with("matmul1_q8x_")
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
@@ -268,7 +273,10 @@ mod tests {
                         "floatwv[NORM_PER];norm_weights(w,dim,mode,wv);KERNEL_ENTRY();",
                     );
                 assert!(
-                    body.starts_with("KERNEL_ENTRY();") || (early && waits_early) || norm_early,
+                    body.starts_with("KERNEL_ENTRY();")
+                        || (early && waits_early)
+                        || norm_early
+                        || attention_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]
                 );

@@ -1739,26 +1739,25 @@ impl Stream<CudaDevice> for CudaStream {
         }
         let cp = tables.correction.map_or(0, |v| v.mem.ptr);
         let sp = tables.expert_scale.map_or(0, |v| v.mem.ptr);
+        let n = n_tokens as i32;
         out.max_slot = (e - 1) as u32;
         if let Some(g) = self.fusable_router(lp, n_tokens, e) {
             return self.route_fused(g, p, cp, sp, out.mem.ptr);
         }
         // The routing writes only the routes: a quantization of the MoE
-        // input made before it stays valid. Held back: one token's routed
-        // experts may route in their gate/up launch (`moe_experts`).
+        // input made before it stays valid.
         let routed = self.routed_q8.get();
-        self.quantized.set(None);
-        self.bind_holding("route")?;
-        self.hold(Pending::Route(fusion::RouteLaunch {
-            logits: lp,
-            n_tokens,
-            p,
-            correction: cp,
-            expert_scale: sp,
-            out: out.mem.ptr,
-        }))?;
+        self.bind("route")?;
         self.routed_q8.set(routed);
-        Ok(())
+        launch(
+            "route",
+            &self.k.route,
+            self.raw(),
+            (n_tokens as u32, 1, 1),
+            32,
+            0,
+            &mut args![lp, n, p, cp, sp, out.mem.ptr],
+        )
     }
 
     fn moe_experts(
@@ -1823,34 +1822,6 @@ impl Stream<CudaDevice> for CudaStream {
         let premade = self.routed_q8.get().filter(|r| {
             r.x == xp && r.values == n * hidden && bank.gate.format == QuantFormat::Mxfp4
         });
-        let grouped =
-            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
-        let fast = bank.gate.format == bank.up.format
-            && self.q8_set(bank.gate.format).is_some()
-            && self.q8_set(bank.down.format).is_some();
-        // Routes one by one over rows that fit the one-token kernels:
-        // those (the same bits, see kernels/q8one.cu).
-        let fits = !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
-        let one_kernels = fits
-            && [bank.gate.format, bank.down.format]
-                .iter()
-                .all(|&f| self.q8_set(f).is_some_and(|s| s.one.is_some()));
-        // One token's held routing into these routes joins the per-route
-        // gate/up launch (kernels/q8dot.cu `moe_gate_up_routed_q8_impl`).
-        let routing = match self.pending.get() {
-            Some(Pending::Route(r))
-                if fast
-                    && !grouped
-                    && !one_kernels
-                    && n == 1
-                    && r.n_tokens == 1
-                    && r.out == routes.mem.ptr =>
-            {
-                self.pending.set(None);
-                Some(r)
-            }
-            _ => None,
-        };
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -1858,6 +1829,11 @@ impl Stream<CudaDevice> for CudaStream {
         } else {
             &[(bank.gate.format, 1), (bank.up.format, 2)]
         };
+        let grouped =
+            n > 1 && bank.slots <= kernels::MAX_MASK_SLOTS && self.order.bytes >= n * k * 4;
+        let fast = bank.gate.format == bank.up.format
+            && self.q8_set(bank.gate.format).is_some()
+            && self.q8_set(bank.down.format).is_some();
         let (order, offsets) = (self.order.ptr, self.offsets.ptr);
         if grouped {
             let (nr, slots) = ((n * k) as i32, bank.slots as i32);
@@ -1903,6 +1879,10 @@ impl Stream<CudaDevice> for CudaStream {
                 self.quantize(gate, xp, n * hidden, r.xq, r.xd)?;
                 (r.xq, r.xd)
             };
+            // Routes one by one over rows that fit the one-token kernels:
+            // those (the same bits, see kernels/q8one.cu).
+            let fits =
+                !grouped && hidden <= kernels::ONE_MAX_COLS && inter <= kernels::ONE_MAX_COLS;
             if let (true, Some(g1), Some(d1)) = (fits, gate.one.as_ref(), down.one.as_ref()) {
                 let nr = (n * k) as i32;
                 let work = kernels::OneWork::GateUp {
@@ -1945,15 +1925,8 @@ impl Stream<CudaDevice> for CudaStream {
             );
             let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
             let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
-            if let Some(r) = routing {
-                let (lp, p, cp, sp) = (r.logits, r.p, r.correction, r.expert_scale);
-                let args = &mut args![xq, xd, lp, p, cp, sp, rp, kk, mask, view, a, act_ptr];
-                let f = &gate.gate_up_routed;
-                launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
-            } else {
-                let args = if grouped { grouped_args } else { route_args };
-                launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
-            }
+            let args = if grouped { grouped_args } else { route_args };
+            launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let (f, per, threads) = pick(
                 &down.mq_down,

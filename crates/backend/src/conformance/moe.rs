@@ -798,12 +798,10 @@ pub fn check_moe_intermediate<D: Device>(
 
 /// A token's router product, its bias, its routing and its routed experts
 /// issued one after another — the decode step's order, which a backend may
-/// fuse (the CUDA backend routes in the experts' gate/up launch, or with
-/// `TURBOSPARK_CUDA_FUSE=1` in the product's launch, and quantizes the
-/// experts' input there) — give the same logits, routes and output bits as
-/// the same ops with a copy of the logits between product and routing and
-/// the routes read back before the experts, which nothing fuses across.
-/// Both with the product's input given, and
+/// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
+/// product's launch and quantizes the experts' input there) — give the same logits, routes and output bits as
+/// the same ops with a copy of the logits between product and routing,
+/// which nothing fuses across. Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and
 /// RMS norm (one CUDA launch, which also quantizes the product's input):
 /// then the residual stream and the normed input must match too, and so
@@ -866,13 +864,6 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 };
                 h.st.route(routed, 1, &spec, RouterTables::default(), &mut routes)
                     .at(OP, &case)?;
-                if split {
-                    // Routes read back before the experts: the routing
-                    // runs apart (the CUDA backend otherwise does it in
-                    // the experts' gate/up launch).
-                    let mut early = vec![Route::default(); TOP_K];
-                    h.st.read_routes(&routes, &mut early).at(OP, &case)?;
-                }
                 let input = MoeInput {
                     x: &xt,
                     n_tokens: 1,

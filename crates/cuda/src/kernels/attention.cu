@@ -389,8 +389,24 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
     // see the loop below) writes the newest cache rows.
     bool owner = ROPE && split == ((nk - 1) / DEC_TILE / DEC_WARPS) % S;
     const int pairs = ROPE ? rope.p.pairs : 0;
+    // Before waiting for the kernel before (common.cuh KERNEL_ENTRY), only
+    // what this step's kernels do not write: the position (set before the
+    // step's first kernel), the rotary angles, and the cache rows of the
+    // keys before pos (written by earlier steps), fetched into the L2 —
+    // this block's tiles, as the loop below takes them.
     if (ROPE)
         for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_cos_sin(rope.p, pos, i, &rc[i], &rs[i]);
+    for (int t0 = (split * DEC_WARPS + warp) * DEC_TILE; t0 < nk; t0 += S * DEC_WARPS * DEC_TILE) {
+        int j = t0 + lane;
+        if (j >= nk - 1) break;
+        i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * HD;
+#pragma unroll
+        for (int b = 0; b < HD * 2; b += 128) {
+            prefetch_l2((const char*)(kc + at) + b);
+            prefetch_l2((const char*)(vc + at) + b);
+        }
+    }
+    kernel_entry();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
     __syncthreads();
     if (ROPE) {
@@ -571,20 +587,19 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
+// (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after
+// its early reads.)
 #define ATTN_DECODE(hd)                                                                          \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(      \
         const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,          \
         float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {   \
-        KERNEL_ENTRY();                                                                          \
-        DecodeRope none = {};                                                                    \
         attention_decode_impl<hd, false>((float*)q, (u16*)kc, (u16*)vc, p, sinks, out, step, oq, \
-                                         oqd, part, tickets, none);                              \
+                                         oqd, part, tickets, DecodeRope{});                      \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rope_f16_##hd( \
         float* q, u16* kc, u16* vc, AttnParams p, const float* sinks, float* out,                \
         const int* step, signed char* oq, float* oqd, float* part, u32* tickets,                 \
         DecodeRope rope) {                                                                       \
-        KERNEL_ENTRY();                                                                          \
         attention_decode_impl<hd, true>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets,  \
                                         rope);                                                   \
     }

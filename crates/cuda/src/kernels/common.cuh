@@ -25,10 +25,14 @@ typedef long long i64;
 // of the one before it, while the order of the work is unchanged: each
 // kernel still runs after the whole of the one before it, which ran after
 // the whole of its own predecessor (every kernel waits first, before any
-// early return). The exceptions read only weights, which no kernel
-// writes, before waiting: one token's Q8_0 products (q8one.cu and
-// q8cta.cu, EARLY) issue their first rows' weight loads, and the RMS norm
-// loads its weights (elementwise.cu), then wait.
+// early return). The exceptions read, before waiting, only what no kernel
+// of the step writes — weights, a decode step's position (set before the
+// step's first kernel) and cache rows of earlier steps: one token's Q8_0
+// products (q8one.cu and q8cta.cu, EARLY) issue their first rows' weight
+// loads, the RMS norm loads its weights (elementwise.cu), and one token's
+// split attention (attention.cu `attention_decode_impl`) forms its rotary
+// angles and fetches the older keys' and values' rows into the L2; then
+// they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -36,6 +40,11 @@ __device__ __forceinline__ void kernel_entry() {
 #endif
 }
 #define KERNEL_ENTRY() kernel_entry()
+
+// Fetches the line holding p from memory into the L2 (nothing returned).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

@@ -566,27 +566,6 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     }
 }
 
-// moe_gate_up_q8_impl for one token with its routing in the same launch
-// (the `route` launch the stream held back, stream.rs `moe_experts`): each
-// block's first warp routes the token from its router logits as the
-// `route` kernel does (route_token, the same warp-wide arithmetic, so every
-// block picks the same routes with the same weights) into shared memory;
-// block (0, 0) also stores them to `routes` for the launches after it (the
-// down rows, the MoE sum), which wait for this one to finish.
-template <int F>
-__device__ void moe_gate_up_routed_q8_impl(const signed char* __restrict__ xq,
-                                           const float* __restrict__ xd, const float* logits,
-                                           RouterParams rp, const float* correction,
-                                           const float* expert_scale, RouteOut* routes, int k,
-                                           SlotMask only, BankView b, MoeAct a,
-                                           float* __restrict__ act) {
-    __shared__ RouteOut chosen[ROUTE_MAX_K];
-    if (threadIdx.x < 32) route_token(logits, 0, rp, correction, expert_scale, chosen);
-    __syncthreads();
-    if (blockIdx.x == 0 && blockIdx.y == 0 && (int)threadIdx.x < k) routes[threadIdx.x] = chosen[threadIdx.x];
-    moe_gate_up_q8_impl<F>(xq, xd, chosen, k, only, b, a, act);
-}
-
 // Batches grouped by slot (moe_group): grid (ceil(rows / Q8_BLOCK_ROWS), slots),
 // MOE_GROUP routes of a slot at a time; each route's row is the same
 // instructions as alone.
@@ -681,14 +660,6 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
         BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
-    }                                                                                            \
-    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_routed_q8x_##fmt(             \
-        const signed char* xq, const float* xd, const float* logits, RouterParams rp,            \
-        const float* correction, const float* expert_scale, RouteOut* routes, int k,             \
-        SlotMask only, BankView b, MoeAct a, float* act) {                                       \
-        KERNEL_ENTRY();                                                                          \
-        moe_gate_up_routed_q8_impl<F>(xq, xd, logits, rp, correction, expert_scale, routes, k,   \
-                                      only, b, a, act);                                          \
     }                                                                                            \
     extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(                         \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \

@@ -80,24 +80,6 @@ __device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* el
     }
 }
 
-// The top k of at most 32 values, lane l holding value l (lanes past `e`
-// none): the same choices as warp_top_k (the largest value, ties to the
-// lower index) for values that are not NaN, with one reduction and one
-// ballot a rank. A value's key orders as the float does (-0 first made +0,
-// which compares equal to it); a taken or missing value's key is 0, below
-// every value's (-inf's is 0x007FFFFF), and k ≤ e leaves a value to take.
-__device__ void warp_top_k_small(float v, int e, int k, int* chosen) {
-    int lane = threadIdx.x & 31;
-    u32 b = __float_as_uint(v + 0.0f);
-    u32 key = lane >= e ? 0u : (b & 0x80000000u) ? ~b : b | 0x80000000u;
-    for (int r = 0; r < k; r++) {
-        u32 m = __reduce_max_sync(FULL_MASK, key);
-        int c = __ffs(__ballot_sync(FULL_MASK, key == m)) - 1;
-        chosen[r] = c;
-        if (lane == c) key = 0u;
-    }
-}
-
 // Token t's routes from its logits, by one warp (the block's first). The
 // logits are read through the L2 (ld.global.cg): router1_q8x_q8_0 reads what
 // other blocks of its own launch wrote.
@@ -146,9 +128,7 @@ __device__ void route_token(const float* logits, int t, RouterParams p, const fl
             o[r].weight = w;
         }
     } else if (p.kind == R_TOPK_SOFTMAX) {
-        float zl = lane < e ? z[lane] : 0.0f;
-        if (e <= 32 && !__any_sync(FULL_MASK, zl != zl)) warp_top_k_small(zl, e, k, chosen);
-        else warp_top_k(z, e, k, taken, 0, chosen);
+        warp_top_k(z, e, k, taken, 0, chosen);
         if (lane != 0) return;
         float m = z[chosen[0]];
         float sum = 0.0f;

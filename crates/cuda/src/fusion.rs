@@ -24,9 +24,7 @@
 //!   follows it;
 //! - the rope of q and of k at the same positions and the cache writes
 //!   of k (the roped tensor) and v that follow are one `rope_kv` launch
-//!   ([`RopeKvLaunch`]) — and for one token over f16 caches, that is done
-//!   by the split decode attention that reads them
-//!   ([`RopeKvLaunch::decode_rope`], `kernels/attention.cu`).
+//!   ([`RopeKvLaunch`]).
 //!
 //! Every fused launch computes the same values in the same order as the
 //! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
@@ -261,56 +259,6 @@ impl RopeKvLaunch {
         r.roped[w] = roped.map_or(-1, |i| i as i32);
         r.n_w += 1;
         true
-    }
-
-    /// The rope and cache writes that one token's split attention
-    /// (`attention_decode_rope_f16_*`) takes over, when this launch is
-    /// exactly what comes before it: the rope of `q` (`n_heads` heads) and
-    /// of one token's k (`n_kv_heads` heads) at `first_pos` with head width
-    /// `head_dim`, the write of that roped k into `k_cache` and of a
-    /// plain v into `v_cache` (both f16, `capacity` rows of
-    /// `n_kv_heads · head_dim`), recorded or not as the attention is
-    /// (`step`). The kernel computes every element as `rope_kv` does.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn decode_rope(
-        &self,
-        q: u64,
-        k_cache: u64,
-        v_cache: u64,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
-        first_pos: usize,
-        capacity: usize,
-        step: u64,
-    ) -> Option<kernels::DecodeRope> {
-        let r = &self.r;
-        let row = (n_kv_heads * head_dim) as i32;
-        let write = |w: usize, cache: u64, roped: i32| {
-            r.cache[w] == cache
-                && r.f16[w] != 0
-                && r.row_len[w] == row
-                && r.capacity[w] == capacity as i32
-                && r.roped[w] == roped
-        };
-        let (kw, vw) = if r.roped[0] == 1 { (0, 1) } else { (1, 0) };
-        let fits = r.n_tokens == 1
-            && r.first_pos == first_pos as i32
-            && self.step == step
-            && r.head_dim == head_dim as i32
-            && 2 * self.p.pairs as usize <= head_dim
-            && r.n_x == 2
-            && r.x[0] == q
-            && r.heads[0] == n_heads as i32
-            && r.heads[1] == n_kv_heads as i32
-            && r.n_w == 2
-            && write(kw, k_cache, 1)
-            && write(vw, v_cache, -1);
-        fits.then(|| kernels::DecodeRope {
-            k: r.x[1],
-            v: r.src[vw],
-            p: self.p,
-        })
     }
 
     /// Bytes of roped tensor `i`.
@@ -714,52 +662,5 @@ mod tests {
         let mut l = q_and_k();
         assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
         assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
-    }
-
-    /// One token's q (8 heads) and k (2 heads) roped at position 5, then
-    /// k written into CA and v into CB (f16 when `f16`), 100 rows.
-    fn one_token_layer(f16: bool) -> RopeKvLaunch {
-        let mut l = RopeKvLaunch::rope(Q, 8, 1, 64, 5, table(16), 0);
-        assert!(l.join_rope(&RopeKvLaunch::rope(K, 2, 1, 64, 5, table(16), 0)));
-        assert!(l.join_write(CA, f16, K, 1, 2 * 64, 5, 100, 0));
-        assert!(l.join_write(CB, f16, V, 1, 2 * 64, 5, 100, 0));
-        l
-    }
-
-    #[test]
-    fn decode_attention_takes_over_only_its_own_ropes_and_writes() {
-        let l = one_token_layer(true);
-        let d = l
-            .decode_rope(Q, CA, CB, 8, 2, 64, 5, 100, 0)
-            .expect("the layer's rope and writes");
-        assert_eq!((d.k, d.v, d.p.pairs), (K, V, 16));
-        // Another query, caches, head counts, width, position, capacity
-        // or recording: the held launch runs on its own.
-        for (q, kc, vc, nh, nkv, hd, pos, cap, step) in [
-            (Q + 4, CA, CB, 8, 2, 64, 5, 100, 0),
-            (Q, CB, CA, 8, 2, 64, 5, 100, 0),
-            (Q, CA, CC, 8, 2, 64, 5, 100, 0),
-            (Q, CA, CB, 4, 2, 64, 5, 100, 0),
-            (Q, CA, CB, 8, 1, 128, 5, 100, 0),
-            (Q, CA, CB, 8, 2, 64, 6, 100, 0),
-            (Q, CA, CB, 8, 2, 64, 5, 99, 0),
-            (Q, CA, CB, 8, 2, 64, 5, 100, 0x77),
-        ] {
-            assert!(l
-                .decode_rope(q, kc, vc, nh, nkv, hd, pos, cap, step)
-                .is_none());
-        }
-        // f32 caches, more than one token, or a write missing.
-        assert!(one_token_layer(false)
-            .decode_rope(Q, CA, CB, 8, 2, 64, 5, 100, 0)
-            .is_none());
-        let mut three = q_and_k();
-        assert!(three.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
-        assert!(three.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
-        assert!(three.decode_rope(Q, CA, CB, 8, 2, 64, 5, 100, 0).is_none());
-        let mut only_k = RopeKvLaunch::rope(Q, 8, 1, 64, 5, table(16), 0);
-        assert!(only_k.join_rope(&RopeKvLaunch::rope(K, 2, 1, 64, 5, table(16), 0)));
-        assert!(only_k.join_write(CA, true, K, 1, 2 * 64, 5, 100, 0));
-        assert!(only_k.decode_rope(Q, CA, CB, 8, 2, 64, 5, 100, 0).is_none());
     }
 }

@@ -343,10 +343,6 @@ pub(crate) struct Kernels {
     /// 64 and 128 (`attention.cu`, flash-decoding).
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
-    /// The same with the rope of q and k and the cache writes before it
-    /// (crate::fusion::DecodeRope).
-    pub attention_decode_rope_f16_64: CudaFunction,
-    pub attention_decode_rope_f16_128: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
@@ -432,8 +428,6 @@ impl Kernels {
             attention_group_f16,
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
-            attention_decode_rope_f16_64: f("attention_decode_rope_f16_64")?,
-            attention_decode_rope_f16_128: f("attention_decode_rope_f16_128")?,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
@@ -658,17 +652,6 @@ pub(crate) struct RopeParams {
     pub attention_factor: f32,
     pub pairs: i32,
     pub kind: i32,
-}
-
-/// Mirror of `DecodeRope` in `kernels/attention.cu`, passed by value: the
-/// newest key (rotated in place) and value of a decode attention launch
-/// that also does their rope and cache writes.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct DecodeRope {
-    pub k: u64,
-    pub v: u64,
-    pub p: RopeParams,
 }
 
 #[repr(C)]

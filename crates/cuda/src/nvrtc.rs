@@ -250,9 +250,9 @@ mod tests {
                 // inside `one_token_units<…, true>` (q8one.cu, EARLY) or
                 // `cta_token_units<…, true>` (q8cta.cu); the RMS norm loads
                 // its weights, then waits (elementwise.cu); one token's
-                // split attention forms its rotary angles and fetches older
-                // cache rows into the L2, then waits (attention.cu
-                // `attention_decode_impl`, which calls `kernel_entry`).
+                // split attention fetches older cache rows into the L2,
+                // then waits (attention.cu `attention_decode_impl`, which
+                // calls `kernel_entry`).
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<");
                 let early = name.starts_with("matmul1_q8x_")

@@ -111,12 +111,15 @@ pub struct CudaStream {
     /// (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<RoutedQ8>>,
-    /// Whether `route` may join the router product's launch and the decode
-    /// attention quantize its output for the product after it: only with
+    /// Whether `route` may join the router product's launch: only with
     /// `TURBOSPARK_CUDA_FUSE=1` (the same bits; on an H200 a gpt-oss decode
     /// token was 2–3 % faster with separate launches, BENCHMARKS.md,
     /// twelfth session).
     fuse: bool,
+    /// Whether the attention quantizes its output for the product after it
+    /// (the same bits as that product's own quantization): unless
+    /// `TURBOSPARK_CUDA_FUSE=0` (BENCHMARKS.md, fourteenth session).
+    quantize_attention: bool,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -204,6 +207,7 @@ impl CudaStream {
             })?,
             routed_q8: std::cell::Cell::new(None),
             fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() == Ok("1"),
+            quantize_attention: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() != Ok("0"),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -1438,25 +1442,6 @@ impl Stream<CudaDevice> for CudaStream {
         };
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
-        // The held rope of q and k and cache writes of k and v, when they
-        // are this attention's own, join its split launch (crate::fusion).
-        let rope = match (split_kernel, self.pending.get()) {
-            (Some(_), Some(Pending::RopeKv(held))) => held.decode_rope(
-                qp,
-                k_cache.mem.ptr,
-                v_cache.mem.ptr,
-                p.n_heads,
-                p.n_kv_heads,
-                p.head_dim,
-                p.first_pos,
-                p.capacity,
-                step,
-            ),
-            _ => None,
-        };
-        if rope.is_some() {
-            self.pending.set(None);
-        }
         self.bind("attention")?;
         // Prefill of grouped-query attention: a block per KV head and
         // token serves the group's query heads (each key read once).
@@ -1491,7 +1476,7 @@ impl Stream<CudaDevice> for CudaStream {
         // product, which then quantizes for itself.)
         let (mut oq, mut oqd) = (0u64, 0u64);
         let mut r = Q8Regions::new(q_len, 0);
-        if self.fuse
+        if self.quantize_attention
             && self.numerics == Numerics::Fast
             && p.head_dim % 32 == 0
             && r.bytes <= self.q8.bytes
@@ -1505,32 +1490,11 @@ impl Stream<CudaDevice> for CudaStream {
                     self.decode_split.ptr,
                     self.decode_split.ptr + tickets as u64,
                 );
-                let grid = (p.n_kv_heads as u32, splits as u32, 1);
-                if let Some(rope) = rope {
-                    let f = match p.head_dim {
-                        64 => &self.k.attention_decode_rope_f16_64,
-                        _ => &self.k.attention_decode_rope_f16_128,
-                    };
-                    let (kp, vp) = (k_cache.mem.ptr, v_cache.mem.ptr);
-                    launch(
-                        "attention",
-                        f,
-                        self.raw(),
-                        grid,
-                        kernels::DECODE_THREADS,
-                        0,
-                        &mut args![qp, kp, vp, params, sp, op, step, oq, oqd, pp, tp, rope],
-                    )?;
-                    if oq != 0 {
-                        self.quantized.set(Some((op, q_len, 0)));
-                    }
-                    return Ok(());
-                }
                 launch(
                     "attention",
                     f,
                     self.raw(),
-                    grid,
+                    (p.n_kv_heads as u32, splits as u32, 1),
                     kernels::DECODE_THREADS,
                     0,
                     &mut args![

@@ -332,30 +332,9 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
 //   M = max(max_s m_s, sink),  out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M))
 // The splits' number depends only on the cache (host: stream.rs), so a
 // position's bits are the same whether a step is recorded or not.
-//
-// With ROPE (attention_decode_rope_f16_*), the launch also does the rope
-// of q and k and the cache writes of k and v that come before it (the
-// `rope_kv` launch the stream held back, fusion.rs `DecodeRope`), element
-// for element as rope_kv does: every block rotates its heads' queries in
-// shared memory; the block whose tiles hold the newest key (position pos)
-// rotates that key, stores it and the value into their cache rows, and
-// only then (after a barrier) reads the keys, that one included; the last
-// block of a KV head writes its rotated queries back to q (every block of
-// the head has read q by then) and the owner the rotated key to its
-// source, as rope_kv leaves them. So the cache pointers carry no
-// __restrict__: a block reads rows it wrote.
 #define DEC_WARPS 4
 #define DEC_TILE 32
 #define DEC_BATCH 16  // values a lane loads before their multiply-adds
-
-// The rope and cache writes a decode attention launch takes over: the
-// newest key `k` ([n_kv_heads, head_dim], rotated in place) and value `v`
-// of the token, and the rotary table.
-struct DecodeRope {
-    float* k;
-    const float* v;
-    RopeParams p;
-};
 
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;
@@ -363,19 +342,19 @@ __device__ __forceinline__ float ld_cg(const float* p) {
     return v;
 }
 
-template <int HD, bool ROPE>
-__device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, AttnParams p,
+template <int HD>
+__device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
+                                      const u16* __restrict__ vc, AttnParams p,
                                       const float* __restrict__ sinks, float* __restrict__ out,
                                       const int* __restrict__ step, signed char* __restrict__ oq,
                                       float* __restrict__ oqd, float* __restrict__ part,
-                                      u32* __restrict__ tickets, const DecodeRope& rope) {
+                                      u32* __restrict__ tickets) {
     constexpr int PER = HD / 32;  // value dimensions a lane owns
     constexpr int MG = ATTN_MAX_GROUP;
     __shared__ float qs[MG * HD];
     __shared__ __align__(16) float ps[DEC_WARPS][MG][DEC_TILE];
     __shared__ float wm[DEC_WARPS][MG], wl[DEC_WARPS][MG];
     __shared__ float wo[DEC_WARPS][MG * HD];
-    __shared__ float rc[ROPE ? HD / 2 : 1], rs[ROPE ? HD / 2 : 1];
     __shared__ bool last;
     if (step) p.first_pos = step[1];
     int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
@@ -385,17 +364,11 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
     int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
     int nk = pos - lo + 1;
     i64 row = (i64)p.n_kv_heads * HD;
-    // ROPE: the block whose tiles hold key nk - 1 (tile (nk - 1) / DEC_TILE,
-    // see the loop below) writes the newest cache rows.
-    bool owner = ROPE && split == ((nk - 1) / DEC_TILE / DEC_WARPS) % S;
-    const int pairs = ROPE ? rope.p.pairs : 0;
     // Before waiting for the kernel before (common.cuh KERNEL_ENTRY), only
     // what this step's kernels do not write: the position (set before the
-    // step's first kernel), the rotary angles, and the cache rows of the
-    // keys before pos (written by earlier steps), fetched into the L2 —
-    // this block's tiles, as the loop below takes them.
-    if (ROPE)
-        for (int i = threadIdx.x; i < pairs; i += blockDim.x) rope_cos_sin(rope.p, pos, i, &rc[i], &rs[i]);
+    // step's first kernel) and the cache rows of the keys before pos
+    // (written by earlier steps), fetched into the L2 — this block's
+    // tiles, as the loop below takes them.
     for (int t0 = (split * DEC_WARPS + warp) * DEC_TILE; t0 < nk; t0 += S * DEC_WARPS * DEC_TILE) {
         int j = t0 + lane;
         if (j >= nk - 1) break;
@@ -409,33 +382,6 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
     kernel_entry();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
     __syncthreads();
-    if (ROPE) {
-        for (int i = threadIdx.x; i < G * pairs; i += blockDim.x) {
-            int g = i / pairs, pr = i - g * pairs, a, b;
-            rope_dims(rope.p, pr, &a, &b);
-            float* qh = qs + g * HD;
-            rope_rotate(qh[a], qh[b], rc[pr], rs[pr], &qh[a], &qh[b]);
-        }
-        if (owner) {
-            i64 at = (i64)(pos % p.capacity) * row + (i64)kvh * HD;
-            float* kh = rope.k + (i64)kvh * HD;
-            for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-                int a, b;
-                float ra, rb;
-                rope_dims(rope.p, i, &a, &b);
-                rope_rotate(kh[a], kh[b], rc[i], rs[i], &ra, &rb);
-                kh[a] = ra;
-                kh[b] = rb;
-                kc[at + a] = f32_to_f16(ra);
-                kc[at + b] = f32_to_f16(rb);
-            }
-            for (int d = 2 * pairs + threadIdx.x; d < HD; d += blockDim.x)
-                kc[at + d] = f32_to_f16(kh[d]);
-            for (int d = threadIdx.x; d < HD; d += blockDim.x)
-                vc[at + d] = f32_to_f16(rope.v[(i64)kvh * HD + d]);
-        }
-        __syncthreads();
-    }
     const u16* kb = kc + (i64)kvh * HD;
     const u16* vb = vc + (i64)kvh * HD + lane * PER;
     float m[MG], l[MG], o[MG][PER];
@@ -560,8 +506,6 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (ROPE)
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q[(i64)h0 * HD + i] = qs[i];
     // The splits in order (loops uniform over each warp, which holds 32
     // consecutive outputs: whole blocks for attention_quantize).
     const float* kp0 = part + (i64)kvh * S * stride;
@@ -589,19 +533,11 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* kc, u16* vc, A
 
 // (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after
 // its early reads.)
-#define ATTN_DECODE(hd)                                                                          \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(      \
-        const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,          \
-        float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {   \
-        attention_decode_impl<hd, false>((float*)q, (u16*)kc, (u16*)vc, p, sinks, out, step, oq, \
-                                         oqd, part, tickets, DecodeRope{});                      \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_rope_f16_##hd( \
-        float* q, u16* kc, u16* vc, AttnParams p, const float* sinks, float* out,                \
-        const int* step, signed char* oq, float* oqd, float* part, u32* tickets,                 \
-        DecodeRope rope) {                                                                       \
-        attention_decode_impl<hd, true>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets,  \
-                                        rope);                                                   \
+#define ATTN_DECODE(hd)                                                                         \
+    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(     \
+        const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
+        float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
+        attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets);      \
     }
 
 ATTN_DECODE(64)

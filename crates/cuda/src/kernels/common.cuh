@@ -30,9 +30,8 @@ typedef long long i64;
 // step's first kernel) and cache rows of earlier steps: one token's Q8_0
 // products (q8one.cu and q8cta.cu, EARLY) issue their first rows' weight
 // loads, the RMS norm loads its weights (elementwise.cu), and one token's
-// split attention (attention.cu `attention_decode_impl`) forms its rotary
-// angles and fetches the older keys' and values' rows into the L2; then
-// they wait.
+// split attention (attention.cu `attention_decode_impl`) fetches the older
+// keys' and values' rows into the L2; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -270,30 +270,6 @@ struct RopeKvParams {
     int n_tokens, head_dim, first_pos;
 };
 
-// The cosine and sine of `pair`'s angle at position `pos`, as the host
-// table forms them (RopeTable::cos_sin): the angle in f32, its cosine and
-// sine in f64, times the attention factor.
-__device__ __forceinline__ void rope_cos_sin(const RopeParams& p, int pos, int pair, float* c,
-                                             float* s) {
-    float angle = (float)pos * p.inv_freq[pair];
-    double af = (double)p.attention_factor;
-    *c = (float)(cos((double)angle) * af);
-    *s = (float)(sin((double)angle) * af);
-}
-
-// The two dimensions of a head that pair `pair` rotates.
-__device__ __forceinline__ void rope_dims(const RopeParams& p, int pair, int* a, int* b) {
-    *a = p.kind == ROPE_NEOX ? pair : 2 * pair;
-    *b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
-}
-
-// (xa, xb) rotated by the angle of (c, s), each product rounded apart.
-__device__ __forceinline__ void rope_rotate(float xa, float xb, float c, float s, float* ra,
-                                            float* rb) {
-    *ra = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
-    *rb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
-}
-
 __device__ __forceinline__ void cache_store(void* cache, int f16, i64 at, float v) {
     if (f16) ((u16*)cache)[at] = f32_to_f16(v);
     else ((float*)cache)[at] = v;
@@ -327,11 +303,14 @@ extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step
             i64 th = i / p.pairs;
             int t = (int)(th / heads), h = (int)(th % heads);
             float* head = x + th * hd;
-            float c, s, ra, rb;
-            rope_cos_sin(p, first_pos + t, pair, &c, &s);
-            int a, b;
-            rope_dims(p, pair, &a, &b);
-            rope_rotate(head[a], head[b], c, s, &ra, &rb);
+            float angle = (float)(first_pos + t) * p.inv_freq[pair];
+            double af = (double)p.attention_factor;
+            float c = (float)(cos((double)angle) * af), s = (float)(sin((double)angle) * af);
+            int a = p.kind == ROPE_NEOX ? pair : 2 * pair;
+            int b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
+            float xa = head[a], xb = head[b];
+            float ra = __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, s));
+            float rb = __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, s));
             head[a] = ra;
             head[b] = rb;
             if (w >= 0) {

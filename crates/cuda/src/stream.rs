@@ -111,15 +111,12 @@ pub struct CudaStream {
     /// (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<RoutedQ8>>,
-    /// Whether `route` may join the router product's launch: only with
+    /// Whether `route` may join the router product's launch and the decode
+    /// attention quantize its output for the product after it: only with
     /// `TURBOSPARK_CUDA_FUSE=1` (the same bits; on an H200 a gpt-oss decode
     /// token was 2–3 % faster with separate launches, BENCHMARKS.md,
     /// twelfth session).
     fuse: bool,
-    /// Whether the attention quantizes its output for the product after it
-    /// (the same bits as that product's own quantization): unless
-    /// `TURBOSPARK_CUDA_FUSE=0` (BENCHMARKS.md, fourteenth session).
-    quantize_attention: bool,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -207,7 +204,6 @@ impl CudaStream {
             })?,
             routed_q8: std::cell::Cell::new(None),
             fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() == Ok("1"),
-            quantize_attention: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() != Ok("0"),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -1476,7 +1472,7 @@ impl Stream<CudaDevice> for CudaStream {
         // product, which then quantizes for itself.)
         let (mut oq, mut oqd) = (0u64, 0u64);
         let mut r = Q8Regions::new(q_len, 0);
-        if self.quantize_attention
+        if self.fuse
             && self.numerics == Numerics::Fast
             && p.head_dim % 32 == 0
             && r.bytes <= self.q8.bytes

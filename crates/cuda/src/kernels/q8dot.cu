@@ -566,25 +566,6 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     }
 }
 
-// Before the down rows wait for the kernel before them (the activations'
-// quantization, after the gate/up launch): their weight rows fetched into
-// the L2. A route's slot is read through the L2: the routes were written
-// before the gate/up launch (by `route`, or by the host), which finished
-// before this launch's blocks could start (common.cuh KERNEL_ENTRY) — so
-// only weights and routes are read early, and whatever the rows' data,
-// a prefetch changes no result.
-__device__ __forceinline__ void moe_down_prefetch(const RouteOut* routes, const SlotMask& only,
-                                                  const BankView& b) {
-    u32 slot = __ldcg(&routes[blockIdx.y].slot);
-    int row0 = blockIdx.x * Q8_BLOCK_ROWS;
-    if (slot >= (u32)b.slots || skipped(only, slot) || row0 >= b.hidden) return;
-    int rows = min(Q8_BLOCK_ROWS, b.hidden - row0);
-    const char* first = (const char*)(b.down + ((i64)slot * b.hidden + row0) * b.down_row_bytes);
-    const char* line = (const char*)((unsigned long long)first & ~127ull);
-    i64 bytes = (first - line) + rows * b.down_row_bytes;
-    for (i64 o = (i64)threadIdx.x * 128; o < bytes; o += (i64)blockDim.x * 128) prefetch_l2(line + o);
-}
-
 // Batches grouped by slot (moe_group): grid (ceil(rows / Q8_BLOCK_ROWS), slots),
 // MOE_GROUP routes of a slot at a time; each route's row is the same
 // instructions as alone.
@@ -683,7 +664,6 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
     extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(                         \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
         float* y) {                                                                              \
-        moe_down_prefetch(routes, only, b);                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
     }                                                                                            \

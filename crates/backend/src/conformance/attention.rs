@@ -304,10 +304,10 @@ pub fn check_decode_attention<D: Device>(
 /// formula over roped queries and keys, and bit for bit (output, roped q
 /// and k) against the same ops with a `synchronize` before the attention,
 /// which keeps a backend from joining the attention to the ops before it
-/// (the CUDA backend holds the ropes and writes back for one launch, and
-/// its split decode attention reads older cache rows before that launch
-/// has finished). Positions run on after each case's prefix, so later
-/// outputs also read the rows the earlier launches wrote.
+/// (the CUDA backend holds the ropes and writes back to launch them as
+/// one, and its split decode attention reads older cache rows before that
+/// launch has finished). Positions run on after each case's prefix, so
+/// later outputs also read the rows the earlier launches wrote.
 pub fn check_rope_then_decode_attention<D: Device>(
     dev: &D,
     tol: &Tolerances,

@@ -224,8 +224,8 @@ mod tests {
         let body = &text[at..];
         let wait = body.find("kernel_entry();");
         let first_q = body.find("= q[");
-        let first_store = body.find("__syncthreads();");
-        matches!((wait, first_q, first_store), (Some(w), Some(q), Some(s)) if w < q && w < s)
+        let first_barrier = body.find("__syncthreads();");
+        matches!((wait, first_q, first_barrier), (Some(w), Some(q), Some(b)) if w < q && w < b)
     }
 
     /// Kernels are launched as programmatic dependents of the kernel before

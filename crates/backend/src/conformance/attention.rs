@@ -2,6 +2,7 @@
 //! sinks, soft-caps, grouped-query heads.
 
 use super::data::{f32_tensor, Rng};
+use super::elementwise::yarn_scaling;
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, RopeTable, Stream};
 use turbospark_core::arch::{RopeKind, RopeScaling, RopeSpec};
@@ -56,6 +57,69 @@ impl Case {
             "{} heads / {} kv × {}, window {:?}, sinks {}, softcap {:?}",
             self.n_heads, self.n_kv, self.hd, self.window, self.sinks, self.softcap
         )
+    }
+
+    /// Ring rows for decoding up to position `total - 1`: the window, or
+    /// without one room for more keys than are seen (blocks of a split
+    /// kernel with no key to take).
+    fn decode_capacity(&self, total: usize) -> usize {
+        self.window.unwrap_or(total + 400)
+    }
+
+    /// Random keys and values of `total` positions (rows of
+    /// `n_kv · hd`), then a sink per head.
+    fn random_history(
+        &self,
+        total: usize,
+        rng: &mut Rng,
+    ) -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<f32>) {
+        let row = self.n_kv * self.hd;
+        let ks = (0..total).map(|_| rng.vec(row)).collect();
+        let vs = (0..total).map(|_| rng.vec(row)).collect();
+        (ks, vs, rng.scaled(self.n_heads, 2.0))
+    }
+
+    /// Limits of a stream decoding over `capacity` ring rows.
+    fn decode_limits(&self, capacity: usize) -> Limits {
+        Limits {
+            max_tokens: 64,
+            max_keys: capacity,
+            max_head_dim: self.hd,
+            max_experts: 0,
+            ..Limits::default()
+        }
+    }
+
+    /// One token's attention at `pos` over `capacity` ring rows.
+    fn one_token(&self, pos: usize, capacity: usize) -> AttentionParams {
+        AttentionParams {
+            n_tokens: 1,
+            first_pos: pos,
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv,
+            head_dim: self.hd,
+            capacity,
+            window: self.window,
+            scale: 0.125,
+            softcap: self.softcap,
+        }
+    }
+
+    /// The f64 formula for every head of one token's query `q` over the
+    /// history `ks`, `vs` (with each head's sink when the case has them).
+    fn reference_heads(
+        &self,
+        p: &AttentionParams,
+        q: &[f32],
+        (ks, vs): (&[Vec<f32>], &[Vec<f32>]),
+        sinks: &[f32],
+    ) -> Vec<f64> {
+        (0..self.n_heads)
+            .flat_map(|head| {
+                let sink = self.sinks.then_some(sinks[head]);
+                reference::attention(p, q, ks, vs, 0, head, sink)
+            })
+            .collect()
     }
 }
 
@@ -214,25 +278,13 @@ pub fn check_decode_attention<D: Device>(
     for (c, decoded) in &cases {
         let case = c.label();
         let mut rng = Rng(77);
-        let total = decoded.end;
-        // Without a window, room for more keys than were seen (blocks of
-        // a split kernel with no key to take).
-        let capacity = c.window.unwrap_or(total + 400);
+        let capacity = c.decode_capacity(decoded.end);
         let row = c.n_kv * c.hd;
-        let ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
-        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
-        let sinks: Vec<f32> = rng.scaled(c.n_heads, 2.0);
+        let (ks, vs, sinks) = c.random_history(decoded.end, &mut rng);
         let sink_vec = dev
             .upload_vector(&f32_tensor("sinks", vec![c.n_heads], &sinks))
             .at(OP, &case)?;
-        let limits = Limits {
-            max_tokens: 64,
-            max_keys: capacity,
-            max_head_dim: c.hd,
-            max_experts: 0,
-            ..Limits::default()
-        };
-        let mut h = Harness::new(dev, limits)?;
+        let mut h = Harness::new(dev, c.decode_limits(capacity))?;
         let mut kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
         let mut vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
         // The prefix, keeping only the keys the ring holds at the first
@@ -259,17 +311,7 @@ pub fn check_decode_attention<D: Device>(
             let q = rng.scaled(c.n_heads * c.hd, 2.0);
             let qb = h.buf(&q)?;
             let mut out = h.zeros(c.n_heads * c.hd)?;
-            let p = AttentionParams {
-                n_tokens: 1,
-                first_pos: pos,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv,
-                head_dim: c.hd,
-                capacity,
-                window: c.window,
-                scale: 0.125,
-                softcap: c.softcap,
-            };
+            let p = c.one_token(pos, capacity);
             h.st.attention(
                 &qb,
                 caches.0,
@@ -280,12 +322,7 @@ pub fn check_decode_attention<D: Device>(
             )
             .at(OP, &case)?;
             let got = h.get(&out, c.n_heads * c.hd)?;
-            let want: Vec<f64> = (0..c.n_heads)
-                .flat_map(|head| {
-                    let sink = c.sinks.then_some(sinks[head]);
-                    reference::attention(&p, &q, &ks, &vs, 0, head, sink)
-                })
-                .collect();
+            let want = c.reference_heads(&p, &q, (&ks, &vs), &sinks);
             compare(
                 OP,
                 &format!("{case}, position {pos}"),
@@ -313,14 +350,7 @@ pub fn check_rope_then_decode_attention<D: Device>(
     tol: &Tolerances,
 ) -> Result<(), ConformanceError> {
     const OP: &str = "rope, cache writes, then attention (one token)";
-    let yarn = RopeScaling::Yarn {
-        factor: 4.0,
-        original_max_position: 64,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        attention_factor: 1.2,
-        truncate: true,
-    };
+    let yarn = yarn_scaling();
     // (case, rope kind, rotated dims, scaling, positions after the prefix)
     let cases = [
         (
@@ -375,26 +405,16 @@ pub fn check_rope_then_decode_attention<D: Device>(
         });
         let case = format!("{}, {kind:?} over {rotary_dim} dims", c.label());
         let mut rng = Rng(78);
-        let total = decoded.end;
-        let capacity = c.window.unwrap_or(total + 400);
+        let capacity = c.decode_capacity(decoded.end);
         let row = c.n_kv * c.hd;
         let qd = c.n_heads * c.hd;
         // Past keys as stored (already roped), then the new ones as the
         // projection gives them.
-        let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
-        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(row)).collect();
-        let sinks: Vec<f32> = rng.scaled(c.n_heads, 2.0);
+        let (mut ks, vs, sinks) = c.random_history(decoded.end, &mut rng);
         let sink_vec = dev
             .upload_vector(&f32_tensor("sinks", vec![c.n_heads], &sinks))
             .at(OP, &case)?;
-        let limits = Limits {
-            max_tokens: 64,
-            max_keys: capacity,
-            max_head_dim: c.hd,
-            max_experts: 0,
-            ..Limits::default()
-        };
-        let mut h = Harness::new(dev, limits)?;
+        let mut h = Harness::new(dev, c.decode_limits(capacity))?;
         let mut caches = Vec::new();
         for _ in 0..2 {
             let kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
@@ -414,17 +434,7 @@ pub fn check_rope_then_decode_attention<D: Device>(
         }
         for pos in decoded {
             let q = rng.scaled(qd, 2.0);
-            let p = AttentionParams {
-                n_tokens: 1,
-                first_pos: pos,
-                n_heads: c.n_heads,
-                n_kv_heads: c.n_kv,
-                head_dim: c.hd,
-                capacity,
-                window: c.window,
-                scale: 0.125,
-                softcap: c.softcap,
-            };
+            let p = c.one_token(pos, capacity);
             let mut got = Vec::new();
             for (apart, (kc, vc)) in caches.iter_mut().enumerate() {
                 let mut qb = h.buf(&q)?;
@@ -473,12 +483,7 @@ pub fn check_rope_then_decode_attention<D: Device>(
             };
             let roped_q = rope_heads(&q);
             ks[pos] = rope_heads(&ks[pos]);
-            let want: Vec<f64> = (0..c.n_heads)
-                .flat_map(|head| {
-                    let sink = c.sinks.then_some(sinks[head]);
-                    reference::attention(&p, &roped_q, &ks, &vs, 0, head, sink)
-                })
-                .collect();
+            let want = c.reference_heads(&p, &roped_q, (&ks, &vs), &sinks);
             compare(
                 OP,
                 &format!("{case}, position {pos}"),

@@ -75,6 +75,19 @@ pub fn check_rms_norm<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confor
     Ok(())
 }
 
+/// The YaRN scaling the rope checks use: a 4× extension of 64 positions
+/// with an attention factor (cos/sin scaled) of 1.2.
+pub(super) fn yarn_scaling() -> RopeScaling {
+    RopeScaling::Yarn {
+        factor: 4.0,
+        original_max_position: 64,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 1.2,
+        truncate: true,
+    }
+}
+
 /// Neox and interleaved pairs, a partial rotary width, a YaRN factor, at
 /// positions past the first.
 pub fn check_rope<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
@@ -87,14 +100,7 @@ pub fn check_rope<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformanc
     };
     let mut h = Harness::new(dev, limits)?;
     let mut rng = Rng(13);
-    let yarn = RopeScaling::Yarn {
-        factor: 4.0,
-        original_max_position: 64,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        attention_factor: 1.2,
-        truncate: true,
-    };
+    let yarn = yarn_scaling();
     for (kind, rotary_dim, scaling) in [
         (RopeKind::Neox, hd, RopeScaling::None),
         (RopeKind::Interleaved, hd, RopeScaling::None),

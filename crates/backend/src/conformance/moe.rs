@@ -70,22 +70,8 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
                 grouped.then_some(&correction[..]),
                 gemma.then_some(&scale[..]),
             );
-            let got = &got[t * k..(t + 1) * k];
-            let slots: Vec<u32> = got.iter().map(|r| r.slot).collect();
-            let want_slots: Vec<u32> = want.iter().map(|r| r.0).collect();
-            if slots != want_slots {
-                return Err(property(
-                    OP,
-                    &case,
-                    format!("token {t} routed to {slots:?}, the reference to {want_slots:?}"),
-                ));
-            }
-            let weights: Vec<f32> = got.iter().map(|r| r.weight).collect();
-            let want_w: Vec<f64> = want.iter().map(|r| r.1).collect();
             let case = format!("{case}, token {t}");
-            compare(OP, &case, &weights, &want_w, tol.route, |i| {
-                1.0 + want_w[i].abs()
-            })?;
+            routes_match(OP, &case, &got[t * k..(t + 1) * k], &want, tol)?;
         }
     }
     // Ties go to the lower expert, -inf is a logit like any other.
@@ -105,20 +91,7 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
         let mut got = vec![Route::default(); k];
         h.st.read_routes(&routes, &mut got).at(OP, &case)?;
         let want = reference::route(kind, k, &tied, None, None);
-        let slots: Vec<u32> = got.iter().map(|r| r.slot).collect();
-        let want_slots: Vec<u32> = want.iter().map(|r| r.0).collect();
-        if slots != want_slots {
-            return Err(property(
-                OP,
-                &case,
-                format!("routed to {slots:?}, the reference to {want_slots:?}"),
-            ));
-        }
-        let weights: Vec<f32> = got.iter().map(|r| r.weight).collect();
-        let want_w: Vec<f64> = want.iter().map(|r| r.1).collect();
-        compare(OP, &case, &weights, &want_w, tol.route, |i| {
-            1.0 + want_w[i].abs()
-        })?;
+        routes_match(OP, &case, &got, &want, tol)?;
     }
     if h.st
         .route(
@@ -137,6 +110,32 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
         ));
     }
     Ok(())
+}
+
+/// One token's routes against the reference's `(expert, weight)`: the same
+/// experts in the same ranks, weights within `tol.route` (relative to
+/// 1 + |weight|).
+fn routes_match(
+    op: &'static str,
+    case: &str,
+    got: &[Route],
+    want: &[(u32, f64)],
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    let slots: Vec<u32> = got.iter().map(|r| r.slot).collect();
+    let want_slots: Vec<u32> = want.iter().map(|r| r.0).collect();
+    if slots != want_slots {
+        return Err(property(
+            op,
+            case,
+            format!("routed to {slots:?}, the reference to {want_slots:?}"),
+        ));
+    }
+    let weights: Vec<f32> = got.iter().map(|r| r.weight).collect();
+    let want_w: Vec<f64> = want.iter().map(|r| r.1).collect();
+    compare(op, case, &weights, &want_w, tol.route, |i| {
+        1.0 + want_w[i].abs()
+    })
 }
 
 const HIDDEN: usize = 320;

@@ -265,10 +265,18 @@ mod tests {
                 // its weights, then waits (elementwise.cu); one token's
                 // split attention fetches older cache rows into the L2,
                 // then waits (attention.cu `attention_decode_impl`, which
-                // calls `kernel_entry`).
+                // calls `kernel_entry`); the rope with its cache writes
+                // reads the position and forms its first rotation, then
+                // waits before it reads a head or writes (elementwise.cu
+                // `rope_kv`).
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
+                let rope_early = name == "rope_kv"
+                    && matches!(
+                        (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
+                        (Some(w), Some(x), Some(c)) if w < x && w < c
+                    );
                 let early = name.starts_with("matmul1_q8x_")
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
@@ -290,7 +298,8 @@ mod tests {
                     body.starts_with("KERNEL_ENTRY();")
                         || (early && waits_early)
                         || norm_early
-                        || attention_early,
+                        || attention_early
+                        || rope_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]
                 );

@@ -29,9 +29,11 @@ typedef long long i64;
 // of the step writes — weights, a decode step's position (set before the
 // step's first kernel) and cache rows of earlier steps: one token's Q8_0
 // products (q8one.cu and q8cta.cu, EARLY) issue their first rows' weight
-// loads, the RMS norm loads its weights (elementwise.cu), and one token's
-// split attention (attention.cu `attention_decode_impl`) fetches the older
-// keys' and values' rows into the L2; then they wait.
+// loads, the RMS norm loads its weights (elementwise.cu), the rope with
+// its cache writes reads the position and forms its first rotation
+// (elementwise.cu `rope_kv`), and one token's split attention
+// (attention.cu `attention_decode_impl`) fetches the older keys' and
+// values' rows into the L2; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -97,13 +97,38 @@ struct NormCombine {
     const RouteOut* routes;
     int k;
 };
-__device__ __forceinline__ float norm_combine_value(const NormCombine& m, int t, int dim, int c) {
-    float acc = 0.0f;
-    for (int r = 0; r < m.k; r++) {
-        int j = t * m.k + r;
-        acc = fmaf(route_weight(m.routes, j), m.y[(i64)j * dim + c], acc);
+
+// The MoE output for this thread's NORM_PER columns c of token t's row,
+// held in registers (rms_norm_row's `held` case), into acc (zeros past the
+// row): acc = fmaf(weight_r, y_r[c], acc) over the routes r in rank order,
+// moe_combine's chain (so the same bits). The routes are taken
+// NORM_COMBINE_RANKS at a time, each group's weights and outputs loaded
+// together before their multiply-adds.
+#define NORM_COMBINE_RANKS 4
+__device__ __forceinline__ void norm_combine_held(const NormCombine& m, int t, int dim,
+                                                  float* acc) {
+#pragma unroll
+    for (int k = 0; k < NORM_PER; k++) acc[k] = 0.0f;
+    for (int r0 = 0; r0 < m.k; r0 += NORM_COMBINE_RANKS) {
+        float wr[NORM_COMBINE_RANKS], yv[NORM_PER][NORM_COMBINE_RANKS];
+#pragma unroll
+        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
+            int j = t * m.k + r0 + q;
+            bool rank = r0 + q < m.k;
+            wr[q] = rank ? route_weight(m.routes, j) : 0.0f;
+#pragma unroll
+            for (int k = 0; k < NORM_PER; k++) {
+                int c = threadIdx.x + k * blockDim.x;
+                yv[k][q] = rank && c < dim ? m.y[(i64)j * dim + c] : 0.0f;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
+            if (r0 + q >= m.k) break;
+#pragma unroll
+            for (int k = 0; k < NORM_PER; k++) acc[k] = fmaf(wr[q], yv[k][q], acc[k]);
+        }
     }
-    return acc;
 }
 
 // The weights of a row held in registers (rms_norm_row's `held` case),
@@ -144,24 +169,24 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
     float v[NORM_PER];
     bool held = dim <= (int)blockDim.x * NORM_PER;
     if (held) {
+        // Every load before any store (a store to h or add_src could alias
+        // a later load, so the compiler keeps their order): the row, and
+        // what is added to it, all in flight together.
+        float a[NORM_PER];
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) {
             int i = threadIdx.x + k * blockDim.x;
             v[k] = i < dim ? row[i] : 0.0f;
+            a[k] = add_src && !cy.y && i < dim ? add_src[at + i] : 0.0f;
         }
+        if (add_src && cy.y) norm_combine_held(cy, blockIdx.x, dim, a);
         if (add_src) {
 #pragma unroll
             for (int k = 0; k < NORM_PER; k++) {
                 int i = threadIdx.x + k * blockDim.x;
                 if (i < dim) {
-                    float a;
-                    if (cy.y) {
-                        a = norm_combine_value(cy, blockIdx.x, dim, i);
-                        add_src[at + i] = a;
-                    } else {
-                        a = add_src[at + i];
-                    }
-                    v[k] += a;
+                    if (cy.y) add_src[at + i] = a[k];
+                    v[k] += a[k];
                     row[i] = v[k];
                 }
             }
@@ -181,25 +206,32 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
     double t = block_sum_f64(s);
     float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
     if (held) {
+        // Every column's value and 8-bit code first (the warps' maxima in
+        // flight together), then the stores.
+        float r[NORM_PER], scale[NORM_PER];
+        int c[NORM_PER];
+#pragma unroll
+        for (int k = 0; k < NORM_PER; k++) {
+            int i = threadIdx.x + k * blockDim.x;
+            r[k] = __fmul_rn(v[k], inv);
+            if (mode == NORM_PLAIN) r[k] = __fmul_rn(r[k], wv[k]);
+            else if (mode == NORM_CENTERED) r[k] = __fmul_rn(r[k], 1.0f + wv[k]);
+            // i < dim is uniform over the warp (see above).
+            if (q && i < dim) c[k] = q8_lane_code(r[k], &scale[k]);
+        }
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) {
             int i = threadIdx.x + k * blockDim.x;
             if (i < dim) {
-                float r = __fmul_rn(v[k], inv);
-                if (mode == NORM_PLAIN) r = __fmul_rn(r, wv[k]);
-                else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + wv[k]);
-                dst[i] = r;
+                dst[i] = r[k];
                 if (q) {
-                    // i < dim is uniform over the warp (see above).
-                    float scale;
-                    int c = q8_lane_code(r, &scale);
                     i64 e = at + i;
-                    q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c;
-                    if ((i & 31) == 0) qd[e >> 5] = scale;
+                    q[(e & ~(i64)31) + q8_pos_order(order, (int)(e & 31))] = (signed char)c[k];
+                    if ((i & 31) == 0) qd[e >> 5] = scale[k];
                     if (q2) {
                         q2[(e & ~(i64)31) + q8_pos_order(Q8_ORDER_MXFP4, (int)(e & 31))] =
-                            (signed char)c;
-                        if ((i & 31) == 0) qd2[e >> 5] = scale;
+                            (signed char)c[k];
+                        if ((i & 31) == 0) qd2[e >> 5] = scale[k];
                     }
                 }
             }
@@ -275,8 +307,21 @@ __device__ __forceinline__ void cache_store(void* cache, int f16, i64 at, float 
     else ((float*)cache)[at] = v;
 }
 
+// The rotation of pair `pair` at position `pos`: the angle in f32, its
+// cosine and sine in f64, scaled by the attention factor.
+__device__ __forceinline__ void rope_cos_sin(const RopeParams& p, int pos, int pair, float* c,
+                                             float* s) {
+    float angle = (float)pos * p.inv_freq[pair];
+    double af = (double)p.attention_factor;
+    *c = (float)(cos((double)angle) * af);
+    *s = (float)(sin((double)angle) * af);
+}
+
+// Before it waits for the kernel before it (KERNEL_ENTRY, common.cuh), a
+// thread reads the position (a decode step's is set before the step's
+// first kernel) and forms its first pair's rotation, which depend on
+// nothing a kernel writes; q, k and v are read after.
 extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step) {
-    KERNEL_ENTRY();
     int first_pos = step ? step[1] : r.first_pos;
     const int n = r.n_tokens, hd = r.head_dim, tail = hd - 2 * p.pairs;
     // Which write stores tensor i's rotated values (-1: none), by
@@ -291,6 +336,16 @@ extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step
     i64 plain0 = r.n_w > 0 && r.roped[0] < 0 ? (i64)n * r.row_len[0] : 0;
     i64 plain1 = r.n_w > 1 && r.roped[1] < 0 ? (i64)n * r.row_len[1] : 0;
     i64 total = pairs0 + pairs1 + tail0 + tail1 + plain0 + plain1;
+    // This thread's first element, when it is a pair: its rotation now.
+    const i64 g0 = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    float c0 = 0.0f, s0 = 0.0f;
+    if (g0 < pairs0 + pairs1) {
+        bool second = g0 >= pairs0;
+        i64 i = second ? g0 - pairs0 : g0;
+        int heads = second ? r.heads[1] : r.heads[0];
+        rope_cos_sin(p, first_pos + (int)(i / p.pairs / heads), (int)(i % p.pairs), &c0, &s0);
+    }
+    KERNEL_ENTRY();
     GRID_STRIDE(g, total) {
         i64 i = g;
         if (i < pairs0 + pairs1) {
@@ -303,9 +358,8 @@ extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step
             i64 th = i / p.pairs;
             int t = (int)(th / heads), h = (int)(th % heads);
             float* head = x + th * hd;
-            float angle = (float)(first_pos + t) * p.inv_freq[pair];
-            double af = (double)p.attention_factor;
-            float c = (float)(cos((double)angle) * af), s = (float)(sin((double)angle) * af);
+            float c = c0, s = s0;
+            if (g != g0) rope_cos_sin(p, first_pos + t, pair, &c, &s);
             int a = p.kind == ROPE_NEOX ? pair : 2 * pair;
             int b = p.kind == ROPE_NEOX ? pair + p.pairs : 2 * pair + 1;
             float xa = head[a], xb = head[b];

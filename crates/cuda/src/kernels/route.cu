@@ -80,11 +80,96 @@ __device__ void warp_top_k(const float* v, int e, int k, u8* taken, const u8* el
     }
 }
 
+// Largest of the warp's u32s (every lane gets it).
+__device__ __forceinline__ u32 warp_max_u32(u32 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(FULL_MASK, v);
+#else
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+#endif
+}
+
+// Order-preserving key of a float for an unsigned comparison: larger
+// floats give larger keys, -0 the key of +0 (they compare equal as
+// floats), -inf the smallest key of any non-NaN value (0x007fffff), so 0
+// can stand for "no candidate".
+__device__ __forceinline__ u32 route_key(float v) {
+    u32 b = __float_as_uint(v == 0.0f ? 0.0f : v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// route_token for a softmax router (R_SOFTMAX_TOPK, R_GEMMA4,
+// R_TOPK_SOFTMAX) of at most 32 experts, with every value in registers:
+// lane i holds expert i. The same operations in the same order as the
+// general path below, so the same bits: the softmax's sum runs over the
+// experts in order (each lane adds every lane's value, gathered by
+// shuffle), a rank's choice is the largest value not yet taken with ties
+// to the lower expert (a warp max of route_key, then the lowest lane
+// holding it), and the rank sums run in rank order. Lane r then holds
+// rank r and writes its route. Returns false, having written nothing,
+// when a value to rank is NaN: the general path's comparisons decide
+// those.
+__device__ bool route_token_lanes(const float* logits, int t, const RouterParams& p,
+                                  const float* expert_scale, RouteOut* out) {
+    int lane = threadIdx.x & 31;
+    int e = p.num_experts, k = p.top_k;
+    bool live = lane < e;
+    float z = live ? __ldcg(logits + (i64)t * e + lane) : -INFINITY;
+    float v = z;
+    if (p.kind != R_TOPK_SOFTMAX) {
+        float m = warp_max(z);
+        float x = live ? expf(z - m) : 0.0f;
+        float sum = 0.0f;
+        for (int i = 0; i < e; i++) sum += __shfl_sync(FULL_MASK, x, i);
+        v = x / sum;
+    }
+    if (__any_sync(FULL_MASK, live && isnan(v))) return false;
+    bool open = live;
+    int mine = -1;  // lane r: the expert of rank r
+    for (int r = 0; r < k; r++) {
+        u32 key = open ? route_key(v) : 0u;
+        u32 best = warp_max_u32(key);
+        u32 at = __ballot_sync(FULL_MASK, open && key == best);
+        int c = at ? __ffs(at) - 1 : -1;
+        if (lane == c) open = false;
+        if (lane == r) mine = c;
+    }
+    // Lane r's chosen value and logit (rank r < k; the rest unused).
+    float cv = __shfl_sync(FULL_MASK, v, mine < 0 ? 0 : mine);
+    float cz = __shfl_sync(FULL_MASK, z, mine < 0 ? 0 : mine);
+    RouteOut* o = out + (i64)t * k;
+    if (p.kind == R_TOPK_SOFTMAX) {
+        float m = __shfl_sync(FULL_MASK, cz, 0);
+        float ex = expf(cz - m);
+        float sum = 0.0f;
+        for (int r = 0; r < k; r++) sum += __shfl_sync(FULL_MASK, ex, r);
+        if (lane < k) {
+            o[lane].slot = (u32)mine;
+            o[lane].weight = ex / sum;
+        }
+        return true;
+    }
+    float total = 0.0f;
+    for (int r = 0; r < k; r++) total += __shfl_sync(FULL_MASK, cv, r);
+    if (lane < k) {
+        float w = cv;
+        if (p.kind == R_GEMMA4) w = w / total * (expert_scale ? expert_scale[mine] : 1.0f);
+        else if (p.renormalize) w = w / total;
+        o[lane].slot = (u32)mine;
+        o[lane].weight = w;
+    }
+    return true;
+}
+
 // Token t's routes from its logits, by one warp (the block's first). The
 // logits are read through the L2 (ld.global.cg): router1_q8x_q8_0 reads what
 // other blocks of its own launch wrote.
 __device__ void route_token(const float* logits, int t, RouterParams p, const float* correction,
                             const float* expert_scale, RouteOut* out) {
+    if (p.num_experts <= 32 && p.kind != R_SIGMOID_GROUPED &&
+        route_token_lanes(logits, t, p, expert_scale, out))
+        return;
     __shared__ float z[ROUTE_MAX_EXPERTS];
     __shared__ float values[ROUTE_MAX_EXPERTS];
     __shared__ float scores[ROUTE_MAX_EXPERTS];

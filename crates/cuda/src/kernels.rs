@@ -588,6 +588,8 @@ pub(crate) const ATTN_MAX_GROUP: usize = 8;
 pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
 /// Threads of an `attention_decode_*` block (`DEC_WARPS` warps).
 pub(crate) const DECODE_THREADS: u32 = 128;
+/// (`DEC_MAX_SPLITS` in `kernels/attention.cu`: the finishing block loads
+/// that many splits' partials at once.)
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;
 
 /// Splits of one token's attention over a cache of `capacity` rows

@@ -327,7 +327,8 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
 //   m' = max(m, max_tile s),  c = e^(m - m'),  l' = c·l + Σ_tile e^(s - m'),
 //   o' = c·o + Σ_tile e^(s - m') v          (keys in order)
 // The block's warps then meet in warp order into one partial (m, l, o) per
-// head; the last block of a KV head to finish (a ticket, as router1's)
+// head; the last block of a KV head to finish (a ticket, as router1's;
+// with one split, that block at once, its partial kept in shared memory)
 // adds the splits' partials in split order with the sink:
 //   M = max(max_s m_s, sink),  out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M))
 // The splits' number depends only on the cache (host: stream.rs), so a
@@ -342,6 +343,61 @@ __device__ __forceinline__ float ld_cg(const float* p) {
     return v;
 }
 
+// Loads of a partial: from the L2 (other blocks wrote it) or, when the
+// block holds the only split, from its own shared memory.
+template <bool CG>
+__device__ __forceinline__ float part_ld(const float* p) {
+    return CG ? ld_cg(p) : *p;
+}
+
+// The splits' partials of KV head group h0 (kp0: S ≤ DEC_MAX_SPLITS
+// partials of `stride` floats) added in split order with the sink, into
+// out (and oq, oqd). A thread loads every split's m, l and o of its output
+// first (all in flight together), then adds them.
+#define DEC_MAX_SPLITS 16  // kernels.rs DECODE_MAX_SPLITS
+template <int HD, bool CG>
+__device__ __forceinline__ void attention_decode_finish(const float* kp0, int S, int stride, int G,
+                                                        int h0, const AttnParams& p,
+                                                        const float* __restrict__ sinks,
+                                                        float* __restrict__ out,
+                                                        signed char* __restrict__ oq,
+                                                        float* __restrict__ oqd) {
+    // Loops uniform over each warp, which holds 32 consecutive outputs:
+    // whole blocks for attention_quantize.
+    for (int i0 = 0; i0 < G * HD; i0 += blockDim.x) {
+        int i = i0 + threadIdx.x;
+        if (i >= G * HD) break;
+        int g = i / HD;
+        float ms[DEC_MAX_SPLITS], ls[DEC_MAX_SPLITS], os[DEC_MAX_SPLITS];
+#pragma unroll
+        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+            if (sp >= S) break;
+            const float* pp = kp0 + sp * stride;
+            ms[sp] = part_ld<CG>(pp + G * HD + g);
+            ls[sp] = part_ld<CG>(pp + G * HD + G + g);
+            os[sp] = part_ld<CG>(pp + i);
+        }
+        float M = p.has_sinks ? sinks[h0 + g] : -INFINITY;
+#pragma unroll
+        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+            if (sp >= S) break;
+            M = fmaxf(M, ms[sp]);
+        }
+        float den = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+            if (sp >= S) break;
+            float c = ms[sp] == -INFINITY ? 0.0f : expf(ms[sp] - M);
+            den = fmaf(c, ls[sp], den);
+            acc = fmaf(c, os[sp], acc);
+        }
+        if (p.has_sinks) den += expf(sinks[h0 + g] - M);
+        float r = acc / den;
+        out[(i64)h0 * HD + i] = r;
+        if (oq) attention_quantize(r, (i64)h0 * HD + i, oq, oqd);
+    }
+}
+
 template <int HD>
 __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                       const u16* __restrict__ vc, AttnParams p,
@@ -351,11 +407,14 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
                                       u32* __restrict__ tickets) {
     constexpr int PER = HD / 32;  // value dimensions a lane owns
     constexpr int MG = ATTN_MAX_GROUP;
-    __shared__ float qs[MG * HD];
+    // qs also holds the partial when S == 1 (the queries are read no
+    // more by then).
+    __shared__ float qs[MG * (HD + 2)];
     __shared__ __align__(16) float ps[DEC_WARPS][MG][DEC_TILE];
     __shared__ float wm[DEC_WARPS][MG], wl[DEC_WARPS][MG];
     __shared__ float wo[DEC_WARPS][MG * HD];
     __shared__ bool last;
+    float* fin = qs;
     if (step) p.first_pos = step[1];
     int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
     int G = p.n_heads / p.n_kv_heads, h0 = kvh * G;
@@ -484,7 +543,10 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     }
     __syncthreads();
     int stride = G * (HD + 2);  // a partial: o [G][HD], m [G], l [G]
-    float* bp = part + ((i64)kvh * S + split) * stride;
+    // A single split's partial stays in shared memory and the block
+    // finishes at once (the same arithmetic as below with S = 1); else
+    // the partials meet in global memory and the last block finishes.
+    float* bp = S == 1 ? fin : part + ((i64)kvh * S + split) * stride;
     for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
         int g = i < G * HD ? i / HD : i - G * HD;
         float M = -INFINITY;
@@ -500,34 +562,19 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
             bp[G * HD + G + g] = acc;
         }
     }
+    if (S == 1) {
+        __syncthreads();
+        attention_decode_finish<HD, false>(fin, 1, stride, G, h0, p, sinks, out, oq, oqd);
+        return;
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&tickets[kvh], 1u) == (u32)S - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // The splits in order (loops uniform over each warp, which holds 32
-    // consecutive outputs: whole blocks for attention_quantize).
-    const float* kp0 = part + (i64)kvh * S * stride;
-    for (int i0 = 0; i0 < G * HD; i0 += blockDim.x) {
-        int i = i0 + threadIdx.x;
-        if (i >= G * HD) break;
-        int g = i / HD;
-        float M = p.has_sinks ? sinks[h0 + g] : -INFINITY;
-        for (int sp = 0; sp < S; sp++) M = fmaxf(M, ld_cg(kp0 + sp * stride + G * HD + g));
-        float den = 0.0f, acc = 0.0f;
-        for (int sp = 0; sp < S; sp++) {
-            const float* pp = kp0 + sp * stride;
-            float ms = ld_cg(pp + G * HD + g);
-            float c = ms == -INFINITY ? 0.0f : expf(ms - M);
-            den = fmaf(c, ld_cg(pp + G * HD + G + g), den);
-            acc = fmaf(c, ld_cg(pp + i), acc);
-        }
-        if (p.has_sinks) den += expf(sinks[h0 + g] - M);
-        float r = acc / den;
-        out[(i64)h0 * HD + i] = r;
-        if (oq) attention_quantize(r, (i64)h0 * HD + i, oq, oqd);
-    }
+    attention_decode_finish<HD, true>(part + (i64)kvh * S * stride, S, stride, G, h0, p, sinks,
+                                      out, oq, oqd);
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 

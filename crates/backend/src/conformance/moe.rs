@@ -93,6 +93,36 @@ pub fn check_route<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforman
         let want = reference::route(kind, k, &tied, None, None);
         routes_match(OP, &case, &got, &want, tol)?;
     }
+    // More experts than a warp has lanes (a CUDA router of at most 32 takes
+    // a shorter path; this is the other).
+    let wide = 40;
+    let limits = Limits {
+        max_tokens: 2,
+        max_experts: wide,
+        ..Limits::default()
+    };
+    let mut hw = Harness::new(dev, limits)?;
+    let wide_logits = rng.scaled(2 * wide, 3.0);
+    let wb = hw.buf(&wide_logits)?;
+    for kind in [
+        RouterKind::SoftmaxTopK { renormalize: true },
+        RouterKind::TopKSoftmax,
+    ] {
+        let case = format!("{kind:?}, top 4 of {wide} experts");
+        let spec = RouterSpec::new(kind, wide, 4).at(OP, &case)?;
+        let mut routes = dev.alloc_routes(2, 4).at(OP, "alloc")?;
+        hw.st
+            .route(&wb, 2, &spec, RouterTables::default(), &mut routes)
+            .at(OP, &case)?;
+        let mut got = vec![Route::default(); 8];
+        hw.st.read_routes(&routes, &mut got).at(OP, &case)?;
+        for t in 0..2 {
+            let want =
+                reference::route(kind, 4, &wide_logits[t * wide..(t + 1) * wide], None, None);
+            let case = format!("{case}, token {t}");
+            routes_match(OP, &case, &got[t * 4..(t + 1) * 4], &want, tol)?;
+        }
+    }
     if h.st
         .route(
             &lb,

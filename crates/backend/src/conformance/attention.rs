@@ -1,7 +1,7 @@
 //! The KV cache write and attention over it: rings that wrap, windows,
 //! sinks, soft-caps, grouped-query heads.
 
-use super::data::{f32_tensor, Rng};
+use super::data::{bits, f32_tensor, Rng};
 use super::elementwise::yarn_scaling;
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{AttentionParams, AttentionPart, BackendError, Device, Limits, RopeTable, Stream};
@@ -454,11 +454,10 @@ pub fn check_rope_then_decode_attention<D: Device>(
                 }
                 h.st.attention(&qb, kc, vc, &p, c.sinks.then_some(&sink_vec), &mut out)
                     .at(OP, &case)?;
-                let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
                 got.push((
                     h.get(&out, qd)?,
-                    bits(h.get(&qb, qd)?),
-                    bits(h.get(&kb, row)?),
+                    bits(&h.get(&qb, qd)?),
+                    bits(&h.get(&kb, row)?),
                 ));
             }
             for (what, same) in [
@@ -734,8 +733,7 @@ pub fn check_attention_then_product<D: Device>(dev: &D) -> Result<(), Conformanc
                 &att
             };
             h.st.matmul(&o, x, 1, &mut out).at(OP, &case)?;
-            let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
-            got.push((bits(h.get(&att, width)?), bits(h.get(&out, rows)?)));
+            got.push((bits(&h.get(&att, width)?), bits(&h.get(&out, rows)?)));
         }
         if got[0] != got[1] {
             return Err(property(

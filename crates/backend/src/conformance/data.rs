@@ -103,6 +103,12 @@ pub fn random_matrix(
 }
 
 /// An f32 tensor of the given shape.
+/// The bit patterns of `v` (for comparing two runs bit for bit, NaNs and
+/// signed zeros included).
+pub fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
 pub fn f32_tensor(name: &str, shape: Vec<usize>, values: &[f32]) -> HostTensor {
     HostTensor {
         name: name.to_string(),

@@ -1,6 +1,6 @@
 //! Routing and routed experts over a bank.
 
-use super::data::{dequantized, f32_tensor, random_matrix, Rng};
+use super::data::{bits, dequantized, f32_tensor, random_matrix, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{
     BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, HostTensor, Limits, MoeInput,
@@ -918,15 +918,14 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 }
                 let mut r = vec![Route::default(); TOP_K];
                 h.st.read_routes(&routes, &mut r).at(OP, &case)?;
-                let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<u32>>();
                 let r: Vec<(u32, u32)> = r.iter().map(|r| (r.slot, r.weight.to_bits())).collect();
                 got.push((
-                    bits(h.get(&logits, EXPERTS)?),
+                    bits(&h.get(&logits, EXPERTS)?),
                     r,
-                    bits(h.get(&out, HIDDEN)?),
-                    bits(h.get(&xt, HIDDEN)?),
-                    bits(h.get(&resid, HIDDEN)?),
-                    bits(h.get(&next, HIDDEN)?),
+                    bits(&h.get(&out, HIDDEN)?),
+                    bits(&h.get(&xt, HIDDEN)?),
+                    bits(&h.get(&resid, HIDDEN)?),
+                    bits(&h.get(&next, HIDDEN)?),
                 ));
             }
             for (what, same) in [

@@ -583,11 +583,12 @@ pub(crate) const MAX_ROPE_PAIRS: usize = 256;
 /// Most query heads a KV head serves in `attention_group_*` and
 /// `attention_decode_*`.
 pub(crate) const ATTN_MAX_GROUP: usize = 8;
-/// Keys one block of `attention_decode_*` takes a round (`DEC_WARPS` warps
-/// of `DEC_TILE` keys), and most blocks (splits) per KV head.
+/// Keys a split of `attention_decode_*` is sized for (a KV head's splits:
+/// the cache's keys over this, at most [`DECODE_MAX_SPLITS`]).
 pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
-/// Threads of an `attention_decode_*` block (`DEC_WARPS` warps).
-pub(crate) const DECODE_THREADS: u32 = 128;
+/// Threads of an `attention_decode_*` block (`DEC_WARPS` warps: a warp a
+/// query head of the group and key group, two or more key groups).
+pub(crate) const DECODE_THREADS: u32 = 512;
 /// (`DEC_MAX_SPLITS` in `kernels/attention.cu`: the finishing block loads
 /// that many splits' partials at once.)
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;
@@ -595,7 +596,8 @@ pub(crate) const DECODE_MAX_SPLITS: usize = 16;
 /// Splits of one token's attention over a cache of `capacity` rows
 /// (`window`: a sliding layer's), from the cache alone so that a
 /// position's bits do not depend on whether the step is recorded: enough
-/// blocks that each takes one round of keys, at most [`DECODE_MAX_SPLITS`].
+/// blocks that each takes [`DECODE_KEYS_A_BLOCK`] keys, at most
+/// [`DECODE_MAX_SPLITS`].
 pub(crate) fn decode_splits(capacity: usize, window: Option<usize>) -> usize {
     let keys = window.map_or(capacity, |w| w.min(capacity));
     keys.div_ceil(DECODE_KEYS_A_BLOCK)

@@ -316,24 +316,27 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
 
 // One token's attention over an f16 cache, split over the keys
 // (flash-decoding): grid (KV heads, splits), DEC_WARPS warps a block. A
-// block serves the G = n_heads / n_kv_heads query heads of its KV head (so
-// a key and value row is read once for the group); its warps take tiles of
-// DEC_TILE keys, tile w = split · DEC_WARPS + warp, then w + splits ·
-// DEC_WARPS, …, lane l the tile's key l. For each tile and head, the
-// lane's score is the same dot as attention_impl's (s = fmaf(q_d, k_d, s),
-// d ascending; then scale and soft-cap); the warp then updates its running
-// max m, denominator l and value sums o (lane l holds dimensions
-// l·HD/32 … of each head) as the online softmax does:
+// block serves the G = n_heads / n_kv_heads query heads of its KV head
+// (G ≤ ATTN_MAX_GROUP); its warps split as KG = DEC_WARPS / G key groups of
+// G warps, warp w taking head g = w % G of key group kg = w / G (warps from
+// G · KG on idle), so that each head's serial work — its scores, softmax
+// reductions and value sums — runs in warps of its own, at least two
+// (a sliding window of 128 keys, one split: two tiles a warp). Warp (g, kg) takes
+// tiles of DEC_TILE keys, tile i = split · KG + kg, then i + splits · KG, …,
+// lane l the tile's key l; its score is the head's query dot the key row
+// (four interleaved partial sums over d, then scale and soft-cap), and the
+// warp updates its running max m, denominator l and value sums o (lane l
+// holds dimensions l·HD/32 … of the head) as the online softmax does:
 //   m' = max(m, max_tile s),  c = e^(m - m'),  l' = c·l + Σ_tile e^(s - m'),
 //   o' = c·o + Σ_tile e^(s - m') v          (keys in order)
-// The block's warps then meet in warp order into one partial (m, l, o) per
-// head; the last block of a KV head to finish (a ticket, as router1's;
+// A head's key groups then meet in group order into one partial (m, l, o)
+// per head; the last block of a KV head to finish (a ticket, as router1's;
 // with one split, that block at once, its partial kept in shared memory)
 // adds the splits' partials in split order with the sink:
 //   M = max(max_s m_s, sink),  out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M))
 // The splits' number depends only on the cache (host: stream.rs), so a
 // position's bits are the same whether a step is recorded or not.
-#define DEC_WARPS 4
+#define DEC_WARPS 16
 #define DEC_TILE 32
 #define DEC_BATCH 16  // values a lane loads before their multiply-adds
 
@@ -409,33 +412,38 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     constexpr int MG = ATTN_MAX_GROUP;
     // qs also holds the partial when S == 1 (the queries are read no
     // more by then).
-    __shared__ float qs[MG * (HD + 2)];
-    __shared__ __align__(16) float ps[DEC_WARPS][MG][DEC_TILE];
-    __shared__ float wm[DEC_WARPS][MG], wl[DEC_WARPS][MG];
-    __shared__ float wo[DEC_WARPS][MG * HD];
+    __shared__ __align__(16) float qs[MG * (HD + 2)];
+    __shared__ __align__(16) float ps[DEC_WARPS][DEC_TILE];
+    __shared__ float wm[DEC_WARPS], wl[DEC_WARPS];
+    __shared__ float wo[DEC_WARPS][HD];
     __shared__ bool last;
     float* fin = qs;
     if (step) p.first_pos = step[1];
     int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
-    int G = p.n_heads / p.n_kv_heads, h0 = kvh * G;
+    int G = p.n_heads / p.n_kv_heads, h0 = kvh * G, KG = DEC_WARPS / G;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = warp % G, kg = warp / G;
+    bool active = kg < KG;
     int pos = p.first_pos;
     int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
     int nk = pos - lo + 1;
     i64 row = (i64)p.n_kv_heads * HD;
+    int first = (split * KG + kg) * DEC_TILE, round = S * KG * DEC_TILE;
     // Before waiting for the kernel before (common.cuh KERNEL_ENTRY), only
     // what this step's kernels do not write: the position (set before the
     // step's first kernel) and the cache rows of the keys before pos
-    // (written by earlier steps), fetched into the L2 — this block's
-    // tiles, as the loop below takes them.
-    for (int t0 = (split * DEC_WARPS + warp) * DEC_TILE; t0 < nk; t0 += S * DEC_WARPS * DEC_TILE) {
-        int j = t0 + lane;
-        if (j >= nk - 1) break;
-        i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * HD;
+    // (written by earlier steps), fetched into the L2 — each key group's
+    // tiles (by its head-0 warp), as the loop below takes them.
+    if (active && g == 0) {
+        for (int t0 = first; t0 < nk; t0 += round) {
+            int j = t0 + lane;
+            if (j >= nk - 1) break;
+            i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * HD;
 #pragma unroll
-        for (int b = 0; b < HD * 2; b += 128) {
-            prefetch_l2((const char*)(kc + at) + b);
-            prefetch_l2((const char*)(vc + at) + b);
+            for (int b = 0; b < HD * 2; b += 128) {
+                prefetch_l2((const char*)(kc + at) + b);
+                prefetch_l2((const char*)(vc + at) + b);
+            }
         }
     }
     kernel_entry();
@@ -443,23 +451,17 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     __syncthreads();
     const u16* kb = kc + (i64)kvh * HD;
     const u16* vb = vc + (i64)kvh * HD + lane * PER;
-    float m[MG], l[MG], o[MG][PER];
+    const float4* qg = (const float4*)(qs + g * HD);
+    float m = -INFINITY, l = 0.0f, o[PER];
 #pragma unroll
-    for (int g = 0; g < MG; g++) {
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < PER; e++) o[g][e] = 0.0f;
-    }
-    for (int t0 = (split * DEC_WARPS + warp) * DEC_TILE; t0 < nk; t0 += S * DEC_WARPS * DEC_TILE) {
+    for (int e = 0; e < PER; e++) o[e] = 0.0f;
+    for (int t0 = active ? first : nk; t0 < nk; t0 += round) {
         int j = t0 + lane;
         bool in = j < nk;
         // Lanes past the last key score the tile's first (a row that
         // exists) and weigh it 0.
         const uint4* kp = (const uint4*)(kb + (i64)((lo + (in ? j : t0)) % p.capacity) * row);
-        float s[MG];
-#pragma unroll
-        for (int g = 0; g < MG; g++) s[g] = 0.0f;
+        float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int d0 = 0; d0 < HD; d0 += 64) {
             uint4 kr[8];
@@ -467,80 +469,66 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
             for (int i = 0; i < 8; i++) kr[i] = kp[(d0 >> 3) + i];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
+                float4 qa = qg[(d0 >> 2) + 2 * i], qb = qg[(d0 >> 2) + 2 * i + 1];
                 u32 w4[4] = {kr[i].x, kr[i].y, kr[i].z, kr[i].w};
+                float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    float k0 = f16_to_f32((u16)(w4[e] & 0xFFFF)), k1 = f16_to_f32((u16)(w4[e] >> 16));
-                    int d = d0 + 8 * i + 2 * e;
-#pragma unroll
-                    for (int g = 0; g < MG; g++) {
-                        if (g >= G) break;
-                        s[g] = fmaf(qs[g * HD + d], k0, s[g]);
-                        s[g] = fmaf(qs[g * HD + d + 1], k1, s[g]);
-                    }
+                    s4[e] = fmaf(qv[2 * e], f16_to_f32((u16)(w4[e] & 0xFFFF)), s4[e]);
+                    s4[e] = fmaf(qv[2 * e + 1], f16_to_f32((u16)(w4[e] >> 16)), s4[e]);
                 }
             }
         }
+        float v = ((s4[0] + s4[1]) + (s4[2] + s4[3])) * p.scale;
+        if (p.softcap > 0.0f) v = tanhf(v / p.softcap) * p.softcap;
+        if (!in) v = -INFINITY;
+        float mt = fmaxf(m, warp_max(v));  // finite: lane 0 holds a key
+        float c = expf(m - mt);            // 0 for the first tile
+        float e = in ? expf(v - mt) : 0.0f;
+        l = fmaf(l, c, warp_sum(e));
 #pragma unroll
-        for (int g = 0; g < MG; g++) {
-            if (g >= G) break;
-            float v = s[g] * p.scale;
-            if (p.softcap > 0.0f) v = tanhf(v / p.softcap) * p.softcap;
-            if (!in) v = -INFINITY;
-            float mt = fmaxf(m[g], warp_max(v));  // finite: lane 0 holds a key
-            float c = expf(m[g] - mt);            // 0 for the first tile
-            float e = in ? expf(v - mt) : 0.0f;
-            l[g] = fmaf(l[g], c, warp_sum(e));
-#pragma unroll
-            for (int x = 0; x < PER; x++) o[g][x] *= c;
-            m[g] = mt;
-            ps[warp][g][lane] = e;
-        }
+        for (int x = 0; x < PER; x++) o[x] *= c;
+        m = mt;
+        ps[warp][lane] = e;
         __syncwarp();
         int nt = min(DEC_TILE, nk - t0);
         int r = (lo + t0) % p.capacity;
         for (int jb = 0; jb < nt; jb += DEC_BATCH) {
-            float v[DEC_BATCH][PER];
+            float vv[DEC_BATCH][PER];
 #pragma unroll
             for (int b = 0; b < DEC_BATCH; b++) {
                 const u16* vp = vb + (i64)r * row;
                 bool here = jb + b < nt;
+                if (PER == 2) {
+                    u32 w2 = here ? *(const u32*)vp : 0u;
+                    vv[b][0] = f16_to_f32((u16)(w2 & 0xFFFF));
+                    vv[b][PER - 1] = f16_to_f32((u16)(w2 >> 16));
+                } else {
 #pragma unroll
-                for (int x = 0; x < PER; x++) v[b][x] = here ? f16_to_f32(vp[x]) : 0.0f;
+                    for (int x = 0; x < PER; x++) vv[b][x] = here ? f16_to_f32(vp[x]) : 0.0f;
+                }
                 r += 1;
                 if (r == p.capacity) r = 0;
             }
 #pragma unroll
             for (int b4 = 0; b4 < DEC_BATCH; b4 += 4) {
+                float4 w = *(const float4*)&ps[warp][jb + b4];
+                float wv[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-                for (int g = 0; g < MG; g++) {
-                    if (g >= G) break;
-                    float4 w = *(const float4*)&ps[warp][g][jb + b4];
-                    float wv[4] = {w.x, w.y, w.z, w.w};
+                for (int b = 0; b < 4; b++)
 #pragma unroll
-                    for (int b = 0; b < 4; b++)
-#pragma unroll
-                        for (int x = 0; x < PER; x++) o[g][x] = fmaf(wv[b], v[b4 + b][x], o[g][x]);
-                }
+                    for (int x = 0; x < PER; x++) o[x] = fmaf(wv[b], vv[b4 + b][x], o[x]);
             }
         }
         __syncwarp();
     }
-    // The block's partial: its warps in order.
+    // The block's partial: each head's key groups in order.
     if (lane == 0) {
-#pragma unroll
-        for (int g = 0; g < MG; g++) {
-            if (g >= G) break;
-            wm[warp][g] = m[g];
-            wl[warp][g] = l[g];
-        }
+        wm[warp] = m;
+        wl[warp] = l;
     }
 #pragma unroll
-    for (int g = 0; g < MG; g++) {
-        if (g >= G) break;
-#pragma unroll
-        for (int x = 0; x < PER; x++) wo[warp][g * HD + lane * PER + x] = o[g][x];
-    }
+    for (int x = 0; x < PER; x++) wo[warp][lane * PER + x] = o[x];
     __syncthreads();
     int stride = G * (HD + 2);  // a partial: o [G][HD], m [G], l [G]
     // A single split's partial stays in shared memory and the block
@@ -548,18 +536,19 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     // the partials meet in global memory and the last block finishes.
     float* bp = S == 1 ? fin : part + ((i64)kvh * S + split) * stride;
     for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
-        int g = i < G * HD ? i / HD : i - G * HD;
+        int hg = i < G * HD ? i / HD : i - G * HD;
         float M = -INFINITY;
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, wm[w][g]);
+        for (int k = 0; k < KG; k++) M = fmaxf(M, wm[k * G + hg]);
         float acc = 0.0f;
-        for (int w = 0; w < DEC_WARPS; w++) {
-            float c = wm[w][g] == -INFINITY ? 0.0f : expf(wm[w][g] - M);
-            acc = fmaf(c, i < G * HD ? wo[w][i] : wl[w][g], acc);
+        for (int k = 0; k < KG; k++) {
+            int w = k * G + hg;
+            float c = wm[w] == -INFINITY ? 0.0f : expf(wm[w] - M);
+            acc = fmaf(c, i < G * HD ? wo[w][i - hg * HD] : wl[w], acc);
         }
         if (i < G * HD) bp[i] = acc;
         else {
-            bp[G * HD + g] = M;
-            bp[G * HD + G + g] = acc;
+            bp[G * HD + hg] = M;
+            bp[G * HD + G + hg] = acc;
         }
     }
     if (S == 1) {

@@ -228,6 +228,22 @@ mod tests {
         matches!((wait, first_q, first_barrier), (Some(w), Some(q), Some(b)) if w < q && w < b)
     }
 
+    /// Whether `moe_down_q8_impl` in `text` waits on both of its paths: the
+    /// skipped route's return and the weights' first round
+    /// (`q8_rows_dot1<…, true>`, which waits between the weight and the
+    /// activation loads).
+    fn down_waits_on_every_path(text: &str) -> bool {
+        let Some(at) = text.find("void moe_down_q8_impl(") else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
+        compact.contains("KERNEL_ENTRY();return;}")
+            && compact.contains("q8_rows_dot1<F,1,true>(")
+            && dot_waits
+    }
+
     /// Kernels are launched as programmatic dependents of the kernel before
     /// them (kernels.rs `launch`), which is only sound when every kernel
     /// waits for its predecessor before anything else (common.cuh
@@ -268,10 +284,16 @@ mod tests {
                 // calls `kernel_entry`); the rope with its cache writes
                 // reads the position and forms its first rotation, then
                 // waits before it reads a head or writes (elementwise.cu
-                // `rope_kv`).
+                // `rope_kv`); the routed experts' per-route down products
+                // read their route's slot and first weights, then wait
+                // inside `q8_rows_dot1<…, true>` or before returning
+                // (q8dot.cu `moe_down_q8_impl`).
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
+                let down_early = name.starts_with("moe_down_q8x_")
+                    && body.starts_with("moe_down_q8_impl<")
+                    && down_waits_on_every_path(text);
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
@@ -299,6 +321,7 @@ mod tests {
                         || (early && waits_early)
                         || norm_early
                         || attention_early
+                        || down_early
                         || rope_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]

@@ -26,14 +26,19 @@ typedef long long i64;
 // kernel still runs after the whole of the one before it, which ran after
 // the whole of its own predecessor (every kernel waits first, before any
 // early return). The exceptions read, before waiting, only what no kernel
-// of the step writes — weights, a decode step's position (set before the
-// step's first kernel) and cache rows of earlier steps: one token's Q8_0
+// still running can write — weights, a decode step's position (set before
+// the step's first kernel), cache rows of earlier steps, and the routes of
+// a routing that finished before the launch before this one began (the
+// down products below): one token's Q8_0
 // products (q8one.cu and q8cta.cu, EARLY) issue their first rows' weight
 // loads, the RMS norm loads its weights (elementwise.cu), the rope with
 // its cache writes reads the position and forms its first rotation
 // (elementwise.cu `rope_kv`), and one token's split attention
 // (attention.cu `attention_decode_impl`) fetches the older keys' and
-// values' rows into the L2; then they wait.
+// values' rows into the L2, and the routed experts' per-route down
+// products (q8dot.cu `moe_down_q8_impl`) read their route's slot (the
+// gate/up launch between the routing and them waited for it) and issue
+// their first weight loads; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -42,9 +47,60 @@ __device__ __forceinline__ void kernel_entry() {
 }
 #define KERNEL_ENTRY() kernel_entry()
 
+// Loads kept after an earlier KERNEL_ENTRY's wait, of what the kernel
+// before writes: `volatile`, so the compiler keeps them in order with the
+// wait (a read through a `const __restrict__` pointer may be hoisted above
+// it), and coherent `ld.global`, not the read-only `.nc` path, which ptxas
+// schedules above the wait (seen with ptxas 13.0 for sm_90).
+__device__ __forceinline__ int4 ld_i4_after_wait(const void* p) {
+    int4 v;
+    asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ float ld_f32_after_wait(const float* p) {
+    float v;
+    asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+}
+
+// A u32 read from the L2 (`ld.global.cg`), past the SM's L1.
+__device__ __forceinline__ u32 ld_cg_u32(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
 // Fetches the line holding p from memory into the L2 (nothing returned).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Loads of a weight stream (the decode products' codes and scales):
+// `ld.global.cs`, lines allocated evict-first in the L1 and the L2. A
+// token reads each weight byte once, and a layer's ~80 MB would otherwise
+// push out of the 50 MB L2 what is read again — the small kernels' code,
+// the KV cache rows and the activations. `volatile` and the coherent path
+// (not `.nc`, whose loads ptxas moves across griddepcontrol.wait, seen with
+// ptxas 13.0 for sm_90) keep a load where it is written: the early ones
+// before KERNEL_ENTRY's wait.
+__device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ld_stream_u16(const void* p) {
+    u16 v;
+    asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ld_stream_u8(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cs.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
 }
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {

@@ -174,16 +174,18 @@ struct Q8Act {
     int4 lo, hi;  // hi: MXFP4 only
 };
 
-template <int F>
+// ORDERED: loads kept after an earlier KERNEL_ENTRY (common.cuh
+// `ld_i4_after_wait`).
+template <int F, bool ORDERED = false>
 __device__ __forceinline__ Q8Act<F> q8_load_act(const signed char* xq, int b, int half) {
     Q8Act<F> a;
     const int4* xp = (const int4*)(xq + (i64)b * 32);
     if (F == F_Q8_0) {
-        a.lo = xp[half];
+        a.lo = ORDERED ? ld_i4_after_wait(xp + half) : xp[half];
         a.hi = make_int4(0, 0, 0, 0);
     } else {
-        a.lo = xp[0];
-        a.hi = xp[1];
+        a.lo = ORDERED ? ld_i4_after_wait(xp) : xp[0];
+        a.hi = ORDERED ? ld_i4_after_wait(xp + 1) : xp[1];
     }
     return a;
 }
@@ -212,8 +214,8 @@ __device__ __forceinline__ int q8_piece_dot(uint4 w, const Q8Act<F>& x,
 // MXFP4), loaded with the codes and decoded when used.
 template <int F>
 __device__ __forceinline__ u32 q8_load_scale(const u8* row, int cols, int b) {
-    if (F == F_Q8_0) return *(const u16*)split_scale<F>(row, cols, b);
-    return *split_scale<F>(row, cols, b);
+    if (F == F_Q8_0) return ld_stream_u16(split_scale<F>(row, cols, b));
+    return ld_stream_u8(split_scale<F>(row, cols, b));
 }
 
 template <int F>
@@ -229,7 +231,7 @@ __device__ __forceinline__ void q8_load_weights(const u8* const* rows, int cols,
                                                 bool valid, uint4* w, u32* sw) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        w[r] = valid ? ((const uint4*)split_codes<F>(rows[r], b))[half] : make_uint4(0, 0, 0, 0);
+        w[r] = valid ? ld_stream_u4(split_codes<F>(rows[r], b) + 16 * half) : make_uint4(0, 0, 0, 0);
         sw[r] = valid ? q8_load_scale<F>(rows[r], cols, b) : 0u;
     }
 }
@@ -398,7 +400,11 @@ __device__ __forceinline__ void q8_rows_dot(const u8* const* rows, int cols,
 // go to shared memory in chunk order, and at the end of a round lane r
 // adds row r's (q8_add_parts, the rows in parallel), where every lane added
 // every chunk's part after a shuffle (2 instructions a chunk and row).
-template <int F, int R>
+//
+// EARLY (the kernel has not yet run KERNEL_ENTRY): the first round's
+// weight loads are issued, then the kernel waits for the one before it,
+// then the token's loads (which that kernel may have written) follow.
+template <int F, int R, bool EARLY = false>
 __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
                                              const signed char* __restrict__ xq,
                                              const float* __restrict__ xd, float* acc) {
@@ -426,11 +432,17 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
             int b = (s0 + i) * BLOCKS + lane / P;
+            q8_load_weights<F, R>(rows, cols, b, half, b < nb, w[i], sw[i]);
+        }
+        if (EARLY && s0 == 0) KERNEL_ENTRY();
+        // (EARLY: the token's loads kept after the wait.)
+#pragma unroll
+        for (int i = 0; i < UNROLL; i++) {
+            int b = (s0 + i) * BLOCKS + lane / P;
             bool valid = b < nb;
-            q8_load_weights<F, R>(rows, cols, b, half, valid, w[i], sw[i]);
-            x[i] = valid ? q8_load_act<F>(xq, b, half)
+            x[i] = valid ? q8_load_act<F, EARLY>(xq, b, half)
                          : Q8Act<F>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
-            dx[i] = valid ? xd[b] : 0.0f;
+            dx[i] = valid ? (EARLY ? ld_f32_after_wait(xd + b) : xd[b]) : 0.0f;
         }
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
@@ -548,6 +560,15 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     }
 }
 
+// Called before KERNEL_ENTRY (every thread waits in it, on every path):
+// the route's slot and the first round of its down rows' weights are read
+// before the wait, so that their loads overlap the launches before. The
+// routes were written by the routing, which finished before the gate/up
+// launch between it and this one passed its own wait (and only then let
+// the launches after it start), and nothing writes them until this launch
+// ends; they are read from the L2 (`ld.global.cg`), past any L1 line of
+// an earlier layer's routes. Only the activations (the launch before
+// writes them) are read after the wait.
 template <int F>
 __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
@@ -555,12 +576,16 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.hidden;
-    u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
+    u32 slot = ld_cg_u32(&routes[i].slot);
+    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+        KERNEL_ENTRY();
+        return;
+    }
     i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
     const u8* wr[1] = {b.down + r * b.down_row_bytes};
     float acc[1];
-    q8_rows_dot1<F, 1>(wr, b.inter, aq + (i64)i * b.inter, ad + (i64)i * (b.inter / 32), acc);
+    q8_rows_dot1<F, 1, true>(wr, b.inter, aq + (i64)i * b.inter, ad + (i64)i * (b.inter / 32),
+                             acc);
     if (live && q8_writer()) {
         y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0]);
     }
@@ -664,7 +689,6 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
     extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(                         \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
         float* y) {                                                                              \
-        KERNEL_ENTRY();                                                                          \
         moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
     }                                                                                            \
     extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                    \

@@ -81,13 +81,13 @@ __device__ __forceinline__ void one_load(const u8* const* rows, int cols,
             i64 off = (i64)s * 1024 + 16 * lane;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                L.w[s][r][0] = va ? *(const uint4*)(rows[r] + off) : z4;
-                L.w[s][r][OnePieces<F>::n - 1] = vb ? *(const uint4*)(rows[r] + off + 512) : z4;
+                L.w[s][r][0] = va ? ld_stream_u4(rows[r] + off) : z4;
+                L.w[s][r][OnePieces<F>::n - 1] = vb ? ld_stream_u4(rows[r] + off + 512) : z4;
             }
         } else {
 #pragma unroll
             for (int r = 0; r < R; r++)
-                L.w[s][r][0] = own ? *(const uint4*)split_codes<F>(rows[r], ob) : z4;
+                L.w[s][r][0] = own ? ld_stream_u4(split_codes<F>(rows[r], ob)) : z4;
         }
 #pragma unroll
         for (int r = 0; r < R; r++) L.sw[s][r] = own ? q8_load_scale<F>(rows[r], cols, ob) : 0u;

@@ -111,12 +111,10 @@ pub struct CudaStream {
     /// (cleared by `bind_holding`).
     routed_x: DevMem,
     routed_q8: std::cell::Cell<Option<RoutedQ8>>,
-    /// Whether `route` may join the router product's launch and the decode
-    /// attention quantize its output for the product after it: only with
-    /// `TURBOSPARK_CUDA_FUSE=1` (the same bits; on an H200 a gpt-oss decode
-    /// token was 2–3 % faster with separate launches, BENCHMARKS.md,
-    /// twelfth session).
-    fuse: bool,
+    /// Whether `route` joins the router product's launch, and whether the
+    /// decode attention quantizes its output for the product after it
+    /// (`TURBOSPARK_CUDA_FUSE`, see [`Fuse::from_setting`]).
+    fuse: Fuse,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// Whether ops are being recorded into a step.
@@ -126,6 +124,35 @@ pub struct CudaStream {
     /// [`FAULT_STEP_VAR`]).
     replayed: u64,
     fault_step: Option<u64>,
+}
+
+/// The opt-in joins of a decode step's launches (`TURBOSPARK_CUDA_FUSE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fuse {
+    /// `route` in the router product's launch.
+    router: bool,
+    /// The decode attention's output quantized in its own launch.
+    attention: bool,
+}
+
+impl Fuse {
+    /// The joins a setting names: `1` both, `router` or `attention` that one
+    /// alone, `0` neither; unset (or anything else) the attention's alone.
+    /// The same bits either way. On an H200 (gpt-oss-20b shapes, tg128,
+    /// BENCHMARKS.md, sixteenth session) the attention's join took a decode
+    /// token from 605.6 / 609.3 to 626.6 / 629.2 tok/s (the o projection's
+    /// first weight loads then overlap the whole attention, not only a
+    /// quantization launch); the router's gave nothing (613.7 / 609.5),
+    /// and in the twelfth session it was 2–3 % slower.
+    fn from_setting(setting: Option<&str>) -> Fuse {
+        let (router, attention) = match setting {
+            Some("1") => (true, true),
+            Some("router") => (true, false),
+            Some("0") => (false, false),
+            _ => (false, true),
+        };
+        Fuse { router, attention }
+    }
 }
 
 /// A test hook: with `TURBOSPARK_CUDA_FAULT_STEP=N`, the N-th replayed decode
@@ -203,7 +230,7 @@ impl CudaStream {
                 _ => 0,
             })?,
             routed_q8: std::cell::Cell::new(None),
-            fuse: std::env::var("TURBOSPARK_CUDA_FUSE").as_deref() == Ok("1"),
+            fuse: Fuse::from_setting(std::env::var("TURBOSPARK_CUDA_FUSE").ok().as_deref()),
             pending: std::cell::Cell::new(None),
             recording: false,
             graph: None,
@@ -464,7 +491,7 @@ impl CudaStream {
     fn fusable_router(&self, logits: u64, n_tokens: usize, experts: usize) -> Option<GroupLaunch> {
         match self.pending.get() {
             Some(Pending::Group(g))
-                if self.fuse
+                if self.fuse.router
                     && n_tokens == 1
                     && g.n == 1
                     && g.group.count == 1
@@ -1472,7 +1499,7 @@ impl Stream<CudaDevice> for CudaStream {
         // product, which then quantizes for itself.)
         let (mut oq, mut oqd) = (0u64, 0u64);
         let mut r = Q8Regions::new(q_len, 0);
-        if self.fuse
+        if self.fuse.attention
             && self.numerics == Numerics::Fast
             && p.head_dim % 32 == 0
             && r.bytes <= self.q8.bytes
@@ -2068,5 +2095,24 @@ impl Q8Regions {
         self.xd += base;
         self.aq += base;
         self.ad += base;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fuse;
+
+    /// `TURBOSPARK_CUDA_FUSE`: `1` both joins, `router` or `attention` one,
+    /// `0` neither; unset or anything else (a typo) the attention's alone.
+    #[test]
+    fn fuse_setting_names_the_joins() {
+        let f = |s| Fuse::from_setting(s);
+        let fuse = |router, attention| Fuse { router, attention };
+        assert_eq!(f(Some("1")), fuse(true, true));
+        assert_eq!(f(Some("router")), fuse(true, false));
+        assert_eq!(f(Some("0")), fuse(false, false));
+        for default in [None, Some("attention"), Some("routr"), Some("")] {
+            assert_eq!(f(default), fuse(false, true), "{default:?}");
+        }
     }
 }

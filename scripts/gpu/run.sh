@@ -33,9 +33,10 @@
 #   pdetail      Nsight Compute sections (occupancy, warp states, scheduler)
 #                of decode_products' kernels matching PDETAIL
 #   variants     decode logits with each setting of VARIANTS (default:
-#                TURBOSPARK_CUDA_FUSE=0, i.e. the default since the twelfth
-#                session) bit for bit against TURBOSPARK_CUDA_FUSE=1 (the
-#                opt-in router/attention fusions), and tg128 of each
+#                TURBOSPARK_CUDA_FUSE=0, no joined launches; unset is the
+#                attention's join alone, since the sixteenth session) bit
+#                for bit against TURBOSPARK_CUDA_FUSE=1 (the router and
+#                attention joins), and tg128 of each
 #   ab           AB_BASE (another turbospark binary) against BIN's: decode
 #                logits of both bit for bit, then alternated
 #                (scripts/bench/ab.sh, AB_ROUNDS rounds, default 2): pp512 and
@@ -315,11 +316,14 @@ PY
             echo "--- $t"
             "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
         done
-        # The opt-in router and attention fusions: the suite's
-        # check_router_then_experts and check_attention_then_product
-        # compare them with separate launches bit for bit.
-        echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_FUSE=1"
-        TURBOSPARK_CUDA_FUSE=1 "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+        # The joined launches (by default the attention's; =1 also the
+        # router's; =0 none): the suite's check_router_then_experts and
+        # check_attention_then_product compare them with separate
+        # launches bit for bit.
+        for v in 1 0; do
+            echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_FUSE=$v"
+            TURBOSPARK_CUDA_FUSE=$v "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+        done
         ;;
     fixtures)
         stage "fixtures: CUDA vs CPU exact"
@@ -484,7 +488,7 @@ PY
     variants)
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against those with
-        # the opt-in fusions (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
+        # both joins (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
         # alternated (REPS rounds).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"

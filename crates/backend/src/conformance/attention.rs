@@ -676,8 +676,8 @@ fn check_evicted<D: Device>(dev: &D) -> Result<(), ConformanceError> {
 
 /// One token's attention and the product of its output (the o
 /// projection), issued one after another as a decode step does — which a
-/// backend may fuse (the CUDA backend's attention, with
-/// `TURBOSPARK_CUDA_FUSE=1`, quantizes its output for the fast product) —
+/// backend may fuse (the CUDA backend's attention quantizes its output for
+/// the fast product, unless `TURBOSPARK_CUDA_FUSE=0`) —
 /// give the same bits as the same ops with a copy of
 /// the attention's output between them, which nothing fuses across.
 pub fn check_attention_then_product<D: Device>(dev: &D) -> Result<(), ConformanceError> {

@@ -126,7 +126,7 @@ pub struct CudaStream {
     fault_step: Option<u64>,
 }
 
-/// The opt-in joins of a decode step's launches (`TURBOSPARK_CUDA_FUSE`).
+/// Which of a decode step's launches join their neighbours (`TURBOSPARK_CUDA_FUSE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Fuse {
     /// `route` in the router product's launch.

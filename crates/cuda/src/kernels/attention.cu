@@ -320,13 +320,14 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
 // (G ≤ ATTN_MAX_GROUP); its warps split as KG = DEC_WARPS / G key groups of
 // G warps, warp w taking head g = w % G of key group kg = w / G (warps from
 // G · KG on idle), so that each head's serial work — its scores, softmax
-// reductions and value sums — runs in warps of its own, at least two
-// (a sliding window of 128 keys, one split: two tiles a warp). Warp (g, kg) takes
-// tiles of DEC_TILE keys, tile i = split · KG + kg, then i + splits · KG, …,
-// lane l the tile's key l; its score is the head's query dot the key row
-// (four interleaved partial sums over d, then scale and soft-cap), and the
-// warp updates its running max m, denominator l and value sums o (lane l
-// holds dimensions l·HD/32 … of the head) as the online softmax does:
+// reductions and value sums — runs in warps of its own, at least two (a
+// sliding window of 128 keys, one split: two tiles a warp). Warp (g, kg)
+// takes tiles of DEC_TILE keys, tile i = split · KG + kg, then i + splits ·
+// KG, …, lane l the tile's key l; its score is the head's query dot the
+// key row (four interleaved partial sums over d, then scale and soft-cap),
+// and the warp updates its running max m, denominator l and value sums o
+// (lane l holds dimensions l·HD/32 … of the head) as the online softmax
+// does:
 //   m' = max(m, max_tile s),  c = e^(m - m'),  l' = c·l + Σ_tile e^(s - m'),
 //   o' = c·o + Σ_tile e^(s - m') v          (keys in order)
 // A head's key groups then meet in group order into one partial (m, l, o)

@@ -424,6 +424,7 @@ __device__ __forceinline__ void q8_rows_dot1(const u8* const* rows, int cols,
     int stretches = (nb + BLOCKS - 1) / BLOCKS;
     Mxfp4Tables tables = F == F_MXFP4 ? Mxfp4Tables::held() : Mxfp4Tables::constants();
     float total = 0.0f;  // lane r < R: row r's
+    if (EARLY && stretches == 0) KERNEL_ENTRY();  // (no round to wait in)
     for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
         uint4 w[UNROLL][R];
         u32 sw[UNROLL][R];

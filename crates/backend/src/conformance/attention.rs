@@ -274,6 +274,31 @@ pub fn check_decode_attention<D: Device>(
             },
             0..3,
         ),
+        // Groups that leave some of a block's warps without a head (the
+        // CUDA kernel's warps split as key groups of G warps): 6 (one
+        // split of a wrapped window) and 3 (many splits).
+        (
+            Case {
+                n_heads: 12,
+                n_kv: 2,
+                hd: 64,
+                window: Some(100),
+                sinks: true,
+                softcap: None,
+            },
+            250..253,
+        ),
+        (
+            Case {
+                n_heads: 6,
+                n_kv: 2,
+                hd: 128,
+                window: None,
+                sinks: false,
+                softcap: None,
+            },
+            700..702,
+        ),
     ];
     for (c, decoded) in &cases {
         let case = c.label();

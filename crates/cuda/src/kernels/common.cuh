@@ -65,13 +65,6 @@ __device__ __forceinline__ float ld_f32_after_wait(const float* p) {
     return v;
 }
 
-// A u32 read from the L2 (`ld.global.cg`), past the SM's L1.
-__device__ __forceinline__ u32 ld_cg_u32(const void* p) {
-    u32 v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-}
-
 // Fetches the line holding p from memory into the L2 (nothing returned).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

@@ -577,7 +577,7 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.hidden;
-    u32 slot = ld_cg_u32(&routes[i].slot);
+    u32 slot = __ldcg(&routes[i].slot);
     if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
         KERNEL_ENTRY();
         return;

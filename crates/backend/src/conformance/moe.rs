@@ -828,9 +828,12 @@ pub fn check_moe_intermediate<D: Device>(
 /// A token's router product, its bias, its routing and its routed experts
 /// issued one after another — the decode step's order, which a backend may
 /// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
-/// product's launch and quantizes the experts' input there) — give the same logits, routes and output bits as
-/// the same ops with a copy of the logits between product and routing,
-/// which nothing fuses across. Both with the product's input given, and
+/// product's launch and quantizes the experts' input there) — give the
+/// same logits, routes and output bits as
+/// the same ops with a copy of the logits between product and routing and
+/// another copy between routing and experts, which nothing fuses across.
+/// Also when a logit is NaN (a bias of NaN): routers then take their
+/// general path. Both with the product's input given, and
 /// with it made just before by the decode step's residual add, copy and
 /// RMS norm (one CUDA launch, which also quantizes the product's input):
 /// then the residual stream and the normed input must match too, and so
@@ -843,9 +846,13 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
     let router = random_matrix("ffn_gate_inp", QuantFormat::Q8_0, EXPERTS, HIDDEN, &mut rng);
     let router = dev.upload_matrix(&router).at(OP, "upload")?;
     let bias = rng.scaled(EXPERTS, 0.5);
-    let bias = dev
-        .upload_vector(&f32_tensor("ffn_gate_inp.bias", vec![EXPERTS], &bias))
-        .at(OP, "upload")?;
+    let mut nan_bias = bias.clone();
+    nan_bias[2] = f32::NAN;
+    let [bias, nan_bias] = [bias, nan_bias].map(|b| {
+        dev.upload_vector(&f32_tensor("ffn_gate_inp.bias", vec![EXPERTS], &b))
+            .at(OP, "upload")
+    });
+    let (bias, nan_bias) = (bias?, nan_bias?);
     let spec = RouterSpec::new(RouterKind::TopKSoftmax, EXPERTS, TOP_K).at(OP, "spec")?;
     let norm_w = rng.scaled(HIDDEN, 1.0);
     let norm_w = dev
@@ -860,9 +867,11 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
             x,
             ..
         } = moe_case(dev, OP, formats, &mut rng)?;
-        for t in 0..6 {
-            // Tokens 3..6: the input normed from a residual stream.
-            let normed = t >= 3;
+        for t in 0..7 {
+            // Tokens 3..6: the input normed from a residual stream; token
+            // 6: a NaN logit.
+            let normed = (3..6).contains(&t);
+            let bias = if t == 6 { &nan_bias } else { &bias };
             let xs = &x[(t % 3) * HIDDEN..(t % 3 + 1) * HIDDEN];
             let o = rng.scaled(HIDDEN, 1.0);
             let mut got = Vec::new();
@@ -878,12 +887,13 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 }
                 let mut logits = h.zeros(EXPERTS)?;
                 let mut copied = h.zeros(EXPERTS)?;
+                let mut spare = h.zeros(EXPERTS)?;
                 let mut routes = dev.alloc_routes(1, TOP_K).at(OP, "alloc_routes")?;
                 let mut out = h.zeros(HIDDEN)?;
                 let mut out_copy = h.zeros(HIDDEN)?;
                 let mut next = h.zeros(HIDDEN)?;
                 h.st.matmul(&router, &xt, 1, &mut logits).at(OP, &case)?;
-                h.st.add_bias(&mut logits, &bias, 1).at(OP, &case)?;
+                h.st.add_bias(&mut logits, bias, 1).at(OP, &case)?;
                 let routed = if split {
                     h.st.copy(&logits, 0, &mut copied, 0, EXPERTS)
                         .at(OP, &case)?;
@@ -893,6 +903,9 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 };
                 h.st.route(routed, 1, &spec, RouterTables::default(), &mut routes)
                     .at(OP, &case)?;
+                if split {
+                    h.st.copy(routed, 0, &mut spare, 0, EXPERTS).at(OP, &case)?;
+                }
                 let input = MoeInput {
                     x: &xt,
                     n_tokens: 1,

@@ -551,7 +551,9 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     bool live = row < b.inter;
     u32 slot = routes[i].slot;
     if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
-    int t = i / k, nb = b.hidden / 32;
+    // The route's token (0 for a decode step's routes: no division there,
+    // ~30 instructions of each warp's set-up).
+    int t = i < k ? 0 : i / k, nb = b.hidden / 32;
     i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
     const u8* wr[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
     float acc[2];

@@ -24,14 +24,12 @@
 //!   follows it;
 //! - the rope of q and of k at the same positions and the cache writes
 //!   of k (the roped tensor) and v that follow are one `rope_kv` launch
-//!   ([`RopeKvLaunch`]); for one token before the split decode attention,
-//!   that attention's launch does them itself
-//!   ([`RopeKvLaunch::decode_rope`], `kernels/attention.cu`).
+//!   ([`RopeKvLaunch`]).
 //!
 //! Every fused launch computes the same values in the same order as the
 //! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
-//! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical;
-//! only launches are saved. Any other op first launches what is pending
+//! `kernels/q8dot.cu` `matmul_q8_impl`), so results are bit-identical; only
+//! launches are saved. Any other op first launches what is pending
 //! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
 //! work is the order of the calls.
 
@@ -261,50 +259,6 @@ impl RopeKvLaunch {
         r.roped[w] = roped.map_or(-1, |i| i as i32);
         r.n_w += 1;
         true
-    }
-
-    /// The rope of one token's q and k and the f16 cache writes of the
-    /// roped k and of v, as the engine issues them before a decode
-    /// attention of `q` over the caches `kc` and `vc` (`heads` query and
-    /// `kv_heads` KV heads of `head_dim`, rows of `capacity`, at
-    /// `first_pos` and the recorded step `step`): what that attention's
-    /// launch can do itself ([`kernels::DecodeRope`]). None for any other
-    /// launch.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn decode_rope(
-        &self,
-        q: u64,
-        (kc, vc): (u64, u64),
-        heads: usize,
-        kv_heads: usize,
-        head_dim: usize,
-        capacity: usize,
-        first_pos: usize,
-        step: u64,
-    ) -> Option<kernels::DecodeRope> {
-        let r = &self.r;
-        let row = (kv_heads * head_dim) as i32;
-        let fits = r.n_tokens == 1
-            && r.n_x == 2
-            && r.n_w == 2
-            && r.x[0] == q
-            && (r.heads[0], r.heads[1]) == (heads as i32, kv_heads as i32)
-            && r.head_dim == head_dim as i32
-            && r.first_pos == first_pos as i32
-            && self.step == step
-            // k roped into the key cache, then v as it is into the value cache.
-            && (r.cache[0], r.cache[1]) == (kc, vc)
-            && (r.roped[0], r.roped[1]) == (1, -1)
-            && r.src[0] == r.x[1]
-            && r.f16 == [1, 1]
-            && r.row_len == [row, row]
-            && r.capacity == [capacity as i32; 2];
-        fits.then_some(kernels::DecodeRope {
-            k: r.x[1],
-            v: r.src[1],
-            p: self.p,
-            on: 1,
-        })
     }
 
     /// Bytes of roped tensor `i`.

@@ -658,35 +658,6 @@ pub(crate) struct RopeParams {
     pub kind: i32,
 }
 
-/// Mirror of `DecodeRope` in `kernels/attention.cu`, passed by value: the
-/// rope of q and of `k` and the cache writes of `k` and `v` that the
-/// one-token decode attention does itself (`on` 1; 0: none).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct DecodeRope {
-    pub k: u64,
-    pub v: u64,
-    pub p: RopeParams,
-    pub on: i32,
-}
-
-impl DecodeRope {
-    /// No rope: q roped and the cache row written before the attention.
-    pub(crate) fn none() -> DecodeRope {
-        DecodeRope {
-            k: 0,
-            v: 0,
-            p: RopeParams {
-                inv_freq: [0.0; MAX_ROPE_PAIRS],
-                attention_factor: 1.0,
-                pairs: 0,
-                kind: 0,
-            },
-            on: 0,
-        }
-    }
-}
-
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct HeadParams {

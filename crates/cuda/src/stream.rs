@@ -133,49 +133,25 @@ struct Fuse {
     router: bool,
     /// The decode attention's output quantized in its own launch.
     attention: bool,
-    /// One token's rope of q and k and its cache writes done by the
-    /// decode attention's launch.
-    rope: bool,
 }
 
 impl Fuse {
-    /// The joins a setting names: a comma-separated list of `router`,
-    /// `attention` and `rope`; `1` all three, `0` none; unset (or anything
-    /// else) `attention,rope`. The same bits either way. On an
-    /// H200 (gpt-oss-20b shapes, tg128, BENCHMARKS.md, sixteenth session)
-    /// the attention's join took a decode token from 605.6 / 609.3 to
-    /// 626.6 / 629.2 tok/s (the o projection's first weight loads then
-    /// overlap the whole attention, not only a quantization launch); the
-    /// router's gave nothing (613.7 / 609.5), and in the twelfth session
-    /// it was 2–3 % slower.
+    /// The joins a setting names: `1` both, `router` or `attention` that one
+    /// alone, `0` neither; unset (or anything else) the attention's alone.
+    /// The same bits either way. On an H200 (gpt-oss-20b shapes, tg128,
+    /// BENCHMARKS.md, sixteenth session) the attention's join took a decode
+    /// token from 605.6 / 609.3 to 626.6 / 629.2 tok/s (the o projection's
+    /// first weight loads then overlap the whole attention, not only a
+    /// quantization launch); the router's gave nothing (613.7 / 609.5),
+    /// and in the twelfth session it was 2–3 % slower.
     fn from_setting(setting: Option<&str>) -> Fuse {
-        let default = Fuse {
-            router: false,
-            attention: true,
-            rope: true,
+        let (router, attention) = match setting {
+            Some("1") => (true, true),
+            Some("router") => (true, false),
+            Some("0") => (false, false),
+            _ => (false, true),
         };
-        let all = |on| Fuse {
-            router: on,
-            attention: on,
-            rope: on,
-        };
-        match setting {
-            Some("1") => all(true),
-            Some("0") => all(false),
-            Some(list) => {
-                let mut f = all(false);
-                for name in list.split(',') {
-                    match name.trim() {
-                        "router" => f.router = true,
-                        "attention" => f.attention = true,
-                        "rope" => f.rope = true,
-                        _ => return default,
-                    }
-                }
-                f
-            }
-            None => default,
-        }
+        Fuse { router, attention }
     }
 }
 
@@ -1489,25 +1465,6 @@ impl Stream<CudaDevice> for CudaStream {
         };
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
-        // The held rope of this q and k, with the cache writes after it,
-        // done by the split decode attention's own launch.
-        let rope = match (split_kernel, self.pending.get()) {
-            (Some(_), Some(Pending::RopeKv(l))) if self.fuse.rope => l.decode_rope(
-                qp,
-                (k_cache.mem.ptr, v_cache.mem.ptr),
-                p.n_heads,
-                p.n_kv_heads,
-                p.head_dim,
-                p.capacity,
-                p.first_pos,
-                step,
-            ),
-            _ => None,
-        };
-        if rope.is_some() {
-            self.pending.set(None);
-        }
-        let rope = rope.unwrap_or_else(kernels::DecodeRope::none);
         self.bind("attention")?;
         // Prefill of grouped-query attention: a block per KV head and
         // token serves the group's query heads (each key read once).
@@ -1574,8 +1531,7 @@ impl Stream<CudaDevice> for CudaStream {
                         oq,
                         oqd,
                         pp,
-                        tp,
-                        rope
+                        tp
                     ],
                 )?
             }
@@ -2146,29 +2102,17 @@ impl Q8Regions {
 mod tests {
     use super::Fuse;
 
-    /// `TURBOSPARK_CUDA_FUSE`: `1` every join, `0` none, a list of names
-    /// those; unset or anything else (a typo) all but the router's.
+    /// `TURBOSPARK_CUDA_FUSE`: `1` both joins, `router` or `attention` one,
+    /// `0` neither; unset or anything else (a typo) the attention's alone.
     #[test]
     fn fuse_setting_names_the_joins() {
         let f = |s| Fuse::from_setting(s);
-        let fuse = |router, attention, rope| Fuse {
-            router,
-            attention,
-            rope,
-        };
-        assert_eq!(f(Some("1")), fuse(true, true, true));
-        assert_eq!(f(Some("router")), fuse(true, false, false));
-        assert_eq!(f(Some("rope")), fuse(false, false, true));
-        assert_eq!(f(Some("router,attention")), fuse(true, true, false));
-        assert_eq!(f(Some("0")), fuse(false, false, false));
-        for default in [
-            None,
-            Some("attention,rope"),
-            Some("routr"),
-            Some("attention,routr"),
-            Some(""),
-        ] {
-            assert_eq!(f(default), fuse(false, true, true), "{default:?}");
+        let fuse = |router, attention| Fuse { router, attention };
+        assert_eq!(f(Some("1")), fuse(true, true));
+        assert_eq!(f(Some("router")), fuse(true, false));
+        assert_eq!(f(Some("0")), fuse(false, false));
+        for default in [None, Some("attention"), Some("routr"), Some("")] {
+            assert_eq!(f(default), fuse(false, true), "{default:?}");
         }
     }
 }

@@ -402,42 +402,13 @@ __device__ __forceinline__ void attention_decode_finish(const float* kp0, int S,
     }
 }
 
-// The token's rope and cache writes, done by the decode attention itself
-// (fusion.rs `RopeKvLaunch::decode_rope`, in place of a `rope_kv` launch
-// before it): q (the attention's own input, [n_heads, HD]) and k
-// ([n_kv_heads, HD]) rotated at the step's position with `p`, as rope_kv
-// does (elementwise.cu: the same rope_cos_sin and the same rounded
-// operations, so the same bits); roped k and v ([n_kv_heads, HD]) written
-// into the f16 caches' row pos % capacity; q and k rotated in place in
-// their buffers too. `on` 0: none (q already roped, the row written).
-struct DecodeRope {
-    float* k;
-    const float* v;
-    RopeParams p;
-    int on;
-};
-
-// Element d of a head x (HD values) after the rotation of its pair with
-// (cos, sin) rot[pair]; dimensions past the rotated pairs as they are.
-__device__ __forceinline__ float rope_element(const float* x, int d, const RopeParams& p,
-                                              const float2* rot) {
-    if (d >= 2 * p.pairs) return x[d];
-    bool neox = p.kind == ROPE_NEOX;
-    int pair = neox ? (d < p.pairs ? d : d - p.pairs) : d >> 1;
-    bool first = neox ? d < p.pairs : (d & 1) == 0;
-    int a = neox ? pair : 2 * pair, b = neox ? pair + p.pairs : 2 * pair + 1;
-    float xa = x[a], xb = x[b], c = rot[pair].x, sn = rot[pair].y;
-    return first ? __fsub_rn(__fmul_rn(xa, c), __fmul_rn(xb, sn))
-                 : __fadd_rn(__fmul_rn(xb, c), __fmul_rn(xa, sn));
-}
-
 template <int HD>
-__device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ kc,
-                                      u16* __restrict__ vc, AttnParams p,
+__device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
+                                      const u16* __restrict__ vc, AttnParams p,
                                       const float* __restrict__ sinks, float* __restrict__ out,
                                       const int* __restrict__ step, signed char* __restrict__ oq,
                                       float* __restrict__ oqd, float* __restrict__ part,
-                                      u32* __restrict__ tickets, const DecodeRope& rope) {
+                                      u32* __restrict__ tickets) {
     constexpr int PER = HD / 32;  // value dimensions a lane owns
     constexpr int MG = ATTN_MAX_GROUP;
     // qs also holds the partial when S == 1 (the queries are read no
@@ -447,7 +418,6 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ k
     __shared__ float wm[DEC_WARPS], wl[DEC_WARPS];
     __shared__ float wo[DEC_WARPS][HD];
     __shared__ bool last;
-    __shared__ float2 rot[ROPE_MAX_PAIRS];  // (cos, sin) of each pair at pos
     float* fin = qs;
     if (step) p.first_pos = step[1];
     int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
@@ -460,9 +430,6 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ k
     int nk = pos - lo + 1;
     i64 row = (i64)p.n_kv_heads * HD;
     int first = (split * KG + kg) * DEC_TILE, round = S * KG * DEC_TILE;
-    // With the rope: the split whose tiles hold the new key (nk - 1) writes
-    // its cache rows (and so reads them back, after a barrier).
-    bool writes_row = rope.on && ((nk - 1) / DEC_TILE) % (S * KG) / KG == split;
     // Before waiting for the kernel before (common.cuh KERNEL_ENTRY), only
     // what this step's kernels do not write: the position (set before the
     // step's first kernel) and the cache rows of the keys before pos
@@ -480,36 +447,9 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ k
             }
         }
     }
-    // The rotations at pos depend on nothing a kernel writes either.
-    if (rope.on)
-        for (int pr = threadIdx.x; pr < rope.p.pairs; pr += blockDim.x)
-            rope_cos_sin(rope.p, pos, pr, &rot[pr].x, &rot[pr].y);
     kernel_entry();
-    if (rope.on) {
-        __syncthreads();  // rot
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x)
-            qs[i] = rope_element(q + (i64)(h0 + i / HD) * HD, i % HD, rope.p, rot);
-    } else {
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
-    }
-    // The new key's k roped, and its k and v rows stored (rope_kv's and
-    // kv_write's f16 stores); k rotated in place after the barrier, when
-    // every read of it is done.
-    float k_roped = 0.0f;
-    i64 new_row = (i64)(pos % p.capacity) * row + (i64)kvh * HD;
-    if (writes_row && threadIdx.x < HD) {
-        const float* kh = rope.k + (i64)kvh * HD;
-        k_roped = rope_element(kh, threadIdx.x, rope.p, rot);
-        kc[new_row + threadIdx.x] = f32_to_f16(k_roped);
-        vc[new_row + threadIdx.x] = f32_to_f16(rope.v[(i64)kvh * HD + threadIdx.x]);
-    }
+    for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
     __syncthreads();
-    if (writes_row && threadIdx.x < HD) rope.k[(i64)kvh * HD + threadIdx.x] = k_roped;
-    // q rotated in place by the block that finishes the group's heads,
-    // once every split has read them: here when this is the only split,
-    // else after the ticket below.
-    if (rope.on && S == 1)
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q[(i64)h0 * HD + i] = qs[i];
     const u16* kb = kc + (i64)kvh * HD;
     const u16* vb = vc + (i64)kvh * HD + lane * PER;
     const float4* qg = (const float4*)(qs + g * HD);
@@ -623,8 +563,6 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ k
     __syncthreads();
     if (!last) return;
     __threadfence();
-    if (rope.on)
-        for (int i = threadIdx.x; i < G * HD; i += blockDim.x) q[(i64)h0 * HD + i] = qs[i];
     attention_decode_finish<HD, true>(part + (i64)kvh * S * stride, S, stride, G, h0, p, sinks,
                                       out, oq, oqd);
     if (threadIdx.x == 0) tickets[kvh] = 0;
@@ -634,10 +572,9 @@ __device__ void attention_decode_impl(float* __restrict__ q, u16* __restrict__ k
 // its early reads.)
 #define ATTN_DECODE(hd)                                                                         \
     extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(     \
-        float* q, u16* kc, u16* vc, AttnParams p, const float* sinks, float* out,               \
-        const int* step, signed char* oq, float* oqd, float* part, u32* tickets,                \
-        DecodeRope rope) {                                                                      \
-        attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets, rope); \
+        const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
+        float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
+        attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets);      \
     }
 
 ATTN_DECODE(64)

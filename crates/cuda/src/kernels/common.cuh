@@ -35,8 +35,7 @@ typedef long long i64;
 // its cache writes reads the position and forms its first rotation
 // (elementwise.cu `rope_kv`), and one token's split attention
 // (attention.cu `attention_decode_impl`) fetches the older keys' and
-// values' rows into the L2 and forms the rotations of the rope it does
-// itself, and the routed experts' per-route down
+// values' rows into the L2, and the routed experts' per-route down
 // products (q8dot.cu `moe_down_q8_impl`) read their route's slot (the
 // gate/up launch between the routing and them waited for it) and issue
 // their first weight loads; then they wait.

@@ -324,6 +324,13 @@ PY
             echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_FUSE=$v"
             TURBOSPARK_CUDA_FUSE=$v "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done
+        # Smaller decode attention splits (more of them a KV head; the
+        # default is 128 keys a split): the suite's decode attention checks
+        # against the f64 formula.
+        for v in 64 32; do
+            echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_SPLIT_KEYS=$v"
+            TURBOSPARK_CUDA_SPLIT_KEYS=$v "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+        done
         ;;
     fixtures)
         stage "fixtures: CUDA vs CPU exact"

@@ -583,8 +583,10 @@ pub(crate) const MAX_ROPE_PAIRS: usize = 256;
 /// Most query heads a KV head serves in `attention_group_*` and
 /// `attention_decode_*`.
 pub(crate) const ATTN_MAX_GROUP: usize = 8;
-/// Keys a split of `attention_decode_*` is sized for (a KV head's splits:
-/// the cache's keys over this, at most [`DECODE_MAX_SPLITS`]).
+/// Keys a split of `attention_decode_*` is sized for by default (a KV
+/// head's splits: the cache's keys over this, at most
+/// [`DECODE_MAX_SPLITS`]; `TURBOSPARK_CUDA_SPLIT_KEYS`, see
+/// [`decode_split_keys`]).
 pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
 /// Threads of an `attention_decode_*` block (`DEC_WARPS` warps: a warp a
 /// query head of the group and key group, two or more key groups).
@@ -596,12 +598,27 @@ pub(crate) const DECODE_MAX_SPLITS: usize = 16;
 /// Splits of one token's attention over a cache of `capacity` rows
 /// (`window`: a sliding layer's), from the cache alone so that a
 /// position's bits do not depend on whether the step is recorded: enough
-/// blocks that each takes [`DECODE_KEYS_A_BLOCK`] keys, at most
+/// blocks that each takes `keys_a_split` keys, at most
 /// [`DECODE_MAX_SPLITS`].
-pub(crate) fn decode_splits(capacity: usize, window: Option<usize>) -> usize {
+pub(crate) fn decode_splits(capacity: usize, window: Option<usize>, keys_a_split: usize) -> usize {
     let keys = window.map_or(capacity, |w| w.min(capacity));
-    keys.div_ceil(DECODE_KEYS_A_BLOCK)
+    keys.div_ceil(keys_a_split.max(1))
         .clamp(1, DECODE_MAX_SPLITS)
+}
+
+/// Keys a decode attention split is sized for: `TURBOSPARK_CUDA_SPLIT_KEYS`
+/// when it is a positive multiple of 32 (the kernel's tile), else
+/// [`DECODE_KEYS_A_BLOCK`]. Fewer keys a split give more blocks a KV head
+/// and fewer tiles each warp walks in turn; the split changes the sums'
+/// order, so a setting's bits are its own (for A/B measurements: on an
+/// H200 a 128-key sliding window is one split, 16 warps walking two tiles
+/// each, 12.9 µs at depth against 5.3 µs for a few keys — BENCHMARKS.md,
+/// seventeenth session).
+pub(crate) fn decode_split_keys(setting: Option<&str>) -> usize {
+    setting
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .filter(|&k| k > 0 && k % 32 == 0)
+        .unwrap_or(DECODE_KEYS_A_BLOCK)
 }
 /// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
 pub(crate) const CONV_MAX_PAST: usize = 16;
@@ -758,6 +775,31 @@ mod tests {
             assert_eq!(one_kind(setting, Q8_0), q8, "{setting:?}, Q8_0");
             assert_eq!(one_kind(setting, Mxfp4), mx, "{setting:?}, MXFP4");
         }
+    }
+
+    /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the
+    /// default; splits are the keys over it, at least 1 and at most
+    /// `DECODE_MAX_SPLITS`, a window bounding the keys.
+    #[test]
+    fn decode_splits_follow_the_keys_a_split() {
+        for (setting, keys) in [
+            (None, DECODE_KEYS_A_BLOCK),
+            (Some("64"), 64),
+            (Some(" 32 "), 32),
+            (Some("0"), DECODE_KEYS_A_BLOCK),
+            (Some("48"), DECODE_KEYS_A_BLOCK),
+            (Some("many"), DECODE_KEYS_A_BLOCK),
+        ] {
+            assert_eq!(decode_split_keys(setting), keys, "{setting:?}");
+        }
+        // A 128-key sliding window in a 640-row cache; the whole cache.
+        assert_eq!(decode_splits(640, Some(128), 128), 1);
+        assert_eq!(decode_splits(640, Some(128), 64), 2);
+        assert_eq!(decode_splits(640, None, 128), 5);
+        assert_eq!(decode_splits(640, None, 64), 10);
+        assert_eq!(decode_splits(640, None, 32), DECODE_MAX_SPLITS);
+        assert_eq!(decode_splits(10, None, 64), 1);
+        assert_eq!(decode_splits(100, Some(4096), 64), 2);
     }
 
     /// A q8one.cu grid covers every unit (warp w takes w, w + stride, …),

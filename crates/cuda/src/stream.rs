@@ -103,6 +103,9 @@ pub struct CudaStream {
     /// 0 with `TURBOSPARK_CUDA_SPLIT=0` (one token's attention then takes
     /// the block-per-head kernel, for A/B measurements).
     decode_heads: usize,
+    /// Keys a split of one token's attention is sized for
+    /// ([`kernels::decode_split_keys`]).
+    decode_split_keys: usize,
     /// One token's MoE input quantized in MXFP4's order ahead of the MoE
     /// call — by the norm that also quantizes a Q8_0 router product's
     /// input (`matmul_q8`), or by the fused router launch — (codes, then
@@ -225,6 +228,9 @@ impl CudaStream {
                 Ok("0") => 0,
                 _ => decode_heads(widest, limits.max_head_dim),
             },
+            decode_split_keys: kernels::decode_split_keys(
+                std::env::var("TURBOSPARK_CUDA_SPLIT_KEYS").ok().as_deref(),
+            ),
             routed_x: zeroed(match dev.numerics() {
                 Numerics::Fast => Q8Regions::new(widest, 0).bytes,
                 _ => 0,
@@ -1425,7 +1431,7 @@ impl Stream<CudaDevice> for CudaStream {
         // One token over an f16 cache: split over the keys (no shared
         // memory per key), a block per KV head and split serving the
         // group's query heads.
-        let splits = kernels::decode_splits(p.capacity, p.window);
+        let splits = kernels::decode_splits(p.capacity, p.window, self.decode_split_keys);
         let tickets = (self.decode_heads * 4).next_multiple_of(16);
         let split_kernel = match p.head_dim {
             64 => Some(&self.k.attention_decode_f16_64),

@@ -436,11 +436,14 @@ impl Kernels {
 }
 
 /// Pointers to a launch's arguments, in the kernel's parameter order.
-/// Every argument must outlive the launch call (a statement that builds
-/// the array and launches keeps its temporaries alive).
+/// Each argument must be a place (a local or a field: `addr_of!` refuses
+/// a temporary at compile time) that outlives the launch call — the
+/// compiler does not check that for raw pointers: an array built in a
+/// `match` arm from that arm's bindings and launched after it points at
+/// dead values (a kernel then reads garbage: seen as an illegal address).
 macro_rules! args {
     ($($a:expr),* $(,)?) => {
-        [$(&$a as *const _ as *mut std::ffi::c_void),*]
+        [$(std::ptr::addr_of!($a) as *mut std::ffi::c_void),*]
     };
 }
 pub(crate) use args;

@@ -829,11 +829,11 @@ pub fn check_moe_intermediate<D: Device>(
 /// issued one after another — the decode step's order, which a backend may
 /// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
 /// product's launch and quantizes the experts' input there) — give the
-/// same logits, routes and output bits as
-/// the same ops with a copy of the logits between product and routing and
-/// another copy between routing and experts, which nothing fuses across.
-/// Also when a logit is NaN (a bias of NaN): routers then take their
-/// general path. Both with the product's input given, and
+/// same logits, routes and output bits as the same ops with a copy of the
+/// logits between product and routing and another between routing and
+/// experts, which nothing fuses across. Also when a logit is NaN (a bias
+/// of NaN: routers then take their general path). Both with the product's
+/// input given, and
 /// with it made just before by the decode step's residual add, copy and
 /// RMS norm (one CUDA launch, which also quantizes the product's input):
 /// then the residual stream and the normed input must match too, and so

@@ -36,7 +36,9 @@
 #                TURBOSPARK_CUDA_FUSE=0, no joined launches; unset is the
 #                attention's join alone, since the sixteenth session) bit
 #                for bit against TURBOSPARK_CUDA_FUSE=1 (the router and
-#                attention joins), and tg128 of each
+#                attention joins), and tg128 of each; a setting that changes
+#                the sums' order (TURBOSPARK_CUDA_SPLIT_KEYS) reports DIFFER
+#                by design, its correctness is the conformance suite's
 #   ab           AB_BASE (another turbospark binary) against BIN's: decode
 #                logits of both bit for bit, then alternated
 #                (scripts/bench/ab.sh, AB_ROUNDS rounds, default 2): pp512 and
@@ -316,20 +318,16 @@ PY
             echo "--- $t"
             "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
         done
-        # The joined launches (by default the attention's; =1 also the
-        # router's; =0 none): the suite's check_router_then_experts and
-        # check_attention_then_product compare them with separate
-        # launches bit for bit.
-        for v in 1 0; do
-            echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_FUSE=$v"
-            TURBOSPARK_CUDA_FUSE=$v "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
-        done
-        # Smaller decode attention splits (more of them a KV head; the
-        # default is 128 keys a split): the suite's decode attention checks
-        # against the f64 formula.
-        for v in 64 32; do
-            echo "--- $BIN/cuda-conformance, TURBOSPARK_CUDA_SPLIT_KEYS=$v"
-            TURBOSPARK_CUDA_SPLIT_KEYS=$v "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+        # The suite again under other settings: the joined launches (by
+        # default the attention's; =1 also the router's; =0 none), which
+        # check_router_then_experts and check_attention_then_product compare
+        # with separate launches bit for bit; smaller decode attention
+        # splits (the default is 128 keys a split), which the decode
+        # attention checks compare with the f64 formula.
+        for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
+            TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=32; do
+            echo "--- $BIN/cuda-conformance, $v"
+            env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done
         ;;
     fixtures)

@@ -116,10 +116,8 @@ impl OneKernel {
         cols: usize,
         work: OneWork<'_>,
     ) -> Result<OneLaunch, CudaError> {
-        let (threads, smem) = match (self.kind, work) {
-            (OneKind::Cta, _) => cta_block_shape(fmt, cols),
-            (OneKind::Staged, OneWork::GateUp { .. }) => (STAGE_THREADS, stage_smem(2, cols)),
-            (OneKind::Staged, _) => (STAGE_THREADS, stage_smem(1, cols)),
+        let (threads, smem) = match self.kind {
+            OneKind::Cta => cta_block_shape(fmt, cols),
             _ => (ONE_THREADS, 0),
         };
         let mut known = self.per_sm.lock().unwrap_or_else(|e| e.into_inner());
@@ -146,17 +144,6 @@ impl OneKernel {
                     OneWork::Down { routes, hidden } => routes * hidden.div_ceil(CTA_GROUP),
                 };
                 cta_grid(groups, cap)
-            }
-            OneKind::Staged => {
-                let tiles = match work {
-                    OneWork::Rows(rows) => rows
-                        .iter()
-                        .map(|&r| (r as usize).div_ceil(STAGE_ROWS))
-                        .sum(),
-                    OneWork::GateUp { routes, inter } => routes * inter.div_ceil(STAGE_ROWS),
-                    OneWork::Down { routes, hidden } => routes * hidden.div_ceil(STAGE_ROWS),
-                };
-                cta_grid(tiles, cap)
             }
             _ => {
                 let units = match work {
@@ -195,10 +182,6 @@ enum OneKind {
     /// but at 10–16 % occupancy (128–155 registers) no faster there, and
     /// a decode token 5 % slower (BENCHMARKS.md, eleventh session).
     Cta,
-    /// `q8stage.cu` (MXFP4 experts only, sm_90 and later): the rows of a
-    /// tile staged in shared memory by bulk asynchronous copies, a warp a
-    /// row computing from there.
-    Staged,
 }
 
 /// Whether one token's products of `fmt` take the one-token kernels:
@@ -210,47 +193,17 @@ enum OneKind {
 /// with the row totals formed from a shared stash instead of shuffles,
 /// eleventh session). `TURBOSPARK_CUDA_ONE=0` turns them off, `=all` on
 /// for both, `=cta` takes q8cta.cu's kernels for both.
-fn one_token_kernels(fmt: QuantFormat, bulk_copies: bool) -> OneKind {
-    let kind = one_kind(std::env::var("TURBOSPARK_CUDA_ONE").ok().as_deref(), fmt);
-    match kind {
-        OneKind::Staged if !bulk_copies => OneKind::None,
-        kind => kind,
-    }
+fn one_token_kernels(fmt: QuantFormat) -> OneKind {
+    one_kind(std::env::var("TURBOSPARK_CUDA_ONE").ok().as_deref(), fmt)
 }
 
 fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
     match (setting, fmt) {
         (Some("0"), _) => OneKind::None,
         (Some("cta"), _) => OneKind::Cta,
-        (Some("staged"), QuantFormat::Mxfp4) => OneKind::Staged,
         (Some("all"), _) | (_, QuantFormat::Q8_0) => OneKind::Rows,
         _ => OneKind::None,
     }
-}
-
-/// Rows a q8stage.cu tile holds (`STAGE_ROWS`), threads a block (a warp a
-/// row, then the producer warp: `STAGE_THREADS`), and the most buffers a
-/// block cycles through (`STAGE_MAX_STAGES`).
-pub(crate) const STAGE_ROWS: usize = 8;
-pub(crate) const STAGE_THREADS: u32 = (STAGE_ROWS as u32 + 1) * 32;
-pub(crate) const STAGE_MAX_STAGES: usize = 8;
-/// Shared bytes of a q8stage.cu block's buffers, about: two blocks an SM
-/// on an H200 (228 KiB), each with several tiles in flight.
-pub(crate) const STAGE_TARGET_BYTES: usize = 96 * 1024;
-
-/// Dynamic shared bytes of a q8stage.cu block whose tiles hold `matrices`
-/// MXFP4 matrices' rows `cols` wide (gate/up 2, down 1): as many tile
-/// buffers as fit [`STAGE_TARGET_BYTES`], between 2 and
-/// [`STAGE_MAX_STAGES`]. The kernel counts its buffers from this size.
-pub(crate) fn stage_smem(matrices: usize, cols: usize) -> u32 {
-    let row_bytes = crate::layout::device_row_bytes(QuantFormat::Mxfp4, cols / 32 * 17);
-    let tile = matrices * STAGE_ROWS * row_bytes;
-    let target = std::env::var("TURBOSPARK_CUDA_STAGE_KB")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .map_or(STAGE_TARGET_BYTES, |kb| kb * 1024);
-    let stages = (target / tile.max(1)).clamp(2, STAGE_MAX_STAGES);
-    (stages * tile) as u32
 }
 
 /// Widest rows the one-token kernels take (`ONE_MAX_COLS`, `CTA_MAX_COLS`).
@@ -297,15 +250,13 @@ impl Q8Set {
         fmt: QuantFormat,
         order: &str,
         sms: u32,
-        bulk_copies: bool,
-        dynamic_smem: usize,
     ) -> Result<Q8Set, CudaError> {
         let f = |name: String| {
             m.load_function(&name)
                 .map_err(CudaError::driver("loading a kernel"))
         };
         let n = fmt.name();
-        let kind = one_token_kernels(fmt, bulk_copies);
+        let kind = one_token_kernels(fmt);
         let with_cap = |name: String| -> Result<OneKernel, CudaError> {
             Ok(OneKernel::new(f(name)?, kind, sms))
         };
@@ -313,26 +264,6 @@ impl Q8Set {
         let c = if kind == OneKind::Cta { "c" } else { "" };
         let one = match kind {
             OneKind::None => None,
-            OneKind::Staged => {
-                // The opt-in amount less their static shared memory (a
-                // warp's chunk parts and the barriers: under 4 KiB).
-                let most = dynamic_smem.saturating_sub(4096);
-                let staged = |name: String| -> Result<OneKernel, CudaError> {
-                    let k = f(name)?;
-                    k.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        most as i32,
-                    )
-                    .map_err(CudaError::driver("raising a kernel's shared memory"))?;
-                    Ok(OneKernel::new(k, kind, sms))
-                };
-                Some(OneSet {
-                    matmul: None,
-                    router: None,
-                    gate_up: staged(format!("moe_gate_up1s_q8x_{n}"))?,
-                    down: staged(format!("moe_down1s_q8x_{n}"))?,
-                })
-            }
             OneKind::Rows | OneKind::Cta => Some(OneSet {
                 matmul: Some(with_cap(format!("matmul1{c}_q8x_{n}"))?),
                 router: match fmt {
@@ -447,11 +378,6 @@ impl Kernels {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
-        // Bulk asynchronous copies (`cp.async.bulk`, q8stage.cu): sm_90 on.
-        let major = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-            .map_err(CudaError::driver("reading the compute capability"))?;
-        let bulk = major >= 9;
         for k in [
             &attention_f32,
             &attention_f16,
@@ -480,8 +406,8 @@ impl Kernels {
             head_plain: PerFormat::load(&m, "head_plain")?,
             head_t: PerFormat::load(&m, "head_t")?,
             q8: Q8Kernels {
-                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural", sms, bulk, dynamic_smem)?,
-                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4", sms, bulk, dynamic_smem)?,
+                q8_0: Q8Set::load(&m, QuantFormat::Q8_0, "natural", sms)?,
+                mxfp4: Q8Set::load(&m, QuantFormat::Mxfp4, "mxfp4", sms)?,
             },
             split_rows: f("split_rows")?,
             add_bias: f("add_bias")?,
@@ -837,8 +763,7 @@ mod tests {
     use super::*;
 
     /// `TURBOSPARK_CUDA_ONE`: Q8_0 on the row kernels unless `0`, MXFP4
-    /// only when asked (`all`); `cta` both on q8cta.cu's; `staged` MXFP4's
-    /// on q8stage.cu's.
+    /// only when asked (`all`); `cta` both on q8cta.cu's.
     #[test]
     fn one_token_kernel_choice_follows_the_setting() {
         use QuantFormat::{Mxfp4, Q8_0};
@@ -847,7 +772,6 @@ mod tests {
             (Some("0"), OneKind::None, OneKind::None),
             (Some("all"), OneKind::Rows, OneKind::Rows),
             (Some("cta"), OneKind::Cta, OneKind::Cta),
-            (Some("staged"), OneKind::Rows, OneKind::Staged),
             (Some("something else"), OneKind::Rows, OneKind::None),
         ];
         for (setting, q8, mx) in cases {

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 14] = [
+const SOURCES: [(&str, &str); 13] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -25,7 +25,6 @@ const SOURCES: [(&str, &str); 14] = [
     ("q8dot.cu", include_str!("kernels/q8dot.cu")),
     ("q8one.cu", include_str!("kernels/q8one.cu")),
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),
-    ("q8stage.cu", include_str!("kernels/q8stage.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
 ];
 

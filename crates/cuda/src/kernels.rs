@@ -589,8 +589,12 @@ pub(crate) const ATTN_MAX_GROUP: usize = 8;
 /// Keys a split of `attention_decode_*` is sized for by default (a KV
 /// head's splits: the cache's keys over this, at most
 /// [`DECODE_MAX_SPLITS`]; `TURBOSPARK_CUDA_SPLIT_KEYS`, see
-/// [`decode_split_keys`]).
-pub(crate) const DECODE_KEYS_A_BLOCK: usize = 128;
+/// [`decode_split_keys`]): one tile. 128 until 2026-12-04; with 32, tg128
+/// after a 512-token prompt went 595–600 → 622–624 tok/s on an H200, the
+/// gpt-oss-20b shape (a 640-row cache: the 128-key sliding windows in 4
+/// splits instead of 1, the full layers in 16 instead of 5; BENCHMARKS.md,
+/// eighteenth session).
+pub(crate) const DECODE_KEYS_A_BLOCK: usize = 32;
 /// Threads of an `attention_decode_*` block (`DEC_WARPS` warps: a warp a
 /// query head of the group and key group, two or more key groups).
 pub(crate) const DECODE_THREADS: u32 = 512;
@@ -614,9 +618,9 @@ pub(crate) fn decode_splits(capacity: usize, window: Option<usize>, keys_a_split
 /// [`DECODE_KEYS_A_BLOCK`]. Fewer keys a split give more blocks a KV head
 /// and fewer tiles each warp walks in turn; the split changes the sums'
 /// order, so a setting's bits are its own (for A/B measurements: on an
-/// H200 a 128-key sliding window is one split, 16 warps walking two tiles
-/// each, 12.9 µs at depth against 5.3 µs for a few keys — BENCHMARKS.md,
-/// seventeenth session).
+/// H200 with 128 keys a split, a 128-key sliding window was one split, 16
+/// warps walking two tiles each, 12.9 µs at depth against 5.3 µs for a few
+/// keys — BENCHMARKS.md, seventeenth session).
 pub(crate) fn decode_split_keys(setting: Option<&str>) -> usize {
     setting
         .and_then(|s| s.trim().parse::<usize>().ok())

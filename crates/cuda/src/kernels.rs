@@ -361,17 +361,6 @@ impl Kernels {
             m.load_function(name)
                 .map_err(CudaError::driver("loading a kernel"))
         };
-        let early = early_launch(std::env::var("TURBOSPARK_CUDA_EARLY").ok().as_deref());
-        if early != 0 {
-            let stream = ctx.default_stream();
-            let mut at = m
-                .get_global("early_launch", &stream)
-                .map_err(CudaError::driver("finding the early-launch setting"))?;
-            stream
-                .memcpy_htod(&early.to_le_bytes(), &mut at)
-                .and_then(|_| stream.synchronize())
-                .map_err(CudaError::driver("setting the early-launch kernels"))?;
-        }
         let attention_f32 = f("attention_f32")?;
         let attention_f16 = f("attention_f16")?;
         let attention_group_f32 = f("attention_group_f32")?;
@@ -547,22 +536,6 @@ pub(crate) fn note_device(major: i32) {
             Ordering::Relaxed,
             Ordering::Relaxed,
         );
-    }
-}
-
-/// Kernels that let the next kernel in before their own wait (common.cuh
-/// `launch_next_early`, `EARLY_*` bits): `TURBOSPARK_CUDA_EARLY`, a bit
-/// mask (1 the RMS norm, 2 the rope and cache writes, 4 one token's split
-/// attention, 8 the 8-bit quantizations, 16 the routing, 32 one token's
-/// Q8_0 products, 64 the routed experts' down products) or `all`; none by
-/// default or when unreadable. Only when the launch happens is changed, never
-/// the values: for A/B measurements.
-pub(crate) fn early_launch(setting: Option<&str>) -> u32 {
-    const ALL: u32 = 127;
-    match setting.map(str::trim) {
-        Some("all") => ALL,
-        Some(v) => v.parse::<u32>().map_or(0, |m| m & ALL),
-        None => 0,
     }
 }
 
@@ -814,16 +787,6 @@ mod tests {
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the
     /// default; splits are the keys over it, at least 1 and at most
     /// `DECODE_MAX_SPLITS`, a window bounding the keys.
-    /// `TURBOSPARK_CUDA_EARLY`: a mask of the seven bits, `all`, or none.
-    #[test]
-    fn early_launch_reads_a_mask() {
-        assert_eq!(early_launch(None), 0);
-        assert_eq!(early_launch(Some("5")), 5);
-        assert_eq!(early_launch(Some(" all ")), 127);
-        assert_eq!(early_launch(Some("255")), 127);
-        assert_eq!(early_launch(Some("no")), 0);
-    }
-
     #[test]
     fn decode_splits_follow_the_keys_a_split() {
         for (setting, keys) in [

@@ -273,14 +273,6 @@ mod tests {
                 // continuations.
                 let body =
                     after[open + 1..].trim_start_matches(|c: char| c.is_whitespace() || c == '\\');
-                // A first `launch_next_early(bit);` (common.cuh) lets the
-                // next kernel in early; what follows must still wait first.
-                let body = body
-                    .strip_prefix("launch_next_early(")
-                    .and_then(|rest| rest.split_once(");"))
-                    .map_or(body, |(_, rest)| {
-                        rest.trim_start_matches(|c: char| c.is_whitespace() || c == '\\')
-                    });
                 // The exceptions (common.cuh) read only weights, which no
                 // kernel writes, before waiting: one token's Q8_0 products
                 // issue their first loads and then wait, every thread,

@@ -409,7 +409,6 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
                                       const int* __restrict__ step, signed char* __restrict__ oq,
                                       float* __restrict__ oqd, float* __restrict__ part,
                                       u32* __restrict__ tickets) {
-    launch_next_early(EARLY_ATTENTION);
     constexpr int PER = HD / 32;  // value dimensions a lane owns
     constexpr int MG = ATTN_MAX_GROUP;
     // qs also holds the partial when S == 1 (the queries are read no

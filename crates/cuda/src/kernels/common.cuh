@@ -47,30 +47,6 @@ __device__ __forceinline__ void kernel_entry() {
 }
 #define KERNEL_ENTRY() kernel_entry()
 
-// Kernels that let the next kernel's blocks in before they wait
-// themselves (`launch_next_early(bit)`, their first statement), chosen at
-// run time by the host (kernels.rs `EarlyLaunch`, TURBOSPARK_CUDA_EARLY;
-// none by default). The next kernel then reads, before its own wait, only
-// what KERNEL_ENTRY above allows (weights and the like), earlier; its
-// wait still returns only after this kernel has finished, which finished
-// only after the one before it (this kernel waits too), so the order of
-// the work is unchanged. A trigger takes effect once every block of the
-// grid has given it, so a waiting dependent never keeps an earlier
-// kernel's blocks off the GPU.
-#define EARLY_NORM 1u
-#define EARLY_ROPE 2u
-#define EARLY_ATTENTION 4u
-#define EARLY_QUANTIZE 8u
-#define EARLY_ROUTE 16u
-#define EARLY_MATMUL1 32u
-#define EARLY_DOWN 64u
-__constant__ u32 early_launch;
-__device__ __forceinline__ void launch_next_early(u32 bit) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (early_launch & bit) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Loads kept after an earlier KERNEL_ENTRY's wait, of what the kernel
 // before writes: `volatile`, so the compiler keeps them in order with the
 // wait (a read through a `const __restrict__` pointer may be hoisted above

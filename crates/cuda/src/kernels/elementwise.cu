@@ -256,7 +256,6 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
 extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm(float* add_src, float* h, float* out, int dim, float eps, int mode, const float* w,
              signed char* q, float* qd, int order, signed char* q2, float* qd2, NormCombine cy) {
-    launch_next_early(EARLY_NORM);
     float wv[NORM_PER];
     norm_weights(w, dim, mode, wv);
     KERNEL_ENTRY();
@@ -323,7 +322,6 @@ __device__ __forceinline__ void rope_cos_sin(const RopeParams& p, int pos, int p
 // first kernel) and forms its first pair's rotation, which depend on
 // nothing a kernel writes; q, k and v are read after.
 extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step) {
-    launch_next_early(EARLY_ROPE);
     int first_pos = step ? step[1] : r.first_pos;
     const int n = r.n_tokens, hd = r.head_dim, tail = hd - 2 * p.pairs;
     // Which write stores tensor i's rotated values (-1: none), by

@@ -45,12 +45,10 @@ __device__ void quantize_q8_impl(const float* __restrict__ x, i64 blocks, signed
 }
 
 extern "C" __global__ void quantize_q8_natural(const float* x, i64 blocks, signed char* q, float* d) {
-    launch_next_early(EARLY_QUANTIZE);
     KERNEL_ENTRY();
     quantize_q8_impl<F_Q8_0>(x, blocks, q, d);
 }
 extern "C" __global__ void quantize_q8_mxfp4(const float* x, i64 blocks, signed char* q, float* d) {
-    launch_next_early(EARLY_QUANTIZE);
     KERNEL_ENTRY();
     quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
 }
@@ -578,7 +576,6 @@ template <int F>
 __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
                                  float* __restrict__ y) {
-    launch_next_early(EARLY_DOWN);
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.hidden;

@@ -321,7 +321,6 @@ struct OneDown {
 #define Q8_ONE_KERNELS(fmt, F)                                                                   \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
         matmul1_q8x_##fmt(MatGroup g, int cols, const signed char* xq, const float* xd) {        \
-        launch_next_early(EARLY_MATMUL1);                                                        \
         int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
         one_token_units<F, 1, true>(OneMat{g, cols, xq, xd}, units, cols);                       \
     }                                                                                            \

@@ -266,7 +266,6 @@ __device__ void route_token(const float* logits, int t, RouterParams p, const fl
 extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
                                  const float* correction, const float* expert_scale,
                                  RouteOut* out) {
-    launch_next_early(EARLY_ROUTE);
     KERNEL_ENTRY();
     if ((int)blockIdx.x >= n_tokens) return;
     route_token(logits, blockIdx.x, p, correction, expert_scale, out);

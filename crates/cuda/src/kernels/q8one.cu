@@ -304,7 +304,9 @@ struct OneDown {
     __device__ __forceinline__ bool unit(int u, const u8** rows, const signed char** q,
                                          const float** d) const {
         int i = u / b.hidden, row = u - i * b.hidden;
-        u32 slot = routes[i].slot;
+        // From the L2 (`ld.global.cg`): the piped kernel reads it before its
+        // wait (as q8dot.cu's moe_down_q8_impl does, for the same reason).
+        u32 slot = __ldcg(&routes[i].slot);
         if (slot >= (u32)b.slots || skipped(only, slot)) return false;
         rows[0] = b.down + ((i64)slot * b.hidden + row) * b.down_row_bytes;
         *q = aq + (i64)i * b.inter;
@@ -317,6 +319,172 @@ struct OneDown {
         y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0]);
     }
 };
+
+// One token's MXFP4 routed experts with each warp's next unit copied into
+// shared memory while it computes the current one (`TURBOSPARK_CUDA_ONE=
+// pipe`, kernels.rs OneKind::Pipe). The per-row kernels (q8dot.cu) load a
+// round, wait, compute and exit, so within a wave of blocks the loads and
+// the arithmetic take turns: on an H200 their gate/up launch holds the
+// issue slots ~54 % of its time and HBM ~50 %. one_token_units above
+// overlaps them, but holds the next unit in registers (124 a thread, a
+// quarter of the warps). Here every warp owns two buffers of a unit's R
+// device rows (codes, then scales: `pieces` 16-byte pieces a row) in
+// dynamic shared memory; it issues the next unit's copy (`cp.async`, 16
+// bytes a lane, no registers held), waits only for the current unit's
+// (`cp.async.wait_group 1`), and forms its totals from shared memory
+// (pipe_totals): the same sums in the same order, so the same bits.
+__device__ __forceinline__ u32 shared_address(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void copy_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void copy_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most one of this thread's copy groups is still pending.
+__device__ __forceinline__ void copy_async_wait_all_but_one() {
+    asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
+
+// 16-byte pieces of a device MXFP4 row `cols` wide (codes, then scales,
+// padded to 16 bytes: layout.rs device_row_bytes; kernels.rs
+// `pipe_row_pieces`).
+__device__ __forceinline__ int pipe_row_pieces(int cols) { return (cols / 32 * 17 + 15) / 16; }
+
+extern __shared__ __align__(16) uint4 one_pipe_rows[];
+
+// Blocks an SM holds, by the registers they may take (ptxas 13.0, sm_90).
+#ifndef PIPE_GATE_UP_BLOCKS
+#define PIPE_GATE_UP_BLOCKS 8
+#endif
+#ifndef PIPE_DOWN_BLOCKS
+#define PIPE_DOWN_BLOCKS 8
+#endif
+
+// This lane's part of the copy of R rows into `dst` (R rows of `pieces`
+// pieces), in one commit group (an empty one when !live, so that every
+// lane counts the same groups).
+template <int R>
+__device__ __forceinline__ void pipe_stage(const u8* const* rows, int pieces, bool live,
+                                           uint4* dst) {
+    int lane = threadIdx.x & 31;
+    if (live) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            for (int p = lane; p < pieces; p += 32)
+                copy_async16(shared_address(dst + r * pieces + p), rows[r] + 16 * (i64)p);
+    }
+    copy_async_commit();
+}
+
+// A unit's row totals from its copy in shared memory (`src`: R rows of
+// `pieces` pieces), every lane ending with them: one_sums and one_reduce
+// stretch by stretch (the same values in the same order, so the same
+// bits), each stretch's codes and scales read from shared memory where
+// they are used, the token's from the L1 or L2, so that no stretch's
+// values are held across the next.
+template <int R>
+__device__ __forceinline__ void pipe_totals(const uint4* src, int pieces, int cols,
+                                            const signed char* __restrict__ xq,
+                                            const float* __restrict__ xd, Mxfp4Tables tables,
+                                            float* acc) {
+    constexpr int CHUNKS = 32 / Q8_CHUNK;
+    constexpr int SLOTS = ONE_STRETCHES * CHUNKS;
+    __shared__ __align__(16) float pipe_parts[ONE_WARPS][R][SLOTS];
+    float(*parts)[SLOTS] = pipe_parts[threadIdx.x >> 5];
+    int lane = threadIdx.x & 31, nb = cols / 32;
+    int pos = lane % Q8_CHUNK, chunk = lane / Q8_CHUNK;
+    const int4 zi = make_int4(0, 0, 0, 0);
+    const uint4 z4 = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int s = 0; s < ONE_STRETCHES; s++) {
+        if (s * 32 >= nb) {  // uniform: no blocks from here on
+            q8_zero_parts<R, SLOTS>(parts, s * CHUNKS);
+            break;
+        }
+        int ob = s * 32 + lane;
+        bool own = ob < nb;
+        const int4* xp = (const int4*)(xq + (i64)ob * 32);
+        Q8Act<F_MXFP4> x{own ? xp[0] : zi, own ? xp[1] : zi};
+        float dx = own ? xd[ob] : 0.0f;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const uint4* row = src + r * pieces;
+            uint4 w = own ? row[ob] : z4;
+            u32 sw = own ? (u32)((const u8*)row)[nb * 16 + ob] : 0u;
+            int v = q8_piece_dot<F_MXFP4>(w, x, tables);
+            float f = q8_weight_scale<F_MXFP4>(sw) * dx;
+            float p = q8_chunk_part((float)v, f, pos, 1);
+            if (pos == Q8_CHUNK - 1) parts[r][s * CHUNKS + chunk] = p;
+        }
+    }
+    float total = q8_add_parts<R, SLOTS>(parts, 0.0f);
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = __shfl_sync(FULL_MASK, total, r);
+}
+
+// The units of a launch, one after another per warp, as one_token_units
+// does, through the warp's two buffers. EARLY: the first unit's copy is
+// issued before waiting for the kernel before (Work::unit must then read
+// nothing that kernel writes).
+template <int R, bool EARLY, class Work>
+__device__ __forceinline__ void pipe_token_units(const Work& wk, int units, int cols) {
+    int warp = threadIdx.x >> 5;
+    int u = blockIdx.x * ONE_WARPS + warp;
+    int stride = gridDim.x * ONE_WARPS;
+    int pieces = pipe_row_pieces(cols);
+    uint4* mine = one_pipe_rows + (i64)warp * 2 * R * pieces;  // buffer c at c·R·pieces
+    Mxfp4Tables tables = Mxfp4Tables::held();
+    const u8* rows[R];
+    const signed char* xq = nullptr;
+    const float* xd = nullptr;
+    bool live = u < units && wk.unit(u, rows, &xq, &xd);
+    pipe_stage<R>(rows, pieces, live, mine);
+    if (EARLY) KERNEL_ENTRY();  // every thread waits before any returns
+    if (u >= units) return;     // uniform over the warp
+    int cur = 0;
+    for (;;) {
+        int next = u + stride;
+        const signed char* nxq = nullptr;
+        const float* nxd = nullptr;
+        bool next_live = next < units && wk.unit(next, rows, &nxq, &nxd);
+        // (The other buffer was last read before the __syncwarp below.)
+        pipe_stage<R>(rows, pieces, next_live, mine + (cur ^ 1) * R * pieces);
+        copy_async_wait_all_but_one();
+        __syncwarp();  // every lane's copy of unit u is in place
+        if (live) {
+            float acc[R];
+            pipe_totals<R>(mine + cur * R * pieces, pieces, cols, xq, xd, tables, acc);
+            if ((threadIdx.x & 31) == 0) wk.write(u, acc);
+        }
+        __syncwarp();  // every lane has read buffer `cur`
+        if (next >= units) break;
+        u = next;
+        live = next_live;
+        xq = nxq;
+        xd = nxd;
+        cur ^= 1;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32, PIPE_GATE_UP_BLOCKS) moe_gate_up1p_q8x_mxfp4(
+    const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,
+    SlotMask only, BankView b, MoeAct a, float* act) {
+    KERNEL_ENTRY();
+    pipe_token_units<2, false>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter,
+                               b.hidden);
+}
+// The routes were written by the routing, which finished before the
+// gate/up launch between it and this one passed its wait (see q8dot.cu
+// moe_down_q8_impl): read, with the first unit's weights, before the wait.
+extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32, PIPE_DOWN_BLOCKS)
+    moe_down1p_q8x_mxfp4(const signed char* aq, const float* ad, const RouteOut* routes,
+                         int n_routes, SlotMask only, BankView b, float* y) {
+    pipe_token_units<1, true>(OneDown{aq, ad, routes, only, b, y}, n_routes * b.hidden, b.inter);
+}
 
 #define Q8_ONE_KERNELS(fmt, F)                                                                   \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \

@@ -387,17 +387,6 @@ impl Kernels {
             m.load_function(name)
                 .map_err(CudaError::driver("loading a kernel"))
         };
-        let prefetch = expert_prefetch(std::env::var("TURBOSPARK_CUDA_PREFETCH").ok().as_deref());
-        if prefetch != 0 {
-            let stream = ctx.default_stream();
-            let mut at = m
-                .get_global("expert_prefetch", &stream)
-                .map_err(CudaError::driver("finding the expert prefetch setting"))?;
-            stream
-                .memcpy_htod(&prefetch.to_le_bytes(), &mut at)
-                .and_then(|_| stream.synchronize())
-                .map_err(CudaError::driver("setting the expert prefetch"))?;
-        }
         let attention_f32 = f("attention_f32")?;
         let attention_f16 = f("attention_f16")?;
         let attention_group_f32 = f("attention_group_f32")?;
@@ -574,17 +563,6 @@ pub(crate) fn note_device(major: i32) {
             Ordering::Relaxed,
         );
     }
-}
-
-/// Which routed-expert rows the per-route gate/up launch asks of the L2 in
-/// bulk once it knows the routes (kernels/moe.cu `prefetch_routed_experts`):
-/// `TURBOSPARK_CUDA_PREFETCH`, 1 the down rows, 2 the gate and up rows, 3
-/// both; none by default or when unreadable. A hint: the values never
-/// change. For A/B measurements.
-pub(crate) fn expert_prefetch(setting: Option<&str>) -> u32 {
-    setting
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .map_or(0, |m| m & 3)
 }
 
 /// Threads of an element-wise (grid-stride) kernel's block.
@@ -851,16 +829,6 @@ mod tests {
                 "{cols}"
             );
         }
-    }
-
-    /// `TURBOSPARK_CUDA_PREFETCH`: bits 1 and 2, or none.
-    #[test]
-    fn expert_prefetch_reads_two_bits() {
-        assert_eq!(expert_prefetch(None), 0);
-        assert_eq!(expert_prefetch(Some("1")), 1);
-        assert_eq!(expert_prefetch(Some(" 3 ")), 3);
-        assert_eq!(expert_prefetch(Some("7")), 3);
-        assert_eq!(expert_prefetch(Some("down")), 0);
     }
 
     #[test]

@@ -32,47 +32,6 @@ __device__ __forceinline__ bool skipped(const SlotMask& m, u32 slot) {
     return m.on && !((m.bits[slot >> 5] >> (slot & 31)) & 1u);
 }
 
-// The routed experts' rows asked of the L2 in bulk by one thread of the
-// per-route gate/up launch, once it knows the routes (opt-in, for A/B
-// measurements: `TURBOSPARK_CUDA_PREFETCH`, kernels.rs `expert_prefetch`;
-// bit 1 the routes' down rows, which the launch after next reads, bit 2
-// their gate and up rows, which this launch's later blocks read), so
-// that HBM streams them while the launch's early blocks compute:
-// `cp.async.bulk.prefetch.L2` (sm_90), one instruction a contiguous
-// range (an expert's rows of one matrix). Only a hint: no values change.
-__device__ u32 expert_prefetch;
-#define EXPERT_PREFETCH_ROUTES 8
-__device__ __forceinline__ void prefetch_l2_bulk(const u8* p, i64 bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#pragma unroll 1
-    for (i64 at = 0; at < bytes; at += 0x40000000) {
-        u32 n = (u32)min(bytes - at, (i64)0x40000000) & ~15u;
-        if (n) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(n)
-                            : "memory");
-    }
-#endif
-}
-// (Slots the call skips are asked for too: a hint about rows that exist.
-// The bank's fields go one by one: passing the kernel's parameter to a
-// call copies it to local memory in every thread.)
-__device__ __forceinline__ void prefetch_routed_experts(const RouteOut* routes, int n, int slots,
-                                                        const u8* gate, i64 gate_bytes,
-                                                     const u8* up, i64 up_bytes,
-                                                     const u8* down, i64 down_bytes) {
-    u32 what = expert_prefetch;
-    if (!what) return;
-#pragma unroll 1
-    for (int i = 0; i < min(n, EXPERT_PREFETCH_ROUTES); i++) {
-        u32 slot = routes[i].slot;
-        if (slot >= (u32)slots) continue;
-        if (what & 1) prefetch_l2_bulk(down + slot * down_bytes, down_bytes);
-        if (what & 2) {
-            prefetch_l2_bulk(gate + slot * gate_bytes, gate_bytes);
-            prefetch_l2_bulk(up + slot * up_bytes, up_bytes);
-        }
-    }
-}
-
 struct MoeAct {
     int act;
     float alpha;

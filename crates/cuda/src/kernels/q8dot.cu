@@ -549,10 +549,6 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.inter;
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
-        prefetch_routed_experts(routes, gridDim.y, b.slots, b.gate, b.inter * b.gate_row_bytes,
-                                b.up, b.inter * b.up_row_bytes, b.down,
-                                b.hidden * b.down_row_bytes);
     u32 slot = routes[i].slot;
     if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
     // The route's token (0 for a decode step's routes: no division there,

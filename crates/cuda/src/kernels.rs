@@ -54,6 +54,10 @@ pub(crate) struct Q8Set {
     pub matmul: CudaFunction,
     pub gate_up: CudaFunction,
     pub down: CudaFunction,
+    /// The per-route kernels for rows [`WIDE_WIDTH`] wide, the width a
+    /// compile-time constant (MXFP4 only; `_w2880` in `kernels/q8dot.cu`);
+    /// none with `TURBOSPARK_CUDA_WIDE=0`.
+    pub wide: Option<(CudaFunction, CudaFunction)>,
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
     /// Tensor-core versions for batches (`kernels/mmq.cu`).
@@ -64,6 +68,34 @@ pub(crate) struct Q8Set {
     /// (`kernels/q8one.cu` or `q8cta.cu`), where they are used
     /// ([`one_token_kernels`]).
     pub one: Option<OneSet>,
+}
+
+/// The width of the per-route kernels compiled for one width
+/// (`Q8_WIDE_KERNELS` in `kernels/q8dot.cu`): gpt-oss's experts.
+pub(crate) const WIDE_WIDTH: usize = 2880;
+
+impl Q8Set {
+    /// The per-route gate/up kernel for rows `hidden` wide.
+    pub(crate) fn gate_up_for(&self, hidden: usize) -> &CudaFunction {
+        match &self.wide {
+            Some((g, _)) if hidden == WIDE_WIDTH => g,
+            _ => &self.gate_up,
+        }
+    }
+
+    /// The per-route down kernel for rows `inter` wide.
+    pub(crate) fn down_for(&self, inter: usize) -> &CudaFunction {
+        match &self.wide {
+            Some((_, d)) if inter == WIDE_WIDTH => d,
+            _ => &self.down,
+        }
+    }
+}
+
+/// Whether the per-route kernels of one width are used where they fit:
+/// unless `TURBOSPARK_CUDA_WIDE=0` (for A/B measurements; the same bits).
+fn wide_kernels(setting: Option<&str>) -> bool {
+    setting.is_none_or(|v| v.trim() != "0")
 }
 
 /// The one-token kernels of a format.
@@ -305,6 +337,17 @@ impl Q8Set {
             matmul: f(format!("matmul_q8x_{n}"))?,
             gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
             down: f(format!("moe_down_q8x_{n}"))?,
+            wide: match fmt {
+                QuantFormat::Mxfp4
+                    if wide_kernels(std::env::var("TURBOSPARK_CUDA_WIDE").ok().as_deref()) =>
+                {
+                    Some((
+                        f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
+                        f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
+                    ))
+                }
+                _ => None,
+            },
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
             mq_matmul: f(format!("mq_matmul_{n}"))?,
@@ -829,6 +872,14 @@ mod tests {
                 "{cols}"
             );
         }
+    }
+
+    /// `TURBOSPARK_CUDA_WIDE`: on unless `0`.
+    #[test]
+    fn wide_kernels_are_on_unless_zero() {
+        assert!(wide_kernels(None));
+        assert!(wide_kernels(Some("1")));
+        assert!(!wide_kernels(Some(" 0")));
     }
 
     #[test]

@@ -542,10 +542,13 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
 // grid (ceil(inter / Q8_BLOCK_ROWS), routes) for gate/up (both rows of a
 // lane group read together), (ceil(hidden / Q8_BLOCK_ROWS), routes) for
 // down, whose input is the activations `act` quantized (aq, ad).
-template <int F>
+// WIDTH: the rows' width (`hidden`) known when compiled (0: read from the
+// bank; see Q8_WIDE_KERNELS below).
+template <int F, int WIDTH = 0>
 __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                     const RouteOut* __restrict__ routes, int k, SlotMask only,
                                     BankView b, MoeAct a, float* __restrict__ act) {
+    if (WIDTH) b.hidden = WIDTH;
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.inter;
@@ -572,10 +575,11 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
 // ends; they are read from the L2 (`ld.global.cg`), past any L1 line of
 // an earlier layer's routes. Only the activations (the launch before
 // writes them) are read after the wait.
-template <int F>
+template <int F, int WIDTH = 0>
 __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
                                  float* __restrict__ y) {
+    if (WIDTH) b.inter = WIDTH;
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.hidden;
@@ -709,3 +713,24 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 
 Q8_KERNELS(q8_0, F_Q8_0)
 Q8_KERNELS(mxfp4, F_MXFP4)
+
+// The per-route MXFP4 kernels for rows of one width known when compiled
+// (kernels.rs `Q8Set::gate_up_for`): gpt-oss's experts, 2880 wide both
+// ways. The same instructions with the width a constant, so the same
+// bits; ptxas then folds the stretch count, the bounds checks of the last
+// stretch and the address arithmetic (ptxas 13.0, sm_90: 1024 → 840
+// instructions and 72 → 64 registers for gate/up).
+#define Q8_WIDE_KERNELS(fmt, F, W)                                                               \
+    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##_w##W(             \
+        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
+        BankView b, MoeAct a, float* act) {                                                      \
+        KERNEL_ENTRY();                                                                          \
+        moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
+    }                                                                                            \
+    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##_w##W(                  \
+        const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
+        float* y) {                                                                              \
+        moe_down_q8_impl<F, W>(aq, ad, routes, only, b, y);                                      \
+    }
+
+Q8_WIDE_KERNELS(mxfp4, F_MXFP4, 2880)

@@ -150,14 +150,6 @@ impl OneKernel {
     ) -> Result<OneLaunch, CudaError> {
         let (threads, smem) = match self.kind {
             OneKind::Cta => cta_block_shape(fmt, cols),
-            OneKind::Pipe => {
-                let rows = if matches!(work, OneWork::GateUp { .. }) {
-                    2
-                } else {
-                    1
-                };
-                (ONE_THREADS, pipe_block_smem(cols, rows))
-            }
             _ => (ONE_THREADS, 0),
         };
         let mut known = self.per_sm.lock().unwrap_or_else(|e| e.into_inner());
@@ -222,17 +214,6 @@ enum OneKind {
     /// but at 10–16 % occupancy (128–155 registers) no faster there, and
     /// a decode token 5 % slower (BENCHMARKS.md, eleventh session).
     Cta,
-    /// MXFP4's routed experts on q8one.cu's piped kernels (each warp's next
-    /// unit copied into shared memory while it computes the current one;
-    /// opt-in `TURBOSPARK_CUDA_ONE=pipe`), Q8_0 as [`OneKind::Rows`].
-    Pipe,
-}
-
-/// Dynamic shared memory of a piped block (q8one.cu `pipe_token_units`):
-/// two buffers a warp of a unit's `rows` device MXFP4 rows `cols` wide.
-pub(crate) fn pipe_block_smem(cols: usize, rows: usize) -> u32 {
-    let pieces = (cols / 32 * 17).div_ceil(16);
-    (ONE_WARPS * 2 * rows * pieces * 16) as u32
 }
 
 /// Whether one token's products of `fmt` take the one-token kernels:
@@ -252,7 +233,6 @@ fn one_kind(setting: Option<&str>, fmt: QuantFormat) -> OneKind {
     match (setting, fmt) {
         (Some("0"), _) => OneKind::None,
         (Some("cta"), _) => OneKind::Cta,
-        (Some("pipe"), QuantFormat::Mxfp4) => OneKind::Pipe,
         (Some("all"), _) | (_, QuantFormat::Q8_0) => OneKind::Rows,
         _ => OneKind::None,
     }
@@ -316,12 +296,6 @@ impl Q8Set {
         let c = if kind == OneKind::Cta { "c" } else { "" };
         let one = match kind {
             OneKind::None => None,
-            OneKind::Pipe => Some(OneSet {
-                matmul: None,
-                router: None,
-                gate_up: with_cap(format!("moe_gate_up1p_q8x_{n}"))?,
-                down: with_cap(format!("moe_down1p_q8x_{n}"))?,
-            }),
             OneKind::Rows | OneKind::Cta => Some(OneSet {
                 matmul: Some(with_cap(format!("matmul1{c}_q8x_{n}"))?),
                 router: match fmt {
@@ -836,8 +810,7 @@ mod tests {
     use super::*;
 
     /// `TURBOSPARK_CUDA_ONE`: Q8_0 on the row kernels unless `0`, MXFP4
-    /// only when asked (`all`); `cta` both on q8cta.cu's; `pipe` MXFP4's
-    /// experts on the piped kernels.
+    /// only when asked (`all`); `cta` both on q8cta.cu's.
     #[test]
     fn one_token_kernel_choice_follows_the_setting() {
         use QuantFormat::{Mxfp4, Q8_0};
@@ -846,31 +819,11 @@ mod tests {
             (Some("0"), OneKind::None, OneKind::None),
             (Some("all"), OneKind::Rows, OneKind::Rows),
             (Some("cta"), OneKind::Cta, OneKind::Cta),
-            (Some("pipe"), OneKind::Rows, OneKind::Pipe),
             (Some("something else"), OneKind::Rows, OneKind::None),
         ];
         for (setting, q8, mx) in cases {
             assert_eq!(one_kind(setting, Q8_0), q8, "{setting:?}, Q8_0");
             assert_eq!(one_kind(setting, Mxfp4), mx, "{setting:?}, MXFP4");
-        }
-    }
-
-    /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the
-    /// default; splits are the keys over it, at least 1 and at most
-    /// `DECODE_MAX_SPLITS`, a window bounding the keys.
-    /// A piped block's buffers hold whole device rows (layout.rs), two a
-    /// warp: gpt-oss's 2880-wide rows are 1536 bytes.
-    #[test]
-    fn piped_buffers_hold_device_rows() {
-        assert_eq!(pipe_block_smem(2880, 2), 4 * 2 * 2 * 1536);
-        assert_eq!(pipe_block_smem(2880, 1), 4 * 2 * 1536);
-        for cols in [32, 64, 2880, 4096] {
-            let row = crate::layout::device_row_bytes(QuantFormat::Mxfp4, cols / 32 * 17);
-            assert_eq!(
-                pipe_block_smem(cols, 1) as usize,
-                ONE_WARPS * 2 * row,
-                "{cols}"
-            );
         }
     }
 
@@ -882,6 +835,9 @@ mod tests {
         assert!(!wide_kernels(Some(" 0")));
     }
 
+    /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the
+    /// default; splits are the keys over it, at least 1 and at most
+    /// `DECODE_MAX_SPLITS`, a window bounding the keys.
     #[test]
     fn decode_splits_follow_the_keys_a_split() {
         for (setting, keys) in [

@@ -277,10 +277,7 @@ mod tests {
                 // kernel writes, before waiting: one token's Q8_0 products
                 // issue their first loads and then wait, every thread,
                 // inside `one_token_units<…, true>` (q8one.cu, EARLY) or
-                // `cta_token_units<…, true>` (q8cta.cu), and so do the
-                // piped MXFP4 down products (`pipe_token_units<…, true>`,
-                // q8one.cu, whose routes a routing two launches back
-                // wrote, as below); the RMS norm loads
+                // `cta_token_units<…, true>` (q8cta.cu); the RMS norm loads
                 // its weights, then waits (elementwise.cu); one token's
                 // split attention fetches older cache rows into the L2,
                 // then waits (attention.cu `attention_decode_impl`, which
@@ -303,11 +300,10 @@ mod tests {
                         (Some(w), Some(x), Some(c)) if w < x && w < c
                     );
                 let early = name.starts_with("matmul1_q8x_")
-                    || name.starts_with("moe_down1p_q8x_")
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
                     || name == "router1c_q8x_q8_0";
-                let waits_early = ["one_token_units<", "cta_token_units<", "pipe_token_units<"]
+                let waits_early = ["one_token_units<", "cta_token_units<"]
                     .iter()
                     .any(|units| {
                         body.split(units)

@@ -461,7 +461,7 @@ pub(crate) fn launch_pending(
             if let Some(one) = set
                 .one
                 .as_ref()
-                .and_then(|one| one.matmul.as_ref())
+                .and_then(|one| one.matmul_for(g.cols))
                 .filter(|_| g.n == 1 && g.cols <= kernels::ONE_MAX_COLS)
             {
                 let rows = kernels::OneWork::Rows(&g.group.rows[..g.group.count as usize]);

@@ -56,7 +56,7 @@ pub(crate) struct Q8Set {
     pub down: CudaFunction,
     /// The per-route kernels for rows [`WIDE_WIDTH`] wide, the width a
     /// compile-time constant (MXFP4 only; `_w2880` in `kernels/q8dot.cu`);
-    /// none with `TURBOSPARK_CUDA_WIDE=0`.
+    /// none with `TURBOSPARK_CUDA_WIDE=0` ([`wide_kernels`]).
     pub wide: Option<(CudaFunction, CudaFunction)>,
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
@@ -92,16 +92,41 @@ impl Q8Set {
     }
 }
 
-/// Whether the per-route kernels of one width are used where they fit:
-/// unless `TURBOSPARK_CUDA_WIDE=0` (for A/B measurements; the same bits).
-fn wide_kernels(setting: Option<&str>) -> bool {
-    setting.is_none_or(|v| v.trim() != "0")
+/// Widths of the one-token Q8_0 products compiled for one width
+/// (`Q8_ONE_WIDE_MATMUL` in `kernels/q8one.cu`): gpt-oss's hidden size
+/// and its attention output (64 heads of 64).
+pub(crate) const ONE_WIDE_WIDTHS: [usize; 2] = [2880, 4096];
+
+impl OneSet {
+    /// The one-token product kernel for rows `cols` wide, if any.
+    pub(crate) fn matmul_for(&self, cols: usize) -> Option<&OneKernel> {
+        self.matmul_wide
+            .iter()
+            .find(|(w, _)| *w == cols)
+            .map(|(_, k)| k)
+            .or(self.matmul.as_ref())
+    }
+}
+
+/// Which kernels compiled for one width are used where they fit
+/// (`TURBOSPARK_CUDA_WIDE`, for A/B measurements; the same bits either
+/// way): `(routed experts, one-token products)`, both unless `0` (none)
+/// or `experts` (the routed experts' only).
+fn wide_kernels(setting: Option<&str>) -> (bool, bool) {
+    match setting.map(str::trim) {
+        Some("0") => (false, false),
+        Some("experts") => (true, false),
+        _ => (true, true),
+    }
 }
 
 /// The one-token kernels of a format.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
     pub matmul: Option<OneKernel>,
+    /// The same for rows of one width known when compiled (q8one.cu
+    /// `Q8_ONE_WIDE_MATMUL`: Q8_0 at [`ONE_WIDE_WIDTHS`]), by width.
+    pub matmul_wide: Vec<(usize, OneKernel)>,
     /// One token's router product with its routing (Q8_0 only:
     /// `router1_q8x_q8_0`, `router1c_q8x_q8_0`).
     pub router: Option<OneKernel>,
@@ -289,6 +314,7 @@ impl Q8Set {
         };
         let n = fmt.name();
         let kind = one_token_kernels(fmt);
+        let wide = wide_kernels(std::env::var("TURBOSPARK_CUDA_WIDE").ok().as_deref());
         let with_cap = |name: String| -> Result<OneKernel, CudaError> {
             Ok(OneKernel::new(f(name)?, kind, sms))
         };
@@ -298,6 +324,13 @@ impl Q8Set {
             OneKind::None => None,
             OneKind::Rows | OneKind::Cta => Some(OneSet {
                 matmul: Some(with_cap(format!("matmul1{c}_q8x_{n}"))?),
+                matmul_wide: match (kind, fmt) {
+                    (OneKind::Rows, QuantFormat::Q8_0) if wide.1 => ONE_WIDE_WIDTHS
+                        .iter()
+                        .map(|&w| Ok((w, with_cap(format!("matmul1_q8x_{n}_w{w}"))?)))
+                        .collect::<Result<_, CudaError>>()?,
+                    _ => Vec::new(),
+                },
                 router: match fmt {
                     QuantFormat::Q8_0 => Some(with_cap(format!("router1{c}_q8x_{n}"))?),
                     _ => None,
@@ -312,14 +345,10 @@ impl Q8Set {
             gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
             down: f(format!("moe_down_q8x_{n}"))?,
             wide: match fmt {
-                QuantFormat::Mxfp4
-                    if wide_kernels(std::env::var("TURBOSPARK_CUDA_WIDE").ok().as_deref()) =>
-                {
-                    Some((
-                        f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
-                        f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
-                    ))
-                }
+                QuantFormat::Mxfp4 if wide.0 => Some((
+                    f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
+                    f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
+                )),
                 _ => None,
             },
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
@@ -827,12 +856,13 @@ mod tests {
         }
     }
 
-    /// `TURBOSPARK_CUDA_WIDE`: on unless `0`.
+    /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.
     #[test]
-    fn wide_kernels_are_on_unless_zero() {
-        assert!(wide_kernels(None));
-        assert!(wide_kernels(Some("1")));
-        assert!(!wide_kernels(Some(" 0")));
+    fn wide_kernels_follow_the_setting() {
+        assert_eq!(wide_kernels(None), (true, true));
+        assert_eq!(wide_kernels(Some("1")), (true, true));
+        assert_eq!(wide_kernels(Some(" 0")), (false, false));
+        assert_eq!(wide_kernels(Some("experts")), (true, false));
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

@@ -309,7 +309,7 @@ mod tests {
                         body.split(units)
                             .nth(1)
                             .and_then(|args| args.split('>').next())
-                            .is_some_and(|args| args.trim_end().ends_with("true"))
+                            .is_some_and(|args| args.split(',').any(|a| a.trim() == "true"))
                     });
                 let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
                 let norm_early = name == "rms_norm"

@@ -195,8 +195,11 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 // writes (resident weights and the launch's own parameters): the token's
 // codes and scales, which the previous kernel writes, are read after the
 // wait (one_sums).
-template <int F, int R, bool EARLY, class Work>
+// WIDTH: the rows' width known when compiled (0: `cols`; see
+// Q8_ONE_WIDE_MATMUL below).
+template <int F, int R, bool EARLY, int WIDTH = 0, class Work>
 __device__ __forceinline__ void one_token_units(const Work& wk, int units, int cols) {
+    if (WIDTH) cols = WIDTH;
     int u = blockIdx.x * ONE_WARPS + (threadIdx.x >> 5);
     int stride = gridDim.x * ONE_WARPS;
     OneLoads<F, R> L;
@@ -340,6 +343,22 @@ struct OneDown {
 
 Q8_ONE_KERNELS(q8_0, F_Q8_0)
 Q8_ONE_KERNELS(mxfp4, F_MXFP4)
+
+// One token's products over rows of a width known when compiled
+// (kernels.rs `OneSet::matmul_for`): gpt-oss's q/k/v and router rows and
+// output head (2880 wide) and its o projection (4096). The same
+// instructions with the width a constant, so the same bits, and ptxas
+// folds the stretch count, the bounds checks and the address arithmetic
+// (as q8dot.cu's Q8_WIDE_KERNELS).
+#define Q8_ONE_WIDE_MATMUL(fmt, F, W)                                                            \
+    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
+        matmul1_q8x_##fmt##_w##W(MatGroup g, int cols, const signed char* xq, const float* xd) { \
+        int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
+        one_token_units<F, 1, true, W>(OneMat{g, W, xq, xd}, units, W);                          \
+    }
+
+Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 2880)
+Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)
 
 // One token's router product and its routes in one launch (fusion of
 // matmul1_q8x_q8_0, its bias and `route`; stream.rs `route`, opt-in with

@@ -323,9 +323,11 @@ PY
         # check_router_then_experts and check_attention_then_product compare
         # with separate launches bit for bit; larger decode attention
         # splits (the default is 32 keys a split; 128 until 2026-12-04), which
-        # the decode attention checks compare with the f64 formula.
+        # the decode attention checks compare with the f64 formula; the
+        # generic products where kernels compiled for one row width would
+        # be taken (TURBOSPARK_CUDA_WIDE=0).
         for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
-            TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128; do
+            TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -303,13 +303,16 @@ mod tests {
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
                     || name == "router1c_q8x_q8_0";
-                let waits_early = ["one_token_units<", "cta_token_units<"]
+                // (The template argument EARLY: the third of
+                // one_token_units, the second of cta_token_units.)
+                let waits_early = [("one_token_units<", 2), ("cta_token_units<", 1)]
                     .iter()
-                    .any(|units| {
+                    .any(|&(units, early_at)| {
                         body.split(units)
                             .nth(1)
                             .and_then(|args| args.split('>').next())
-                            .is_some_and(|args| args.split(',').any(|a| a.trim() == "true"))
+                            .and_then(|args| args.split(',').nth(early_at))
+                            .is_some_and(|early| early.trim() == "true")
                     });
                 let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
                 let norm_early = name == "rms_norm"

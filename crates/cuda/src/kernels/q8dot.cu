@@ -681,23 +681,28 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 #define Q8_DOWN_BOUNDS_q8_0
 #define Q8_GATE_UP_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 7)
 #define Q8_GATE_UP_BOUNDS_q8_0
+// The per-route kernels of format F, named with TAIL after the format's
+// name; W: the rows' width when compiled for one (Q8_WIDE_KERNELS below),
+// else 0.
+#define Q8_ROUTE_KERNELS(fmt, F, TAIL, W)                                                        \
+    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##TAIL(              \
+        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
+        BankView b, MoeAct a, float* act) {                                                      \
+        KERNEL_ENTRY();                                                                          \
+        moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
+    }                                                                                            \
+    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                   \
+        const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
+        float* y) {                                                                              \
+        moe_down_q8_impl<F, W>(aq, ad, routes, only, b, y);                                      \
+    }
 #define Q8_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
                                                 const float* xd, int n) {                        \
         KERNEL_ENTRY();                                                                          \
         matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
     }                                                                                            \
-    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt(                    \
-        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
-        BankView b, MoeAct a, float* act) {                                                      \
-        KERNEL_ENTRY();                                                                          \
-        moe_gate_up_q8_impl<F>(xq, xd, routes, k, only, b, a, act);                              \
-    }                                                                                            \
-    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt(                         \
-        const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
-        float* y) {                                                                              \
-        moe_down_q8_impl<F>(aq, ad, routes, only, b, y);                                         \
-    }                                                                                            \
+    Q8_ROUTE_KERNELS(fmt, F, , 0)                                                                \
     extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                    \
         const signed char* xq, const float* xd, const u32* order, const u32* offsets, int k,     \
         BankView b, MoeAct a, float* act) {                                                      \
@@ -720,17 +725,6 @@ Q8_KERNELS(mxfp4, F_MXFP4)
 // bits; ptxas then folds the stretch count, the bounds checks of the last
 // stretch and the address arithmetic (ptxas 13.0, sm_90: 1024 → 840
 // instructions and 72 → 64 registers for gate/up).
-#define Q8_WIDE_KERNELS(fmt, F, W)                                                               \
-    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##_w##W(             \
-        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
-        BankView b, MoeAct a, float* act) {                                                      \
-        KERNEL_ENTRY();                                                                          \
-        moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
-    }                                                                                            \
-    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##_w##W(                  \
-        const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
-        float* y) {                                                                              \
-        moe_down_q8_impl<F, W>(aq, ad, routes, only, b, y);                                      \
-    }
+#define Q8_WIDE_KERNELS(fmt, F, W) Q8_ROUTE_KERNELS(fmt, F, _w##W, W)
 
 Q8_WIDE_KERNELS(mxfp4, F_MXFP4, 2880)

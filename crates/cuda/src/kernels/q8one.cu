@@ -321,12 +321,17 @@ struct OneDown {
     }
 };
 
-#define Q8_ONE_KERNELS(fmt, F)                                                                   \
+// One token's products of format F, named with TAIL after the format's
+// name; W: the rows' width when compiled for one (Q8_ONE_WIDE_MATMUL
+// below), else 0 (the `cols` argument).
+#define Q8_ONE_MATMUL(fmt, F, TAIL, W)                                                           \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
-        matmul1_q8x_##fmt(MatGroup g, int cols, const signed char* xq, const float* xd) {        \
+        matmul1_q8x_##fmt##TAIL(MatGroup g, int cols, const signed char* xq, const float* xd) {  \
         int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
-        one_token_units<F, 1, true>(OneMat{g, cols, xq, xd}, units, cols);                       \
-    }                                                                                            \
+        one_token_units<F, 1, true, W>(OneMat{g, W ? W : cols, xq, xd}, units, W ? W : cols);    \
+    }
+#define Q8_ONE_KERNELS(fmt, F)                                                                   \
+    Q8_ONE_MATMUL(fmt, F, , 0)                                                                   \
     extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32) moe_gate_up1_q8x_##fmt(         \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,    \
         SlotMask only, BankView b, MoeAct a, float* act) {                                       \
@@ -350,12 +355,7 @@ Q8_ONE_KERNELS(mxfp4, F_MXFP4)
 // instructions with the width a constant, so the same bits, and ptxas
 // folds the stretch count, the bounds checks and the address arithmetic
 // (as q8dot.cu's Q8_WIDE_KERNELS).
-#define Q8_ONE_WIDE_MATMUL(fmt, F, W)                                                            \
-    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
-        matmul1_q8x_##fmt##_w##W(MatGroup g, int cols, const signed char* xq, const float* xd) { \
-        int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
-        one_token_units<F, 1, true, W>(OneMat{g, W, xq, xd}, units, W);                          \
-    }
+#define Q8_ONE_WIDE_MATMUL(fmt, F, W) Q8_ONE_MATMUL(fmt, F, _w##W, W)
 
 Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 2880)
 Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)

@@ -353,6 +353,31 @@ pub(crate) fn norm_threads(dim: usize) -> u32 {
     (dim.div_ceil(32 * 4) * 32).clamp(32, 1024) as u32
 }
 
+/// Columns a thread of `rms_norm_vec` holds (`NORM_VEC`).
+const NORM_VEC: usize = 8;
+
+/// Whether a norm takes `rms_norm_vec` (elementwise.cu): rows a multiple
+/// of 32 wide, held in registers (at most NORM_HELD), and every buffer it
+/// touches 16-byte aligned, scales 4 (each is its own allocation, so this holds in
+/// practice; a view at another offset takes `rms_norm`, whose sum of
+/// squares is added in another order). The choice depends on nothing else,
+/// so a row's bits do not depend on what else is in the batch.
+pub(crate) fn norm_vec_fits(n: &NormLaunch, q: Option<Q8Out>) -> bool {
+    let buffers = [n.add, n.h, n.out, n.w, n.combine.map_or(0, |c| c.y)];
+    let codes = q.map_or([0; 2], |q| [q.codes, q.mxfp4_codes]);
+    let scales = q.map_or([0; 2], |q| [q.scales, q.mxfp4_scales]);
+    n.dim % 32 == 0
+        && n.dim <= NORM_HELD
+        && buffers.iter().chain(&codes).all(|p| p % 16 == 0)
+        && scales.iter().all(|p| p % 4 == 0)
+}
+
+/// Threads of an `rms_norm_vec` block for rows of `dim`: a thread per
+/// NORM_VEC columns, in whole warps.
+pub(crate) fn norm_vec_threads(dim: usize) -> u32 {
+    (dim.div_ceil(NORM_VEC * 32) * 32).max(32) as u32
+}
+
 impl Pending {
     /// Whether the norm `n` (fresh, in place on `x`) joins this pending op:
     /// the norm of a copy (after an add) reads the copy's source.
@@ -441,12 +466,16 @@ pub(crate) fn launch_pending(
                 k: c.k as i32,
             });
             let (d, eps, mode, w) = (n.dim as i32, n.eps, n.mode, n.w);
+            let (f, threads) = match &k.rms_norm_vec {
+                Some(vec) if norm_vec_fits(&n, q) => (vec, norm_vec_threads(n.dim)),
+                _ => (&k.rms_norm, norm_threads(n.dim)),
+            };
             launch(
                 "rms_norm",
-                &k.rms_norm,
+                f,
                 stream,
                 (n.rows as u32, 1, 1),
-                norm_threads(n.dim),
+                threads,
                 0,
                 &mut args![
                     n.add, n.h, n.out, d, eps, mode, w, codes, scales, order, codes2, scales2, cy

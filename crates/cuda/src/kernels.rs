@@ -120,6 +120,14 @@ fn wide_kernels(setting: Option<&str>) -> (bool, bool) {
     }
 }
 
+/// Whether norms take the vector layout where it fits
+/// (`TURBOSPARK_CUDA_NORM`, for A/B measurements): unless `strided`.
+/// The two add a row's sum of squares (in f64) in different orders, so
+/// their bits may differ in the last place of the scale, rarely.
+fn vector_norm(setting: Option<&str>) -> bool {
+    setting.map(str::trim) != Some("strided")
+}
+
 /// The one-token kernels of a format.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
@@ -401,6 +409,10 @@ pub(crate) struct Kernels {
     pub softcap: CudaFunction,
     pub glu: CudaFunction,
     pub rms_norm: CudaFunction,
+    /// rms_norm for rows held 8 consecutive columns a thread (fusion.rs
+    /// `norm_vec_fits`); none with `TURBOSPARK_CUDA_NORM=strided`
+    /// ([`vector_norm`]).
+    pub rms_norm_vec: Option<CudaFunction>,
     pub adjust_projection: CudaFunction,
     pub rope_kv: CudaFunction,
     pub kv_write_f32: CudaFunction,
@@ -489,6 +501,10 @@ impl Kernels {
             softcap: f("softcap")?,
             glu: f("glu")?,
             rms_norm: f("rms_norm")?,
+            rms_norm_vec: match vector_norm(std::env::var("TURBOSPARK_CUDA_NORM").ok().as_deref()) {
+                true => Some(f("rms_norm_vec")?),
+                false => None,
+            },
             adjust_projection: f("adjust_projection")?,
             rope_kv: f("rope_kv")?,
             kv_write_f32: f("kv_write_f32")?,
@@ -863,6 +879,14 @@ mod tests {
         assert_eq!(wide_kernels(Some("1")), (true, true));
         assert_eq!(wide_kernels(Some(" 0")), (false, false));
         assert_eq!(wide_kernels(Some("experts")), (true, false));
+    }
+
+    /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.
+    #[test]
+    fn norm_layout_follows_the_setting() {
+        assert!(vector_norm(None));
+        assert!(vector_norm(Some("vec")));
+        assert!(!vector_norm(Some(" strided")));
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

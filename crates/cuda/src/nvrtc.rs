@@ -315,10 +315,14 @@ mod tests {
                             .is_some_and(|early| early.trim() == "true")
                     });
                 let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
-                let norm_early = name == "rms_norm"
+                let norm_early = (name == "rms_norm"
                     && compact.starts_with(
                         "floatwv[NORM_PER];norm_weights(w,dim,mode,wv);KERNEL_ENTRY();",
-                    );
+                    ))
+                    || (name == "rms_norm_vec"
+                        && compact.starts_with(
+                            "floatwv[NORM_VEC];norm_vec_weights(w,dim,mode,wv);KERNEL_ENTRY();",
+                        ));
                 assert!(
                     body.starts_with("KERNEL_ENTRY();")
                         || (early && waits_early)

@@ -138,10 +138,16 @@ __device__ __forceinline__ float warp_max(float v) {
 // for an all-zero block. Returns the lane's code; *scale gets the block's.
 // (quantize_q8_block, the decode attention's and rms_norm's quantized
 // outputs: one definition, so their bits cannot drift apart.)
+// (q8_scale and q8_code: the formula, shared with rms_norm's 8-value
+// groups, elementwise.cu `norm_vec_codes`.)
+__device__ __forceinline__ float q8_scale(float amax) { return amax / 127.0f; }
+__device__ __forceinline__ int q8_code(float v, float amax, float scale) {
+    return amax == 0.0f ? 0 : __float2int_rn(v / scale);
+}
 __device__ __forceinline__ int q8_lane_code(float v, float* scale) {
     float amax = warp_max(fabsf(v));
-    *scale = amax / 127.0f;
-    return amax == 0.0f ? 0 : __float2int_rn(v / *scale);
+    *scale = q8_scale(amax);
+    return q8_code(v, amax, *scale);
 }
 
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); `red`

@@ -262,6 +262,174 @@ extern "C" __global__ void __launch_bounds__(NORM_THREADS)
     rms_norm_row(add_src, h, out, dim, eps, mode, w, wv, q, qd, order, q2, qd2, cy);
 }
 
+// The vector layout of a norm (rms_norm_vec): rows a multiple of 32 wide,
+// up to NORM_VEC_THREADS · NORM_VEC, with every buffer 16-byte aligned
+// (fusion.rs `norm_vec_fits`). Thread i holds the NORM_VEC consecutive
+// columns from NORM_VEC · i, loaded and stored 16 bytes at a time, so four
+// lanes hold a 32-column block of 8-bit codes. Against the strided layout
+// above (a column of every blockDim.x), a row takes half the warps, each
+// with about a third of the instructions: the block's sums, square root
+// and divisions are formed once a warp, the 8-bit codes' maximum is taken
+// over 8 values in a lane and then 4 lanes (not 32), and the codes go out
+// as whole words. The arithmetic of each value is the same (the same
+// fmaf chain of the MoE output, the same products, q8_scale / q8_code);
+// only the order in which the f64 sum of squares is added differs.
+#define NORM_VEC 8
+#define NORM_VEC_THREADS 512
+
+__device__ __forceinline__ void norm_load8(const float* p, float* v) {
+    float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void norm_store8(float* p, const float* v) {
+    *(float4*)p = make_float4(v[0], v[1], v[2], v[3]);
+    *(float4*)(p + 4) = make_float4(v[4], v[5], v[6], v[7]);
+}
+
+// This thread's NORM_VEC weights (zeros past the row or without a weight).
+__device__ __forceinline__ void norm_vec_weights(const float* w, int dim, int mode, float* wv) {
+    int c0 = NORM_VEC * threadIdx.x;
+    if (c0 < dim && mode != NORM_NONE) {
+        norm_load8(w + c0, wv);
+    } else {
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) wv[k] = 0.0f;
+    }
+}
+
+// The MoE output of this thread's columns c0.. of token t (live: c0 <
+// dim; zeros otherwise), moe_combine's fmaf chain over the routes in rank
+// order, NORM_COMBINE_RANKS routes' loads at a time (as norm_combine_held).
+__device__ __forceinline__ void norm_combine_vec(const NormCombine& m, int t, int dim, int c0,
+                                                 bool live, float* acc) {
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) acc[k] = 0.0f;
+    for (int r0 = 0; r0 < m.k; r0 += NORM_COMBINE_RANKS) {
+        float wr[NORM_COMBINE_RANKS], yv[NORM_COMBINE_RANKS][NORM_VEC];
+#pragma unroll
+        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
+            int j = t * m.k + r0 + q;
+            bool rank = r0 + q < m.k;
+            wr[q] = rank ? route_weight(m.routes, j) : 0.0f;
+            if (rank && live) {
+                norm_load8(m.y + (i64)j * dim + c0, yv[q]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < NORM_VEC; k++) yv[q][k] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
+            if (r0 + q >= m.k) break;
+#pragma unroll
+            for (int k = 0; k < NORM_VEC; k++) acc[k] = fmaf(wr[q], yv[q][k], acc[k]);
+        }
+    }
+}
+
+// Four 8-bit codes (each in -127..127) as the bytes of a word, the first
+// in the lowest byte.
+__device__ __forceinline__ u32 pack_codes4(const int* c) {
+    u32 lo = __byte_perm((u32)c[0], (u32)c[1], 0x0040);
+    u32 hi = __byte_perm((u32)c[2], (u32)c[3], 0x0040);
+    return __byte_perm(lo, hi, 0x5410);
+}
+
+// The codes of this thread's NORM_VEC values (words w[0], w[1]) and their
+// block's scale, written to codes `q` and scales `qd` for the row's
+// columns from e (this thread's first; live: it is in the row) in `order`.
+// Every lane calls it. Natural order: the 8 codes are one 8-byte store.
+// MXFP4's order (q8_pos_order) puts column 16 + r of a block beside
+// column r (r < 16): byte 2r and 2r + 1. So lanes 0 and 1 of a block's
+// four take their partner's codes (lanes 2 and 3: columns 16..31) and
+// each writes 16 interleaved bytes.
+__device__ __forceinline__ void norm_vec_store_codes(signed char* q, float* qd, int order, i64 e,
+                                                     bool live, const u32* w, float scale) {
+    int a = threadIdx.x & 3;  // this thread's quarter of its block
+    if (order == Q8_ORDER_MXFP4) {
+        u32 p0 = __shfl_xor_sync(FULL_MASK, w[0], 2), p1 = __shfl_xor_sync(FULL_MASK, w[1], 2);
+        if (live && a < 2) {
+            uint4 o = make_uint4(__byte_perm(w[0], p0, 0x5140), __byte_perm(w[0], p0, 0x7362),
+                                 __byte_perm(w[1], p1, 0x5140), __byte_perm(w[1], p1, 0x7362));
+            *(uint4*)(q + (e & ~(i64)31) + 16 * a) = o;
+        }
+    } else if (live) {
+        *(uint2*)(q + e) = make_uint2(w[0], w[1]);
+    }
+    if (live && a == 0) qd[e >> 5] = scale;
+}
+
+// rms_norm_row in the vector layout: the same fused neighbours and
+// arguments (see rms_norm_row).
+__device__ __forceinline__ void rms_norm_vec_row(float* add_src, float* h, float* out, int dim,
+                                                 float eps, int mode, const float* wv,
+                                                 signed char* q, float* qd, int order,
+                                                 signed char* q2, float* qd2, NormCombine cy) {
+    i64 at = (i64)blockIdx.x * dim;
+    float* row = h + at;
+    int c0 = NORM_VEC * threadIdx.x;
+    bool live = c0 < dim;
+    float v[NORM_VEC], a[NORM_VEC];
+    // Every load before any store (as rms_norm_row).
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) v[k] = a[k] = 0.0f;
+    if (live) {
+        norm_load8(row + c0, v);
+        if (add_src && !cy.y) norm_load8(add_src + at + c0, a);
+    }
+    if (add_src && cy.y) norm_combine_vec(cy, blockIdx.x, dim, c0, live, a);
+    if (add_src) {
+#pragma unroll
+        for (int k = 0; k < NORM_VEC; k++) v[k] += a[k];
+        if (live) {
+            if (cy.y) norm_store8(add_src + at + c0, a);
+            norm_store8(row + c0, v);
+        }
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) s += (double)v[k] * (double)v[k];
+    double t = block_sum_f64(s);
+    float inv = (float)(1.0 / sqrt(t / (double)dim + (double)eps));
+    float r[NORM_VEC];
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) {
+        r[k] = __fmul_rn(v[k], inv);
+        if (mode == NORM_PLAIN) r[k] = __fmul_rn(r[k], wv[k]);
+        else if (mode == NORM_CENTERED) r[k] = __fmul_rn(r[k], 1.0f + wv[k]);
+    }
+    if (live) norm_store8(out + at + c0, r);
+    if (!q) return;
+    // The block's maximum |value|: this lane's 8, then its block's 4 lanes
+    // (fmaxf, as warp_max: the same maximum in any order).
+    float amax = fabsf(r[0]);
+#pragma unroll
+    for (int k = 1; k < NORM_VEC; k++) amax = fmaxf(amax, fabsf(r[k]));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(FULL_MASK, amax, 2));
+    float scale = q8_scale(amax);
+    int c[NORM_VEC];
+#pragma unroll
+    for (int k = 0; k < NORM_VEC; k++) c[k] = q8_code(r[k], amax, scale);
+    u32 w[2] = {pack_codes4(c), pack_codes4(c + 4)};
+    norm_vec_store_codes(q, qd, order, at + c0, live, w, scale);
+    if (q2) norm_vec_store_codes(q2, qd2, Q8_ORDER_MXFP4, at + c0, live, w, scale);
+}
+
+// rms_norm in the vector layout: blocks of ceil(dim / NORM_VEC) threads
+// rounded up to whole warps (fusion.rs `norm_vec_threads`); the weights
+// are loaded before the wait, as rms_norm's.
+extern "C" __global__ void __launch_bounds__(NORM_VEC_THREADS)
+    rms_norm_vec(float* add_src, float* h, float* out, int dim, float eps, int mode,
+                 const float* w, signed char* q, float* qd, int order, signed char* q2,
+                 float* qd2, NormCombine cy) {
+    float wv[NORM_VEC];
+    norm_vec_weights(w, dim, mode, wv);
+    KERNEL_ENTRY();
+    rms_norm_vec_row(add_src, h, out, dim, eps, mode, wv, q, qd, order, q2, qd2, cy);
+}
+
 #define ROPE_MAX_PAIRS 256
 #define ROPE_NEOX 0
 #define ROPE_INTERLEAVED 1

@@ -325,9 +325,11 @@ PY
         # splits (the default is 32 keys a split; 128 until 2026-12-04), which
         # the decode attention checks compare with the f64 formula; the
         # generic products where kernels compiled for one row width would
-        # be taken (TURBOSPARK_CUDA_WIDE=0).
+        # be taken (TURBOSPARK_CUDA_WIDE=0); the strided norm where the
+        # vector layout would be taken (TURBOSPARK_CUDA_NORM=strided).
         for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
-            TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0; do
+            TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
+            TURBOSPARK_CUDA_NORM=strided; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

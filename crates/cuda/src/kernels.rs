@@ -58,10 +58,6 @@ pub(crate) struct Q8Set {
     /// compile-time constant (MXFP4 only; `_w2880` in `kernels/q8dot.cu`);
     /// none with `TURBOSPARK_CUDA_WIDE=0` ([`wide_kernels`]).
     pub wide: Option<(CudaFunction, CudaFunction)>,
-    /// The per-route down kernel for rows [`WIDE_WIDTH`] wide that gives
-    /// each warp [`DOWN_PAIR_ROWS`] rows (`moe_down2_q8x_mxfp4_w2880`, the
-    /// same bits); none with `TURBOSPARK_CUDA_DOWN=1` or without `wide`.
-    pub down_pairs: Option<CudaFunction>,
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
     /// Tensor-core versions for batches (`kernels/mmq.cu`).
@@ -87,13 +83,11 @@ impl Q8Set {
         }
     }
 
-    /// The per-route down kernel for rows `inter` wide, and the rows each
-    /// block of it computes.
-    pub(crate) fn down_for(&self, inter: usize) -> (&CudaFunction, usize) {
-        match (&self.down_pairs, &self.wide) {
-            (Some(d), _) if inter == WIDE_WIDTH => (d, Q8_BLOCK_ROWS * DOWN_PAIR_ROWS),
-            (_, Some((_, d))) if inter == WIDE_WIDTH => (d, Q8_BLOCK_ROWS),
-            _ => (&self.down, Q8_BLOCK_ROWS),
+    /// The per-route down kernel for rows `inter` wide.
+    pub(crate) fn down_for(&self, inter: usize) -> &CudaFunction {
+        match &self.wide {
+            Some((_, d)) if inter == WIDE_WIDTH => d,
+            _ => &self.down,
         }
     }
 }
@@ -132,16 +126,6 @@ fn wide_kernels(setting: Option<&str>) -> (bool, bool) {
 /// their bits may differ in the last place of the scale, rarely.
 fn vector_norm(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("strided")
-}
-
-/// Rows a warp of `moe_down2_q8x_mxfp4_w2880` computes
-/// (`Q8_DOWN_PAIR_ROWS` in `kernels/q8dot.cu`).
-pub(crate) const DOWN_PAIR_ROWS: usize = 2;
-
-/// Whether 2880-wide MXFP4 down rows go two a warp (`TURBOSPARK_CUDA_DOWN`,
-/// for A/B measurements; the same bits either way): unless `1`.
-fn down_pairs(setting: Option<&str>) -> bool {
-    setting.map(str::trim) != Some("1")
 }
 
 /// The one-token kernels of a format.
@@ -373,15 +357,6 @@ impl Q8Set {
                     f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
                     f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
                 )),
-                _ => None,
-            },
-            down_pairs: match fmt {
-                QuantFormat::Mxfp4
-                    if wide.0
-                        && down_pairs(std::env::var("TURBOSPARK_CUDA_DOWN").ok().as_deref()) =>
-                {
-                    Some(f(format!("moe_down2_q8x_{n}_w{WIDE_WIDTH}"))?)
-                }
                 _ => None,
             },
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
@@ -904,14 +879,6 @@ mod tests {
         assert_eq!(wide_kernels(Some("1")), (true, true));
         assert_eq!(wide_kernels(Some(" 0")), (false, false));
         assert_eq!(wide_kernels(Some("experts")), (true, false));
-    }
-
-    /// `TURBOSPARK_CUDA_DOWN`: two rows a warp unless `1`.
-    #[test]
-    fn down_rows_follow_the_setting() {
-        assert!(down_pairs(None));
-        assert!(down_pairs(Some("2")));
-        assert!(!down_pairs(Some(" 1")));
     }
 
     /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.

@@ -240,7 +240,7 @@ mod tests {
         let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
         let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
         compact.contains("KERNEL_ENTRY();return;}")
-            && compact.contains("q8_rows_dot1<F,R,true>(")
+            && compact.contains("q8_rows_dot1<F,1,true>(")
             && dot_waits
     }
 
@@ -291,8 +291,7 @@ mod tests {
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
-                let down_early = (name.starts_with("moe_down_q8x_")
-                    || name.starts_with("moe_down2_q8x_"))
+                let down_early = name.starts_with("moe_down_q8x_")
                     && body.starts_with("moe_down_q8_impl<")
                     && down_waits_on_every_path(text);
                 let rope_early = name == "rope_kv"

@@ -1921,12 +1921,12 @@ impl Stream<CudaDevice> for CudaStream {
             let args = if grouped { grouped_args } else { route_args };
             launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
-            let (per_route, route_rows) = down.down_for(inter);
-            let (f, mut per, threads) =
-                pick(&down.mq_down, &down.down_grouped, per_route, kernels::MQ_BM);
-            if !grouped {
-                per = route_rows;
-            }
+            let (f, per, threads) = pick(
+                &down.mq_down,
+                &down.down_grouped,
+                down.down_for(inter),
+                kernels::MQ_BM,
+            );
             let grouped_args = &mut args![r.aq, r.ad, order, offsets, view, yp];
             let route_args = &mut args![r.aq, r.ad, rp, mask, view, yp];
             let args = if grouped { grouped_args } else { route_args };

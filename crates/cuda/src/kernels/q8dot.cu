@@ -575,35 +575,26 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
 // ends; they are read from the L2 (`ld.global.cg`), past any L1 line of
 // an earlier layer's routes. Only the activations (the launch before
 // writes them) are read after the wait.
-// R: rows a warp computes (consecutive: grid ceil(hidden / (R ·
-// Q8_BLOCK_ROWS)) by routes); each row's sums in the canonical order
-// whatever R, so the same bits.
-template <int F, int WIDTH = 0, int R = 1>
+template <int F, int WIDTH = 0>
 __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
                                  float* __restrict__ y) {
     if (WIDTH) b.inter = WIDTH;
     int i = blockIdx.y;
-    int row0 = q8_row() * R;
+    int row = q8_row();
+    bool live = row < b.hidden;
     u32 slot = __ldcg(&routes[i].slot);
     if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
         KERNEL_ENTRY();
         return;
     }
-    i64 r[R];
-    const u8* wr[R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        r[j] = (i64)slot * b.hidden + min(row0 + j, b.hidden - 1);
-        wr[j] = b.down + r[j] * b.down_row_bytes;
-    }
-    float acc[R];
-    q8_rows_dot1<F, R, true>(wr, b.inter, aq + (i64)i * b.inter, ad + (i64)i * (b.inter / 32),
+    i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
+    const u8* wr[1] = {b.down + r * b.down_row_bytes};
+    float acc[1];
+    q8_rows_dot1<F, 1, true>(wr, b.inter, aq + (i64)i * b.inter, ad + (i64)i * (b.inter / 32),
                              acc);
-    if (q8_writer()) {
-#pragma unroll
-        for (int j = 0; j < R; j++)
-            if (row0 + j < b.hidden) y[(i64)i * b.hidden + row0 + j] = moe_down_value(b, r[j], acc[j]);
+    if (live && q8_writer()) {
+        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0]);
     }
 }
 
@@ -737,14 +728,3 @@ Q8_KERNELS(mxfp4, F_MXFP4)
 #define Q8_WIDE_KERNELS(fmt, F, W) Q8_ROUTE_KERNELS(fmt, F, _w##W, W)
 
 Q8_WIDE_KERNELS(mxfp4, F_MXFP4, 2880)
-
-// The 2880-wide MXFP4 down rows two a warp (kernels.rs `Q8Set::down_pairs`,
-// unless TURBOSPARK_CUDA_DOWN=1): a warp's set-up, activation loads and
-// reduction serve two rows, as the gate/up kernel's serve its gate and up
-// rows. Each row's sums as moe_down_q8x_mxfp4's, so the same bits.
-#define Q8_DOWN_PAIR_ROWS 2
-extern "C" __global__ void __launch_bounds__(Q8_WARPS * 32, 7)
-    moe_down2_q8x_mxfp4_w2880(const signed char* aq, const float* ad, const RouteOut* routes,
-                              SlotMask only, BankView b, float* y) {
-    moe_down_q8_impl<F_MXFP4, 2880, Q8_DOWN_PAIR_ROWS>(aq, ad, routes, only, b, y);
-}

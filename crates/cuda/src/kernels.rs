@@ -353,17 +353,10 @@ impl Q8Set {
             gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
             down: f(format!("moe_down_q8x_{n}"))?,
             wide: match fmt {
-                QuantFormat::Mxfp4 if wide.0 => {
-                    let occ = match std::env::var("TURBOSPARK_CUDA_OCC").as_deref() {
-                        Ok("o") => "_o",
-                        Ok("oo") => "_oo",
-                        _ => "",
-                    };
-                    Some((
-                        f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}{occ}"))?,
-                        f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}{occ}"))?,
-                    ))
-                }
+                QuantFormat::Mxfp4 if wide.0 => Some((
+                    f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
+                    f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
+                )),
                 _ => None,
             },
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,

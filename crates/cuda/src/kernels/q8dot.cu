@@ -681,23 +681,17 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 #define Q8_DOWN_BOUNDS_q8_0
 #define Q8_GATE_UP_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 7)
 #define Q8_GATE_UP_BOUNDS_q8_0
-#define Q8_DOWN_BOUNDS_mxfp4_w2880 __launch_bounds__(Q8_WARPS * 32, 8)
-#define Q8_GATE_UP_BOUNDS_mxfp4_w2880 __launch_bounds__(Q8_WARPS * 32, 7)
-#define Q8_DOWN_BOUNDS_mxfp4_w2880_o __launch_bounds__(Q8_WARPS * 32, 10)
-#define Q8_GATE_UP_BOUNDS_mxfp4_w2880_o __launch_bounds__(Q8_WARPS * 32, 9)
-#define Q8_DOWN_BOUNDS_mxfp4_w2880_oo __launch_bounds__(Q8_WARPS * 32, 12)
-#define Q8_GATE_UP_BOUNDS_mxfp4_w2880_oo __launch_bounds__(Q8_WARPS * 32, 10)
 // The per-route kernels of format F, named with TAIL after the format's
 // name; W: the rows' width when compiled for one (Q8_WIDE_KERNELS below),
 // else 0.
 #define Q8_ROUTE_KERNELS(fmt, F, TAIL, W)                                                        \
-    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt##TAIL moe_gate_up_q8x_##fmt##TAIL(              \
+    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##TAIL(              \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
         BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
     }                                                                                            \
-    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt##TAIL moe_down_q8x_##fmt##TAIL(                   \
+    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                   \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
         float* y) {                                                                              \
         moe_down_q8_impl<F, W>(aq, ad, routes, only, b, y);                                      \
@@ -734,5 +728,3 @@ Q8_KERNELS(mxfp4, F_MXFP4)
 #define Q8_WIDE_KERNELS(fmt, F, W) Q8_ROUTE_KERNELS(fmt, F, _w##W, W)
 
 Q8_WIDE_KERNELS(mxfp4, F_MXFP4, 2880)
-Q8_ROUTE_KERNELS(mxfp4, F_MXFP4, _w2880_o, 2880)
-Q8_ROUTE_KERNELS(mxfp4, F_MXFP4, _w2880_oo, 2880)

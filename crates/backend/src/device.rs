@@ -115,7 +115,9 @@ pub trait Device: Send + Sync + Sized {
     type Routes: RouteBuf;
     /// Host memory a stream copies device data into asynchronously (pinned
     /// on a GPU); its contents are valid after [`Stream::synchronize`].
-    type HostBuf: AsRef<[f32]> + Send;
+    /// Also a fast destination for [`Stream::read`] (a GPU copies into
+    /// pinned memory directly, into pageable memory through staging).
+    type HostBuf: AsRef<[f32]> + AsMut<[f32]> + Send;
     /// A per-session queue of ops with its own scratch.
     type Stream: Stream<Self>;
 

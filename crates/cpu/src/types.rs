@@ -218,3 +218,9 @@ impl AsRef<[f32]> for CpuHostBuf {
         &self.data
     }
 }
+
+impl AsMut<[f32]> for CpuHostBuf {
+    fn as_mut(&mut self) -> &mut [f32] {
+        &mut self.data
+    }
+}

@@ -159,6 +159,15 @@ impl AsRef<[f32]> for PinnedF32 {
     }
 }
 
+impl AsMut<[f32]> for PinnedF32 {
+    fn as_mut(&mut self) -> &mut [f32] {
+        // SAFETY: as in as_ref; the exclusive borrow keeps host reads and
+        // writes off the memory while a stream's `read` copies into it
+        // (it returns after its synchronize).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
 impl Drop for PinnedF32 {
     fn drop(&mut self) {
         if self.ctx.bind_to_thread().is_ok() {

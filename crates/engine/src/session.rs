@@ -76,8 +76,11 @@ pub struct Session<'m, D: Device> {
     pub(crate) times: PhaseTimes,
     /// Residual capture and steering (none by default).
     pub(crate) hooks: Hooks<D>,
-    /// The last token's logits for [`Session::decode`].
-    last_logits: Vec<f32>,
+    /// The last token's logits for [`Session::decode`], in the device's
+    /// host memory (page-locked on a GPU, so the copy of a decode step's
+    /// logits is one DMA instead of a staged copy through the driver; none
+    /// only while a decode step holds it).
+    last_logits: Option<D::HostBuf>,
     /// The tokens of a [`Session::decode_batch`] step `[max_batch]`.
     batch_tokens: Vec<u32>,
     max_batch: usize,
@@ -134,7 +137,7 @@ impl<'m, D: Device> Session<'m, D> {
             experts,
             times: PhaseTimes::default(),
             hooks: Hooks::default(),
-            last_logits: vec![0.0; spec.vocab_size],
+            last_logits: Some(device.alloc_host(spec.vocab_size)?),
             batch_tokens: Vec::with_capacity(max_batch),
             max_batch,
         })
@@ -596,10 +599,14 @@ impl<'m, D: Device> Session<'m, D> {
     /// Decode one token at `position` (the cache's next position); returns
     /// its logits.
     pub fn decode(&mut self, token: u32, position: usize) -> Result<&[f32], EngineError> {
-        let mut out = std::mem::take(&mut self.last_logits);
-        let result = self.forward(position, &[token], Logits::Last(&mut out));
-        self.last_logits = out;
-        result.map(|()| self.last_logits.as_slice())
+        let mut out = match self.last_logits.take() {
+            Some(out) => out,
+            None => self.model.device.alloc_host(self.model.spec.vocab_size)?,
+        };
+        let result = self.forward(position, &[token], Logits::Last(out.as_mut()));
+        let out: &D::HostBuf = self.last_logits.insert(out);
+        result?;
+        Ok(out.as_ref())
     }
 }
 

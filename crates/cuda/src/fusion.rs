@@ -357,11 +357,12 @@ pub(crate) fn norm_threads(dim: usize) -> u32 {
 const NORM_VEC: usize = 8;
 
 /// Whether a norm takes `rms_norm_vec` (elementwise.cu): rows a multiple
-/// of 32 wide, held in registers (at most NORM_HELD), and every buffer it
-/// touches 16-byte aligned, scales 4 (each is its own allocation, so this holds in
-/// practice; a view at another offset takes `rms_norm`, whose sum of
-/// squares is added in another order). The choice depends on nothing else,
-/// so a row's bits do not depend on what else is in the batch.
+/// of 32 wide, held in registers (at most NORM_HELD), every buffer it
+/// touches 16-byte aligned and the scales 4 (each buffer is its own
+/// allocation, so this holds in practice; a view at another offset takes
+/// `rms_norm`, whose sum of squares is added in another order). The choice
+/// depends on nothing else, so a row's bits do not depend on what else is
+/// in the batch.
 pub(crate) fn norm_vec_fits(n: &NormLaunch, q: Option<Q8Out>) -> bool {
     let buffers = [n.add, n.h, n.out, n.w, n.combine.map_or(0, |c| c.y)];
     let codes = q.map_or([0; 2], |q| [q.codes, q.mxfp4_codes]);

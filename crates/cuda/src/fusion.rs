@@ -693,4 +693,52 @@ mod tests {
         assert!(l.join_write(CA, true, K, 3, 2 * 64, 5, 100, 0));
         assert!(l.join_write(CB, true, V, 3, 2 * 64, 5, 100, 0));
     }
+
+    fn norm(dim: usize, h: u64) -> NormLaunch {
+        NormLaunch {
+            add: 0,
+            combine: None,
+            h,
+            out: h,
+            rows: 1,
+            dim,
+            eps: 1e-5,
+            mode: 0,
+            w: 0x1000,
+        }
+    }
+
+    /// The vector layout's blocks: 8 columns a thread in whole warps (2880
+    /// columns: 360 threads, 12 warps), never past the kernel's launch
+    /// bound of 512 threads (`NORM_VEC_THREADS`) for any row it takes.
+    #[test]
+    fn vector_norm_blocks_cover_the_row_within_the_bound() {
+        assert_eq!(norm_vec_threads(2880), 384);
+        assert_eq!(norm_vec_threads(96), 32);
+        assert_eq!(norm_vec_threads(4096), 512);
+        for dim in (32..=NORM_HELD).step_by(32) {
+            let t = norm_vec_threads(dim) as usize;
+            assert!(t * NORM_VEC >= dim && t % 32 == 0 && t <= 512, "{dim}: {t}");
+        }
+    }
+
+    /// Only rows a multiple of 32 wide, held, with 16-byte aligned buffers
+    /// (4-byte aligned scales) take the vector layout.
+    #[test]
+    fn vector_norm_needs_whole_blocks_and_aligned_buffers() {
+        assert!(norm_vec_fits(&norm(2880, 0x2000), None));
+        assert!(!norm_vec_fits(&norm(2880 + 16, 0x2000), None));
+        assert!(!norm_vec_fits(&norm(NORM_HELD + 32, 0x2000), None));
+        assert!(!norm_vec_fits(&norm(2880, 0x2008), None));
+        let q = |codes, scales| Q8Out {
+            codes,
+            scales,
+            order: 0,
+            mxfp4_codes: 0,
+            mxfp4_scales: 0,
+        };
+        assert!(norm_vec_fits(&norm(2880, 0x2000), Some(q(0x4000, 0x5004))));
+        assert!(!norm_vec_fits(&norm(2880, 0x2000), Some(q(0x4008, 0x5000))));
+        assert!(!norm_vec_fits(&norm(2880, 0x2000), Some(q(0x4000, 0x5002))));
+    }
 }

@@ -98,37 +98,44 @@ struct NormCombine {
     int k;
 };
 
-// The MoE output for this thread's NORM_PER columns c of token t's row,
-// held in registers (rms_norm_row's `held` case), into acc (zeros past the
-// row): acc = fmaf(weight_r, y_r[c], acc) over the routes r in rank order,
-// moe_combine's chain (so the same bits). The routes are taken
-// NORM_COMBINE_RANKS at a time, each group's weights and outputs loaded
-// together before their multiply-adds.
+// The MoE output for N columns of token t's row held by this thread, into
+// acc (zeros where `live` is false): acc = fmaf(weight_r, y_r[c], acc) over
+// the routes r in rank order, moe_combine's chain (so the same bits). The
+// routes are taken NORM_COMBINE_RANKS at a time, each group's weights and
+// outputs loaded together before their multiply-adds. `load(j, ok, yv)`
+// reads this thread's N values of route output j when `ok` (the layout's
+// columns; zeros past the row), zeros otherwise.
 #define NORM_COMBINE_RANKS 4
-__device__ __forceinline__ void norm_combine_held(const NormCombine& m, int t, int dim,
-                                                  float* acc) {
+template <int N, class Load>
+__device__ __forceinline__ void norm_combine(const NormCombine& m, int t, bool live, float* acc,
+                                             Load load) {
 #pragma unroll
-    for (int k = 0; k < NORM_PER; k++) acc[k] = 0.0f;
+    for (int k = 0; k < N; k++) acc[k] = 0.0f;
     for (int r0 = 0; r0 < m.k; r0 += NORM_COMBINE_RANKS) {
-        float wr[NORM_COMBINE_RANKS], yv[NORM_PER][NORM_COMBINE_RANKS];
+        float wr[NORM_COMBINE_RANKS], yv[NORM_COMBINE_RANKS][N];
 #pragma unroll
         for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
             int j = t * m.k + r0 + q;
             bool rank = r0 + q < m.k;
             wr[q] = rank ? route_weight(m.routes, j) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < NORM_PER; k++) {
-                int c = threadIdx.x + k * blockDim.x;
-                yv[k][q] = rank && c < dim ? m.y[(i64)j * dim + c] : 0.0f;
-            }
+            load(j, rank && live, yv[q]);
         }
 #pragma unroll
         for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
             if (r0 + q >= m.k) break;
 #pragma unroll
-            for (int k = 0; k < NORM_PER; k++) acc[k] = fmaf(wr[q], yv[k][q], acc[k]);
+            for (int k = 0; k < N; k++) acc[k] = fmaf(wr[q], yv[q][k], acc[k]);
         }
     }
+}
+
+// A normed value: v · inv, then times the weight (NORM_PLAIN) or one plus
+// it (NORM_CENTERED), each product rounded as the CPU's.
+__device__ __forceinline__ float norm_scale(float v, float inv, int mode, float w) {
+    float r = __fmul_rn(v, inv);
+    if (mode == NORM_PLAIN) r = __fmul_rn(r, w);
+    else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w);
+    return r;
 }
 
 // The weights of a row held in registers (rms_norm_row's `held` case),
@@ -179,7 +186,14 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
             v[k] = i < dim ? row[i] : 0.0f;
             a[k] = add_src && !cy.y && i < dim ? add_src[at + i] : 0.0f;
         }
-        if (add_src && cy.y) norm_combine_held(cy, blockIdx.x, dim, a);
+        if (add_src && cy.y)
+            norm_combine<NORM_PER>(cy, blockIdx.x, true, a, [&](int j, bool ok, float* yv) {
+#pragma unroll
+                for (int k = 0; k < NORM_PER; k++) {
+                    int c = threadIdx.x + k * blockDim.x;
+                    yv[k] = ok && c < dim ? cy.y[(i64)j * dim + c] : 0.0f;
+                }
+            });
         if (add_src) {
 #pragma unroll
             for (int k = 0; k < NORM_PER; k++) {
@@ -213,9 +227,7 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
 #pragma unroll
         for (int k = 0; k < NORM_PER; k++) {
             int i = threadIdx.x + k * blockDim.x;
-            r[k] = __fmul_rn(v[k], inv);
-            if (mode == NORM_PLAIN) r[k] = __fmul_rn(r[k], wv[k]);
-            else if (mode == NORM_CENTERED) r[k] = __fmul_rn(r[k], 1.0f + wv[k]);
+            r[k] = norm_scale(v[k], inv, mode, wv[k]);
             // i < dim is uniform over the warp (see above).
             if (q && i < dim) c[k] = q8_lane_code(r[k], &scale[k]);
         }
@@ -239,10 +251,8 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
         return;
     }
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float r = __fmul_rn(row[i], inv);
-        if (mode == NORM_PLAIN) r = __fmul_rn(r, w[i]);
-        else if (mode == NORM_CENTERED) r = __fmul_rn(r, 1.0f + w[i]);
-        dst[i] = r;
+        // No weight is read for NORM_NONE (w may be null).
+        dst[i] = norm_scale(row[i], inv, mode, mode == NORM_NONE ? 0.0f : w[i]);
     }
 }
 
@@ -298,36 +308,6 @@ __device__ __forceinline__ void norm_vec_weights(const float* w, int dim, int mo
     }
 }
 
-// The MoE output of this thread's columns c0.. of token t (live: c0 <
-// dim; zeros otherwise), moe_combine's fmaf chain over the routes in rank
-// order, NORM_COMBINE_RANKS routes' loads at a time (as norm_combine_held).
-__device__ __forceinline__ void norm_combine_vec(const NormCombine& m, int t, int dim, int c0,
-                                                 bool live, float* acc) {
-#pragma unroll
-    for (int k = 0; k < NORM_VEC; k++) acc[k] = 0.0f;
-    for (int r0 = 0; r0 < m.k; r0 += NORM_COMBINE_RANKS) {
-        float wr[NORM_COMBINE_RANKS], yv[NORM_COMBINE_RANKS][NORM_VEC];
-#pragma unroll
-        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
-            int j = t * m.k + r0 + q;
-            bool rank = r0 + q < m.k;
-            wr[q] = rank ? route_weight(m.routes, j) : 0.0f;
-            if (rank && live) {
-                norm_load8(m.y + (i64)j * dim + c0, yv[q]);
-            } else {
-#pragma unroll
-                for (int k = 0; k < NORM_VEC; k++) yv[q][k] = 0.0f;
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < NORM_COMBINE_RANKS; q++) {
-            if (r0 + q >= m.k) break;
-#pragma unroll
-            for (int k = 0; k < NORM_VEC; k++) acc[k] = fmaf(wr[q], yv[q][k], acc[k]);
-        }
-    }
-}
-
 // Four 8-bit codes (each in -127..127) as the bytes of a word, the first
 // in the lowest byte.
 __device__ __forceinline__ u32 pack_codes4(const int* c) {
@@ -378,7 +358,15 @@ __device__ __forceinline__ void rms_norm_vec_row(float* add_src, float* h, float
         norm_load8(row + c0, v);
         if (add_src && !cy.y) norm_load8(add_src + at + c0, a);
     }
-    if (add_src && cy.y) norm_combine_vec(cy, blockIdx.x, dim, c0, live, a);
+    if (add_src && cy.y)
+        norm_combine<NORM_VEC>(cy, blockIdx.x, live, a, [&](int j, bool ok, float* yv) {
+            if (ok) {
+                norm_load8(cy.y + (i64)j * dim + c0, yv);
+            } else {
+#pragma unroll
+                for (int k = 0; k < NORM_VEC; k++) yv[k] = 0.0f;
+            }
+        });
     if (add_src) {
 #pragma unroll
         for (int k = 0; k < NORM_VEC; k++) v[k] += a[k];
@@ -395,9 +383,7 @@ __device__ __forceinline__ void rms_norm_vec_row(float* add_src, float* h, float
     float r[NORM_VEC];
 #pragma unroll
     for (int k = 0; k < NORM_VEC; k++) {
-        r[k] = __fmul_rn(v[k], inv);
-        if (mode == NORM_PLAIN) r[k] = __fmul_rn(r[k], wv[k]);
-        else if (mode == NORM_CENTERED) r[k] = __fmul_rn(r[k], 1.0f + wv[k]);
+        r[k] = norm_scale(v[k], inv, mode, wv[k]);
     }
     if (live) norm_store8(out + at + c0, r);
     if (!q) return;

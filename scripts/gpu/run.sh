@@ -72,6 +72,7 @@
 #   them before every kernel),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
 #   (streamed: expert reader threads, bench's --io-threads; default 4),
+#   HOST_EXPERTS=0 (streamed: no sweep with every expert in host memory),
 #   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -463,18 +464,26 @@ PY
         # The same routes give the same bits: logits of 24 tokens fed one at
         # a time (so decode steps are compared) with experts resident and
         # streamed through 8 and 16 slots.
+        # Every expert also held in host memory (--host-experts): a miss is
+        # one copy from page-locked host memory instead of a read.
+        if [ "${HOST_EXPERTS:-1}" = 1 ]; then
+            echo "--- synth20b, --host-experts"
+            "$TS" bench -m "$WORK/synth20b" --backend cuda --sweep --slots 16,8 --prompt 128 --generate 128 \
+                --host-experts
+        fi
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
-        for ex in resident streamed:8 streamed:16; do
-            IFS=: read -r mode slots <<< "$ex"
+        for ex in resident streamed:8 streamed:16 streamed:8:host; do
+            IFS=: read -r mode slots host <<< "$ex"
             "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
-                --experts "$mode" ${slots:+--expert-slots $slots} --out "$WORK/bits-$mode$slots.npy" > /dev/null \
+                --experts "$mode" ${slots:+--expert-slots $slots} ${host:+--host-experts} \
+                --out "$WORK/bits-$mode$slots$host.npy" > /dev/null \
                 || echo "logits $ex failed"
         done
         python3 - "$WORK" <<'PY'
 import sys, numpy as np
 w = sys.argv[1]
 r = np.load(f"{w}/bits-resident.npy")
-for s in ("streamed8", "streamed16"):
+for s in ("streamed8", "streamed16", "streamed8host"):
     x = np.load(f"{w}/bits-{s}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
     print(f"{s}: logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} resident")

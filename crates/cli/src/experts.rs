@@ -55,6 +55,13 @@ pub struct CacheArgs {
     /// Expert reader threads besides the decoding thread.
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
+    /// Streamed experts: also hold every expert in host memory (read once
+    /// when a session opens, page-locked on a GPU), so that a miss of the
+    /// slot cache is one copy from host memory instead of a read. For a
+    /// GPU whose memory holds some of the experts on a machine whose RAM
+    /// holds them all; each session takes the size of the expert files.
+    #[arg(long)]
+    pub host_experts: bool,
 }
 
 impl CacheArgs {
@@ -115,6 +122,7 @@ impl ExpertArgs {
             memory_budget,
             direct_io: self.cache.direct_io,
             io_threads: self.cache.io_threads,
+            host_experts: self.cache.host_experts,
         })
     }
 

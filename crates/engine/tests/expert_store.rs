@@ -123,6 +123,13 @@ fn logits_are_bit_identical_across_modes_slots_and_policies() {
             (format!("streamed {middle} lru"), lru(middle)),
             (format!("streamed {ne} (all)"), ExpertOptions::streamed(ne)),
             (format!("streamed {k} direct I/O"), direct),
+            (
+                format!("streamed {k}, every expert in host memory"),
+                ExpertOptions {
+                    host_experts: true,
+                    ..ExpertOptions::streamed(k)
+                },
+            ),
         ];
         for (name, opts) in &cases {
             let got = match run(&install, opts) {

@@ -58,6 +58,14 @@ impl AlignedBuf {
         self.layout.size()
     }
 
+    /// The whole buffer, writable: for filling it before it is shared.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: the pointer is valid for `layout.size()` initialised bytes
+        // for the life of `self`, and `&mut self` excludes every other
+        // borrow of them.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
     /// The start of byte `offset`, for a read job's destination.
     ///
     /// Returns `None` when `offset + len` does not lie inside the buffer.

@@ -14,6 +14,11 @@
 //!   persistent I/O pool, optionally with `O_DIRECT`. Which slot a missing
 //!   expert replaces is the cache policy's choice ([`CachePolicy`], see
 //!   `cache.rs`); a slot in use by the current computation is never evicted.
+//!   With [`ExpertOptions::host_experts`] every expert of a layer is read
+//!   into host memory when the session opens (page-locked where the device
+//!   copies from it in place), and a miss is only the copy of that expert
+//!   into its slot: for a device whose memory holds some of the experts on
+//!   a machine whose memory holds them all.
 //!
 //! [`ExpertOptions::default`] picks resident when the resident weights plus
 //! every expert fit the memory budget, and streamed otherwise, with as many
@@ -121,6 +126,10 @@ pub struct ExpertOptions {
     pub direct_io: bool,
     /// Reader threads per session besides the decoding thread.
     pub io_threads: usize,
+    /// Streamed: every expert held in host memory by each session (read
+    /// once when it opens), so that a miss copies it into its slot without
+    /// a read.
+    pub host_experts: bool,
 }
 
 impl Default for ExpertOptions {
@@ -132,6 +141,7 @@ impl Default for ExpertOptions {
             memory_budget: None,
             direct_io: false,
             io_threads: 4,
+            host_experts: false,
         }
     }
 }
@@ -208,6 +218,9 @@ pub struct ExpertPlan {
     pub policy: CachePolicy,
     pub direct_io: bool,
     pub io_threads: usize,
+    /// Streamed: every expert held in host memory (see
+    /// [`ExpertOptions::host_experts`]).
+    pub host_experts: bool,
     pub reason: String,
 }
 
@@ -216,11 +229,18 @@ impl fmt::Display for ExpertPlan {
         match self.residency {
             Residency::Streamed => write!(
                 f,
-                "experts streamed: {} slots per layer, {} cache, {} reader threads{}: {}",
+                "experts streamed: {} slots per layer, {} cache, {}: {}",
                 self.slots,
                 self.policy,
-                self.io_threads,
-                if self.direct_io { ", direct I/O" } else { "" },
+                if self.host_experts {
+                    "every expert in host memory".to_string()
+                } else {
+                    format!(
+                        "{} reader threads{}",
+                        self.io_threads,
+                        if self.direct_io { ", direct I/O" } else { "" }
+                    )
+                },
                 self.reason
             ),
             r => write!(f, "experts {r}: {}", self.reason),
@@ -249,6 +269,7 @@ pub fn plan(
         policy: opts.policy,
         direct_io: opts.direct_io,
         io_threads: opts.io_threads,
+        host_experts: false,
         reason: String::new(),
     };
     if fp.moe_layers == 0 {
@@ -324,6 +345,13 @@ pub fn plan(
         plan.slots,
         fp.moe_layers
     );
+    plan.host_experts = opts.host_experts;
+    if plan.host_experts {
+        plan.reason += &format!(
+            "; every expert also in host memory ({} a session)",
+            Bytes(fp.expert_bytes)
+        );
+    }
     Ok(plan)
 }
 
@@ -371,6 +399,7 @@ impl ExpertStore {
                 policy: CachePolicy::default(),
                 direct_io: false,
                 io_threads: 0,
+                host_experts: false,
                 reason: "held by the weight source".into(),
             },
             files: Vec::new(),

@@ -13,7 +13,8 @@
 //!   groups whose distinct experts fit the layer's slots (the whole batch
 //!   when it fits; a decode token always fits since slots ≥ top_k), and per
 //!   group fetches the experts (hits are pinned first, then each miss takes
-//!   a victim slot, then all misses are read in parallel), rewrites the
+//!   a victim slot, then all misses are read in parallel — or, with every
+//!   expert in host memory, copied from there), rewrites the
 //!   routes from expert ids to slot indices, and computes the group's rows
 //!   over the slot bank: the experts that hit while the misses are being
 //!   read ([`Stream::moe_experts`] on the hit slots), the misses once they
@@ -79,10 +80,15 @@ struct SlotLayer<D: Device> {
     /// under direct I/O.
     read_len: usize,
     slot_bytes: usize,
-    /// `[slots, slot_bytes]`, owner of every slot tensor's bytes.
+    /// `[slots, slot_bytes]`, owner of every slot tensor's bytes; with
+    /// `host_experts`, `[num_experts, slot_bytes]`, every expert read once
+    /// when the layer is made and never written again.
     buf: Arc<AlignedBuf>,
-    /// The parts of each slot as host tensors over its bytes, built once.
+    /// The parts of each host slot (each expert, with `host_experts`) as
+    /// host tensors over its bytes, built once.
     tensors: Vec<ExpertTensors>,
+    /// Every expert is in `buf`: a miss is a copy from there, no read.
+    host_experts: bool,
     /// The device's copy of the slots, refilled after each read.
     bank: D::Bank,
     cache: SlotCache,
@@ -102,29 +108,38 @@ impl<D: Device> SlotLayer<D> {
         let layer = f.layer;
         let layout = &f.layout;
         let slots = plan.slots.min(layout.num_experts);
+        let host_experts = plan.host_experts;
+        let held = if host_experts {
+            layout.num_experts
+        } else {
+            slots
+        };
         let sb = slot_bytes(layout) as usize;
-        let total = slots.checked_mul(sb);
-        let buf = total
+        let total = held.checked_mul(sb);
+        let mut buf = total
             .and_then(AlignedBuf::zeroed)
             .ok_or(ExpertError::Alloc {
                 layer,
-                bytes: Bytes((slots as u64).saturating_mul(sb as u64)),
+                bytes: Bytes((held as u64).saturating_mul(sb as u64)),
             })?;
         let record = layout.record_len() as usize;
         let read_len = if plan.direct_io { sb } else { record };
         // Every slot's read range lies inside the buffer; reads rely on it.
-        if read_len > sb || buf.region((slots.max(1) - 1) * sb, sb).is_none() {
+        if read_len > sb || buf.region((held.max(1) - 1) * sb, sb).is_none() {
             return Err(ExpertError::Alloc {
                 layer,
                 bytes: Bytes(buf.len() as u64),
             }
             .into());
         }
+        if host_experts {
+            read_every_expert(&mut buf, f, sb, read_len, plan.io_threads)?;
+        }
         let buf = Arc::new(buf);
         let owner: ByteOwner = buf.clone();
         let biases = spec.moe.as_ref().is_some_and(|m| m.expert_biases);
-        let mut tensors = Vec::with_capacity(slots);
-        for s in 0..slots {
+        let mut tensors = Vec::with_capacity(held);
+        for s in 0..held {
             let part = |name: &str| -> Result<HostTensor, EngineError> {
                 let p = layout
                     .part(name)
@@ -149,7 +164,9 @@ impl<D: Device> SlotLayer<D> {
                 down_bias: bias("down.bias")?,
             });
         }
-        let bank = device.upload_bank(&tensors)?;
+        // The device's slots start as copies of the first host slots (zeros,
+        // or experts 0.. with `host_experts`); the cache holds none of them.
+        let bank = device.upload_bank(&tensors[..slots])?;
         let pin = device.pin_host(&owner)?;
         Ok(SlotLayer {
             layer,
@@ -160,10 +177,17 @@ impl<D: Device> SlotLayer<D> {
             slot_bytes: sb,
             buf,
             tensors,
+            host_experts,
             bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
             pin,
         })
+    }
+
+    /// Whether a read may write host bytes a device copy is still reading
+    /// (see [`Stream::wait_slot_fills`]): slots read into in place.
+    fn reads_into_pinned_slots(&self) -> bool {
+        self.pin.is_some() && !self.host_experts
     }
 
     /// Pins the experts of `needed` (distinct ids) already in a slot for the
@@ -226,7 +250,7 @@ impl<D: Device> SlotLayer<D> {
         pool: &'p IoPool,
         misses: &[Miss],
     ) -> Result<Option<Pending<'p>>, EngineError> {
-        if misses.is_empty() {
+        if misses.is_empty() || self.host_experts {
             return Ok(None);
         }
         pool.submit(misses.iter().map(|m| ReadJob {
@@ -241,8 +265,10 @@ impl<D: Device> SlotLayer<D> {
     }
 
     /// Waits for the reads of `misses`, filling each device slot as soon as
-    /// its expert is read, and counts them. On failure the misses' slots are
-    /// emptied, so a later request reads them again.
+    /// its expert is read, and counts them (with `host_experts`: fills each
+    /// from the expert's host copy, counted as a read of its record taking
+    /// no time). On failure the misses' slots are emptied, so a later
+    /// request reads them again.
     fn finish_reads(
         &mut self,
         st: &mut D::Stream,
@@ -250,6 +276,26 @@ impl<D: Device> SlotLayer<D> {
         misses: &[Miss],
         stats: &mut LayerStats,
     ) -> Result<(), EngineError> {
+        if self.host_experts {
+            for m in misses {
+                let fill = match self.tensors.get(m.expert as usize) {
+                    Some(t) => st.fill_slot(&mut self.bank, m.slot as usize, t),
+                    None => Err(BackendError::BadRoute {
+                        slot: m.expert as usize,
+                        available: self.tensors.len(),
+                    }),
+                };
+                if let Err(e) = fill {
+                    for m in misses {
+                        self.cache.invalidate(m.slot);
+                    }
+                    return Err(e.into());
+                }
+            }
+            stats.reads += misses.len() as u64;
+            stats.bytes_read += (misses.len() * self.read_len) as u64;
+            return Ok(());
+        }
         let Some(pending) = pending else {
             return Ok(());
         };
@@ -281,6 +327,57 @@ impl<D: Device> SlotLayer<D> {
         stats.reads += misses.len() as u64;
         stats.bytes_read += (misses.len() * self.read_len) as u64;
         Ok(())
+    }
+}
+
+/// Reads `len` bytes of every expert of `f` into `buf` (expert `e` at
+/// `e · sb`, from `e · stride` of the file), `threads` experts at a time
+/// (at least one).
+fn read_every_expert(
+    buf: &mut AlignedBuf,
+    f: &ExpertFile,
+    sb: usize,
+    len: usize,
+    threads: usize,
+) -> Result<(), EngineError> {
+    use std::os::unix::fs::FileExt;
+    let n = f.layout.num_experts;
+    let stride = f.layout.stride;
+    let bytes = buf.as_mut_slice();
+    let threads = threads.clamp(1, n.max(1));
+    let per = n.div_ceil(threads);
+    let failed = std::thread::scope(|scope| {
+        let workers: Vec<_> = bytes[..n * sb]
+            .chunks_mut(per * sb)
+            .enumerate()
+            .map(|(w, part)| {
+                scope.spawn(move || {
+                    for (i, slot) in part.chunks_mut(sb).enumerate() {
+                        let e = w * per + i;
+                        let at = e as u64 * stride;
+                        if let Err(source) = f.file.read_exact_at(&mut slot[..len], at) {
+                            return Some((e, source));
+                        }
+                    }
+                    None
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .find_map(|w| w.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+    });
+    match failed {
+        None => Ok(()),
+        Some((e, source)) => Err(ExpertError::Read {
+            layer: f.layer,
+            expert: e,
+            path: f.path.clone(),
+            offset: e as u64 * stride,
+            len,
+            source,
+        }
+        .into()),
     }
 }
 
@@ -563,7 +660,7 @@ impl<D: Device> SessionExperts<D> {
             for miss in &sd.misses {
                 ready[miss.slot as usize] = false;
             }
-            if sl.pin.is_some() && !sd.misses.is_empty() {
+            if sl.reads_into_pinned_slots() && !sd.misses.is_empty() {
                 // The misses' slots may still be copied from (an earlier group).
                 st.wait_slot_fills()?;
             }

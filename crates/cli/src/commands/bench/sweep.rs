@@ -37,7 +37,7 @@ use turbospark_engine::timing::PhaseTimes;
 use turbospark_engine::{
     ExpertMode, ExpertOptions, Logits, Model, Residency, RouterHistogram, SessionOptions, SlotCount,
 };
-use turbospark_format::install::Install;
+use turbospark_format::install::{ExpertLayer, Install};
 use turbospark_text::sampler::argmax;
 
 /// Scratch, KV cache, thread stacks and allocator slack allowed on top of
@@ -145,10 +145,18 @@ fn measure_config<D: Device>(a: &Sweep, install: &Install, model: &Model<D>) -> 
         io_wait: stats.wait_nanos as f64 * 1e-9 / decode,
         peak: reset.then(peak_rss_bytes).flatten(),
         bound: streamed.then(|| {
+            // Host slots: the cache's, or every expert's (--host-experts).
+            let held = |e: &ExpertLayer| {
+                if plan.host_experts {
+                    e.num_experts
+                } else {
+                    plan.slots
+                }
+            };
             m.resident_bytes
                 + m.experts
                     .iter()
-                    .map(|e| plan.slots as u64 * e.stride)
+                    .map(|e| held(e) as u64 * e.stride)
                     .sum::<u64>()
                 + OVERHEAD
         }),
@@ -208,7 +216,11 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         a.generate,
         cache.policy(),
         cache.io_threads,
-        if cache.direct_io { ", direct I/O" } else { "" },
+        match (cache.direct_io, cache.host_experts) {
+            (_, true) => ", every expert in host memory",
+            (true, false) => ", direct I/O",
+            (false, false) => "",
+        },
     );
         println!(
             "{:>9} {:>6} {:>13} {:>12} {:>7} {:>10} {:>11} {:>8} {:>10} {:>10} {:>5}",
@@ -229,6 +241,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         policy: cache.policy(),
         direct_io: cache.direct_io,
         io_threads: cache.io_threads,
+        host_experts: cache.host_experts,
         ..ExpertOptions::default()
     };
     let mut configs = Vec::new();

@@ -56,10 +56,11 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = 4)]
     pub io_threads: usize,
     /// Streamed experts: also hold every expert in host memory (read once
-    /// when a session opens, page-locked on a GPU), so that a miss of the
-    /// slot cache is one copy from host memory instead of a read. For a
-    /// GPU whose memory holds some of the experts on a machine whose RAM
-    /// holds them all; each session takes the size of the expert files.
+    /// when the first session opens, page-locked on a GPU, one copy shared
+    /// by the model's sessions), so that a miss of the slot cache is one
+    /// copy from host memory instead of a read. For a GPU whose memory
+    /// holds some of the experts on a machine whose RAM holds them all; it
+    /// takes host memory the size of the expert files.
     #[arg(long)]
     pub host_experts: bool,
 }

@@ -187,6 +187,57 @@ fn logits_are_bit_identical_across_modes_slots_and_policies() {
     }
 }
 
+/// With every expert in host memory, the model's sessions share one copy:
+/// two sessions alive at once, decoding in turn, each give the resident
+/// logits bit for bit.
+#[test]
+fn sessions_share_the_host_copy_of_the_experts() {
+    let Some(tmp) = TempInstall::convert("mixtral", "host") else {
+        println!("skipped: mixtral fixture absent");
+        return;
+    };
+    let install = tmp.open();
+    let reference = run(&install, &mode(ExpertMode::Resident)).unwrap();
+    let k = install.manifest.arch.moe.as_ref().unwrap().top_k;
+    let opts = ExpertOptions {
+        host_experts: true,
+        ..ExpertOptions::streamed(k)
+    };
+    let model = Model::open(&install, CpuDevice::new(1).unwrap(), &opts).unwrap();
+    assert!(model.expert_store().plan().host_experts);
+    let vocab = model.vocab_size();
+    let prompt = tokens(PROMPT, vocab);
+    let session = || {
+        model.session(SessionOptions {
+            context: PROMPT + DECODE,
+            max_batch: 8,
+        })
+    };
+    let (mut a, mut b) = (session().unwrap(), session().unwrap());
+    let mut out = [Vec::new(), Vec::new()];
+    let mut next = [0u32; 2];
+    for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
+        let mut logits = vec![0f32; PROMPT * vocab];
+        s.prefill(&prompt, &mut logits).unwrap();
+        next[i] = argmax(&logits[(PROMPT - 1) * vocab..]);
+        out[i] = logits;
+    }
+    for pos in PROMPT..PROMPT + DECODE {
+        for (i, s) in [&mut a, &mut b].into_iter().enumerate() {
+            let row = s.decode(next[i], pos).unwrap();
+            next[i] = argmax(row);
+            out[i].extend_from_slice(row);
+        }
+    }
+    for (i, logits) in out.iter().enumerate() {
+        let bits: Vec<u32> = logits.iter().map(|v| v.to_bits()).collect();
+        assert!(
+            bits == reference.bits,
+            "session {i}: logits differ from resident"
+        );
+    }
+}
+
 #[test]
 fn the_plan_says_what_was_chosen() {
     let Some(tmp) = TempInstall::convert("mixtral", "plan") else {

@@ -15,10 +15,11 @@
 //!   expert replaces is the cache policy's choice ([`CachePolicy`], see
 //!   `cache.rs`); a slot in use by the current computation is never evicted.
 //!   With [`ExpertOptions::host_experts`] every expert of a layer is read
-//!   into host memory when the session opens (page-locked where the device
-//!   copies from it in place), and a miss is only the copy of that expert
-//!   into its slot: for a device whose memory holds some of the experts on
-//!   a machine whose memory holds them all.
+//!   into host memory when the model's first session opens (one copy,
+//!   shared by its sessions, page-locked where the device copies from it in
+//!   place), and a miss is only the copy of that expert into its slot: for
+//!   a device whose memory holds some of the experts on a machine whose
+//!   memory holds them all.
 //!
 //! [`ExpertOptions::default`] picks resident when the resident weights plus
 //! every expert fit the memory budget, and streamed otherwise, with as many
@@ -126,9 +127,9 @@ pub struct ExpertOptions {
     pub direct_io: bool,
     /// Reader threads per session besides the decoding thread.
     pub io_threads: usize,
-    /// Streamed: every expert held in host memory by each session (read
-    /// once when it opens), so that a miss copies it into its slot without
-    /// a read.
+    /// Streamed: every expert held in host memory (read once, when the
+    /// model's first session opens, and shared by its sessions), so that a
+    /// miss copies it into its slot without a read.
     pub host_experts: bool,
 }
 
@@ -348,7 +349,7 @@ pub fn plan(
     plan.host_experts = opts.host_experts;
     if plan.host_experts {
         plan.reason += &format!(
-            "; every expert also in host memory ({} a session)",
+            "; every expert also in host memory ({})",
             Bytes(fp.expert_bytes)
         );
     }
@@ -361,6 +362,9 @@ pub(crate) struct ExpertFile {
     pub layout: ExpertLayer,
     pub path: PathBuf,
     pub file: Arc<File>,
+    /// Every expert of the layer in host memory, once a session has read
+    /// them (`--host-experts`); shared by the model's sessions.
+    pub host: std::sync::Mutex<Option<Arc<routed::HostExperts>>>,
 }
 
 /// A model's experts: the plan, and the open files of a streamed store.
@@ -424,6 +428,7 @@ impl ExpertStore {
                     file: Arc::new(open_expert_file(&path, layout, plan.direct_io)?),
                     layout: layout.clone(),
                     path,
+                    host: std::sync::Mutex::new(None),
                 });
             }
         }

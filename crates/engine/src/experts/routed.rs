@@ -46,6 +46,7 @@ use turbospark_backend::{
     Route, SharedBytes, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec};
+use turbospark_format::install::ExpertLayer;
 
 /// One MoE layer's routed-expert step.
 pub(crate) struct RoutedInput<'a, D: Device> {
@@ -80,15 +81,16 @@ struct SlotLayer<D: Device> {
     /// under direct I/O.
     read_len: usize,
     slot_bytes: usize,
-    /// `[slots, slot_bytes]`, owner of every slot tensor's bytes; with
-    /// `host_experts`, `[num_experts, slot_bytes]`, every expert read once
-    /// when the layer is made and never written again.
+    /// `[slots, slot_bytes]`, owner of every slot tensor's bytes (none
+    /// with `host`).
     buf: Arc<AlignedBuf>,
-    /// The parts of each host slot (each expert, with `host_experts`) as
-    /// host tensors over its bytes, built once.
+    /// The parts of each host slot as host tensors over its bytes, built
+    /// once (none with `host`).
     tensors: Vec<ExpertTensors>,
-    /// Every expert is in `buf`: a miss is a copy from there, no read.
-    host_experts: bool,
+    /// Every expert of the layer in host memory, shared with the model's
+    /// other sessions (`--host-experts`): a miss is a copy from there, no
+    /// read.
+    host: Option<Arc<HostExperts>>,
     /// The device's copy of the slots, refilled after each read.
     bank: D::Bank,
     cache: SlotCache,
@@ -108,15 +110,16 @@ impl<D: Device> SlotLayer<D> {
         let layer = f.layer;
         let layout = &f.layout;
         let slots = plan.slots.min(layout.num_experts);
-        let host_experts = plan.host_experts;
-        let held = if host_experts {
-            layout.num_experts
+        let host = if plan.host_experts {
+            Some(host_experts(device, spec, f, plan)?)
         } else {
-            slots
+            None
         };
+        // Host slots of this session's own: none when every expert is held.
+        let held = if host.is_some() { 0 } else { slots };
         let sb = slot_bytes(layout) as usize;
-        let total = held.checked_mul(sb);
-        let mut buf = total
+        let buf = held
+            .checked_mul(sb)
             .and_then(AlignedBuf::zeroed)
             .ok_or(ExpertError::Alloc {
                 layer,
@@ -125,49 +128,28 @@ impl<D: Device> SlotLayer<D> {
         let record = layout.record_len() as usize;
         let read_len = if plan.direct_io { sb } else { record };
         // Every slot's read range lies inside the buffer; reads rely on it.
-        if read_len > sb || buf.region((held.max(1) - 1) * sb, sb).is_none() {
+        if read_len > sb || (held > 0 && buf.region((held - 1) * sb, sb).is_none()) {
             return Err(ExpertError::Alloc {
                 layer,
                 bytes: Bytes(buf.len() as u64),
             }
             .into());
         }
-        if host_experts {
-            read_every_expert(&mut buf, f, sb, read_len, plan.io_threads)?;
-        }
         let buf = Arc::new(buf);
         let owner: ByteOwner = buf.clone();
-        let biases = spec.moe.as_ref().is_some_and(|m| m.expert_biases);
-        let mut tensors = Vec::with_capacity(held);
-        for s in 0..held {
-            let part = |name: &str| -> Result<HostTensor, EngineError> {
-                let p = layout
-                    .part(name)
-                    .ok_or_else(|| EngineError::MissingTensor {
-                        name: format!("blk.{layer}.experts.{name}"),
-                    })?;
-                let start = s * sb + p.offset as usize;
-                Ok(HostTensor {
-                    name: format!("blk.{layer}.expert_slot.{s}.{name}"),
-                    format: p.dtype,
-                    shape: p.shape.iter().map(|&d| d as usize).collect(),
-                    bytes: SharedBytes::new(owner.clone(), start..start + p.length as usize)?,
-                })
-            };
-            let bias = |name: &str| biases.then(|| part(name)).transpose();
-            tensors.push(ExpertWeights {
-                gate: part("gate")?,
-                up: part("up")?,
-                down: part("down")?,
-                gate_bias: bias("gate.bias")?,
-                up_bias: bias("up.bias")?,
-                down_bias: bias("down.bias")?,
-            });
-        }
+        let tensors = expert_tensors(spec, layout, &owner, held, "expert_slot")?;
         // The device's slots start as copies of the first host slots (zeros,
-        // or experts 0.. with `host_experts`); the cache holds none of them.
-        let bank = device.upload_bank(&tensors[..slots])?;
-        let pin = device.pin_host(&owner)?;
+        // or experts 0.. when every expert is held); the cache holds none.
+        let first = match &host {
+            Some(h) => &h.tensors[..slots],
+            None => &tensors[..],
+        };
+        let bank = device.upload_bank(first)?;
+        let pin = if held > 0 {
+            device.pin_host(&owner)?
+        } else {
+            None
+        };
         Ok(SlotLayer {
             layer,
             file: Arc::clone(&f.file),
@@ -177,7 +159,7 @@ impl<D: Device> SlotLayer<D> {
             slot_bytes: sb,
             buf,
             tensors,
-            host_experts,
+            host,
             bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
             pin,
@@ -187,7 +169,7 @@ impl<D: Device> SlotLayer<D> {
     /// Whether a read may write host bytes a device copy is still reading
     /// (see [`Stream::wait_slot_fills`]): slots read into in place.
     fn reads_into_pinned_slots(&self) -> bool {
-        self.pin.is_some() && !self.host_experts
+        self.pin.is_some()
     }
 
     /// Pins the experts of `needed` (distinct ids) already in a slot for the
@@ -250,7 +232,7 @@ impl<D: Device> SlotLayer<D> {
         pool: &'p IoPool,
         misses: &[Miss],
     ) -> Result<Option<Pending<'p>>, EngineError> {
-        if misses.is_empty() || self.host_experts {
+        if misses.is_empty() || self.host.is_some() {
             return Ok(None);
         }
         pool.submit(misses.iter().map(|m| ReadJob {
@@ -276,13 +258,13 @@ impl<D: Device> SlotLayer<D> {
         misses: &[Miss],
         stats: &mut LayerStats,
     ) -> Result<(), EngineError> {
-        if self.host_experts {
+        if let Some(host) = &self.host {
             for m in misses {
-                let fill = match self.tensors.get(m.expert as usize) {
+                let fill = match host.tensors.get(m.expert as usize) {
                     Some(t) => st.fill_slot(&mut self.bank, m.slot as usize, t),
                     None => Err(BackendError::BadRoute {
                         slot: m.expert as usize,
-                        available: self.tensors.len(),
+                        available: host.tensors.len(),
                     }),
                 };
                 if let Err(e) = fill {
@@ -328,6 +310,96 @@ impl<D: Device> SlotLayer<D> {
         stats.bytes_read += (misses.len() * self.read_len) as u64;
         Ok(())
     }
+}
+
+/// Every expert of one layer in host memory, shared by a model's sessions
+/// (`--host-experts`, [`ExpertFile::host`]): read once, by the first
+/// session that needs it, page-locked by its device where it can be, and
+/// never written again, so copies from it need no wait.
+pub(crate) struct HostExperts {
+    /// Expert `e`'s parts, over the shared bytes.
+    tensors: Vec<ExpertTensors>,
+    /// Unlocks the bytes when the last holder drops them.
+    _pin: Option<HostPin>,
+}
+
+/// The shared host copy of `f`'s experts, read now by the first caller.
+fn host_experts<D: Device>(
+    device: &D,
+    spec: &ArchSpec,
+    f: &ExpertFile,
+    plan: &ExpertPlan,
+) -> Result<Arc<HostExperts>, EngineError> {
+    let mut held = f.host.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = held.as_ref() {
+        return Ok(Arc::clone(h));
+    }
+    let layout = &f.layout;
+    let (n, sb) = (layout.num_experts, slot_bytes(layout) as usize);
+    let len = if plan.direct_io {
+        sb
+    } else {
+        layout.record_len() as usize
+    };
+    let alloc_err = || ExpertError::Alloc {
+        layer: f.layer,
+        bytes: Bytes((n as u64).saturating_mul(sb as u64)),
+    };
+    let mut buf = n
+        .checked_mul(sb)
+        .and_then(AlignedBuf::zeroed)
+        .ok_or_else(alloc_err)?;
+    if len > sb || (n > 0 && buf.region((n - 1) * sb, sb).is_none()) {
+        return Err(alloc_err().into());
+    }
+    read_every_expert(&mut buf, f, sb, len, plan.io_threads)?;
+    let owner: ByteOwner = Arc::new(buf);
+    let h = Arc::new(HostExperts {
+        tensors: expert_tensors(spec, layout, &owner, n, "expert")?,
+        _pin: device.pin_host(&owner)?,
+    });
+    *held = Some(Arc::clone(&h));
+    Ok(h)
+}
+
+/// Host tensors over `count` records of `layout` in `owner`, record `s` at
+/// `s · slot_bytes`, named `blk.{layer}.{what}.{s}.{part}`.
+fn expert_tensors(
+    spec: &ArchSpec,
+    layout: &ExpertLayer,
+    owner: &ByteOwner,
+    count: usize,
+    what: &str,
+) -> Result<Vec<ExpertTensors>, EngineError> {
+    let (layer, sb) = (layout.layer, slot_bytes(layout) as usize);
+    let biases = spec.moe.as_ref().is_some_and(|m| m.expert_biases);
+    let mut tensors = Vec::with_capacity(count);
+    for s in 0..count {
+        let part = |name: &str| -> Result<HostTensor, EngineError> {
+            let p = layout
+                .part(name)
+                .ok_or_else(|| EngineError::MissingTensor {
+                    name: format!("blk.{layer}.experts.{name}"),
+                })?;
+            let start = s * sb + p.offset as usize;
+            Ok(HostTensor {
+                name: format!("blk.{layer}.{what}.{s}.{name}"),
+                format: p.dtype,
+                shape: p.shape.iter().map(|&d| d as usize).collect(),
+                bytes: SharedBytes::new(owner.clone(), start..start + p.length as usize)?,
+            })
+        };
+        let bias = |name: &str| biases.then(|| part(name)).transpose();
+        tensors.push(ExpertWeights {
+            gate: part("gate")?,
+            up: part("up")?,
+            down: part("down")?,
+            gate_bias: bias("gate.bias")?,
+            up_bias: bias("up.bias")?,
+            down_bias: bias("down.bias")?,
+        });
+    }
+    Ok(tensors)
 }
 
 /// Reads `len` bytes of every expert of `f` into `buf` (expert `e` at

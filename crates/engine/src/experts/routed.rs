@@ -330,8 +330,9 @@ fn host_experts<D: Device>(
     f: &ExpertFile,
     plan: &ExpertPlan,
 ) -> Result<Arc<HostExperts>, EngineError> {
-    let mut held = f.host.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(h) = held.as_ref() {
+    // Held while the first caller reads, so a second waits for its copy.
+    let mut shared = f.host.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = shared.as_ref() {
         return Ok(Arc::clone(h));
     }
     let layout = &f.layout;
@@ -358,7 +359,7 @@ fn host_experts<D: Device>(
         tensors: expert_tensors(spec, layout, &owner, n, "expert")?,
         _pin: device.pin_host(&owner)?,
     });
-    *held = Some(Arc::clone(&h));
+    *shared = Some(Arc::clone(&h));
     Ok(h)
 }
 
@@ -415,8 +416,11 @@ fn read_every_expert(
     use std::os::unix::fs::FileExt;
     let n = f.layout.num_experts;
     let stride = f.layout.stride;
+    if n == 0 {
+        return Ok(());
+    }
     let bytes = buf.as_mut_slice();
-    let threads = threads.clamp(1, n.max(1));
+    let threads = threads.clamp(1, n);
     let per = n.div_ceil(threads);
     let failed = std::thread::scope(|scope| {
         let workers: Vec<_> = bytes[..n * sb]

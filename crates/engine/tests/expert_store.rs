@@ -4,8 +4,9 @@
 //!   for bit those of resident experts when the experts are mapped, or
 //!   streamed through top_k slots (prefill chunks then need more experts
 //!   than there are slots and run in token groups), a middle count, or every
-//!   expert, under LFU and LRU, and with direct I/O where the filesystem
-//!   has it. Resident logits themselves are checked against HF transformers
+//!   expert, under LFU and LRU, with direct I/O where the filesystem has
+//!   it, and with every expert held in host memory (`host_experts`, whose
+//!   one copy two live sessions share). Resident logits themselves are checked against HF transformers
 //!   by `crates/cli/tests/tiny_logits.rs`;
 //! - the statistics add up and the router histogram does not depend on the
 //!   mode;
@@ -128,6 +129,13 @@ fn logits_are_bit_identical_across_modes_slots_and_policies() {
                 ExpertOptions {
                     host_experts: true,
                     ..ExpertOptions::streamed(k)
+                },
+            ),
+            (
+                format!("streamed {k} direct I/O, every expert in host memory"),
+                ExpertOptions {
+                    host_experts: true,
+                    ..direct
                 },
             ),
         ];

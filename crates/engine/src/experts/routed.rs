@@ -118,24 +118,8 @@ impl<D: Device> SlotLayer<D> {
         // Host slots of this session's own: none when every expert is held.
         let held = if host.is_some() { 0 } else { slots };
         let sb = slot_bytes(layout) as usize;
-        let buf = held
-            .checked_mul(sb)
-            .and_then(AlignedBuf::zeroed)
-            .ok_or(ExpertError::Alloc {
-                layer,
-                bytes: Bytes((held as u64).saturating_mul(sb as u64)),
-            })?;
-        let record = layout.record_len() as usize;
-        let read_len = if plan.direct_io { sb } else { record };
-        // Every slot's read range lies inside the buffer; reads rely on it.
-        if read_len > sb || (held > 0 && buf.region((held - 1) * sb, sb).is_none()) {
-            return Err(ExpertError::Alloc {
-                layer,
-                bytes: Bytes(buf.len() as u64),
-            }
-            .into());
-        }
-        let buf = Arc::new(buf);
+        let read_len = read_len(layout, plan);
+        let buf = Arc::new(record_buffer(layer, held, sb, read_len)?);
         let owner: ByteOwner = buf.clone();
         let tensors = expert_tensors(spec, layout, &owner, held, "expert_slot")?;
         // The device's slots start as copies of the first host slots (zeros,
@@ -164,6 +148,14 @@ impl<D: Device> SlotLayer<D> {
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
             pin,
         })
+    }
+
+    /// Empties the slots of `misses` after a failed fetch, so a later
+    /// request reads them again.
+    fn forget(&mut self, misses: &[Miss]) {
+        for m in misses {
+            self.cache.invalidate(m.slot);
+        }
     }
 
     /// Whether a read may write host bytes a device copy is still reading
@@ -198,9 +190,7 @@ impl<D: Device> SlotLayer<D> {
             let Some(slot) = self.cache.assign(e) else {
                 // Not reachable when groups fit the slots; leave no slot
                 // claiming an expert it never received.
-                for m in misses.iter() {
-                    self.cache.invalidate(m.slot);
-                }
+                self.forget(misses);
                 return Err(exhausted().into());
             };
             misses.push(Miss { slot, expert: e });
@@ -268,9 +258,7 @@ impl<D: Device> SlotLayer<D> {
                     }),
                 };
                 if let Err(e) = fill {
-                    for m in misses {
-                        self.cache.invalidate(m.slot);
-                    }
+                    self.forget(misses);
                     return Err(e.into());
                 }
             }
@@ -289,18 +277,14 @@ impl<D: Device> SlotLayer<D> {
             }
             let slot = m.slot as usize;
             if let Err(e) = st.fill_slot(&mut self.bank, slot, &self.tensors[slot]) {
-                for m in misses {
-                    self.cache.invalidate(m.slot);
-                }
+                self.forget(misses);
                 return Err(e.into());
             }
         }
         let times = match pending.wait() {
             Ok(t) => t,
             Err((i, source)) => {
-                for m in misses {
-                    self.cache.invalidate(m.slot);
-                }
+                self.forget(misses);
                 return Err(self.read_error(misses.get(i).map_or(0, |m| m.expert), source));
             }
         };
@@ -337,22 +321,8 @@ fn host_experts<D: Device>(
     }
     let layout = &f.layout;
     let (n, sb) = (layout.num_experts, slot_bytes(layout) as usize);
-    let len = if plan.direct_io {
-        sb
-    } else {
-        layout.record_len() as usize
-    };
-    let alloc_err = || ExpertError::Alloc {
-        layer: f.layer,
-        bytes: Bytes((n as u64).saturating_mul(sb as u64)),
-    };
-    let mut buf = n
-        .checked_mul(sb)
-        .and_then(AlignedBuf::zeroed)
-        .ok_or_else(alloc_err)?;
-    if len > sb || (n > 0 && buf.region((n - 1) * sb, sb).is_none()) {
-        return Err(alloc_err().into());
-    }
+    let len = read_len(layout, plan);
+    let mut buf = record_buffer(f.layer, n, sb, len)?;
     read_every_expert(&mut buf, f, sb, len, plan.io_threads)?;
     let owner: ByteOwner = Arc::new(buf);
     let h = Arc::new(HostExperts {
@@ -361,6 +331,41 @@ fn host_experts<D: Device>(
     });
     *shared = Some(Arc::clone(&h));
     Ok(h)
+}
+
+/// Bytes one read of an expert of `layout` takes: its record, or the whole
+/// page-rounded slot under direct I/O.
+fn read_len(layout: &ExpertLayer, plan: &ExpertPlan) -> usize {
+    if plan.direct_io {
+        slot_bytes(layout) as usize
+    } else {
+        layout.record_len() as usize
+    }
+}
+
+/// Zeroed, page-aligned room for `count` records `sb` bytes apart, each
+/// read `read_len` bytes long: every read's range lies inside it, which
+/// reads rely on.
+fn record_buffer(
+    layer: usize,
+    count: usize,
+    sb: usize,
+    read_len: usize,
+) -> Result<AlignedBuf, ExpertError> {
+    let buf = count
+        .checked_mul(sb)
+        .and_then(AlignedBuf::zeroed)
+        .ok_or(ExpertError::Alloc {
+            layer,
+            bytes: Bytes((count as u64).saturating_mul(sb as u64)),
+        })?;
+    if read_len > sb || (count > 0 && buf.region((count - 1) * sb, sb).is_none()) {
+        return Err(ExpertError::Alloc {
+            layer,
+            bytes: Bytes(buf.len() as u64),
+        });
+    }
+    Ok(buf)
 }
 
 /// Host tensors over `count` records of `layout` in `owner`, record `s` at

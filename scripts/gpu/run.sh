@@ -73,7 +73,9 @@
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
 #   (streamed: expert reader threads, bench's --io-threads; default 4),
 #   HOST_EXPERTS=0 (streamed: no sweep with every expert in host memory),
-#   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged).
+#   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged),
+#   TURBOSPARK_CUDA_COPY_STREAM=0 (fills copied on the session's stream,
+#   not on a copy stream beside it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 # On the device machine ($OUT set), the whole log also goes to
@@ -327,10 +329,12 @@ PY
         # the decode attention checks compare with the f64 formula; the
         # generic products where kernels compiled for one row width would
         # be taken (TURBOSPARK_CUDA_WIDE=0); the strided norm where the
-        # vector layout would be taken (TURBOSPARK_CUDA_NORM=strided).
+        # vector layout would be taken (TURBOSPARK_CUDA_NORM=strided); slot
+        # fills copied on the session's stream rather than beside it
+        # (TURBOSPARK_CUDA_COPY_STREAM=0).
         for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
-            TURBOSPARK_CUDA_NORM=strided; do
+            TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

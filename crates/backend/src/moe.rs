@@ -27,6 +27,31 @@ pub struct ExpertWeights<M, V> {
     pub down_bias: Option<V>,
 }
 
+/// One of an expert's three projections: what a partial slot fill
+/// ([`Stream::fill_slot_rows`](crate::Stream::fill_slot_rows)) copies rows of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertPart {
+    Gate,
+    Up,
+    Down,
+}
+
+impl ExpertPart {
+    /// Every projection, in the order an expert record stores them.
+    pub const ALL: [ExpertPart; 3] = [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down];
+}
+
+impl<M, V> ExpertWeights<M, V> {
+    /// The projection `part`.
+    pub fn part(&self, part: ExpertPart) -> &M {
+        match part {
+            ExpertPart::Gate => &self.gate,
+            ExpertPart::Up => &self.up,
+            ExpertPart::Down => &self.down,
+        }
+    }
+}
+
 /// What the MoE ops compute on.
 pub struct MoeInput<'a, D: Device> {
     /// `[n_tokens, hidden]`

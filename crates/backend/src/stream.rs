@@ -19,8 +19,8 @@
 //! created ([`Device::stream`](crate::Device::stream)).
 
 use crate::{
-    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors,
-    MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertPart,
+    ExpertTensors, MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -307,6 +307,50 @@ pub trait Stream<D: Device>: Send {
         slot: usize,
         expert: &ExpertTensors,
     ) -> Result<(), BackendError>;
+
+    /// Whether this stream fills a slot in pieces
+    /// ([`Stream::fill_slot_rows`], [`Stream::fill_slot_biases`]), so that
+    /// a caller receiving an expert's bytes in pieces (the expert store's
+    /// parallel reads) can hand each on as it arrives. Without it, only
+    /// [`Stream::fill_slot`].
+    fn fills_slot_rows(&self) -> bool {
+        false
+    }
+
+    /// Queues replacing rows `rows` of projection `part` of slot `slot` of
+    /// `bank` with those rows of `expert` (whose projections have the
+    /// bank's shapes; only the rows named are read, and they follow the
+    /// same rules as [`Stream::fill_slot`]'s bytes). A slot is complete once
+    /// every row of the three projections and the biases
+    /// ([`Stream::fill_slot_biases`]) have been filled, in any order; the
+    /// bits are those [`Stream::fill_slot`] gives. Only where
+    /// [`Stream::fills_slot_rows`].
+    fn fill_slot_rows(
+        &mut self,
+        _bank: &mut D::Bank,
+        _slot: usize,
+        _expert: &ExpertTensors,
+        _part: ExpertPart,
+        _rows: std::ops::Range<usize>,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            op: "fill_slot_rows",
+        })
+    }
+
+    /// Queues replacing the biases of slot `slot` of `bank` with `expert`'s
+    /// (see [`Stream::fill_slot_rows`]). Only where
+    /// [`Stream::fills_slot_rows`].
+    fn fill_slot_biases(
+        &mut self,
+        _bank: &mut D::Bank,
+        _slot: usize,
+        _expert: &ExpertTensors,
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported {
+            op: "fill_slot_biases",
+        })
+    }
 
     /// Waits until no [`Stream::fill_slot`] queued so far still reads host
     /// bytes (only copies from pinned memory can; see [`Device::pin_host`]).

@@ -12,9 +12,17 @@
 //! event has completed: the host waits only when the ring has wrapped
 //! around onto work the GPU has not reached. A piece whose bytes are already
 //! page-locked (the slots registered by `crate::pinned`) skips the CPU copy:
-//! the DMA reads it in place. Everything is ordered on the
-//! stream, so a slot is never overwritten before the kernels queued earlier
-//! have read it.
+//! the DMA reads it in place. Everything that writes a slot is ordered on the
+//! session's stream, so a slot is never overwritten before the kernels queued
+//! earlier have read it.
+//!
+//! A piece copied into an entry's device buffer may instead be copied on a
+//! stream of its own ([`Lane::Beside`]), so that the DMA overlaps the kernels
+//! queued before it (the layout kernel of the piece before, the experts that
+//! hit): that stream first waits on the GPU for the entry's last use, and
+//! the session's stream waits for the copy (a second event) before anything
+//! queued after it. Only the entry's buffer is written off the session's
+//! stream; the slot is still written by the layout kernel, on it.
 
 use crate::memory::{runtime, DevMem};
 use cudarc::driver::{result, sys, CudaContext};
@@ -70,6 +78,27 @@ pub(crate) struct Fence {
 unsafe impl Send for Fence {}
 
 impl Fence {
+    /// Makes `stream` wait (on the GPU) for the work before the last
+    /// record, if any was recorded since the last host wait.
+    pub(crate) fn queue_wait(
+        &self,
+        stream: sys::CUstream,
+        op: &'static str,
+    ) -> Result<(), BackendError> {
+        if self.pending {
+            // SAFETY: a valid event and stream of this context.
+            unsafe {
+                result::stream::wait_event(
+                    stream,
+                    self.event,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .map_err(runtime(op))?;
+        }
+        Ok(())
+    }
+
     /// A new event in the bound context.
     pub(crate) fn new(op: &'static str) -> Result<Fence, BackendError> {
         let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
@@ -112,11 +141,13 @@ impl Drop for Fence {
     }
 }
 
-/// One piece in flight: its page-locked and device buffers, and the fence
-/// after its last use. (Fields drop in order: the fence waits before the
-/// buffers are freed.)
+/// One piece in flight: its page-locked and device buffers, the fence
+/// after its last use, and the event after its copy when that ran on a
+/// copy stream. (Fields drop in order: the fences wait before the buffers
+/// are freed.)
 struct Entry {
     fence: Fence,
+    copied: Fence,
     host: PinnedBytes,
     device: DevMem,
 }
@@ -132,6 +163,19 @@ pub(crate) struct Ring {
     next: usize,
 }
 
+/// The streams a piece's copy is queued on.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Lane {
+    /// The session's stream, in order with everything else.
+    Same(sys::CUstream),
+    /// `copies` (into an entry's device buffer only), with `compute`, the
+    /// session's stream, waiting for it (see the module docs).
+    Beside {
+        copies: sys::CUstream,
+        compute: sys::CUstream,
+    },
+}
+
 /// A staged piece: where its bytes are on the device once the copy queued
 /// on the stream has run (the entry's device buffer, or the destination).
 pub(crate) struct Staged {
@@ -145,20 +189,32 @@ impl Ring {
     /// `bytes` is `pinned` (registered page-locked memory, `crate::pinned`)
     /// the DMA reads it in place: no CPU copy, and the caller's bytes stay
     /// in use until the copy has run.
+    /// On [`Lane::Beside`], `dst` must be None.
     pub(crate) fn stage(
         &mut self,
         ctx: &Arc<CudaContext>,
-        stream: sys::CUstream,
+        lane: Lane,
         bytes: &[u8],
         pinned: bool,
         dst: Option<u64>,
     ) -> Result<Staged, BackendError> {
+        let stream = match lane {
+            Lane::Same(s) => s,
+            Lane::Beside { copies, .. } if dst.is_none() => copies,
+            Lane::Beside { .. } => {
+                return Err(BackendError::Shape {
+                    op: "fill_slot",
+                    detail: "a copy beside the stream goes to a staging buffer only".into(),
+                })
+            }
+        };
         let index = self.next;
         self.next = (self.next + 1) % ENTRIES;
         if self.entries.len() <= index {
             ctx.bind_to_thread().map_err(runtime("fill_slot"))?;
             self.entries.push(Entry {
                 fence: Fence::new("fill_slot")?,
+                copied: Fence::new("fill_slot")?,
                 host: PinnedBytes::new(ctx, if pinned { 0 } else { bytes.len() })?,
                 device: DevMem::zeroed(
                     ctx,
@@ -168,11 +224,21 @@ impl Ring {
             });
         }
         let e = &mut self.entries[index];
-        e.fence.wait("fill_slot")?;
+        let grows = dst.is_none() && e.device.bytes < bytes.len();
+        match lane {
+            // Neither of the entry's buffers is rewritten by the host: its
+            // device buffer only has to wait, on the GPU, for its last
+            // reader.
+            Lane::Beside { copies, .. } if pinned && !grows => {
+                e.fence.queue_wait(copies, "fill_slot")?
+            }
+            // (its last use ends after its last copy, on either lane)
+            _ => e.fence.wait("fill_slot")?,
+        }
         if !pinned && e.host.len < bytes.len() {
             e.host = PinnedBytes::new(ctx, bytes.len())?;
         }
-        if dst.is_none() && e.device.bytes < bytes.len() {
+        if grows {
             e.device = DevMem::zeroed(ctx, bytes.len(), "fill_slot")?;
         }
         let src = if pinned {
@@ -191,6 +257,10 @@ impl Ring {
         // the entry's device buffer, checked above).
         unsafe { sys::cuMemcpyHtoDAsync_v2(to, src as *const _, bytes.len(), stream).result() }
             .map_err(runtime("fill_slot"))?;
+        if let Lane::Beside { copies, compute } = lane {
+            e.copied.record(copies, "fill_slot")?;
+            e.copied.queue_wait(compute, "fill_slot")?;
+        }
         Ok(Staged { device: to, index })
     }
 

@@ -16,16 +16,16 @@ use crate::kernels::{self, args, launch, AttnParams, BankView, Kernels, MoeAct, 
 use crate::layout;
 use crate::memory::{runtime, DevMem, PinnedF32};
 use crate::pinned::PinnedRanges;
-use crate::staging;
+use crate::staging::{self, Lane};
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
     bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
-    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertTensors,
-    HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route, RouterSpec, RouterTables,
-    Stream,
+    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertPart,
+    ExpertTensors, HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route,
+    RouterSpec, RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 use turbospark_core::QuantFormat;
@@ -81,6 +81,15 @@ pub struct CudaStream {
     q8: DevMem,
     /// Pinned staging of `fill_slot` (see [`crate::staging`]).
     ring: staging::Ring,
+    /// The stream `fill_slot` copies into the ring's device buffers on,
+    /// beside this one (made at the first such copy; `None` and unused with
+    /// `TURBOSPARK_CUDA_COPY_STREAM=0`, for A/B measurements): the copies
+    /// then overlap the layout kernels and the experts that hit. On an H200
+    /// (gpt-oss-20b shapes, 8 of 32 experts in VRAM, misses read from the
+    /// page cache) 43.9 / 44.0 tok/s on this stream, 46.9 / 45.5 beside it
+    /// (BENCHMARKS.md, twenty-second session).
+    copies: Option<Arc<RawStream>>,
+    copy_stream: bool,
     /// Host memory the device registered, which `fill_slot` copies from in
     /// place (see [`crate::pinned`]).
     pinned: Arc<PinnedRanges>,
@@ -219,6 +228,8 @@ impl CudaStream {
             step: zeroed(8)?,
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
+            copies: None,
+            copy_stream: std::env::var("TURBOSPARK_CUDA_COPY_STREAM").as_deref() != Ok("0"),
             pinned: dev.pinned.clone(),
             fills: None,
             quantized: std::cell::Cell::new(None),
@@ -246,6 +257,21 @@ impl CudaStream {
                 .and_then(|v| v.parse().ok()),
             ctx,
         })
+    }
+
+    /// The copy stream of `fill_slot` (made now if it is the first copy),
+    /// or `None` when copies stay on this stream.
+    fn copy_lane(&mut self) -> Result<Option<sys::CUstream>, BackendError> {
+        if !self.copy_stream {
+            return Ok(None);
+        }
+        let copies = match &self.copies {
+            Some(c) => c,
+            None => self
+                .copies
+                .insert(self.ctx.new_stream().map_err(runtime("fill_slot"))?),
+        };
+        Ok(Some(copies.cu_stream()))
     }
 
     /// The step parameters' address while recording, else null.
@@ -855,6 +881,110 @@ impl Stream<CudaDevice> for CudaStream {
         slot: usize,
         expert: &ExpertTensors,
     ) -> Result<(), BackendError> {
+        for part in ExpertPart::ALL {
+            let rows = bank.part(part).rows;
+            self.fill_slot_rows(bank, slot, expert, part, 0..rows)?;
+        }
+        self.fill_slot_biases(bank, slot, expert)
+    }
+
+    fn fills_slot_rows(&self) -> bool {
+        true
+    }
+
+    fn fill_slot_rows(
+        &mut self,
+        bank: &mut CudaBank,
+        slot: usize,
+        expert: &ExpertTensors,
+        part: ExpertPart,
+        rows: std::ops::Range<usize>,
+    ) -> Result<(), BackendError> {
+        if slot >= bank.slots {
+            return Err(BackendError::BadRoute {
+                slot,
+                available: bank.slots,
+            });
+        }
+        let (stacked, t) = (bank.part(part), expert.part(part));
+        if t.format != stacked.format || t.bytes.len() != stacked.host_slot_bytes() {
+            return Err(shape(
+                "fill_slot",
+                format!(
+                    "{} ({}, {} bytes) does not fit a slot of {} bytes of {}",
+                    t.name,
+                    t.format,
+                    t.bytes.len(),
+                    stacked.host_slot_bytes(),
+                    stacked.format
+                ),
+            ));
+        }
+        if rows.start > rows.end || rows.end > stacked.rows {
+            return Err(shape(
+                "fill_slot_rows",
+                format!(
+                    "rows {}..{} of {} past its {} rows",
+                    rows.start, rows.end, t.name, stacked.rows
+                ),
+            ));
+        }
+        if rows.is_empty() {
+            return Ok(());
+        }
+        self.bind("fill_slot")?;
+        let cu = self.raw().cu_stream();
+        let hrb = stacked.host_row_bytes;
+        // The rows' byte range lies inside the stacked projection's slot
+        // (slot < slots, rows within the slot's, both checked).
+        let at =
+            stacked.mem.ptr + (slot * stacked.slot_bytes() + rows.start * stacked.row_bytes) as u64;
+        let host = &t.bytes.as_slice()[rows.start * hrb..rows.end * hrb];
+        let pinned = self.pinned.contains(host);
+        if layout::split_parts(stacked.format).is_none() {
+            let staged = self
+                .ring
+                .stage(&self.ctx, Lane::Same(cu), host, pinned, Some(at))?;
+            self.ring.release(staged, cu)?;
+        } else {
+            // Into a staging buffer, then the layout kernel into the slot:
+            // the copy may run beside the stream.
+            let lane = match self.copy_lane()? {
+                Some(copies) => Lane::Beside {
+                    copies,
+                    compute: cu,
+                },
+                None => Lane::Same(cu),
+            };
+            let staged = self.ring.stage(&self.ctx, lane, host, pinned, None)?;
+            let queued = layout::queue_split(
+                &self.k,
+                &self.stream,
+                stacked.format,
+                staged.device,
+                at,
+                rows.len(),
+                hrb,
+            );
+            self.ring.release(staged, cu)?;
+            queued?;
+        }
+        if pinned {
+            let fence = match &mut self.fills {
+                Some(f) => f,
+                None => self.fills.insert(staging::Fence::new("fill_slot")?),
+            };
+            fence.record(cu, "fill_slot")?;
+        }
+        Ok(())
+    }
+
+    fn fill_slot_biases(
+        &mut self,
+        bank: &mut CudaBank,
+        slot: usize,
+        expert: &ExpertTensors,
+    ) -> Result<(), BackendError> {
         if slot >= bank.slots {
             return Err(BackendError::BadRoute {
                 slot,
@@ -863,44 +993,6 @@ impl Stream<CudaDevice> for CudaStream {
         }
         self.bind("fill_slot")?;
         let cu = self.raw().cu_stream();
-        let mut in_place = false;
-        for (stacked, t) in [
-            (&bank.gate, &expert.gate),
-            (&bank.up, &expert.up),
-            (&bank.down, &expert.down),
-        ] {
-            let n = stacked.slot_bytes();
-            if t.format != stacked.format || t.bytes.len() != stacked.host_slot_bytes() {
-                return Err(shape(
-                    "fill_slot",
-                    format!(
-                        "{} ({}, {} bytes) does not fit a slot of {} bytes of {}",
-                        t.name,
-                        t.format,
-                        t.bytes.len(),
-                        stacked.host_slot_bytes(),
-                        stacked.format
-                    ),
-                ));
-            }
-            // The slot's byte range lies inside the stacked projection
-            // (slot < slots, n = its slot size).
-            let at = stacked.mem.ptr + (slot * n) as u64;
-            let host = t.bytes.as_slice();
-            let pinned = self.pinned.contains(host);
-            in_place |= pinned;
-            if layout::split_parts(stacked.format).is_none() {
-                let staged = self.ring.stage(&self.ctx, cu, host, pinned, Some(at))?;
-                self.ring.release(staged, cu)?;
-                continue;
-            }
-            let staged = self.ring.stage(&self.ctx, cu, host, pinned, None)?;
-            let (src, rows, hrb) = (staged.device, stacked.rows, stacked.host_row_bytes);
-            let queued =
-                layout::queue_split(&self.k, &self.stream, stacked.format, src, at, rows, hrb);
-            self.ring.release(staged, cu)?;
-            queued?;
-        }
         for (mem, t, len) in [
             (&bank.gate_bias, &expert.gate_bias, bank.inter),
             (&bank.up_bias, &expert.up_bias, bank.inter),
@@ -917,19 +1009,14 @@ impl Stream<CudaDevice> for CudaStream {
                     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                     // slot < slots and each slot holds `len` floats.
                     let at = mem.ptr + (slot * len * 4) as u64;
-                    let staged = self.ring.stage(&self.ctx, cu, &bytes, false, Some(at))?;
+                    let staged =
+                        self.ring
+                            .stage(&self.ctx, Lane::Same(cu), &bytes, false, Some(at))?;
                     self.ring.release(staged, cu)?;
                 }
                 (None, None) => {}
                 _ => return Err(bias_mismatch(expert)),
             }
-        }
-        if in_place {
-            let fence = match &mut self.fills {
-                Some(f) => f,
-                None => self.fills.insert(staging::Fence::new("fill_slot")?),
-            };
-            fence.record(cu, "fill_slot")?;
         }
         Ok(())
     }

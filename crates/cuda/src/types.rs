@@ -1,7 +1,7 @@
 //! The CUDA device's buffers, weights, expert banks and route buffers.
 
 use crate::memory::DevMem;
-use turbospark_backend::{DType, DeviceBuf, ExpertBank, RouteBuf};
+use turbospark_backend::{DType, DeviceBuf, ExpertBank, ExpertPart, RouteBuf};
 use turbospark_core::QuantFormat;
 
 /// An activation or KV-cache buffer in device memory.
@@ -126,6 +126,17 @@ pub struct CudaBank {
     pub(crate) gate_bias: Option<DevMem>,
     pub(crate) up_bias: Option<DevMem>,
     pub(crate) down_bias: Option<DevMem>,
+}
+
+impl CudaBank {
+    /// The stacked projection `part`.
+    pub(crate) fn part(&self, part: ExpertPart) -> &Stacked {
+        match part {
+            ExpertPart::Gate => &self.gate,
+            ExpertPart::Up => &self.up,
+            ExpertPart::Down => &self.down,
+        }
+    }
 }
 
 impl ExpertBank for CudaBank {

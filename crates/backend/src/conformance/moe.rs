@@ -3,8 +3,8 @@
 use super::data::{bits, dequantized, f32_tensor, random_matrix, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{
-    BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, HostTensor, Limits, MoeInput,
-    MoeScratch, Route, RouterSpec, RouterTables, SharedBytes, Stream,
+    BackendError, Device, ExpertBank, ExpertPart, ExpertTensors, ExpertWeights, HostTensor, Limits,
+    MoeInput, MoeScratch, Route, RouterSpec, RouterTables, SharedBytes, Stream,
 };
 use std::sync::Arc;
 use turbospark_core::arch::{Activation, NormSpec, RouterKind};
@@ -298,8 +298,28 @@ fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, 
         .collect()
 }
 
+/// Fills slot `slot` with `expert` through [`Stream::fill_slot_rows`] in
+/// uneven pieces, last projection first, then the biases.
+fn fill_in_pieces<D: Device>(
+    st: &mut D::Stream,
+    bank: &mut D::Bank,
+    slot: usize,
+    expert: &ExpertTensors,
+) -> Result<(), BackendError> {
+    for part in ExpertPart::ALL.into_iter().rev() {
+        let rows = expert.part(part).shape.first().copied().unwrap_or(0);
+        let mut at = 0;
+        for piece in [1, rows / 3, rows] {
+            let end = piece.clamp(at, rows);
+            st.fill_slot_rows(bank, slot, expert, part, at..end)?;
+            at = end;
+        }
+    }
+    st.fill_slot_biases(bank, slot, expert)
+}
+
 /// Routed experts over a resident bank and over a slot bank refilled with
-/// [`Stream::fill_slot`]: the f64 formula within `tol.moe`; each token the
+/// [`Stream::fill_slot`] (and in pieces, [`Stream::fill_slot_rows`]): the f64 formula within `tol.moe`; each token the
 /// same bits alone as in the batch; `moe_experts` split by slot plus
 /// `moe_combine` the same bits as `moe`; routes outside the bank refused.
 pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
@@ -438,8 +458,15 @@ fn check_moe_formats<D: Device>(
             let r = &routes[t * TOP_K..(t + 1) * TOP_K];
             let mut remap = [Route::default(); TOP_K];
             for (s, (m, r)) in remap.iter_mut().zip(r).enumerate() {
-                h.st.fill_slot(&mut slots, s, &tensors[r.slot as usize])
-                    .at(OP, "fill_slot")?;
+                let expert = &tensors[r.slot as usize];
+                // Every other token's slots in pieces, where the stream
+                // fills them so: the same bank.
+                if t % 2 == 1 && h.st.fills_slot_rows() {
+                    fill_in_pieces::<D>(&mut h.st, &mut slots, s, expert)
+                        .at(OP, "fill_slot_rows")?;
+                } else {
+                    h.st.fill_slot(&mut slots, s, expert).at(OP, "fill_slot")?;
+                }
                 *m = Route {
                     slot: s as u32,
                     weight: r.weight,

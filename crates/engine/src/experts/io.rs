@@ -8,12 +8,16 @@
 //! first failure if any, and how long the reads took and how long the
 //! caller waited; [`Pending::wait_job`] returns as soon as one job is
 //! read, so the caller can hand that expert on (to the device) while the
-//! others are still being read. Each job is one
+//! others are still being read, and [`Pending::wait_prefix`] as soon as a
+//! job's first bytes are, so the caller can hand on the start of an expert
+//! while its end is still being read. Each job is one
 //! expert record read into its slot; jobs of a batch write disjoint slots.
 //! A job is read in pieces of at most [`PIECE_BYTES`] (positioned reads,
-//! `pread`), which the threads claim one by one: a layer that misses one
-//! expert has it read by every thread at once rather than by one (a single
-//! thread copies a record out of the page cache at a few GB/s).
+//! `pread`), which the threads claim one by one, in order: a layer that
+//! misses one expert has it read by every thread at once rather than by
+//! one (a single thread copies a record out of the page cache at a few
+//! GB/s), front to back, so that its first bytes are ready well before its
+//! last.
 //!
 //! Nothing here allocates after [`IoPool::new`]: the job list has a fixed
 //! capacity, synchronisation is a mutex and two condition variables, and a
@@ -27,8 +31,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Bytes of a piece of a job (a multiple of 4096, so that the pieces of a
-/// direct-I/O job stay aligned as the job is).
-pub(crate) const PIECE_BYTES: usize = 1 << 20;
+/// direct-I/O job stay aligned as the job is). Small enough that a
+/// 13 MB expert is some fifty pieces, several per thread, which then
+/// finish roughly front to back ([`Pending::wait_prefix`]); large enough
+/// that a piece's copy dwarfs its system call and its turn at the lock.
+pub(crate) const PIECE_BYTES: usize = 256 << 10;
 
 /// One read of `len` bytes at `offset` of `file` into `dst`.
 pub(crate) struct ReadJob {
@@ -91,12 +98,18 @@ struct State {
     jobs: Vec<ReadJob>,
     /// Every piece of the batch: (job, piece of the job), job by job.
     pieces: Vec<(u32, u32)>,
+    /// Whether each piece (same order) has been read.
+    piece_read: Vec<bool>,
     /// Next piece to claim.
     next: usize,
     /// Pieces claimed or not whose read has not finished.
     unfinished: usize,
     /// The same, per job.
     job_unfinished: Vec<u32>,
+    /// Per job: the index of its first piece in `pieces`, and how many of
+    /// its pieces from the first on have all been read.
+    job_first: Vec<u32>,
+    job_prefix: Vec<u32>,
     /// The first failed job and its error.
     failure: Option<(usize, io::Error)>,
     /// When the last job of the batch finished.
@@ -129,7 +142,8 @@ impl Shared {
 
     /// Claims and runs the next piece (there must be one).
     fn work_one<'a>(&'a self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        let (i, k) = st.pieces[st.next];
+        let claimed = st.next;
+        let (i, k) = st.pieces[claimed];
         let i = i as usize;
         st.next += 1;
         let job = st.jobs[i].duplicate();
@@ -145,10 +159,16 @@ impl Shared {
         }
         st.unfinished -= 1;
         st.job_unfinished[i] -= 1;
+        st.piece_read[claimed] = true;
+        let (first, n) = (st.job_first[i] as usize, st.jobs[i].pieces());
+        let before = st.job_prefix[i];
+        while (st.job_prefix[i] as usize) < n && st.piece_read[first + st.job_prefix[i] as usize] {
+            st.job_prefix[i] += 1;
+        }
         if st.unfinished == 0 {
             st.finished = Some(Instant::now());
         }
-        if st.job_unfinished[i] == 0 {
+        if st.job_unfinished[i] == 0 || st.job_prefix[i] != before {
             self.done.notify_all();
         }
         st
@@ -168,13 +188,17 @@ impl IoPool {
     /// of at most `max_jobs` reads of at most `max_job_bytes` each.
     pub(crate) fn new(threads: usize, max_jobs: usize, max_job_bytes: usize) -> io::Result<IoPool> {
         let piece_capacity = max_jobs.saturating_mul(max_job_bytes.div_ceil(PIECE_BYTES).max(1));
+        // (No batch may outgrow these: `submit` rejects one that would.)
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 jobs: Vec::with_capacity(max_jobs),
                 pieces: Vec::with_capacity(piece_capacity),
+                piece_read: Vec::with_capacity(piece_capacity),
                 next: 0,
                 unfinished: 0,
                 job_unfinished: Vec::with_capacity(max_jobs),
+                job_first: Vec::with_capacity(max_jobs),
+                job_prefix: Vec::with_capacity(max_jobs),
                 failure: None,
                 finished: None,
                 shutdown: false,
@@ -240,14 +264,23 @@ impl IoPool {
         let State {
             jobs,
             pieces,
+            piece_read,
             job_unfinished,
+            job_first,
+            job_prefix,
             ..
         } = &mut *st;
         job_unfinished.clear();
+        job_first.clear();
+        job_prefix.clear();
         for (i, job) in jobs.iter().enumerate() {
+            job_first.push(pieces.len() as u32);
+            job_prefix.push(0);
             pieces.extend((0..job.pieces()).map(|k| (i as u32, k as u32)));
             job_unfinished.push(job.pieces() as u32);
         }
+        piece_read.clear();
+        piece_read.resize(pieces.len(), false);
         st.next = 0;
         st.unfinished = st.pieces.len();
         st.failure = None;
@@ -309,20 +342,37 @@ impl Pending<'_> {
     /// any read of the batch has failed ([`Pending::wait`] then says which
     /// and why). A job past the batch has nothing to wait for.
     pub(crate) fn wait_job(&self, i: usize) -> bool {
+        self.wait_prefix(i, usize::MAX).is_some()
+    }
+
+    /// Returns when at least the first `bytes` of job `i` (all of it, when
+    /// `bytes` is past its end) have been read, this thread reading
+    /// unclaimed pieces meanwhile: how many of its first bytes have been
+    /// read by then (whole pieces, so possibly more than `bytes`), or
+    /// `None` as soon as any read of the batch has failed (as in
+    /// [`Pending::wait_job`]). A job past the batch has nothing to wait
+    /// for: `Some(0)`.
+    pub(crate) fn wait_prefix(&self, i: usize, bytes: usize) -> Option<usize> {
         let start = Instant::now();
         let sh = &*self.pool.shared;
         let mut st = sh.lock();
-        while st.job_unfinished.get(i).is_some_and(|&n| n > 0) && st.failure.is_none() {
+        let read = |st: &State| {
+            st.jobs.get(i).map_or(0, |job| {
+                (st.job_prefix[i] as usize * PIECE_BYTES).min(job.len)
+            })
+        };
+        let want = st.jobs.get(i).map_or(0, |job| bytes.min(job.len));
+        while read(&st) < want && st.failure.is_none() {
             st = if st.next < st.pieces.len() {
                 sh.work_one(st)
             } else {
                 sh.done.wait(st).unwrap_or_else(|e| e.into_inner())
             };
         }
-        let ok = st.failure.is_none();
+        let result = st.failure.is_none().then(|| read(&st));
         drop(st);
         self.job_waits.set(self.job_waits.get() + start.elapsed());
-        ok
+        result
     }
 
     /// Returns when every read of the batch has finished (this thread
@@ -473,6 +523,63 @@ mod tests {
             });
             assert!(run(&pool, long).is_err());
         }
+        std::fs::remove_file(&path).unwrap();
+    }
+
+    /// A job's first bytes can be waited for before its last are read:
+    /// with no pool thread, the caller reads just the pieces asked for, in
+    /// order; with threads, whatever prefix is reported has arrived.
+    #[test]
+    fn a_jobs_prefix_is_ready_before_its_end() {
+        let path = std::env::temp_dir().join(format!("ts-io-prefix-{}", std::process::id()));
+        let len = 3 * PIECE_BYTES + 4096;
+        let data: Vec<u8> = (0..2 * len).map(|i| (i * 13 % 251) as u8).collect();
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(&data)
+            .unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        for threads in [0, 3] {
+            let buf = AlignedBuf::zeroed(2 * len).unwrap();
+            let pool = IoPool::new(threads, 2, len).unwrap();
+            let jobs = (0..2).map(|j| ReadJob {
+                file: Arc::clone(&file),
+                offset: (j * len) as u64,
+                dst: buf.region(j * len, len).unwrap(),
+                len,
+            });
+            let pending = pool.submit(jobs).unwrap();
+            let got = pending.wait_prefix(1, PIECE_BYTES + 1).unwrap();
+            assert!(
+                (2 * PIECE_BYTES..=len).contains(&got),
+                "threads {threads}: {got}"
+            );
+            assert!(
+                buf.as_ref()[len..len + got] == data[len..len + got],
+                "threads {threads}"
+            );
+            if threads == 0 {
+                // Job 0's pieces were claimed first; job 1's last two not yet.
+                assert_eq!(got, 2 * PIECE_BYTES);
+                assert!(buf.as_ref()[len + got..].iter().all(|&b| b == 0));
+            }
+            assert_eq!(pending.wait_prefix(1, usize::MAX), Some(len));
+            assert_eq!(pending.wait_prefix(2, 1), Some(0), "past the batch");
+            pending.wait().unwrap();
+            assert!(buf.as_ref()[..] == data[..]);
+        }
+        // A failed read ends the wait: no prefix.
+        let pool = IoPool::new(0, 1, len).unwrap();
+        let buf = AlignedBuf::zeroed(len).unwrap();
+        let past_the_end = std::iter::once(ReadJob {
+            file: Arc::clone(&file),
+            offset: (len + 8192) as u64,
+            dst: buf.region(0, len).unwrap(),
+            len,
+        });
+        let pending = pool.submit(past_the_end).unwrap();
+        assert_eq!(pending.wait_prefix(0, len), None);
+        assert!(pending.wait().is_err());
         std::fs::remove_file(&path).unwrap();
     }
 

@@ -18,8 +18,15 @@
 //!   routes from expert ids to slot indices, and computes the group's rows
 //!   over the slot bank: the experts that hit while the misses are being
 //!   read ([`Stream::moe_experts`] on the hit slots), the misses once they
-//!   have arrived and been filled into their slots ([`Stream::fill_slot`]),
-//!   then the rank-order sum ([`Stream::moe_combine`]).
+//!   have arrived and been filled into their slots, then the rank-order sum
+//!   ([`Stream::moe_combine`]). A miss is handed to the device as it is
+//!   read: where the stream fills a slot in pieces
+//!   ([`Stream::fill_slot_rows`]), each projection's rows as soon as the
+//!   reader pool has read them front to back ([`Pending::wait_prefix`]), so
+//!   that the copy of an expert's start overlaps the read of its end (on an
+//!   H200 this took 25 % slots from 37–41 to 45–47 tok/s, BENCHMARKS.md,
+//!   twenty-second session); elsewhere the whole expert once read
+//!   ([`Stream::fill_slot`]).
 //!
 //! Only the expert each route addresses changes place; the weights, rank
 //! order and per-row arithmetic are those of the resident path, so the
@@ -42,8 +49,8 @@ use std::sync::Arc;
 use turbospark_backend::host::ByteOwner;
 use turbospark_backend::DType;
 use turbospark_backend::{
-    BackendError, Device, ExpertTensors, ExpertWeights, HostPin, HostTensor, MoeInput, MoeScratch,
-    Route, SharedBytes, Stream,
+    BackendError, Device, ExpertPart, ExpertTensors, ExpertWeights, HostPin, HostTensor, MoeInput,
+    MoeScratch, Route, SharedBytes, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec};
 use turbospark_format::install::ExpertLayer;
@@ -91,6 +98,8 @@ struct SlotLayer<D: Device> {
     /// other sessions (`--host-experts`): a miss is a copy from there, no
     /// read.
     host: Option<Arc<HostExperts>>,
+    /// Where each projection's rows lie in a record (gate, up, down).
+    parts: [PartRows; 3],
     /// The device's copy of the slots, refilled after each read.
     bank: D::Bank,
     cache: SlotCache,
@@ -144,6 +153,11 @@ impl<D: Device> SlotLayer<D> {
             buf,
             tensors,
             host,
+            parts: [
+                PartRows::new(layout, ExpertPart::Gate)?,
+                PartRows::new(layout, ExpertPart::Up)?,
+                PartRows::new(layout, ExpertPart::Down)?,
+            ],
             bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
             pin,
@@ -269,16 +283,27 @@ impl<D: Device> SlotLayer<D> {
         let Some(pending) = pending else {
             return Ok(());
         };
-        // Each expert goes to the device as soon as it is read, so its copy
-        // runs while the others are still being read.
+        // Each expert goes to the device as it is read — in pieces, where
+        // the device takes them, else whole — so its copy runs while the
+        // rest is still being read.
+        let in_pieces = st.fills_slot_rows();
         for (i, m) in misses.iter().enumerate() {
-            if !pending.wait_job(i) {
-                break; // `wait` reports the failure
-            }
             let slot = m.slot as usize;
-            if let Err(e) = st.fill_slot(&mut self.bank, slot, &self.tensors[slot]) {
-                self.forget(misses);
-                return Err(e.into());
+            let filled = if in_pieces {
+                self.fill_as_read(st, &pending, i, slot)
+            } else if pending.wait_job(i) {
+                st.fill_slot(&mut self.bank, slot, &self.tensors[slot])
+                    .map(|()| true)
+            } else {
+                Ok(false)
+            };
+            match filled {
+                Ok(true) => {}
+                Ok(false) => break, // `wait` reports the failure
+                Err(e) => {
+                    self.forget(misses);
+                    return Err(e.into());
+                }
             }
         }
         let times = match pending.wait() {
@@ -293,6 +318,79 @@ impl<D: Device> SlotLayer<D> {
         stats.reads += misses.len() as u64;
         stats.bytes_read += (misses.len() * self.read_len) as u64;
         Ok(())
+    }
+
+    /// Hands expert `i` of `pending`, being read into `slot`, to the device
+    /// in pieces ([`Stream::fill_slot_rows`]): each projection's rows as
+    /// soon as they have been read (at least [`FILL_STEP`] bytes more a
+    /// time), then its biases once the whole record has. `Ok(false)` when a
+    /// read of the batch failed (no more is filled).
+    fn fill_as_read(
+        &mut self,
+        st: &mut D::Stream,
+        pending: &Pending<'_>,
+        i: usize,
+        slot: usize,
+    ) -> Result<bool, BackendError> {
+        let expert = &self.tensors[slot];
+        let mut filled = [0usize; 3];
+        let mut read = 0;
+        while read < self.read_len {
+            let Some(now) = pending.wait_prefix(i, read + FILL_STEP) else {
+                return Ok(false);
+            };
+            // (`now` ≥ read + FILL_STEP, or the whole record)
+            read = now.max(read + 1);
+            for (k, part) in ExpertPart::ALL.into_iter().enumerate() {
+                let p = &self.parts[k];
+                let ready = if read >= self.read_len {
+                    p.rows // the whole record (the layout was checked in `new`)
+                } else {
+                    (read.saturating_sub(p.offset) / p.row_bytes).min(p.rows)
+                };
+                if ready > filled[k] {
+                    st.fill_slot_rows(&mut self.bank, slot, expert, part, filled[k]..ready)?;
+                    filled[k] = ready;
+                }
+            }
+        }
+        st.fill_slot_biases(&mut self.bank, slot, expert)?;
+        Ok(true)
+    }
+}
+
+/// Bytes of an expert read between two partial fills of its slot (see
+/// [`SlotLayer::fill_as_read`]): a few of the reader pool's pieces, so a
+/// fill's fixed costs (a copy and a layout launch) stay small beside the
+/// megabyte it moves.
+const FILL_STEP: usize = 1 << 20;
+
+/// Where one projection's rows lie in an expert record.
+#[derive(Debug, Clone, Copy)]
+struct PartRows {
+    offset: usize,
+    rows: usize,
+    row_bytes: usize,
+}
+
+impl PartRows {
+    /// The rows of `part` in `layout`'s records.
+    fn new(layout: &ExpertLayer, part: ExpertPart) -> Result<PartRows, EngineError> {
+        let name = match part {
+            ExpertPart::Gate => "gate",
+            ExpertPart::Up => "up",
+            ExpertPart::Down => "down",
+        };
+        let missing = || EngineError::MissingTensor {
+            name: format!("blk.{}.experts.{name}", layout.layer),
+        };
+        let p = layout.part(name).ok_or_else(missing)?;
+        let rows = p.shape.first().map_or(0, |&r| r as usize);
+        Ok(PartRows {
+            offset: p.offset as usize,
+            rows,
+            row_bytes: (p.length as usize / rows.max(1)).max(1),
+        })
     }
 }
 

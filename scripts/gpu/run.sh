@@ -71,7 +71,8 @@
 #   decode step's kernel times add up to its measured time; all flushes
 #   them before every kernel),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
-#   (streamed: expert reader threads, bench's --io-threads; default 4),
+#   (streamed: expert reader threads, bench's --io-threads; default
+#   bench's: the cores less two, at most 12, with --backend cuda),
 #   HOST_EXPERTS=0 (streamed: no sweep with every expert in host memory),
 #   TURBOSPARK_CUDA_PIN=0 (streamed slots left pageable, fills staged),
 #   TURBOSPARK_CUDA_COPY_STREAM=0 (fills copied on the session's stream,

@@ -2,6 +2,7 @@
 //! (`logits` today; `run`, `bench` and `serve` flatten the same struct), and
 //! what they print or write afterwards (`--stats`, `--router-hist`).
 
+use crate::loading::BackendArg;
 use crate::output::write_atomically;
 use anyhow::{bail, Context, Result};
 use serde_json::json;
@@ -52,9 +53,11 @@ pub struct CacheArgs {
     /// Read experts with O_DIRECT, bypassing the page cache.
     #[arg(long)]
     pub direct_io: bool,
-    /// Expert reader threads besides the decoding thread.
-    #[arg(long, default_value_t = 4)]
-    pub io_threads: usize,
+    /// Expert reader threads besides the decoding thread [default: 4 on
+    /// the CPU, whose cores the compute threads need too; with a GPU
+    /// computing, the cores less two, at most 12].
+    #[arg(long, value_name = "N")]
+    pub io_threads: Option<usize>,
     /// Streamed experts: also hold every expert in host memory (read once
     /// when the first session opens, page-locked on a GPU, one copy shared
     /// by the model's sessions), so that a miss of the slot cache is one
@@ -66,6 +69,22 @@ pub struct CacheArgs {
 }
 
 impl CacheArgs {
+    /// `--io-threads`, or its default for `backend`. On an H200 host
+    /// (16 cores, gpt-oss-20b shapes, 8 of 32 experts in VRAM, misses read
+    /// from the page cache) decode went 37, 43, 45, 45, 45, 46 tok/s with
+    /// 4, 6, 8, 10, 12, 15 readers and prefill rose up to 12
+    /// (BENCHMARKS.md, twenty-second session): the copies to the GPU, not
+    /// the reads, bound it from about 8 on.
+    pub fn io_threads(&self, backend: BackendArg) -> usize {
+        self.io_threads.unwrap_or_else(|| match backend {
+            BackendArg::Cpu => 4,
+            BackendArg::Cuda => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                cores.saturating_sub(2).clamp(1, 12)
+            }
+        })
+    }
+
     pub fn policy(&self) -> CachePolicy {
         match self.expert_cache {
             PolicyArg::Lfu => CachePolicy::Lfu,
@@ -103,7 +122,8 @@ pub struct ExpertArgs {
 }
 
 impl ExpertArgs {
-    pub fn options(&self) -> Result<ExpertOptions> {
+    /// The expert options for a model computed on `backend`.
+    pub fn options(&self, backend: BackendArg) -> Result<ExpertOptions> {
         let memory_budget = match self.memory_budget {
             Some(g) if !(g.is_finite() && g > 0.0) => {
                 bail!("--memory-budget must be a positive number of GiB, got {g}")
@@ -122,7 +142,7 @@ impl ExpertArgs {
             policy: self.cache.policy(),
             memory_budget,
             direct_io: self.cache.direct_io,
-            io_threads: self.cache.io_threads,
+            io_threads: self.cache.io_threads(backend),
             host_experts: self.cache.host_experts,
         })
     }
@@ -189,4 +209,39 @@ pub fn histogram_json(h: &RouterHistogram) -> serde_json::Value {
         "total": h.total(),
         "layers": layers,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cache(io_threads: Option<usize>) -> CacheArgs {
+        CacheArgs {
+            expert_cache: PolicyArg::Lfu,
+            direct_io: false,
+            io_threads,
+            host_experts: false,
+        }
+    }
+
+    /// `--io-threads` wins; unset, the CPU keeps 4 readers and a GPU
+    /// leaves two cores to the decoding thread and the system, at most 12.
+    #[test]
+    fn reader_threads_default_by_backend() {
+        for backend in [BackendArg::Cpu, BackendArg::Cuda] {
+            assert_eq!(cache(Some(7)).io_threads(backend), 7);
+        }
+        assert_eq!(cache(None).io_threads(BackendArg::Cpu), 4);
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let gpu = cache(None).io_threads(BackendArg::Cuda);
+        assert!((1..=12).contains(&gpu), "{gpu}");
+        assert!(
+            gpu == 1 || gpu + 2 <= cores,
+            "{gpu} readers on {cores} cores"
+        );
+        assert!(
+            gpu == 12 || gpu + 2 >= cores,
+            "{gpu} readers on {cores} cores"
+        );
+    }
 }

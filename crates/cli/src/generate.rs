@@ -236,7 +236,7 @@ pub fn with_model<T: crate::loading::ModelTask>(a: &GenArgs, task: T) -> Result<
         &a.device,
         a.threads,
         a.numerics.into(),
-        &a.experts.options()?,
+        &a.experts.options(a.device.backend)?,
         task,
     )
 }

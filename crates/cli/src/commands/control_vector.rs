@@ -125,7 +125,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let model = open_model(
         &a.model,
         cpu_device(a.threads, a.numerics.into())?,
-        &a.experts.options()?,
+        &a.experts.options(crate::loading::BackendArg::Cpu)?,
     )?;
     let spec = model.spec();
     let (n_layers, hidden) = (spec.layers.len(), spec.hidden_size);

@@ -58,7 +58,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         &a.device,
         a.threads,
         a.numerics.into(),
-        &a.experts.options()?,
+        &a.experts.options(a.device.backend)?,
         Logits { args: &a },
     )?;
     Ok(ExitCode::SUCCESS)

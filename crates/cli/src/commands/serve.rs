@@ -192,7 +192,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         grace: Duration::from_secs(a.grace),
         vectors,
     };
-    let experts = a.experts.options()?;
+    let experts = a.experts.options(a.device.backend)?;
     with_model(
         &a.model,
         &a.device,

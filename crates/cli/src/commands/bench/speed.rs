@@ -378,7 +378,7 @@ pub fn run(a: &Args) -> Result<ExitCode> {
     }
     let install = Install::open(&a.model)?;
     let desc = ModelDesc::of(&install);
-    let expert_opts = a.experts.options()?;
+    let expert_opts = a.experts.options(a.device.backend)?;
     let threads = if a.threads.is_empty() {
         vec![std::thread::available_parallelism().map_or(1, |n| n.get())]
     } else {

@@ -193,6 +193,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         bail!("--prompt must be at least 1");
     }
     let cache = &args.experts.cache;
+    let io_threads = cache.io_threads(args.device.backend);
     let default_slots = ["k", "2k", "4k", "all"].map(String::from).to_vec();
     let (k, ne) = (moe.top_k, moe.num_experts);
     let mut counts = Vec::new();
@@ -215,7 +216,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         a.prompt,
         a.generate,
         cache.policy(),
-        cache.io_threads,
+        io_threads,
         match (cache.direct_io, cache.host_experts) {
             (_, true) => ", every expert in host memory",
             (true, false) => ", direct I/O",
@@ -240,7 +241,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
     let base = ExpertOptions {
         policy: cache.policy(),
         direct_io: cache.direct_io,
-        io_threads: cache.io_threads,
+        io_threads,
         host_experts: cache.host_experts,
         ..ExpertOptions::default()
     };

@@ -42,7 +42,7 @@ pub use device::{
 pub use dtype::DType;
 pub use error::BackendError;
 pub use host::{HostTensor, SharedBytes};
-pub use moe::{ExpertPart, ExpertWeights, MoeInput, MoeScratch, Route};
+pub use moe::{ExpertWeights, MoeInput, MoeScratch, Projection, Route};
 pub use numerics::{Numerics, UnknownNumerics};
 pub use rope::RopeTable;
 pub use routing::{RouterScratch, RouterSpec, RouterTables};

@@ -30,24 +30,25 @@ pub struct ExpertWeights<M, V> {
 /// One of an expert's three projections: what a partial slot fill
 /// ([`Stream::fill_slot_rows`](crate::Stream::fill_slot_rows)) copies rows of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExpertPart {
+pub enum Projection {
     Gate,
     Up,
     Down,
 }
 
-impl ExpertPart {
-    /// Every projection, in the order an expert record stores them.
-    pub const ALL: [ExpertPart; 3] = [ExpertPart::Gate, ExpertPart::Up, ExpertPart::Down];
+impl Projection {
+    /// Every projection (gate, up, down: the order of `ExpertWeights`'
+    /// fields and of an install's expert records).
+    pub const ALL: [Projection; 3] = [Projection::Gate, Projection::Up, Projection::Down];
 }
 
 impl<M, V> ExpertWeights<M, V> {
-    /// The projection `part`.
-    pub fn part(&self, part: ExpertPart) -> &M {
-        match part {
-            ExpertPart::Gate => &self.gate,
-            ExpertPart::Up => &self.up,
-            ExpertPart::Down => &self.down,
+    /// The weights of projection `p`.
+    pub fn projection(&self, p: Projection) -> &M {
+        match p {
+            Projection::Gate => &self.gate,
+            Projection::Up => &self.up,
+            Projection::Down => &self.down,
         }
     }
 }

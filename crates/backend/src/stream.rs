@@ -19,8 +19,8 @@
 //! created ([`Device::stream`](crate::Device::stream)).
 
 use crate::{
-    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertPart,
-    ExpertTensors, MoeInput, MoeScratch, RopeTable, Route, RouterSpec, RouterTables,
+    BackendError, ConvParams, DeltaNetInput, DeltaNetParams, Device, ExpertBank, ExpertTensors,
+    MoeInput, MoeScratch, Projection, RopeTable, Route, RouterSpec, RouterTables,
 };
 use turbospark_core::arch::{Activation, NormSpec};
 
@@ -330,7 +330,7 @@ pub trait Stream<D: Device>: Send {
         _bank: &mut D::Bank,
         _slot: usize,
         _expert: &ExpertTensors,
-        _part: ExpertPart,
+        _part: Projection,
         _rows: std::ops::Range<usize>,
     ) -> Result<(), BackendError> {
         Err(BackendError::Unsupported {

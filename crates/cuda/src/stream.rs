@@ -23,9 +23,9 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::sync::Arc;
 use turbospark_backend::{
     bias_mismatch, check_len, check_rope, check_tokens, routes_for, AttentionParams, BackendError,
-    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertPart,
-    ExpertTensors, HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, RopeTable, Route,
-    RouterSpec, RouterTables, Stream,
+    ConvParams, DType, DeltaNetInput, DeltaNetLens, DeltaNetParams, Device, ExpertTensors,
+    HeadMatmul, Limits, MoeInput, MoeScratch, Numerics, Projection, RopeTable, Route, RouterSpec,
+    RouterTables, Stream,
 };
 use turbospark_core::arch::{Activation, NormScale, NormSpec, RopeKind, RouterKind};
 use turbospark_core::QuantFormat;
@@ -881,8 +881,8 @@ impl Stream<CudaDevice> for CudaStream {
         slot: usize,
         expert: &ExpertTensors,
     ) -> Result<(), BackendError> {
-        for part in ExpertPart::ALL {
-            let rows = bank.part(part).rows;
+        for part in Projection::ALL {
+            let rows = bank.projection(part).rows;
             self.fill_slot_rows(bank, slot, expert, part, 0..rows)?;
         }
         self.fill_slot_biases(bank, slot, expert)
@@ -897,7 +897,7 @@ impl Stream<CudaDevice> for CudaStream {
         bank: &mut CudaBank,
         slot: usize,
         expert: &ExpertTensors,
-        part: ExpertPart,
+        part: Projection,
         rows: std::ops::Range<usize>,
     ) -> Result<(), BackendError> {
         if slot >= bank.slots {
@@ -906,7 +906,7 @@ impl Stream<CudaDevice> for CudaStream {
                 available: bank.slots,
             });
         }
-        let (stacked, t) = (bank.part(part), expert.part(part));
+        let (stacked, t) = (bank.projection(part), expert.projection(part));
         if t.format != stacked.format || t.bytes.len() != stacked.host_slot_bytes() {
             return Err(shape(
                 "fill_slot",

@@ -1,7 +1,7 @@
 //! The CUDA device's buffers, weights, expert banks and route buffers.
 
 use crate::memory::DevMem;
-use turbospark_backend::{DType, DeviceBuf, ExpertBank, ExpertPart, RouteBuf};
+use turbospark_backend::{DType, DeviceBuf, ExpertBank, Projection, RouteBuf};
 use turbospark_core::QuantFormat;
 
 /// An activation or KV-cache buffer in device memory.
@@ -129,12 +129,12 @@ pub struct CudaBank {
 }
 
 impl CudaBank {
-    /// The stacked projection `part`.
-    pub(crate) fn part(&self, part: ExpertPart) -> &Stacked {
-        match part {
-            ExpertPart::Gate => &self.gate,
-            ExpertPart::Up => &self.up,
-            ExpertPart::Down => &self.down,
+    /// The stacked projection `p`.
+    pub(crate) fn projection(&self, p: Projection) -> &Stacked {
+        match p {
+            Projection::Gate => &self.gate,
+            Projection::Up => &self.up,
+            Projection::Down => &self.down,
         }
     }
 }

@@ -3,8 +3,8 @@
 use super::data::{bits, dequantized, f32_tensor, random_matrix, Rng};
 use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{
-    BackendError, Device, ExpertBank, ExpertPart, ExpertTensors, ExpertWeights, HostTensor, Limits,
-    MoeInput, MoeScratch, Route, RouterSpec, RouterTables, SharedBytes, Stream,
+    BackendError, Device, ExpertBank, ExpertTensors, ExpertWeights, HostTensor, Limits, MoeInput,
+    MoeScratch, Projection, Route, RouterSpec, RouterTables, SharedBytes, Stream,
 };
 use std::sync::Arc;
 use turbospark_core::arch::{Activation, NormSpec, RouterKind};
@@ -306,8 +306,8 @@ fn fill_in_pieces<D: Device>(
     slot: usize,
     expert: &ExpertTensors,
 ) -> Result<(), BackendError> {
-    for part in ExpertPart::ALL.into_iter().rev() {
-        let rows = expert.part(part).shape.first().copied().unwrap_or(0);
+    for part in Projection::ALL.into_iter().rev() {
+        let rows = expert.projection(part).shape.first().copied().unwrap_or(0);
         let mut at = 0;
         for piece in [1, rows / 3, rows] {
             let end = piece.clamp(at, rows);

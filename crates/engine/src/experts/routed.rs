@@ -49,8 +49,8 @@ use std::sync::Arc;
 use turbospark_backend::host::ByteOwner;
 use turbospark_backend::DType;
 use turbospark_backend::{
-    BackendError, Device, ExpertPart, ExpertTensors, ExpertWeights, HostPin, HostTensor, MoeInput,
-    MoeScratch, Route, SharedBytes, Stream,
+    BackendError, Device, ExpertTensors, ExpertWeights, HostPin, HostTensor, MoeInput, MoeScratch,
+    Projection, Route, SharedBytes, Stream,
 };
 use turbospark_core::arch::{Activation, ArchSpec};
 use turbospark_format::install::ExpertLayer;
@@ -154,9 +154,9 @@ impl<D: Device> SlotLayer<D> {
             tensors,
             host,
             parts: [
-                PartRows::new(layout, ExpertPart::Gate)?,
-                PartRows::new(layout, ExpertPart::Up)?,
-                PartRows::new(layout, ExpertPart::Down)?,
+                PartRows::new(layout, Projection::Gate)?,
+                PartRows::new(layout, Projection::Up)?,
+                PartRows::new(layout, Projection::Down)?,
             ],
             bank,
             cache: SlotCache::new(plan.policy, slots, layout.num_experts),
@@ -341,7 +341,7 @@ impl<D: Device> SlotLayer<D> {
             };
             // (`now` ≥ read + FILL_STEP, or the whole record)
             read = now.max(read + 1);
-            for (k, part) in ExpertPart::ALL.into_iter().enumerate() {
+            for (k, part) in Projection::ALL.into_iter().enumerate() {
                 let p = &self.parts[k];
                 let ready = if read >= self.read_len {
                     p.rows // the whole record (the layout was checked in `new`)
@@ -365,6 +365,16 @@ impl<D: Device> SlotLayer<D> {
 /// megabyte it moves.
 const FILL_STEP: usize = 1 << 20;
 
+/// The part `name` of `layout`'s expert records.
+fn record_part<'a>(
+    layout: &'a ExpertLayer,
+    name: &str,
+) -> Result<&'a turbospark_format::install::ExpertPart, EngineError> {
+    layout.part(name).ok_or_else(|| EngineError::MissingTensor {
+        name: format!("blk.{}.experts.{name}", layout.layer),
+    })
+}
+
 /// Where one projection's rows lie in an expert record.
 #[derive(Debug, Clone, Copy)]
 struct PartRows {
@@ -375,16 +385,13 @@ struct PartRows {
 
 impl PartRows {
     /// The rows of `part` in `layout`'s records.
-    fn new(layout: &ExpertLayer, part: ExpertPart) -> Result<PartRows, EngineError> {
+    fn new(layout: &ExpertLayer, part: Projection) -> Result<PartRows, EngineError> {
         let name = match part {
-            ExpertPart::Gate => "gate",
-            ExpertPart::Up => "up",
-            ExpertPart::Down => "down",
+            Projection::Gate => "gate",
+            Projection::Up => "up",
+            Projection::Down => "down",
         };
-        let missing = || EngineError::MissingTensor {
-            name: format!("blk.{}.experts.{name}", layout.layer),
-        };
-        let p = layout.part(name).ok_or_else(missing)?;
+        let p = record_part(layout, name)?;
         let rows = p.shape.first().map_or(0, |&r| r as usize);
         Ok(PartRows {
             offset: p.offset as usize,
@@ -480,11 +487,7 @@ fn expert_tensors(
     let mut tensors = Vec::with_capacity(count);
     for s in 0..count {
         let part = |name: &str| -> Result<HostTensor, EngineError> {
-            let p = layout
-                .part(name)
-                .ok_or_else(|| EngineError::MissingTensor {
-                    name: format!("blk.{layer}.experts.{name}"),
-                })?;
+            let p = record_part(layout, name)?;
             let start = s * sb + p.offset as usize;
             Ok(HostTensor {
                 name: format!("blk.{layer}.{what}.{s}.{name}"),

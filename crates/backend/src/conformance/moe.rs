@@ -319,9 +319,10 @@ fn fill_in_pieces<D: Device>(
 }
 
 /// Routed experts over a resident bank and over a slot bank refilled with
-/// [`Stream::fill_slot`] (and in pieces, [`Stream::fill_slot_rows`]): the f64 formula within `tol.moe`; each token the
-/// same bits alone as in the batch; `moe_experts` split by slot plus
-/// `moe_combine` the same bits as `moe`; routes outside the bank refused.
+/// [`Stream::fill_slot`] (and in pieces, [`Stream::fill_slot_rows`]): the
+/// f64 formula within `tol.moe`; each token the same bits alone as in the
+/// batch; `moe_experts` split by slot plus `moe_combine` the same bits as
+/// `moe`; routes outside the bank refused.
 pub fn check_moe<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     for formats in FORMAT_SETS {
         check_moe_formats(dev, tol, formats)?;

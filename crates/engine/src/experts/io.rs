@@ -417,6 +417,18 @@ mod tests {
     use crate::experts::aligned::AlignedBuf;
     use std::io::Write;
 
+    /// A temporary file (named after `tag` and this process) holding
+    /// `data`, opened for reading; the caller removes it.
+    fn file_holding(tag: &str, data: &[u8]) -> (std::path::PathBuf, Arc<File>) {
+        let path = std::env::temp_dir().join(format!("ts-io-{tag}-{}", std::process::id()));
+        std::fs::File::create(&path)
+            .unwrap()
+            .write_all(data)
+            .unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
+        (path, file)
+    }
+
     /// One batch, submitted and waited for.
     fn run(
         pool: &IoPool,
@@ -427,13 +439,8 @@ mod tests {
 
     #[test]
     fn reads_in_parallel_and_reports_the_failing_job() {
-        let path = std::env::temp_dir().join(format!("ts-io-pool-{}", std::process::id()));
         let data: Vec<u8> = (0..64 * 1024).map(|i| (i * 7 % 251) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
+        let (path, file) = file_holding("pool", &data);
         let buf = AlignedBuf::zeroed(16 * 4096).unwrap();
         let pool = IoPool::new(3, 16, 4096).unwrap();
         for round in 0..4 {
@@ -476,14 +483,9 @@ mod tests {
     /// thread; a piece past the end of the file fails its job.
     #[test]
     fn long_records_are_read_in_pieces() {
-        let path = std::env::temp_dir().join(format!("ts-io-pieces-{}", std::process::id()));
         let len = 2 * PIECE_BYTES + 12_288;
         let data: Vec<u8> = (0..3 * len).map(|i| (i * 11 % 253) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
+        let (path, file) = file_holding("pieces", &data);
         let buf = AlignedBuf::zeroed(3 * len).unwrap();
         for threads in [0, 1, 3] {
             let pool = IoPool::new(threads, 3, len).unwrap();
@@ -531,14 +533,9 @@ mod tests {
     /// order; with threads, whatever prefix is reported has arrived.
     #[test]
     fn a_jobs_prefix_is_ready_before_its_end() {
-        let path = std::env::temp_dir().join(format!("ts-io-prefix-{}", std::process::id()));
         let len = 3 * PIECE_BYTES + 4096;
         let data: Vec<u8> = (0..2 * len).map(|i| (i * 13 % 251) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
+        let (path, file) = file_holding("prefix", &data);
         for threads in [0, 3] {
             let buf = AlignedBuf::zeroed(2 * len).unwrap();
             let pool = IoPool::new(threads, 2, len).unwrap();
@@ -587,14 +584,9 @@ mod tests {
     /// batch; a failed read makes `wait_job` return false and `wait` name it.
     #[test]
     fn jobs_are_waited_for_one_by_one() {
-        let path = std::env::temp_dir().join(format!("ts-io-jobs-{}", std::process::id()));
         let len = PIECE_BYTES + 8192;
         let data: Vec<u8> = (0..4 * len).map(|i| (i * 17 % 239) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
+        let (path, file) = file_holding("jobs", &data);
         for threads in [0, 1, 3] {
             let pool = IoPool::new(threads, 4, len).unwrap();
             let buf = AlignedBuf::zeroed(4 * len).unwrap();
@@ -634,13 +626,8 @@ mod tests {
 
     #[test]
     fn submitted_reads_finish_by_wait_or_drop_with_or_without_threads() {
-        let path = std::env::temp_dir().join(format!("ts-io-submit-{}", std::process::id()));
         let data: Vec<u8> = (0..32 * 1024).map(|i| (i * 13 % 241) as u8).collect();
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
+        let (path, file) = file_holding("submit", &data);
         for threads in [0, 2] {
             let pool = IoPool::new(threads, 8, 4096).unwrap();
             for drop_unwaited in [false, true] {

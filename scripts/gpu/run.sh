@@ -466,9 +466,15 @@ PY
             "$TS" bench -m "$WORK/$m" --backend cuda --sweep --slots 16,8 --resident --prompt 128 --generate 128 \
                 ${IO_THREADS:+--io-threads $IO_THREADS}
         done
+        # Every miss read by the reader threads (no page cache locked).
+        echo "--- synth20b, --pin-page-cache 0"
+        "$TS" bench -m "$WORK/synth20b" --backend cuda --sweep --slots 16,8 --prompt 128 --generate 128 \
+            --pin-page-cache 0 ${IO_THREADS:+--io-threads $IO_THREADS}
         # The same routes give the same bits: logits of 24 tokens fed one at
         # a time (so decode steps are compared) with experts resident and
-        # streamed through 8 and 16 slots.
+        # streamed through 8 and 16 slots (misses copied from the locked page
+        # cache, the default; read, with --pin-page-cache 0; from host
+        # memory, with --host-experts).
         # Every expert also held in host memory (--host-experts): a miss is
         # one copy from page-locked host memory instead of a read.
         if [ "${HOST_EXPERTS:-1}" = 1 ]; then
@@ -477,18 +483,22 @@ PY
                 --host-experts
         fi
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
-        for ex in resident streamed:8 streamed:16 streamed:8:host; do
-            IFS=: read -r mode slots host <<< "$ex"
+        for ex in resident streamed:8 streamed:16 streamed:8:host streamed:8:read; do
+            IFS=: read -r mode slots how <<< "$ex"
+            extra=
+            [ "$how" = host ] && extra=--host-experts
+            [ "$how" = read ] && extra="--pin-page-cache 0"
+            # shellcheck disable=SC2086
             "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
-                --experts "$mode" ${slots:+--expert-slots $slots} ${host:+--host-experts} \
-                --out "$WORK/bits-$mode$slots$host.npy" > /dev/null \
+                --experts "$mode" ${slots:+--expert-slots $slots} $extra \
+                --out "$WORK/bits-$mode$slots$how.npy" > /dev/null \
                 || echo "logits $ex failed"
         done
         python3 - "$WORK" <<'PY'
 import sys, numpy as np
 w = sys.argv[1]
 r = np.load(f"{w}/bits-resident.npy")
-for s in ("streamed8", "streamed16", "streamed8host"):
+for s in ("streamed8", "streamed16", "streamed8host", "streamed8read"):
     x = np.load(f"{w}/bits-{s}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
     print(f"{s}: logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} resident")

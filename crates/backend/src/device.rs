@@ -180,6 +180,17 @@ pub trait Device: Send + Sync + Sized {
         let _ = bytes;
         Ok(None)
     }
+    /// Page-locks host memory the host never writes and the device only
+    /// reads (a read-only mapping of a file: its page-cache pages), so that
+    /// [`Stream::fill_slot`] copies from it straight to the device; locked
+    /// until the returned pin is dropped. Registering pins the pages in
+    /// place: a page not yet in memory is read in first. `Ok(None)` when
+    /// the device copies no differently from locked memory (the CPU), or
+    /// cannot lock read-only memory, or the system refuses.
+    fn pin_host_read_only(&self, bytes: &ByteOwner) -> Result<Option<HostPin>, BackendError> {
+        let _ = bytes;
+        Ok(None)
+    }
     /// A new stream whose scratch fits `limits` and every matrix uploaded
     /// so far; its ops never allocate.
     fn stream(&self, limits: &Limits) -> Result<Self::Stream, BackendError>;

@@ -66,6 +66,15 @@ pub struct CacheArgs {
     /// takes host memory the size of the expert files.
     #[arg(long)]
     pub host_experts: bool,
+    /// Streamed experts on a GPU: GiB of the expert files' page cache that
+    /// may be page-locked so that the GPU copies a miss straight out of the
+    /// page cache (one DMA, no read). An expert is locked at its first miss
+    /// once all its pages are cached (a read caches them) and stays locked
+    /// while the model is open. 0 turns it off [default: half the host
+    /// memory available when the model opens, at most the expert files;
+    /// not with --host-experts or --direct-io].
+    #[arg(long, value_name = "GIB")]
+    pub pin_page_cache: Option<f64>,
 }
 
 impl CacheArgs {
@@ -83,6 +92,21 @@ impl CacheArgs {
                 cores.saturating_sub(2).clamp(1, 12)
             }
         })
+    }
+
+    /// `--pin-page-cache` in bytes for `backend` (`None`: the store's
+    /// default). The CPU computes from host memory and locks nothing.
+    pub fn pin_page_cache(&self, backend: BackendArg) -> Result<Option<u64>> {
+        match (backend, self.pin_page_cache) {
+            (BackendArg::Cpu, _) => Ok(Some(0)),
+            (BackendArg::Cuda, None) => Ok(None),
+            (BackendArg::Cuda, Some(g)) if g.is_finite() && g >= 0.0 => {
+                Ok(Some((g * (1u64 << 30) as f64) as u64))
+            }
+            (BackendArg::Cuda, Some(g)) => {
+                bail!("--pin-page-cache must be a number of GiB, 0 or more, got {g}")
+            }
+        }
     }
 
     pub fn policy(&self) -> CachePolicy {
@@ -144,6 +168,7 @@ impl ExpertArgs {
             direct_io: self.cache.direct_io,
             io_threads: self.cache.io_threads(backend),
             host_experts: self.cache.host_experts,
+            pin_page_cache: self.cache.pin_page_cache(backend)?,
         })
     }
 
@@ -221,6 +246,37 @@ mod tests {
             direct_io: false,
             io_threads,
             host_experts: false,
+            pin_page_cache: None,
+        }
+    }
+
+    /// The CPU locks no page cache whatever is asked; a GPU takes the
+    /// store's default when unset, the GiB given otherwise, and refuses a
+    /// negative or non-finite amount.
+    #[test]
+    fn page_cache_to_lock_by_backend() {
+        let with = |g| CacheArgs {
+            pin_page_cache: g,
+            ..cache(None)
+        };
+        assert_eq!(
+            with(Some(3.0)).pin_page_cache(BackendArg::Cpu).unwrap(),
+            Some(0)
+        );
+        assert_eq!(with(None).pin_page_cache(BackendArg::Cuda).unwrap(), None);
+        assert_eq!(
+            with(Some(1.5)).pin_page_cache(BackendArg::Cuda).unwrap(),
+            Some(3 << 29)
+        );
+        assert_eq!(
+            with(Some(0.0)).pin_page_cache(BackendArg::Cuda).unwrap(),
+            Some(0)
+        );
+        for bad in [-1.0, f64::NAN, f64::INFINITY] {
+            let e = with(Some(bad))
+                .pin_page_cache(BackendArg::Cuda)
+                .unwrap_err();
+            assert!(e.to_string().contains("--pin-page-cache"), "{e}");
         }
     }
 

@@ -491,6 +491,7 @@ fn stats_since(a: &LayerStats, b: &LayerStats) -> LayerStats {
         hits: a.hits - b.hits,
         reads: a.reads - b.reads,
         bytes_read: a.bytes_read - b.bytes_read,
+        page_cache_copies: a.page_cache_copies - b.page_cache_copies,
         read_nanos: a.read_nanos - b.read_nanos,
         wait_nanos: a.wait_nanos - b.wait_nanos,
     }
@@ -720,6 +721,7 @@ mod tests {
                 hits: 12,
                 reads: 4,
                 bytes_read: 4 << 20,
+                page_cache_copies: 0,
                 read_nanos: 2_000_000,
                 wait_nanos: 1_000_000,
             },

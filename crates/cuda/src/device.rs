@@ -15,7 +15,7 @@ use crate::pinned::{PinnedRanges, Registration};
 use crate::stream::CudaStream;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector, Stacked};
 use crate::{layout, nvrtc, CudaError};
-use cudarc::driver::CudaContext;
+use cudarc::driver::{sys, CudaContext};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use turbospark_backend::host::ByteOwner;
@@ -37,6 +37,9 @@ pub struct CudaDevice {
     /// Host memory registered by [`Device::pin_host`], which streams copy
     /// from directly.
     pub(crate) pinned: Arc<PinnedRanges>,
+    /// Whether the driver registers read-only host memory
+    /// ([`Device::pin_host_read_only`]).
+    read_only_pins: bool,
 }
 
 impl CudaDevice {
@@ -83,6 +86,11 @@ impl CudaDevice {
         };
         let kernels = Arc::new(kernels);
         crate::kernels::note_device(capability.0);
+        let read_only_pins = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
+            )
+            .is_ok_and(|v| v != 0);
         Ok(CudaDevice {
             ctx,
             kernels,
@@ -91,6 +99,7 @@ impl CudaDevice {
             capability,
             widest: AtomicUsize::new(0),
             pinned: Arc::default(),
+            read_only_pins,
         })
     }
 
@@ -360,7 +369,19 @@ impl Device for CudaDevice {
         if std::env::var("TURBOSPARK_CUDA_PIN").as_deref() == Ok("0") {
             return Ok(None);
         }
-        Ok(Registration::new(&self.ctx, &self.pinned, bytes)?.map(|r| HostPin::new(Box::new(r))))
+        Ok(Registration::new(&self.ctx, &self.pinned, bytes, false)?
+            .map(|r| HostPin::new(Box::new(r))))
+    }
+
+    /// Needs `CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED` (an
+    /// H200 with driver 580 has it); `TURBOSPARK_CUDA_PIN=0` turns it off
+    /// too.
+    fn pin_host_read_only(&self, bytes: &ByteOwner) -> Result<Option<HostPin>, BackendError> {
+        if !self.read_only_pins || std::env::var("TURBOSPARK_CUDA_PIN").as_deref() == Ok("0") {
+            return Ok(None);
+        }
+        Ok(Registration::new(&self.ctx, &self.pinned, bytes, true)?
+            .map(|r| HostPin::new(Box::new(r))))
     }
 
     fn stream(&self, limits: &Limits) -> Result<CudaStream, BackendError> {

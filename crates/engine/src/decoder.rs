@@ -415,6 +415,7 @@ impl<D: Device> Pass<'_, D> {
         self.experts.run(
             st,
             RoutedInput {
+                device: &self.model.device,
                 layer: l,
                 x,
                 n_tokens: n,

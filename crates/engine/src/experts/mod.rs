@@ -20,6 +20,11 @@
 //!   place), and a miss is only the copy of that expert into its slot: for
 //!   a device whose memory holds some of the experts on a machine whose
 //!   memory holds them all.
+//!   Without it, on a device that copies from locked host memory (a GPU),
+//!   an expert whose pages are all in the page cache is locked there on its
+//!   first miss, within [`ExpertPlan::pin_page_cache`] bytes, and later
+//!   misses of it are one copy from the page cache by the device (see
+//!   `page_cache.rs`).
 //!
 //! [`ExpertOptions::default`] picks resident when the resident weights plus
 //! every expert fit the memory budget, and streamed otherwise, with as many
@@ -43,6 +48,7 @@
 mod aligned;
 mod cache;
 mod io;
+mod page_cache;
 pub(crate) mod routed;
 pub mod stats;
 
@@ -131,6 +137,11 @@ pub struct ExpertOptions {
     /// model's first session opens, and shared by its sessions), so that a
     /// miss copies it into its slot without a read.
     pub host_experts: bool,
+    /// Streamed, not `host_experts` nor `direct_io`: bytes of the expert
+    /// files' page cache the device may lock to copy misses straight from
+    /// it (see `page_cache.rs`). `None`: half the host memory available
+    /// when the model opens; 0 turns it off.
+    pub pin_page_cache: Option<u64>,
 }
 
 impl Default for ExpertOptions {
@@ -143,6 +154,7 @@ impl Default for ExpertOptions {
             direct_io: false,
             io_threads: 4,
             host_experts: false,
+            pin_page_cache: None,
         }
     }
 }
@@ -222,6 +234,10 @@ pub struct ExpertPlan {
     /// Streamed: every expert held in host memory (see
     /// [`ExpertOptions::host_experts`]).
     pub host_experts: bool,
+    /// Streamed: bytes of page cache the device may lock for its copies
+    /// ([`ExpertOptions::pin_page_cache`], at most the experts' bytes; 0
+    /// when off).
+    pub pin_page_cache: u64,
     pub reason: String,
 }
 
@@ -237,9 +253,17 @@ impl fmt::Display for ExpertPlan {
                     "every expert in host memory".to_string()
                 } else {
                     format!(
-                        "{} reader threads{}",
+                        "{} reader threads{}{}",
                         self.io_threads,
-                        if self.direct_io { ", direct I/O" } else { "" }
+                        if self.direct_io { ", direct I/O" } else { "" },
+                        if self.pin_page_cache > 0 {
+                            format!(
+                                ", up to {} of page cache locked for the device",
+                                Bytes(self.pin_page_cache)
+                            )
+                        } else {
+                            String::new()
+                        }
                     )
                 },
                 self.reason
@@ -271,6 +295,7 @@ pub fn plan(
         direct_io: opts.direct_io,
         io_threads: opts.io_threads,
         host_experts: false,
+        pin_page_cache: 0,
         reason: String::new(),
     };
     if fp.moe_layers == 0 {
@@ -347,6 +372,9 @@ pub fn plan(
         fp.moe_layers
     );
     plan.host_experts = opts.host_experts;
+    if !plan.host_experts && !plan.direct_io {
+        plan.pin_page_cache = opts.pin_page_cache.unwrap_or(0).min(fp.expert_bytes);
+    }
     if plan.host_experts {
         plan.reason += &format!(
             "; every expert also in host memory ({})",
@@ -365,6 +393,9 @@ pub(crate) struct ExpertFile {
     /// Every expert of the layer in host memory, once a session has read
     /// them (`--host-experts`); shared by the model's sessions.
     pub host: std::sync::Mutex<Option<Arc<routed::HostExperts>>>,
+    /// The file mapped read-only, its experts locked for the device as they
+    /// miss (see `page_cache.rs`); shared by the model's sessions.
+    pub mapped: std::sync::Mutex<Option<Arc<page_cache::MappedExperts>>>,
 }
 
 /// A model's experts: the plan, and the open files of a streamed store.
@@ -372,6 +403,8 @@ pub struct ExpertStore {
     plan: ExpertPlan,
     /// One per MoE layer when streamed, else empty.
     pub(crate) files: Vec<ExpertFile>,
+    /// What is left of [`ExpertPlan::pin_page_cache`].
+    pub(crate) pin_budget: Arc<page_cache::PinBudget>,
 }
 
 /// Checks that `file` (at `path`) holds every expert of `layout`.
@@ -404,9 +437,11 @@ impl ExpertStore {
                 direct_io: false,
                 io_threads: 0,
                 host_experts: false,
+                pin_page_cache: 0,
                 reason: "held by the weight source".into(),
             },
             files: Vec::new(),
+            pin_budget: Arc::new(page_cache::PinBudget::new(0)),
         }
     }
 
@@ -418,6 +453,14 @@ impl ExpertStore {
         opts: &ExpertOptions,
         available: Option<u64>,
     ) -> Result<ExpertStore, ExpertError> {
+        // The page cache's default share: half the host memory available.
+        let opts = &ExpertOptions {
+            pin_page_cache: Some(
+                opts.pin_page_cache
+                    .unwrap_or_else(|| available_memory().map_or(0, |a| a / 2)),
+            ),
+            ..*opts
+        };
         let plan = plan(&Footprint::of_install(install), opts, available)?;
         let mut files = Vec::new();
         if plan.residency == Residency::Streamed {
@@ -429,10 +472,16 @@ impl ExpertStore {
                     layout: layout.clone(),
                     path,
                     host: std::sync::Mutex::new(None),
+                    mapped: std::sync::Mutex::new(None),
                 });
             }
         }
-        Ok(ExpertStore { plan, files })
+        let pin_budget = Arc::new(page_cache::PinBudget::new(plan.pin_page_cache));
+        Ok(ExpertStore {
+            plan,
+            files,
+            pin_budget,
+        })
     }
 
     pub fn plan(&self) -> &ExpertPlan {

@@ -14,7 +14,9 @@
 //!   when it fits; a decode token always fits since slots ≥ top_k), and per
 //!   group fetches the experts (hits are pinned first, then each miss takes
 //!   a victim slot, then all misses are read in parallel — or, with every
-//!   expert in host memory, copied from there), rewrites the
+//!   expert in host memory, copied from there; a miss whose expert the
+//!   device has locked in the page cache is copied from there by the
+//!   device, `page_cache.rs`), rewrites the
 //!   routes from expert ids to slot indices, and computes the group's rows
 //!   over the slot bank: the experts that hit while the misses are being
 //!   read ([`Stream::moe_experts`] on the hit slots), the misses once they
@@ -39,6 +41,7 @@
 use super::aligned::AlignedBuf;
 use super::cache::SlotCache;
 use super::io::{IoPool, Pending, ReadJob};
+use super::page_cache::{MappedExperts, PinBudget};
 use super::stats::{ExpertStats, LayerStats, RouterHistogram};
 use super::{slot_bytes, Bytes, ExpertError, ExpertFile, ExpertPlan, ExpertStore, Residency};
 use crate::census::CensusState;
@@ -57,6 +60,8 @@ use turbospark_format::install::ExpertLayer;
 
 /// One MoE layer's routed-expert step.
 pub(crate) struct RoutedInput<'a, D: Device> {
+    /// The model's device (it locks page-cache pages for streamed misses).
+    pub device: &'a D,
     pub layer: usize,
     /// `[n_tokens, hidden]`
     pub x: &'a D::Buf,
@@ -98,6 +103,10 @@ struct SlotLayer<D: Device> {
     /// other sessions (`--host-experts`): a miss is a copy from there, no
     /// read.
     host: Option<Arc<HostExperts>>,
+    /// The layer's file mapped, its experts locked in the page cache for
+    /// the device as they miss (none with `host`, direct I/O, or no
+    /// budget): a miss of a locked expert is a copy from there, no read.
+    mapped: Option<Arc<MappedExperts>>,
     /// Where each projection's rows lie in a record (gate, up, down).
     parts: [PartRows; 3],
     /// The device's copy of the slots, refilled after each read.
@@ -115,6 +124,7 @@ impl<D: Device> SlotLayer<D> {
         spec: &ArchSpec,
         f: &ExpertFile,
         plan: &ExpertPlan,
+        pin_budget: &Arc<PinBudget>,
     ) -> Result<SlotLayer<D>, EngineError> {
         let layer = f.layer;
         let layout = &f.layout;
@@ -130,7 +140,12 @@ impl<D: Device> SlotLayer<D> {
         let read_len = read_len(layout, plan);
         let buf = Arc::new(record_buffer(layer, held, sb, read_len)?);
         let owner: ByteOwner = buf.clone();
-        let tensors = expert_tensors(spec, layout, &owner, held, "expert_slot")?;
+        let tensors = expert_tensors(spec, layout, &owner, held, sb, "expert_slot")?;
+        let mapped = if host.is_none() && plan.pin_page_cache > 0 {
+            mapped_experts(spec, f, pin_budget)?
+        } else {
+            None
+        };
         // The device's slots start as copies of the first host slots (zeros,
         // or experts 0.. when every expert is held); the cache holds none.
         let first = match &host {
@@ -153,6 +168,7 @@ impl<D: Device> SlotLayer<D> {
             buf,
             tensors,
             host,
+            mapped,
             parts: [
                 PartRows::new(layout, Projection::Gate)?,
                 PartRows::new(layout, Projection::Up)?,
@@ -211,6 +227,61 @@ impl<D: Device> SlotLayer<D> {
         }
         stats.requests += needed.len() as u64;
         stats.hits += hits;
+        Ok(())
+    }
+
+    /// Moves each miss the device can copy straight from the page cache
+    /// (its expert locked there, now or before: `page_cache.rs`) from
+    /// `misses` to `mapped`, leaving the misses to read.
+    fn take_mapped(
+        &self,
+        device: &D,
+        misses: &mut Vec<Miss>,
+        mapped: &mut Vec<Miss>,
+    ) -> Result<(), EngineError> {
+        mapped.clear();
+        let Some(pc) = &self.mapped else {
+            return Ok(());
+        };
+        let mut i = 0;
+        while i < misses.len() {
+            if pc.source(device, misses[i].expert as usize)?.is_some() {
+                mapped.push(misses.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queues the copies of `mapped` (from [`SlotLayer::take_mapped`]) from
+    /// the page cache into their slots, counted as reads taking no read
+    /// time. On failure their slots are emptied.
+    fn fill_mapped(
+        &mut self,
+        st: &mut D::Stream,
+        mapped: &[Miss],
+        stats: &mut LayerStats,
+    ) -> Result<(), EngineError> {
+        let Some(pc) = self.mapped.clone() else {
+            return Ok(());
+        };
+        for m in mapped {
+            let filled = match pc.expert(m.expert as usize) {
+                Some(t) => st.fill_slot(&mut self.bank, m.slot as usize, t),
+                None => Err(BackendError::BadRoute {
+                    slot: m.expert as usize,
+                    available: pc.experts(),
+                }),
+            };
+            if let Err(e) = filled {
+                self.forget(mapped);
+                return Err(e.into());
+            }
+        }
+        stats.reads += mapped.len() as u64;
+        stats.page_cache_copies += mapped.len() as u64;
+        stats.bytes_read += (mapped.len() * self.read_len) as u64;
         Ok(())
     }
 
@@ -401,6 +472,28 @@ impl PartRows {
     }
 }
 
+/// The shared read-only mapping of `f`'s experts (made by the first
+/// caller); `None` when its records are not page-aligned.
+fn mapped_experts(
+    spec: &ArchSpec,
+    f: &ExpertFile,
+    budget: &Arc<PinBudget>,
+) -> Result<Option<Arc<MappedExperts>>, EngineError> {
+    let mut shared = f.mapped.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(m) = shared.as_ref() {
+        return Ok(Some(Arc::clone(m)));
+    }
+    let layout = &f.layout;
+    let (n, stride) = (layout.num_experts, layout.stride as usize);
+    let tensors = |owner: &ByteOwner| expert_tensors(spec, layout, owner, n, stride, "expert");
+    let Some(m) = MappedExperts::open(f, budget, tensors)? else {
+        return Ok(None);
+    };
+    let m = Arc::new(m);
+    *shared = Some(Arc::clone(&m));
+    Ok(Some(m))
+}
+
 /// Every expert of one layer in host memory, shared by a model's sessions
 /// (`--host-experts`, [`ExpertFile::host`]): read once, by the first
 /// session that needs it, page-locked by its device where it can be, and
@@ -431,7 +524,7 @@ fn host_experts<D: Device>(
     read_every_expert(&mut buf, f, sb, len, plan.io_threads)?;
     let owner: ByteOwner = Arc::new(buf);
     let h = Arc::new(HostExperts {
-        tensors: expert_tensors(spec, layout, &owner, n, "expert")?,
+        tensors: expert_tensors(spec, layout, &owner, n, sb, "expert")?,
         _pin: device.pin_host(&owner)?,
     });
     *shared = Some(Arc::clone(&h));
@@ -474,15 +567,16 @@ fn record_buffer(
 }
 
 /// Host tensors over `count` records of `layout` in `owner`, record `s` at
-/// `s · slot_bytes`, named `blk.{layer}.{what}.{s}.{part}`.
+/// `s · spacing`, named `blk.{layer}.{what}.{s}.{part}`.
 fn expert_tensors(
     spec: &ArchSpec,
     layout: &ExpertLayer,
     owner: &ByteOwner,
     count: usize,
+    spacing: usize,
     what: &str,
 ) -> Result<Vec<ExpertTensors>, EngineError> {
-    let (layer, sb) = (layout.layer, slot_bytes(layout) as usize);
+    let (layer, sb) = (layout.layer, spacing);
     let biases = spec.moe.as_ref().is_some_and(|m| m.expert_biases);
     let mut tensors = Vec::with_capacity(count);
     for s in 0..count {
@@ -625,7 +719,9 @@ struct Streamed<D: Device> {
     /// By layer index; `None` for dense layers.
     layers: Vec<Option<SlotLayer<D>>>,
     pool: IoPool,
+    /// A group's misses to read, and those copied from the page cache.
     misses: Vec<Miss>,
+    mapped: Vec<Miss>,
     /// Which slots a partial expert computation covers `[max_slots]`.
     ready: Vec<bool>,
     /// Routes rewritten to slot indices `[max_batch, top_k]`, on the host
@@ -670,7 +766,7 @@ impl<D: Device> SessionExperts<D> {
                 (0..spec.num_layers()).map(|_| None).collect();
             for f in &store.files {
                 if let Some(slot) = layers.get_mut(f.layer) {
-                    *slot = Some(SlotLayer::new(device, spec, f, plan)?);
+                    *slot = Some(SlotLayer::new(device, spec, f, plan, &store.pin_budget)?);
                 }
             }
             if let Some(&l) = moe_layers.iter().find(|&&l| layers[l].is_none()) {
@@ -695,6 +791,7 @@ impl<D: Device> SessionExperts<D> {
                 pool: IoPool::new(plan.io_threads, max_slots, max_read)
                     .map_err(ExpertError::Threads)?,
                 misses: Vec::with_capacity(max_slots),
+                mapped: Vec::with_capacity(max_slots),
                 ready: vec![false; max_slots],
                 remap: vec![Route::default(); max_batch * top_k],
                 remap_device: device.alloc_routes(max_batch, top_k)?,
@@ -736,6 +833,7 @@ impl<D: Device> SessionExperts<D> {
         out: &mut D::Buf,
     ) -> Result<(), EngineError> {
         let RoutedInput {
+            device,
             layer,
             x,
             n_tokens: n,
@@ -817,6 +915,10 @@ impl<D: Device> SessionExperts<D> {
         while t0 < n {
             let t1 = self.grouper.next(host, t0, n, slots)?;
             sl.plan(&self.grouper.needed, &mut sd.misses, stats)?;
+            if let Err(e) = sl.take_mapped(device, &mut sd.misses, &mut sd.mapped) {
+                sl.forget(&sd.misses);
+                return Err(e);
+            }
             let group = t0 * k..t1 * k;
             let remap = &mut sd.remap[..group.len()];
             for (dst, r) in remap.iter_mut().zip(&host[group]) {
@@ -839,7 +941,7 @@ impl<D: Device> SessionExperts<D> {
             // The hits are computed while the misses are read.
             let ready = &mut sd.ready[..slots];
             ready.fill(true);
-            for miss in &sd.misses {
+            for miss in sd.misses.iter().chain(&sd.mapped) {
                 ready[miss.slot as usize] = false;
             }
             if sl.reads_into_pinned_slots() && !sd.misses.is_empty() {
@@ -847,7 +949,8 @@ impl<D: Device> SessionExperts<D> {
                 st.wait_slot_fills()?;
             }
             let pending = sl.start_reads(&sd.pool, &sd.misses)?;
-            let hits = if sd.misses.len() < self.grouper.needed.len() {
+            let fetched = sd.misses.len() + sd.mapped.len();
+            let hits = if fetched < self.grouper.needed.len() {
                 let input = MoeInput {
                     x: gx,
                     n_tokens: m,
@@ -859,11 +962,14 @@ impl<D: Device> SessionExperts<D> {
             } else {
                 Ok(())
             };
+            // The device copies from the page cache while the rest is read.
+            let copied = sl.fill_mapped(st, &sd.mapped, stats);
             sl.finish_reads(st, pending, &sd.misses, stats)?;
             hits?;
-            if !sd.misses.is_empty() {
+            copied?;
+            if fetched > 0 {
                 ready.fill(false);
-                for miss in &sd.misses {
+                for miss in sd.misses.iter().chain(&sd.mapped) {
                     ready[miss.slot as usize] = true;
                 }
                 let input = MoeInput {

@@ -20,6 +20,9 @@ pub struct LayerStats {
     /// Experts read from storage (misses).
     pub reads: u64,
     pub bytes_read: u64,
+    /// Of `reads`, the misses the device copied straight from the page
+    /// cache (no read, no read time; `page_cache.rs`).
+    pub page_cache_copies: u64,
     /// Wall time of the reads, from submission to the last one's end, in
     /// nanoseconds.
     pub read_nanos: u64,
@@ -52,6 +55,7 @@ impl LayerStats {
         self.hits += o.hits;
         self.reads += o.reads;
         self.bytes_read += o.bytes_read;
+        self.page_cache_copies += o.page_cache_copies;
         self.read_nanos += o.read_nanos;
         self.wait_nanos += o.wait_nanos;
     }
@@ -230,13 +234,15 @@ mod tests {
             hits: 3,
             reads: 1,
             bytes_read: 1 << 20,
+            page_cache_copies: 1,
             read_nanos: 1_000_000,
             wait_nanos: 250_000,
         };
         s.layer_mut(3).unwrap().requests = 4;
+        s.layer_mut(3).unwrap().page_cache_copies = 2;
         s.layer_mut(3).unwrap().hits = 1;
         let t = s.total();
-        assert_eq!((t.requests, t.hits), (8, 4));
+        assert_eq!((t.requests, t.hits, t.page_cache_copies), (8, 4, 3));
         assert_eq!((t.read_nanos, t.wait_nanos), (1_000_000, 250_000));
         assert_eq!(t.hit_rate(), 0.5);
         assert!((s.layer(1).unwrap().bandwidth() - 1048576e3).abs() < 1.0);

@@ -5,7 +5,9 @@
 //! phases over the decode steps (attention, router, routed experts — reads
 //! included — and head), and each configuration's peak resident memory (VmHWM,
 //! reset between configurations) against the bound the slot cache promises:
-//! resident weights + slots × stride × MoE layers + 300 MiB of scratch.
+//! resident weights + slots × stride × MoE layers + 300 MiB of scratch,
+//! plus the page cache a GPU may lock for its copies (`--pin-page-cache`:
+//! locked pages of a mapped file count in the resident set).
 //!
 //! Tokens are synthetic (a fixed pseudo-random prompt, then greedy
 //! decoding), so any MoE install works, including `turbospark synth` ones.
@@ -65,6 +67,9 @@ struct Row {
     decode_tps: f64,
     hit_rate: f64,
     bytes_read: u64,
+    /// Misses, and of them those the device copied from the page cache.
+    misses: u64,
+    page_cache_copies: u64,
     read_bw: f64,
     /// Share of the decode time spent waiting for expert reads.
     io_wait: f64,
@@ -141,6 +146,8 @@ fn measure_config<D: Device>(a: &Sweep, install: &Install, model: &Model<D>) -> 
         decode_tps: a.generate as f64 / decode,
         hit_rate: stats.hit_rate(),
         bytes_read: stats.bytes_read,
+        misses: stats.reads,
+        page_cache_copies: stats.page_cache_copies,
         read_bw: stats.bandwidth(),
         io_wait: stats.wait_nanos as f64 * 1e-9 / decode,
         peak: reset.then(peak_rss_bytes).flatten(),
@@ -158,6 +165,7 @@ fn measure_config<D: Device>(a: &Sweep, install: &Install, model: &Model<D>) -> 
                     .iter()
                     .map(|e| held(e) as u64 * e.stride)
                     .sum::<u64>()
+                + plan.pin_page_cache
                 + OVERHEAD
         }),
         histogram: session.router_histogram().clone(),
@@ -243,6 +251,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
         direct_io: cache.direct_io,
         io_threads,
         host_experts: cache.host_experts,
+        pin_page_cache: cache.pin_page_cache(args.device.backend)?,
         ..ExpertOptions::default()
     };
     let mut configs = Vec::new();
@@ -293,6 +302,7 @@ pub fn run(args: &Args) -> Result<ExitCode> {
                 "decode_tok_per_s": r.decode_tps,
                 "hit_rate": r.hit_rate,
                 "bytes_read": r.bytes_read,
+                "page_cache_copies": r.page_cache_copies,
                 "read_bytes_per_s": r.read_bw,
                 "io_wait": r.io_wait,
                 "peak_rss_bytes": r.peak,
@@ -317,6 +327,12 @@ pub fn run(args: &Args) -> Result<ExitCode> {
             ok
         );
         println!("{:>16} {}", "decode phases:", r.decode_phases);
+        if r.page_cache_copies > 0 {
+            println!(
+                "{:>16} {} of {} misses copied by the device from locked page cache (no read)",
+                "page cache:", r.page_cache_copies, r.misses
+            );
+        }
         histogram.get_or_insert(r.histogram);
     }
     if let Some(h) = &histogram {

@@ -492,6 +492,7 @@ fn stats_since(a: &LayerStats, b: &LayerStats) -> LayerStats {
         reads: a.reads - b.reads,
         bytes_read: a.bytes_read - b.bytes_read,
         page_cache_copies: a.page_cache_copies - b.page_cache_copies,
+        page_cache_bytes: a.page_cache_bytes - b.page_cache_bytes,
         read_nanos: a.read_nanos - b.read_nanos,
         wait_nanos: a.wait_nanos - b.wait_nanos,
     }
@@ -722,6 +723,7 @@ mod tests {
                 reads: 4,
                 bytes_read: 4 << 20,
                 page_cache_copies: 0,
+                page_cache_bytes: 0,
                 read_nanos: 2_000_000,
                 wait_nanos: 1_000_000,
             },

@@ -21,7 +21,7 @@
 //! The device copies the same record bytes a read would have put in the
 //! slot, so a layer's output bits do not depend on which way a miss came.
 
-use super::{ExpertError, ExpertFile};
+use super::ExpertFile;
 use crate::EngineError;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -105,7 +105,8 @@ impl MappedExperts {
     /// Maps `f` read-only, with `tensors(owner)` giving each expert's parts
     /// over a mapping whose records lie `stride` apart. `None` when its
     /// records do not start on page boundaries (locking one expert would
-    /// lock part of its neighbour) or the file is empty.
+    /// lock part of its neighbour), the file is empty, or the system maps
+    /// no such file: its experts are then only read.
     pub(crate) fn open(
         f: &ExpertFile,
         budget: &Arc<PinBudget>,
@@ -120,14 +121,9 @@ impl MappedExperts {
         // SAFETY: the file is opened read-only and an install is immutable
         // while open (see `source::map_file`), so the mapping does not
         // change underneath the tensors over it.
-        let map = unsafe { memmap2::Mmap::map(&*f.file) }.map_err(|source| ExpertError::Read {
-            layer: f.layer,
-            expert: 0,
-            path: f.path.clone(),
-            offset: 0,
-            len: 0,
-            source,
-        })?;
+        let Ok(map) = (unsafe { memmap2::Mmap::map(&*f.file) }) else {
+            return Ok(None);
+        };
         let len = map.len();
         let map: ByteOwner = Arc::new(map);
         let pages = (0..layout.num_experts)

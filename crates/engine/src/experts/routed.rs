@@ -280,8 +280,10 @@ impl<D: Device> SlotLayer<D> {
             }
         }
         stats.reads += mapped.len() as u64;
+        let bytes = (mapped.len() * self.read_len) as u64;
         stats.page_cache_copies += mapped.len() as u64;
-        stats.bytes_read += (mapped.len() * self.read_len) as u64;
+        stats.page_cache_bytes += bytes;
+        stats.bytes_read += bytes;
         Ok(())
     }
 

@@ -20,9 +20,11 @@ pub struct LayerStats {
     /// Experts read from storage (misses).
     pub reads: u64,
     pub bytes_read: u64,
-    /// Of `reads`, the misses the device copied straight from the page
-    /// cache (no read, no read time; `page_cache.rs`).
+    /// Of `reads` and `bytes_read`, the misses the device copied straight
+    /// from the page cache and their bytes (no read, no read time;
+    /// `page_cache.rs`).
     pub page_cache_copies: u64,
+    pub page_cache_bytes: u64,
     /// Wall time of the reads, from submission to the last one's end, in
     /// nanoseconds.
     pub read_nanos: u64,
@@ -41,12 +43,14 @@ impl LayerStats {
         }
     }
 
-    /// Bytes read per second of read time (0 when nothing was read).
+    /// Bytes read per second of read time (0 when nothing was read); the
+    /// copies from the page cache, which take no read time, are left out.
     pub fn bandwidth(&self) -> f64 {
         if self.read_nanos == 0 {
             0.0
         } else {
-            self.bytes_read as f64 / (self.read_nanos as f64 * 1e-9)
+            let read = self.bytes_read.saturating_sub(self.page_cache_bytes);
+            read as f64 / (self.read_nanos as f64 * 1e-9)
         }
     }
 
@@ -56,6 +60,7 @@ impl LayerStats {
         self.reads += o.reads;
         self.bytes_read += o.bytes_read;
         self.page_cache_copies += o.page_cache_copies;
+        self.page_cache_bytes += o.page_cache_bytes;
         self.read_nanos += o.read_nanos;
         self.wait_nanos += o.wait_nanos;
     }
@@ -235,6 +240,7 @@ mod tests {
             reads: 1,
             bytes_read: 1 << 20,
             page_cache_copies: 1,
+            page_cache_bytes: 1 << 19,
             read_nanos: 1_000_000,
             wait_nanos: 250_000,
         };
@@ -245,7 +251,8 @@ mod tests {
         assert_eq!((t.requests, t.hits, t.page_cache_copies), (8, 4, 3));
         assert_eq!((t.read_nanos, t.wait_nanos), (1_000_000, 250_000));
         assert_eq!(t.hit_rate(), 0.5);
-        assert!((s.layer(1).unwrap().bandwidth() - 1048576e3).abs() < 1.0);
+        // Half of the MiB came from the page cache, in no read time.
+        assert!((s.layer(1).unwrap().bandwidth() - 524288e3).abs() < 1.0);
         assert!(s.to_string().contains("total"));
         assert!(s.layer(2).is_none());
 

@@ -19,7 +19,10 @@
 #   llamacpp     builds llama.cpp with CUDA for sm_90 from the packed sources
 #                and races it on the same GGUF (resident, and --n-cpu-moe)
 #   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
-#                uniform and skewed routing
+#                uniform and skewed routing (misses copied from the locked
+#                page cache, the default), then every miss read
+#                (--pin-page-cache 0) and every expert in host memory; logits
+#                of each way bit for bit against resident
 #   like         parity on `synth --like` installs of the three real models
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast

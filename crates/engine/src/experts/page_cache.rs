@@ -58,7 +58,6 @@ impl PinBudget {
     }
 
     /// Bytes not yet taken.
-    #[cfg(test)]
     fn left(&self) -> u64 {
         self.left.load(Ordering::Acquire)
     }
@@ -161,7 +160,9 @@ impl MappedExperts {
             return Ok(Some(tensors));
         }
         let bytes = pages.len() as u64;
-        if !self.all_cached(pages.clone()) || !self.budget.take(bytes) {
+        // (the budget first: asking the kernel about every page costs more)
+        if self.budget.left() < bytes || !self.all_cached(pages.clone()) || !self.budget.take(bytes)
+        {
             return Ok(None);
         }
         let owner: ByteOwner = Arc::new(MapRange {

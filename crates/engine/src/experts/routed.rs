@@ -918,7 +918,9 @@ impl<D: Device> SessionExperts<D> {
             let t1 = self.grouper.next(host, t0, n, slots)?;
             sl.plan(&self.grouper.needed, &mut sd.misses, stats)?;
             if let Err(e) = sl.take_mapped(device, &mut sd.misses, &mut sd.mapped) {
+                // No slot keeps an expert it never received.
                 sl.forget(&sd.misses);
+                sl.forget(&sd.mapped);
                 return Err(e);
             }
             let group = t0 * k..t1 * k;
@@ -946,11 +948,21 @@ impl<D: Device> SessionExperts<D> {
             for miss in sd.misses.iter().chain(&sd.mapped) {
                 ready[miss.slot as usize] = false;
             }
-            if sl.reads_into_pinned_slots() && !sd.misses.is_empty() {
+            let started = if sl.reads_into_pinned_slots() && !sd.misses.is_empty() {
                 // The misses' slots may still be copied from (an earlier group).
-                st.wait_slot_fills()?;
+                st.wait_slot_fills().map_err(EngineError::from)
+            } else {
+                Ok(())
             }
-            let pending = sl.start_reads(&sd.pool, &sd.misses)?;
+            .and_then(|()| sl.start_reads(&sd.pool, &sd.misses));
+            let pending = match started {
+                Ok(p) => p,
+                Err(e) => {
+                    sl.forget(&sd.misses);
+                    sl.forget(&sd.mapped);
+                    return Err(e);
+                }
+            };
             let fetched = sd.misses.len() + sd.mapped.len();
             let hits = if fetched < self.grouper.needed.len() {
                 let input = MoeInput {

@@ -415,18 +415,11 @@ impl Drop for IoPool {
 mod tests {
     use super::*;
     use crate::experts::aligned::AlignedBuf;
-    use std::io::Write;
 
-    /// A temporary file (named after `tag` and this process) holding
-    /// `data`, opened for reading; the caller removes it.
+    /// A temporary `ts-io-{tag}` file holding `data` (see
+    /// [`crate::experts::file_holding`]).
     fn file_holding(tag: &str, data: &[u8]) -> (std::path::PathBuf, Arc<File>) {
-        let path = std::env::temp_dir().join(format!("ts-io-{tag}-{}", std::process::id()));
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(data)
-            .unwrap();
-        let file = Arc::new(File::open(&path).unwrap());
-        (path, file)
+        crate::experts::file_holding(&format!("io-{tag}"), data)
     }
 
     /// One batch, submitted and waited for.

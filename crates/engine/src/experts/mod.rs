@@ -522,6 +522,17 @@ fn open_expert_file(
     Ok(file)
 }
 
+/// A temporary file `ts-{tag}-{pid}` holding `data`, opened for reading,
+/// for the store's unit tests; the caller removes it.
+#[cfg(test)]
+pub(crate) fn file_holding(tag: &str, data: &[u8]) -> (PathBuf, Arc<File>) {
+    use std::io::Write;
+    let path = std::env::temp_dir().join(format!("ts-{tag}-{}", std::process::id()));
+    File::create(&path).unwrap().write_all(data).unwrap();
+    let file = Arc::new(File::open(&path).unwrap());
+    (path, file)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -232,7 +232,6 @@ impl MappedExperts {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
     use std::path::PathBuf;
     use turbospark_backend::{ExpertWeights, HostTensor, SharedBytes};
     use turbospark_core::QuantFormat;
@@ -242,11 +241,7 @@ mod tests {
     /// bytes (gate, up, down), every byte a function of its position.
     fn layer_file(tag: &str, n: usize, stride: usize) -> (PathBuf, ExpertFile, Vec<u8>) {
         let data: Vec<u8> = (0..n * stride).map(|i| (i * 31 % 251) as u8).collect();
-        let path = std::env::temp_dir().join(format!("ts-pc-{tag}-{}", std::process::id()));
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&data)
-            .unwrap();
+        let (path, file) = crate::experts::file_holding(&format!("pc-{tag}"), &data);
         let part = |name: &str, k: u64| ExpertPart {
             name: name.into(),
             dtype: QuantFormat::F32,
@@ -265,7 +260,7 @@ mod tests {
             layer: 0,
             layout,
             path: path.clone(),
-            file: Arc::new(std::fs::File::open(&path).unwrap()),
+            file,
             host: Mutex::new(None),
             mapped: Mutex::new(None),
         };

@@ -117,7 +117,8 @@ pub(crate) struct Q8Out {
 }
 
 /// Fast matrix-vector products of one quantized input (`xq`, `xd`, from
-/// the f32 input at `x`).
+/// the f32 input at `x`); for bf16 weights (tensor cores, any number of
+/// tokens) `x` itself, `xq` and `xd` unused.
 #[derive(Clone, Copy)]
 pub(crate) struct GroupLaunch {
     pub format: QuantFormat,
@@ -483,6 +484,7 @@ pub(crate) fn launch_pending(
                 ],
             )
         }
+        Pending::Group(g) if g.format == QuantFormat::Bf16 => launch_bf16_tc(k, stream, &g),
         Pending::Group(g) => {
             let set = k.q8.get(g.format).ok_or(BackendError::Unsupported {
                 op: "matmul (8-bit activations of this format)",
@@ -541,6 +543,38 @@ pub(crate) fn launch_pending(
     }
 }
 
+/// A group of bf16 products of one f32 input (`g.x`) on the tensor cores
+/// (`kernels/tcmm.cu`): up to [`kernels::TC_FEW_TOKENS`] tokens a block
+/// per 16 rows with a warp per segment of the columns, more a block per
+/// [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`] tokens.
+fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
+    let tc = k.bf16_tc.as_ref().ok_or(BackendError::Unsupported {
+        op: "matmul (bf16 on the tensor cores)",
+    })?;
+    let few = g.n <= kernels::TC_FEW_TOKENS;
+    let group = g
+        .group
+        .in_blocks_of(if few { 16 } else { kernels::TC_BATCH_ROWS });
+    let blocks = group.block_start[group.count as usize] as u32;
+    let (cols, nn) = (g.cols as i32, g.n as i32);
+    let args = &mut args![group, cols, g.x, nn];
+    if few {
+        let threads = (kernels::tc_segments(g.cols) * 32) as u32;
+        launch("matmul", &tc.few, stream, (blocks, 1, 1), threads, 0, args)
+    } else {
+        let grid = (blocks, g.n.div_ceil(kernels::TC_BATCH_TOKENS) as u32, 1);
+        launch(
+            "matmul",
+            &tc.batch,
+            stream,
+            grid,
+            kernels::TC_BATCH_THREADS,
+            0,
+            args,
+        )
+    }
+}
+
 fn copy_f32(stream: &RawStream, src: u64, dst: u64, len: usize) -> Result<(), BackendError> {
     // SAFETY: both ranges were checked to lie in their buffers when the
     // copy was requested; the buffers outlive the stream's queue (a
@@ -569,6 +603,17 @@ impl MatGroup {
         self.block_start[m + 1] =
             self.block_start[m] + rows.div_ceil(kernels::Q8_BLOCK_ROWS) as i32;
         self.count += 1;
+    }
+
+    /// The same group with `block_start` counted in blocks of
+    /// `rows_a_block` rows (the bf16 tensor-core kernels' blocks).
+    pub(crate) fn in_blocks_of(&self, rows_a_block: usize) -> MatGroup {
+        let mut g = *self;
+        for m in 0..g.count as usize {
+            g.block_start[m + 1] =
+                g.block_start[m] + (g.rows[m] as usize).div_ceil(rows_a_block) as i32;
+        }
+        g
     }
 
     /// The last matrix's output, rows and bias.

@@ -128,6 +128,44 @@ fn vector_norm(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("strided")
 }
 
+/// Whether bf16 products take the tensor cores in fast numerics
+/// (`TURBOSPARK_CUDA_BF16`, for A/B measurements): unless `generic`, which
+/// keeps matmul.cu's kernel (f32 activations, another sum order).
+fn bf16_tensor_cores(setting: Option<&str>) -> bool {
+    setting.map(str::trim) != Some("generic")
+}
+
+/// The bf16 tensor-core products (`kernels/tcmm.cu`).
+pub(crate) struct Bf16Tc {
+    /// Up to [`TC_FEW_TOKENS`] tokens: a block per 16 rows, a warp per
+    /// segment of the columns (`matmul_bf16_tc1`).
+    pub few: CudaFunction,
+    /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
+    /// tokens (`matmul_bf16_tc`).
+    pub batch: CudaFunction,
+}
+
+/// Tokens `matmul_bf16_tc1` takes at most (one 8-token MMA tile).
+pub(crate) const TC_FEW_TOKENS: usize = 8;
+/// Rows and tokens of a `matmul_bf16_tc` block, and its threads
+/// (`TC_BATCH_ROWS`, `TC_BATCH_TOKENS`, `TC_BATCH_WARPS` in tcmm.cu).
+pub(crate) const TC_BATCH_ROWS: usize = 128;
+pub(crate) const TC_BATCH_TOKENS: usize = 64;
+pub(crate) const TC_BATCH_THREADS: u32 = 256;
+/// Columns a chunk, fewest chunks a segment and most segments a row
+/// (`TC_CHUNK`, `TC_SEG`, `TC_MAX_SEGS`).
+pub(crate) const TC_CHUNK: usize = 32;
+const TC_SEG: usize = 4;
+const TC_MAX_SEGS: usize = 24;
+
+/// Segments of a row `cols` wide (tcmm.cu `tc_seg_chunks`): the warps of
+/// a `matmul_bf16_tc1` block.
+pub(crate) fn tc_segments(cols: usize) -> usize {
+    let chunks = cols / TC_CHUNK;
+    let per = TC_SEG.max(chunks.div_ceil(TC_MAX_SEGS));
+    chunks.div_ceil(per)
+}
+
 /// The one-token kernels of a format.
 pub(crate) struct OneSet {
     /// None: dense products of the format stay on the per-row kernels.
@@ -413,6 +451,10 @@ pub(crate) struct Kernels {
     /// `norm_vec_fits`); none with `TURBOSPARK_CUDA_NORM=strided`
     /// ([`vector_norm`]).
     pub rms_norm_vec: Option<CudaFunction>,
+    /// Tensor-core products of bf16 weights in fast numerics
+    /// (`kernels/tcmm.cu`); none with `TURBOSPARK_CUDA_BF16=generic`
+    /// ([`bf16_tensor_cores`]).
+    pub bf16_tc: Option<Bf16Tc>,
     pub adjust_projection: CudaFunction,
     pub rope_kv: CudaFunction,
     pub kv_write_f32: CudaFunction,
@@ -503,6 +545,14 @@ impl Kernels {
             rms_norm: f("rms_norm")?,
             rms_norm_vec: match vector_norm(std::env::var("TURBOSPARK_CUDA_NORM").ok().as_deref()) {
                 true => Some(f("rms_norm_vec")?),
+                false => None,
+            },
+            bf16_tc: match bf16_tensor_cores(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref())
+            {
+                true => Some(Bf16Tc {
+                    few: f("matmul_bf16_tc1")?,
+                    batch: f("matmul_bf16_tc")?,
+                }),
                 false => None,
             },
             adjust_projection: f("adjust_projection")?,
@@ -879,6 +929,30 @@ mod tests {
         assert_eq!(wide_kernels(Some("1")), (true, true));
         assert_eq!(wide_kernels(Some(" 0")), (false, false));
         assert_eq!(wide_kernels(Some("experts")), (true, false));
+    }
+
+    /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`.
+    #[test]
+    fn bf16_products_follow_the_setting() {
+        assert!(bf16_tensor_cores(None));
+        assert!(bf16_tensor_cores(Some("tc")));
+        assert!(!bf16_tensor_cores(Some("generic ")));
+    }
+
+    /// Segments of a row: at least 4 chunks each, at most 24 of them, the
+    /// last one holding the rest.
+    #[test]
+    fn tc_segments_cover_the_row() {
+        for (cols, segs) in [
+            (32, 1),
+            (128, 1),
+            (160, 2),
+            (2880, 23),
+            (4096, 22),
+            (4160, 22),
+        ] {
+            assert_eq!(tc_segments(cols), segs, "{cols} columns");
+        }
     }
 
     /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 13] = [
+const SOURCES: [(&str, &str); 14] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -26,6 +26,7 @@ const SOURCES: [(&str, &str); 13] = [
     ("q8one.cu", include_str!("kernels/q8one.cu")),
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
+    ("tcmm.cu", include_str!("kernels/tcmm.cu")),
 ];
 
 /// The whole translation unit, with `#line` markers so that compiler
@@ -287,7 +288,20 @@ mod tests {
                 // `rope_kv`); the routed experts' per-route down products
                 // read their route's slot and first weights, then wait
                 // inside `q8_rows_dot1<…, true>` or before returning
-                // (q8dot.cu `moe_down_q8_impl`).
+                // (q8dot.cu `moe_down_q8_impl`); the bf16 products of a few
+                // tokens issue their first weight loads, then wait, every
+                // warp (also one with no chunk), before reading a token
+                // (tcmm.cu `matmul_bf16_tc1`).
+                let bf16_early = name == "matmul_bf16_tc1"
+                    && matches!(
+                        (
+                            body.find("KERNEL_ENTRY();"),
+                            body.find("tc_load_x8("),
+                            body.find("if (!waited) KERNEL_ENTRY();"),
+                            body.find("__syncthreads();"),
+                        ),
+                        (Some(w), Some(x), Some(late), Some(sync)) if w < x && late < sync
+                    );
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
@@ -329,7 +343,8 @@ mod tests {
                         || norm_early
                         || attention_early
                         || down_early
-                        || rope_early,
+                        || rope_early
+                        || bf16_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]
                 );

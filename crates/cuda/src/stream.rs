@@ -192,6 +192,17 @@ impl Drop for StepGraph {
     }
 }
 
+/// Whether a bf16 product of `w` with the input at `x` fits the tensor-core
+/// kernels (`kernels/tcmm.cu`): rows whole chunks of 32 columns and
+/// 16-byte aligned, the input too.
+fn bf16_tc_fits(w: &CudaMatrix, x: u64) -> bool {
+    w.format == QuantFormat::Bf16
+        && w.cols % kernels::TC_CHUNK == 0
+        && w.row_bytes % 16 == 0
+        && w.mem.ptr % 16 == 0
+        && x % 16 == 0
+}
+
 fn shape(op: &'static str, detail: String) -> BackendError {
     BackendError::Shape { op, detail }
 }
@@ -507,6 +518,47 @@ impl CudaStream {
             })
         };
         self.pending.set(Some(p));
+        self.forget_quantized_if(out);
+        Ok(())
+    }
+
+    /// A fast product of bf16 weights on the tensor cores
+    /// (`kernels/tcmm.cu`), held back for its bias and the products of the
+    /// same input that follow (one launch, as [`Self::matmul_q8`]'s).
+    fn matmul_bf16(
+        &mut self,
+        w: &CudaMatrix,
+        x: u64,
+        n: usize,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        self.bind_holding("matmul")?;
+        match self.pending.get() {
+            Some(Pending::Group(mut g))
+                if g.format == w.format
+                    && g.x == x
+                    && g.n == n
+                    && g.cols == w.cols
+                    && out != x
+                    && !g.group.out[..g.group.count as usize].contains(&x)
+                    && g.group.count < fusion::MAT_GROUP as i32 =>
+            {
+                g.group.push(w.mem.ptr, w.rows, w.row_bytes, out);
+                self.pending.set(Some(Pending::Group(g)));
+            }
+            _ => {
+                self.flush()?;
+                self.pending.set(Some(Pending::Group(GroupLaunch {
+                    format: w.format,
+                    group: MatGroup::one(w.mem.ptr, w.rows, w.row_bytes, out),
+                    x,
+                    cols: w.cols,
+                    n,
+                    xq: 0,
+                    xd: 0,
+                })));
+            }
+        }
         self.forget_quantized_if(out);
         Ok(())
     }
@@ -1075,6 +1127,9 @@ impl Stream<CudaDevice> for CudaStream {
         }
         if self.q8_set(w.format).is_some() {
             return self.matmul_q8(w, xp, n, op);
+        }
+        if self.numerics == Numerics::Fast && self.k.bf16_tc.is_some() && bf16_tc_fits(w, xp) {
+            return self.matmul_bf16(w, xp, n, op);
         }
         self.bind("matmul")?;
         let grid = (

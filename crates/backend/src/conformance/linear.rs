@@ -1,7 +1,7 @@
 //! Buffers and copies, embedding lookup, and the matmul (and per-head
 //! matmul) of every weight format.
 
-use super::data::{dequantized, random_matrix, Rng};
+use super::data::{dequantized, f32_tensor, random_matrix, Rng};
 use super::reference::dot;
 use super::{compare, property, ConformanceError, Context, Harness, Tolerances};
 use crate::{DType, Device, DeviceBuf, HeadMatmul, Limits, Route, RouteBuf, Stream};
@@ -130,10 +130,10 @@ const MATMUL_TOKENS: usize = 40;
 
 /// Widths of real models' rows (gpt-oss's 2880, 4096, and one past it) for
 /// the formats whose products backends specialise by row width (8-bit
-/// activation kernels): a row of several stretches of blocks, and a
-/// partial last stretch.
+/// activation kernels, bf16 on tensor cores): a row of several stretches
+/// of blocks, and a partial last stretch.
 const WIDE_COLS: [usize; 3] = [2880, 4096, 4160];
-const WIDE_FORMATS: [QuantFormat; 2] = [QuantFormat::Q8_0, QuantFormat::Mxfp4];
+const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, QuantFormat::Bf16];
 
 /// `matmul` of every format (and of wide rows of some, [`WIDE_COLS`])
 /// against the f64 dot of the reference-dequantized rows, within
@@ -205,7 +205,9 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
 /// Three products of one token's input issued one after another (a layer's
 /// q, k and v, which a backend may launch together), of wide rows: each
 /// within `tol.matmul` of the f64 reference, and the same bits as the
-/// product issued alone.
+/// product issued alone; a bias added straight after a product (which a
+/// backend may join to it) gives the f32 sum of the product's bits and
+/// the bias.
 fn check_products_of_one_input<D: Device>(
     dev: &D,
     h: &mut Harness<'_, D>,
@@ -254,6 +256,23 @@ fn check_products_of_one_input<D: Device>(
                     OP,
                     fmt.name(),
                     format!("product {i} of three of one input differs from the product alone"),
+                ));
+            }
+            let b = rng.vec(r);
+            let bias = dev
+                .upload_vector(&f32_tensor("bias", vec![r], &b))
+                .at(OP, fmt.name())?;
+            h.st.matmul(m, &xb, 1, &mut out).at(OP, fmt.name())?;
+            h.st.add_bias(&mut out, &bias, 1).at(OP, fmt.name())?;
+            let biased = h.get(&out, r)?;
+            let want: Vec<f32> = alone.iter().zip(&b).map(|(v, b)| v + b).collect();
+            if biased != want {
+                return Err(property(
+                    OP,
+                    fmt.name(),
+                    format!(
+                        "product {i} then its bias differs from the product's bits plus the bias"
+                    ),
                 ));
             }
         }

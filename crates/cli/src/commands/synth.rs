@@ -28,8 +28,8 @@ use turbospark_engine::synthetic_like::{write_like_install, InstallLayout, LikeO
 use turbospark_format::convert::{convert, ConvertEvent, ConvertOptions};
 use turbospark_format::install::Manifest;
 
-/// The gpt-oss dimension options, which `--like` replaces.
-const DIMENSIONS: [&str; 9] = [
+/// The gpt-oss dimension and format options, which `--like` replaces.
+const DIMENSIONS: [&str; 10] = [
     "layers",
     "experts",
     "top_k",
@@ -39,6 +39,7 @@ const DIMENSIONS: [&str; 9] = [
     "kv_heads",
     "head_dim",
     "vocab",
+    "resident_format",
 ];
 
 #[derive(clap::Args)]
@@ -85,6 +86,11 @@ pub struct Args {
     /// uniform).
     #[arg(long, value_name = "S")]
     pub router_skew: Option<f64>,
+    /// Format of the resident matrices (attention, router, embedding and
+    /// output head): `q8_0`, or `bf16` as gpt-oss's own checkpoint and
+    /// ggml-org's GGUF keep them. Routed experts are MXFP4 either way.
+    #[arg(long, value_enum, default_value_t = ResidentFormat::Q8_0)]
+    pub resident_format: ResidentFormat,
     /// Also write the weights as a GGUF file for llama.cpp (gpt-oss
     /// architecture, MXFP4 experts, a minimal byte-level vocabulary), and
     /// make the install by converting that file.
@@ -99,6 +105,23 @@ pub struct Args {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// Formats `--resident-format` offers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResidentFormat {
+    #[value(name = "q8_0")]
+    Q8_0,
+    Bf16,
+}
+
+impl ResidentFormat {
+    fn quant_format(self) -> QuantFormat {
+        match self {
+            ResidentFormat::Q8_0 => QuantFormat::Q8_0,
+            ResidentFormat::Bf16 => QuantFormat::Bf16,
+        }
+    }
 }
 
 /// The HF `config.json` of a gpt-oss model of these dimensions.
@@ -285,7 +308,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .context("the requested dimensions do not make a valid gpt-oss model")?;
     let opts = SynthOptions {
         seed: a.seed,
-        resident_format: QuantFormat::Q8_0,
+        resident_format: a.resident_format.quant_format(),
         expert_format: QuantFormat::Mxfp4,
         threads: threads(&a),
         force: a.force,

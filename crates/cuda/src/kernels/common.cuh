@@ -38,7 +38,8 @@ typedef long long i64;
 // values' rows into the L2, and the routed experts' per-route down
 // products (q8dot.cu `moe_down_q8_impl`) read their route's slot (the
 // gate/up launch between the routing and them waited for it) and issue
-// their first weight loads; then they wait.
+// their first weight loads, as do the bf16 products of a few tokens
+// (tcmm.cu `matmul_bf16_tc1`); then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -73,6 +73,8 @@
 #   --cache-control, default none: caches as the decode leaves them, so a
 #   decode step's kernel times add up to its measured time; all flushes
 #   them before every kernel),
+#   RESIDENT_FORMAT (the synthetic models' attention, router, embedding
+#   and head: q8_0, the default, or bf16 as gpt-oss ships them),
 #   CPU_MOE=0 (llama.cpp only with every layer on the GPU), IO_THREADS
 #   (streamed: expert reader threads, bench's --io-threads; default
 #   bench's: the cores less two, at most 12, with --backend cuda),
@@ -92,6 +94,7 @@ WORK=${WORK:-/tmp/ts-gpu}
 LLAMA_TGZ=${LLAMA_TGZ:-.devcarry/llama.cpp-cuda.tgz}
 REPS=${REPS:-3}
 DEPTHS=${DEPTHS:-0,512}
+RESIDENT_FORMAT=${RESIDENT_FORMAT:-q8_0}
 TS="$BIN/turbospark"
 mkdir -p "$WORK"
 # The kernels build.sh compiled for sm_90, when they travelled with the
@@ -123,10 +126,10 @@ build_llamacpp() {
 
 synth20b() {
     if [ ! -d "$WORK/synth20b" ]; then
-        "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
+        "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
     fi
     if [ ! -d "$WORK/synth20b-skew" ]; then
-        "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
+        "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
     fi
 }
 
@@ -136,9 +139,9 @@ for s in $STAGES; do
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
         # (an install made by the synth stage has no GGUF: made again)
-        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; } ) &
+        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; } ) &
         if [ "${SKEW:-1}" = 1 ]; then
-            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; } ) &
+            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; } ) &
         fi
         build_llamacpp &
         wait
@@ -212,7 +215,7 @@ PY
         ;;
     synth)
         stage "synth: the gpt-oss-20b-shaped model alone"
-        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         ;;
     profile)
         stage "profile: Nsight Compute, decode kernels"
@@ -335,10 +338,14 @@ PY
         # be taken (TURBOSPARK_CUDA_WIDE=0); the strided norm where the
         # vector layout would be taken (TURBOSPARK_CUDA_NORM=strided); slot
         # fills copied on the session's stream rather than beside it
-        # (TURBOSPARK_CUDA_COPY_STREAM=0).
+        # (TURBOSPARK_CUDA_COPY_STREAM=0); a few tokens' bf16 products with
+        # whole rows a warp and with a warp a segment, whatever the rows
+        # (TURBOSPARK_CUDA_BF16=rows, =segments; check_matmul compares a
+        # token alone with the batch kernel's bits).
         for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
-            TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0; do
+            TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
+            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done
@@ -441,7 +448,8 @@ a = m["arch"]
 moe = a["moe"]
 # A token reads every resident byte except the embedding table (one row),
 # and top_k experts of every MoE layer.
-emb = a["vocab_size"] * a["hidden_size"] * 34 // 32  # Q8_0 embedding
+per_value = {"q8_0": 34 / 32, "bf16": 2, "f16": 2, "f32": 4}[m["quant"]["token_embd"][0]]
+emb = int(a["vocab_size"] * a["hidden_size"] * per_value)
 stride = sum(p["length"] for p in m["experts"][0]["parts"])
 need = m["resident_bytes"] - emb + len(m["experts"]) * moe["top_k"] * stride
 print(f"bytes a token reads: {need / 1e9:.3f} GB (resident {m['resident_bytes'] / 1e9:.3f} GB less the embedding, + {moe['top_k']} × {stride / 1e6:.2f} MB experts × {len(m['experts'])} layers)")
@@ -527,7 +535,7 @@ PY
         # both joins (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
         # alternated (REPS rounds).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
-        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
         for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
             env "$v" "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
@@ -555,7 +563,7 @@ PY
         # round (scripts/bench/ab.sh), pp512 / tg128 at each of DEPTHS.
         stage "ab: ${AB_BASE:-(AB_BASE unset)} vs $TS"
         [ -x "${AB_BASE:-}" ] || { echo "AB_BASE must name a turbospark binary"; continue; }
-        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 "$WORK/synth20b"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         # Kernels that must give the same bits: decode logits of 24 tokens, A vs B.
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
         for side in A B; do

@@ -544,19 +544,34 @@ pub(crate) fn launch_pending(
 }
 
 /// A group of bf16 products of one f32 input (`g.x`) on the tensor cores
-/// (`kernels/tcmm.cu`): up to [`kernels::TC_FEW_TOKENS`] tokens a block
-/// per 16 rows with a warp per segment of the columns, more a block per
+/// (`kernels/tcmm.cu`): up to [`kernels::TC_FEW_TOKENS`] tokens a warp per
+/// 16 whole rows where the rows are many (an output head), else a block
+/// per 16 rows with a warp per segment of the columns
+/// ([`kernels::Bf16Tc::way`]); more tokens a block per
 /// [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`] tokens.
+/// The same sums in the same order every way.
 fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
     let tc = k.bf16_tc.as_ref().ok_or(BackendError::Unsupported {
         op: "matmul (bf16 on the tensor cores)",
     })?;
     let few = g.n <= kernels::TC_FEW_TOKENS;
+    let tiles: usize = g.group.rows[..g.group.count as usize]
+        .iter()
+        .map(|&r| (r as usize).div_ceil(16))
+        .sum();
+    let (cols, nn) = (g.cols as i32, g.n as i32);
+    let way = tc.way(tiles);
+    if few && way == kernels::FewWay::Rows {
+        let group = g.group.in_blocks_of(16 * kernels::TC_ROW_WARPS);
+        let blocks = group.block_start[group.count as usize] as u32;
+        let args = &mut args![group, cols, g.x, nn];
+        let threads = (kernels::TC_ROW_WARPS * 32) as u32;
+        return launch("matmul", &tc.rows, stream, (blocks, 1, 1), threads, 0, args);
+    }
     let group = g
         .group
         .in_blocks_of(if few { 16 } else { kernels::TC_BATCH_ROWS });
     let blocks = group.block_start[group.count as usize] as u32;
-    let (cols, nn) = (g.cols as i32, g.n as i32);
     let args = &mut args![group, cols, g.x, nn];
     if few {
         let threads = (kernels::tc_segments(g.cols) * 32) as u32;

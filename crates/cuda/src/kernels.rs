@@ -128,11 +128,30 @@ fn vector_norm(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("strided")
 }
 
-/// Whether bf16 products take the tensor cores in fast numerics
-/// (`TURBOSPARK_CUDA_BF16`, for A/B measurements): unless `generic`, which
-/// keeps matmul.cu's kernel (f32 activations, another sum order).
-fn bf16_tensor_cores(setting: Option<&str>) -> bool {
-    setting.map(str::trim) != Some("generic")
+/// How bf16 products of a few tokens are spread over the GPU (the same
+/// bits every way; only speed decides).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bf16Pick {
+    /// By the rows ([`Bf16Tc::way`]).
+    BySize,
+    /// A warp a segment (`matmul_bf16_tc1`) whatever the rows.
+    Segments,
+    /// Whole rows a warp (`matmul_bf16_tc1r`) whatever the rows.
+    Rows,
+}
+
+/// How bf16 products take the tensor cores in fast numerics
+/// (`TURBOSPARK_CUDA_BF16`, for A/B measurements): `generic` keeps
+/// matmul.cu's kernel (f32 activations, another sum order: `None`);
+/// `segments` and `rows` force one way of spreading a few tokens'
+/// products; anything else picks by size.
+fn bf16_products(setting: Option<&str>) -> Option<Bf16Pick> {
+    match setting.map(str::trim) {
+        Some("generic") => None,
+        Some("segments") => Some(Bf16Pick::Segments),
+        Some("rows") => Some(Bf16Pick::Rows),
+        _ => Some(Bf16Pick::BySize),
+    }
 }
 
 /// The bf16 tensor-core products (`kernels/tcmm.cu`).
@@ -140,11 +159,52 @@ pub(crate) struct Bf16Tc {
     /// Up to [`TC_FEW_TOKENS`] tokens: a block per 16 rows, a warp per
     /// segment of the columns (`matmul_bf16_tc1`).
     pub few: CudaFunction,
+    /// The same sums with a warp per 16 whole rows, [`TC_ROW_WARPS`] a
+    /// block (`matmul_bf16_tc1r`).
+    pub rows: CudaFunction,
     /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
     /// tokens (`matmul_bf16_tc`).
     pub batch: CudaFunction,
+    pub pick: Bf16Pick,
 }
 
+/// The kernel a few tokens' bf16 products take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FewWay {
+    /// `matmul_bf16_tc1`: a warp a segment.
+    Segments,
+    /// `matmul_bf16_tc1r`: a warp 16 whole rows.
+    Rows,
+}
+
+impl Bf16Tc {
+    /// How `tiles` 16-row tiles (a group's, all together) are spread
+    /// ([`few_way`]).
+    pub(crate) fn way(&self, tiles: usize) -> FewWay {
+        few_way(self.pick, tiles)
+    }
+}
+
+/// How `tiles` 16-row tiles are spread under `pick`:
+/// by size, whole rows a warp where the tiles are [`TC_ROWS_MIN_TILES`]
+/// or more (an output head), else a warp a segment. (Warps streaming a few
+/// consecutive segments each, tried for a layer's projections, were
+/// slower: BENCHMARKS.md, twenty-fourth session.)
+fn few_way(pick: Bf16Pick, tiles: usize) -> FewWay {
+    match pick {
+        Bf16Pick::Segments => FewWay::Segments,
+        Bf16Pick::Rows => FewWay::Rows,
+        Bf16Pick::BySize if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
+        Bf16Pick::BySize => FewWay::Segments,
+    }
+}
+
+/// Tiles of 16 rows from which a few tokens' bf16 products take whole
+/// rows a warp: 16 warps an SM of a 132-SM H200, each streaming its rows
+/// (an output head); fewer rows split the columns over the warps instead.
+pub(crate) const TC_ROWS_MIN_TILES: usize = 2112;
+/// Warps of a `matmul_bf16_tc1r` block (`TC_ROW_WARPS`).
+pub(crate) const TC_ROW_WARPS: usize = 4;
 /// Tokens `matmul_bf16_tc1` takes at most (one 8-token MMA tile).
 pub(crate) const TC_FEW_TOKENS: usize = 8;
 /// Rows and tokens of a `matmul_bf16_tc` block, and its threads
@@ -547,13 +607,14 @@ impl Kernels {
                 true => Some(f("rms_norm_vec")?),
                 false => None,
             },
-            bf16_tc: match bf16_tensor_cores(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref())
-            {
-                true => Some(Bf16Tc {
+            bf16_tc: match bf16_products(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref()) {
+                Some(pick) => Some(Bf16Tc {
                     few: f("matmul_bf16_tc1")?,
+                    rows: f("matmul_bf16_tc1r")?,
                     batch: f("matmul_bf16_tc")?,
+                    pick,
                 }),
-                false => None,
+                None => None,
             },
             adjust_projection: f("adjust_projection")?,
             rope_kv: f("rope_kv")?,
@@ -931,12 +992,15 @@ mod tests {
         assert_eq!(wide_kernels(Some("experts")), (true, false));
     }
 
-    /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`.
+    /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`, picked by
+    /// size unless `segments` or `rows`.
     #[test]
     fn bf16_products_follow_the_setting() {
-        assert!(bf16_tensor_cores(None));
-        assert!(bf16_tensor_cores(Some("tc")));
-        assert!(!bf16_tensor_cores(Some("generic ")));
+        assert_eq!(bf16_products(None), Some(Bf16Pick::BySize));
+        assert_eq!(bf16_products(Some("tc")), Some(Bf16Pick::BySize));
+        assert_eq!(bf16_products(Some(" rows")), Some(Bf16Pick::Rows));
+        assert_eq!(bf16_products(Some("segments")), Some(Bf16Pick::Segments));
+        assert_eq!(bf16_products(Some("generic ")), None);
     }
 
     /// Segments of a row: at least 4 chunks each, at most 24 of them, the
@@ -953,6 +1017,21 @@ mod tests {
         ] {
             assert_eq!(tc_segments(cols), segs, "{cols} columns");
         }
+    }
+
+    /// By size: an output head whole rows, gpt-oss's projections and
+    /// router a segment a warp; a forced way whatever the size.
+    #[test]
+    fn few_token_bf16_products_are_spread_by_size() {
+        use FewWay::*;
+        let by_size = |tiles| few_way(Bf16Pick::BySize, tiles);
+        assert_eq!(by_size(201088 / 16), Rows);
+        assert_eq!(by_size(TC_ROWS_MIN_TILES), Rows);
+        assert_eq!(by_size(TC_ROWS_MIN_TILES - 1), Segments);
+        assert_eq!(by_size(320), Segments);
+        assert_eq!(by_size(2), Segments);
+        assert_eq!(few_way(Bf16Pick::Segments, 20000), Segments);
+        assert_eq!(few_way(Bf16Pick::Rows, 1), Rows);
     }
 
     /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.

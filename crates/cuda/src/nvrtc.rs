@@ -291,17 +291,23 @@ mod tests {
                 // (q8dot.cu `moe_down_q8_impl`); the bf16 products of a few
                 // tokens issue their first weight loads, then wait, every
                 // warp (also one with no chunk), before reading a token
-                // (tcmm.cu `matmul_bf16_tc1`).
-                let bf16_early = name == "matmul_bf16_tc1"
-                    && matches!(
-                        (
-                            body.find("KERNEL_ENTRY();"),
-                            body.find("tc_load_x8("),
-                            body.find("if (!waited) KERNEL_ENTRY();"),
-                            body.find("__syncthreads();"),
+                // (tcmm.cu `matmul_bf16_tc1`, `matmul_bf16_tc1r`).
+                let waits_before_tokens = matches!(
+                    (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
+                    (Some(w), Some(x)) if w < x && !body[..w].contains("return")
+                );
+                let bf16_early = waits_before_tokens
+                    && match name.as_str() {
+                        "matmul_bf16_tc1" => matches!(
+                            (
+                                body.find("if (!waited) KERNEL_ENTRY();"),
+                                body.find("__syncthreads();"),
+                            ),
+                            (Some(late), Some(sync)) if late < sync
                         ),
-                        (Some(w), Some(x), Some(late), Some(sync)) if w < x && late < sync
-                    );
+                        "matmul_bf16_tc1r" => true,
+                        _ => false,
+                    };
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);

@@ -7,7 +7,7 @@
 // and x 16-byte aligned (stream.rs `bf16_tc_fits`); other products keep
 // matmul.cu's kernel.
 //
-// The order of the sums, which both kernels below follow so that a
+// The order of the sums, which every kernel below follows so that a
 // token's result has the same bits alone (a decode step) or in a batch
 // (prefill), the fast numerics' batch invariance:
 //   - the columns are taken in chunks of 32; a chunk is two MMAs, first
@@ -34,6 +34,7 @@
 #define TC_SEG 4         // chunks a segment, at least
 #define TC_MAX_SEGS 24   // segments a row, at most (warps of a decode block)
 #define TC_ROUND 4       // chunks whose weights a decode warp loads at once
+#define TC_ROW_WARPS 4   // warps of a row-streaming block, 16 rows each
 #define TC_BATCH_WARPS 8 // warps of a batch block, 16 rows each
 #define TC_BATCH_ROWS (TC_BATCH_WARPS * 16)
 #define TC_BATCH_NT 8    // 8-token tiles of a batch block
@@ -157,6 +158,75 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
         for (int s = 0; s < segs; s++) total += parts[s][row][t];
         int o = r0 + row;
         if (o < m.rows && t < n) m.out[(i64)t * m.rows + o] = m.bias ? total + m.bias[o] : total;
+    }
+}
+
+// Up to 8 tokens through many rows (an output head): a warp per 16 rows,
+// walking all their chunks TC_ROUND at a time, the next round's weights
+// loaded while this one's MMAs run, and closing a segment every
+// tc_seg_chunks — the sums of matmul_bf16_tc1 in the same order, without
+// the meeting in shared memory, for matrices with rows enough to keep
+// every SM busy with whole rows (stream.rs picks; the bits are the same).
+// Blocks of TC_ROW_WARPS warps (block_start counts these blocks).
+extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
+    matmul_bf16_tc1r(MatGroup g, int cols, const float* __restrict__ x, int n) {
+    TcMember m = tc_member(g, blockIdx.x);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int gr = lane >> 2, q = lane & 3;
+    int r0 = (blockIdx.x - m.first_block) * (TC_ROW_WARPS * 16) + warp * 16;
+    int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
+    const u8* row_a = m.w + (i64)min(r0 + gr, m.rows - 1) * m.row_bytes + q * 16;
+    const u8* row_b = m.w + (i64)min(r0 + gr + 8, m.rows - 1) * m.row_bytes + q * 16;
+    const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
+    bool token = gr < n;
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint4 ra[TC_ROUND], rb[TC_ROUND];
+#pragma unroll
+    for (int i = 0; i < TC_ROUND; i++) {
+        if (i < chunks) {
+            ra[i] = ld_stream_u4(row_a + (i64)i * (TC_CHUNK * 2));
+            rb[i] = ld_stream_u4(row_b + (i64)i * (TC_CHUNK * 2));
+        }
+    }
+    KERNEL_ENTRY();
+    for (int k0 = 0; k0 < chunks; k0 += TC_ROUND) {
+        uint4 na[TC_ROUND], nb[TC_ROUND], xv[TC_ROUND];
+#pragma unroll
+        for (int i = 0; i < TC_ROUND; i++) {
+            int k = k0 + TC_ROUND + i;
+            if (k < chunks) {
+                na[i] = ld_stream_u4(row_a + (i64)k * (TC_CHUNK * 2));
+                nb[i] = ld_stream_u4(row_b + (i64)k * (TC_CHUNK * 2));
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TC_ROUND; i++)
+            if (k0 + i < chunks)
+                xv[i] = token ? tc_load_x8(xt + (k0 + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < TC_ROUND; i++) {
+            int k = k0 + i;
+            if (k < chunks) {
+                tc_chunk(c, ra[i], rb[i], xv[i]);
+                if ((k + 1) % per == 0 || k + 1 == chunks) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        total[e] += c[e];
+                        c[e] = 0.0f;
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < TC_ROUND; i++) {
+            ra[i] = na[i];
+            rb[i] = nb[i];
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        int o = r0 + gr + (e >> 1) * 8, t = 2 * q + (e & 1);
+        if (o < m.rows && t < n) m.out[(i64)t * m.rows + o] = m.bias ? total[e] + m.bias[o] : total[e];
     }
 }
 

@@ -671,6 +671,20 @@ mod tests {
         l
     }
 
+    /// A group's blocks counted again for another block height: each
+    /// matrix starts where the one before ends, whole blocks each.
+    #[test]
+    fn a_group_is_counted_in_blocks_of_any_height() {
+        let mut g = MatGroup::one(1, 37, 64, 10);
+        g.push(2, 8, 64, 20);
+        g.push(3, 13, 64, 30);
+        assert_eq!(g.block_start, [0, 10, 12, 16]); // Q8_BLOCK_ROWS = 4
+        assert_eq!(g.in_blocks_of(16).block_start, [0, 3, 4, 5]);
+        assert_eq!(g.in_blocks_of(128).block_start, [0, 1, 2, 3]);
+        let h = g.in_blocks_of(16);
+        assert_eq!((h.w, h.out, h.rows, h.count), (g.w, g.out, g.rows, g.count));
+    }
+
     #[test]
     fn a_layers_ropes_and_cache_writes_join_one_launch() {
         let mut l = q_and_k();

@@ -166,7 +166,8 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
 // loaded while this one's MMAs run, and closing a segment every
 // tc_seg_chunks — the sums of matmul_bf16_tc1 in the same order, without
 // the meeting in shared memory, for matrices with rows enough to keep
-// every SM busy with whole rows (stream.rs picks; the bits are the same).
+// every SM busy with whole rows (fusion.rs `launch_bf16_tc` picks; the
+// bits are the same).
 // Blocks of TC_ROW_WARPS warps (block_start counts these blocks).
 extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
     matmul_bf16_tc1r(MatGroup g, int cols, const float* __restrict__ x, int n) {

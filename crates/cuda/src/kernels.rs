@@ -513,7 +513,7 @@ pub(crate) struct Kernels {
     pub rms_norm_vec: Option<CudaFunction>,
     /// Tensor-core products of bf16 weights in fast numerics
     /// (`kernels/tcmm.cu`); none with `TURBOSPARK_CUDA_BF16=generic`
-    /// ([`bf16_tensor_cores`]).
+    /// ([`bf16_products`]).
     pub bf16_tc: Option<Bf16Tc>,
     pub adjust_projection: CudaFunction,
     pub rope_kv: CudaFunction,

@@ -56,8 +56,14 @@ fn ok(out: &Output) -> String {
 
 /// `synth` into `dst` (with `--gguf gguf` when given), router skew 1.
 fn synth(dst: &Path, gguf: Option<&Path>) {
+    synth_with(dst, gguf, &[]);
+}
+
+/// `synth` as [`synth`] with `extra` arguments.
+fn synth_with(dst: &Path, gguf: Option<&Path>, extra: &[&str]) {
     let mut args = vec!["synth", dst.to_str().unwrap(), "-q", "--router-skew", "1"];
     args.extend(DIMS);
+    args.extend(extra);
     if let Some(g) = gguf {
         args.extend(["--gguf", g.to_str().unwrap()]);
     }
@@ -70,6 +76,64 @@ fn expert_bytes(install: &Install, layer: usize, expert: usize, part: &str) -> V
     let file = std::fs::read(install.expert_path(l)).unwrap();
     let at = (expert as u64 * l.stride + p.offset) as usize;
     file[at..at + p.length as usize].to_vec()
+}
+
+/// `--resident-format bf16`: the attention, router, embedding and head
+/// matrices are bf16 in the GGUF (ggml type 30) and in the install, the
+/// experts still MXFP4, and the install converted from the GGUF holds the
+/// same bytes as the one written directly; `--like` refuses the option
+/// (it copies the formats of its source).
+#[test]
+fn resident_format_bf16_keeps_gpt_oss_own_formats() {
+    let work = Work::new("ts-synth-gguf-bf16");
+    let direct = work.0.join("direct");
+    let via = work.0.join("via");
+    let gguf = work.0.join("m.gguf");
+    synth_with(&direct, None, &["--resident-format", "bf16"]);
+    synth_with(&via, Some(&gguf), &["--resident-format", "bf16"]);
+    let g = GgufFile::open(&gguf).unwrap();
+    for name in [
+        "token_embd.weight",
+        "blk.0.attn_q.weight",
+        "blk.1.attn_output.weight",
+        "blk.0.ffn_gate_inp.weight",
+        "output.weight",
+    ] {
+        assert_eq!(g.tensor(name).unwrap().ggml_type, 30, "{name}: BF16");
+    }
+    assert_eq!(
+        g.tensor("blk.0.ffn_up_exps.weight").unwrap().ggml_type,
+        39,
+        "MXFP4"
+    );
+    assert_eq!(
+        g.tensor("blk.0.attn_norm.weight").unwrap().ggml_type,
+        0,
+        "F32"
+    );
+    let a = Install::open(&direct).unwrap();
+    let b = Install::open(&via).unwrap();
+    let mut bf16 = 0;
+    for t in &a.index.tensors {
+        let (ta, da) = a.tensor(&t.name).unwrap();
+        let (tb, db) = b.tensor(&t.name).unwrap();
+        assert_eq!((ta.dtype, &ta.shape), (tb.dtype, &tb.shape), "{}", t.name);
+        assert!(da == db, "{} differs", t.name);
+        if ta.shape.len() == 2 {
+            assert_eq!(ta.dtype, turbospark_core::QuantFormat::Bf16, "{}", t.name);
+            bf16 += 1;
+        }
+    }
+    assert!(bf16 >= 2 + 2 * 5, "only {bf16} bf16 matrices");
+    let like = turbospark(&[
+        "synth",
+        work.0.join("like").to_str().unwrap(),
+        "--like",
+        direct.to_str().unwrap(),
+        "--resident-format",
+        "bf16",
+    ]);
+    assert!(!like.status.success(), "--like took --resident-format");
 }
 
 #[test]

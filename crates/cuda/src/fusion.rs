@@ -130,6 +130,19 @@ pub(crate) struct GroupLaunch {
     pub xd: u64,
 }
 
+impl GroupLaunch {
+    /// Whether a product of `format` weights `cols` wide of the same `n`
+    /// tokens at `x` can join this group: its input, shape and format, and
+    /// room for one more matrix.
+    pub(crate) fn takes(&self, format: QuantFormat, x: u64, n: usize, cols: usize) -> bool {
+        self.format == format
+            && self.x == x
+            && self.n == n
+            && self.cols == cols
+            && self.group.count < MAT_GROUP as i32
+    }
+}
+
 /// A tensor-core product of a batch (`mq_matmul`).
 #[derive(Clone, Copy)]
 pub(crate) struct TileLaunch {

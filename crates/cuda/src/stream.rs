@@ -436,13 +436,7 @@ impl CudaStream {
         let gemv = n < kernels::MMQ_MIN_TOKENS;
         match self.pending.get() {
             Some(Pending::Group(g))
-                if gemv
-                    && g.format == w.format
-                    && g.x == x
-                    && g.n == n
-                    && g.cols == w.cols
-                    && self.quantized.get() == Some(key)
-                    && g.group.count < fusion::MAT_GROUP as i32 =>
+                if gemv && g.takes(w.format, x, n, w.cols) && self.quantized.get() == Some(key) =>
             {
                 let mut g = g;
                 g.group.push(w.mem.ptr, w.rows, w.row_bytes, out);
@@ -535,13 +529,9 @@ impl CudaStream {
         self.bind_holding("matmul")?;
         match self.pending.get() {
             Some(Pending::Group(mut g))
-                if g.format == w.format
-                    && g.x == x
-                    && g.n == n
-                    && g.cols == w.cols
+                if g.takes(w.format, x, n, w.cols)
                     && out != x
-                    && !g.group.out[..g.group.count as usize].contains(&x)
-                    && g.group.count < fusion::MAT_GROUP as i32 =>
+                    && !g.group.out[..g.group.count as usize].contains(&x) =>
             {
                 g.group.push(w.mem.ptr, w.rows, w.row_bytes, out);
                 self.pending.set(Some(Pending::Group(g)));

@@ -88,6 +88,11 @@ struct TcMember {
     i64 row_bytes;
     int rows;
     int first_block;
+    // Lane group q's 16 bytes of chunk 0 of row r (the last row past the
+    // end: its values are computed, never written).
+    __device__ __forceinline__ const u8* row(int r, int q) const {
+        return w + (i64)min(r, rows - 1) * row_bytes + q * 16;
+    }
 };
 
 __device__ __forceinline__ TcMember tc_member(const MatGroup& g, int bx) {
@@ -118,8 +123,8 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
     int r0 = (blockIdx.x - m.first_block) * 16;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
     int c0 = warp * per, c1 = min(c0 + per, chunks);
-    const u8* row_a = m.w + (i64)min(r0 + gr, m.rows - 1) * m.row_bytes + q * 16;
-    const u8* row_b = m.w + (i64)min(r0 + gr + 8, m.rows - 1) * m.row_bytes + q * 16;
+    const u8* row_a = m.row(r0 + gr, q);
+    const u8* row_b = m.row(r0 + gr + 8, q);
     const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
     bool token = gr < n;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -176,8 +181,8 @@ extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
     int gr = lane >> 2, q = lane & 3;
     int r0 = (blockIdx.x - m.first_block) * (TC_ROW_WARPS * 16) + warp * 16;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
-    const u8* row_a = m.w + (i64)min(r0 + gr, m.rows - 1) * m.row_bytes + q * 16;
-    const u8* row_b = m.w + (i64)min(r0 + gr + 8, m.rows - 1) * m.row_bytes + q * 16;
+    const u8* row_a = m.row(r0 + gr, q);
+    const u8* row_b = m.row(r0 + gr + 8, q);
     const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
     bool token = gr < n;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -248,8 +253,8 @@ extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)
     int r0 = (blockIdx.x - m.first_block) * TC_BATCH_ROWS + warp * 16;
     int t0 = blockIdx.y * TC_BATCH_TOKENS;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
-    const u8* row_a = m.w + (i64)min(r0 + gr, m.rows - 1) * m.row_bytes + q * 16;
-    const u8* row_b = m.w + (i64)min(r0 + gr + 8, m.rows - 1) * m.row_bytes + q * 16;
+    const u8* row_a = m.row(r0 + gr, q);
+    const u8* row_b = m.row(r0 + gr + 8, q);
     // This thread's share of the staging: token st_t, 8 values at st_q.
     int st_t = threadIdx.x >> 2, st_q = threadIdx.x & 3;
     const float* xt = x + (i64)min(t0 + st_t, n - 1) * cols + st_q * 8;

@@ -68,6 +68,52 @@ pub(crate) struct Q8Set {
     /// (`kernels/q8one.cu` or `q8cta.cu`), where they are used
     /// ([`one_token_kernels`]).
     pub one: Option<OneSet>,
+    /// The per-route gate/up and down kernels on the integer tensor cores
+    /// for rows up to [`MMA_MAX_COLS`] wide (`kernels/q8mma.cu`; MXFP4
+    /// only), where asked for ([`mxfp4_tensor_cores`]).
+    pub mma: Option<MmaSet>,
+}
+
+/// q8mma.cu's per-route kernels: any width, and gpt-oss's compiled for it
+/// (none with `TURBOSPARK_CUDA_WIDE=0`).
+pub(crate) struct MmaSet {
+    gate_up: CudaFunction,
+    down: CudaFunction,
+    wide: Option<(CudaFunction, CudaFunction)>,
+}
+
+impl MmaSet {
+    /// The gate/up kernel for rows `hidden` wide.
+    pub(crate) fn gate_up_for(&self, hidden: usize) -> &CudaFunction {
+        match &self.wide {
+            Some((g, _)) if hidden == WIDE_WIDTH => g,
+            _ => &self.gate_up,
+        }
+    }
+
+    /// The down kernel for rows `inter` wide.
+    pub(crate) fn down_for(&self, inter: usize) -> &CudaFunction {
+        match &self.wide {
+            Some((_, d)) if inter == WIDE_WIDTH => d,
+            _ => &self.down,
+        }
+    }
+}
+
+/// Rows a q8mma.cu block computes (`MMA_ROWS`), its threads
+/// (`MMA_WARPS` warps) and the widest rows it takes (`MMA_MAX_COLS`).
+pub(crate) const MMA_ROWS: usize = 16;
+pub(crate) const MMA_THREADS: u32 = 128;
+pub(crate) const MMA_MAX_COLS: usize = 8192;
+
+/// Whether one token's MXFP4 routed experts take q8mma.cu's tensor-core
+/// kernels (`TURBOSPARK_CUDA_MXFP4`): only with `mma`. They give the bits
+/// of q8dot.cu's per-route kernels (the host emulation test checks both
+/// against a scalar reference of the sum order), with an MMA forming the
+/// integer sums of 16 rows × 4 blocks where those decode and dot a row's
+/// nibbles lane by lane. Opt-in until measured on a GPU.
+fn mxfp4_tensor_cores(setting: Option<&str>) -> bool {
+    setting.map(str::trim) == Some("mma")
 }
 
 /// The width of the per-route kernels compiled for one width
@@ -463,6 +509,26 @@ impl Q8Set {
             mq_gate_up: f(format!("mq_gate_up_{n}"))?,
             mq_down: f(format!("mq_down_{n}"))?,
             one,
+            mma: match fmt {
+                QuantFormat::Mxfp4
+                    if mxfp4_tensor_cores(
+                        std::env::var("TURBOSPARK_CUDA_MXFP4").ok().as_deref(),
+                    ) =>
+                {
+                    Some(MmaSet {
+                        gate_up: f(format!("moe_gate_up_mma_{n}"))?,
+                        down: f(format!("moe_down_mma_{n}"))?,
+                        wide: match wide.0 {
+                            true => Some((
+                                f(format!("moe_gate_up_mma_{n}_w{WIDE_WIDTH}"))?,
+                                f(format!("moe_down_mma_{n}_w{WIDE_WIDTH}"))?,
+                            )),
+                            false => None,
+                        },
+                    })
+                }
+                _ => None,
+            },
         })
     }
 }
@@ -1032,6 +1098,15 @@ mod tests {
         assert_eq!(by_size(2), Segments);
         assert_eq!(few_way(Bf16Pick::Segments, 20000), Segments);
         assert_eq!(few_way(Bf16Pick::Rows, 1), Rows);
+    }
+
+    /// `TURBOSPARK_CUDA_MXFP4`: the tensor-core experts only with `mma`.
+    #[test]
+    fn mxfp4_tensor_cores_follow_the_setting() {
+        assert!(!mxfp4_tensor_cores(None));
+        assert!(mxfp4_tensor_cores(Some("mma")));
+        assert!(mxfp4_tensor_cores(Some(" mma ")));
+        assert!(!mxfp4_tensor_cores(Some("dp4a")));
     }
 
     /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.

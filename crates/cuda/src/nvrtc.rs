@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 14] = [
+const SOURCES: [(&str, &str); 15] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -26,6 +26,7 @@ const SOURCES: [(&str, &str); 14] = [
     ("q8one.cu", include_str!("kernels/q8one.cu")),
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
+    ("q8mma.cu", include_str!("kernels/q8mma.cu")),
     ("tcmm.cu", include_str!("kernels/tcmm.cu")),
 ];
 
@@ -245,6 +246,22 @@ mod tests {
             && dot_waits
     }
 
+    /// Whether q8mma.cu's `moe_down_mma_impl` in `text` waits on every
+    /// path: the skipped route's return, and in `mma_rows_parts<true>` a
+    /// warp with no chunk as well as one after its first round's weight
+    /// loads.
+    fn mma_down_waits_on_every_path(text: &str) -> bool {
+        let Some(at) = text.find("void moe_down_mma_impl(") else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        compact.contains("KERNEL_ENTRY();return;}")
+            && compact.contains("mma_rows_parts<true>(")
+            && text.contains("if (EARLY && c0 >= c1) KERNEL_ENTRY();")
+            && text.contains("if (EARLY && c == c0) KERNEL_ENTRY();")
+    }
+
     /// Kernels are launched as programmatic dependents of the kernel before
     /// them (kernels.rs `launch`), which is only sound when every kernel
     /// waits for its predecessor before anything else (common.cuh
@@ -288,7 +305,8 @@ mod tests {
                 // `rope_kv`); the routed experts' per-route down products
                 // read their route's slot and first weights, then wait
                 // inside `q8_rows_dot1<…, true>` or before returning
-                // (q8dot.cu `moe_down_q8_impl`); the bf16 products of a few
+                // (q8dot.cu `moe_down_q8_impl`; likewise q8mma.cu's
+                // `moe_down_mma_impl` in `mma_rows_parts<true>`); the bf16 products of a few
                 // tokens issue their first weight loads, then wait, every
                 // warp (also one with no chunk), before reading a token
                 // (tcmm.cu `matmul_bf16_tc1`, `matmul_bf16_tc1r`).
@@ -311,9 +329,12 @@ mod tests {
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
-                let down_early = name.starts_with("moe_down_q8x_")
+                let down_early = (name.starts_with("moe_down_q8x_")
                     && body.starts_with("moe_down_q8_impl<")
-                    && down_waits_on_every_path(text);
+                    && down_waits_on_every_path(text))
+                    || (name.starts_with("moe_down_mma_")
+                        && body.starts_with("moe_down_mma_impl<")
+                        && mma_down_waits_on_every_path(text));
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),

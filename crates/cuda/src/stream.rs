@@ -2042,6 +2042,39 @@ impl Stream<CudaDevice> for CudaStream {
                     args,
                 );
             }
+            // Routes one by one on the integer tensor cores where asked
+            // for (MXFP4; the same bits, see kernels/q8mma.cu).
+            let mma_fits =
+                !grouped && hidden <= kernels::MMA_MAX_COLS && inter <= kernels::MMA_MAX_COLS;
+            if let (true, Some(g_mma), Some(d_mma)) =
+                (mma_fits, gate.mma.as_ref(), down.mma.as_ref())
+            {
+                let (g_mma, d_mma) = (g_mma.gate_up_for(hidden), d_mma.down_for(inter));
+                let routes_y = (n * k) as u32;
+                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
+                let grid = (inter.div_ceil(kernels::MMA_ROWS) as u32, routes_y, 1);
+                launch(
+                    "moe",
+                    g_mma,
+                    self.raw(),
+                    grid,
+                    kernels::MMA_THREADS,
+                    0,
+                    args,
+                )?;
+                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+                let grid = (hidden.div_ceil(kernels::MMA_ROWS) as u32, routes_y, 1);
+                return launch(
+                    "moe",
+                    d_mma,
+                    self.raw(),
+                    grid,
+                    kernels::MMA_THREADS,
+                    0,
+                    args,
+                );
+            }
             let (f, per, threads) = pick(
                 &gate.mq_gate_up,
                 &gate.gate_up_grouped,

@@ -36,9 +36,9 @@ typedef long long i64;
 // (elementwise.cu `rope_kv`), and one token's split attention
 // (attention.cu `attention_decode_impl`) fetches the older keys' and
 // values' rows into the L2, and the routed experts' per-route down
-// products (q8dot.cu `moe_down_q8_impl`) read their route's slot (the
-// gate/up launch between the routing and them waited for it) and issue
-// their first weight loads, as do the bf16 products of a few tokens
+// products (q8dot.cu `moe_down_q8_impl`, q8mma.cu `moe_down_mma_impl`)
+// read their route's slot (the gate/up launch between the routing and
+// them waited for it) and issue their first weight loads, as do the bf16 products of a few tokens
 // (tcmm.cu `matmul_bf16_tc1`); then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -53,6 +53,7 @@ __device__ __forceinline__ void kernel_entry() {
 // wait (a read through a `const __restrict__` pointer may be hoisted above
 // it), and coherent `ld.global`, not the read-only `.nc` path, which ptxas
 // schedules above the wait (seen with ptxas 13.0 for sm_90).
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
 __device__ __forceinline__ int4 ld_i4_after_wait(const void* p) {
     int4 v;
     asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];"
@@ -86,6 +87,11 @@ __device__ __forceinline__ uint4 ld_stream_u4(const void* p) {
                  : "l"(p));
     return v;
 }
+__device__ __forceinline__ u32 ld_stream_u32(const void* p) {
+    u32 v;
+    asm volatile("ld.global.cs.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ u32 ld_stream_u16(const void* p) {
     u16 v;
     asm volatile("ld.global.cs.u16 %0, [%1];" : "=h"(v) : "l"(p));
@@ -96,6 +102,7 @@ __device__ __forceinline__ u32 ld_stream_u8(const void* p) {
     asm volatile("ld.global.cs.u8 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
+#endif
 
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;

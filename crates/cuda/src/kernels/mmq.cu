@@ -25,6 +25,7 @@
 #define MMQ_MT 2  // 16-row tiles a warp
 #define MMQ_NT 2  // 8-token tiles a warp
 
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
     asm(
         "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -33,6 +34,7 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0), "r"(0),
           "r"(0), "r"(0));
 }
+#endif
 
 // Which tokens a tile covers: token slot j of the tile maps to list entry
 // j of `ids` (route ids, or plain 0, 1, ... when ids is null) from

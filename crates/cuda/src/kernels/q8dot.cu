@@ -53,11 +53,13 @@ extern "C" __global__ void quantize_q8_mxfp4(const float* x, i64 blocks, signed 
     quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
 }
 
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int r;
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
 }
+#endif
 
 // Four MXFP4 nibbles (a 16-bit half of a code word) as four int8 values
 // (the tensor-core tiles of mmq.cu, which need the values themselves).
@@ -85,11 +87,14 @@ __device__ __forceinline__ int mxfp4_word(u32 h) {
 // through it.)
 #define MXFP4_P0 0x04030200u
 #define MXFP4_P1 0x0D090705u
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
 __device__ __forceinline__ u32 prmt_signed(u32 a, u32 b, u32 sel) {
     u32 r;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
     return r;
 }
+#endif
+
 // The first word of each permute table, in a register (`prmt`'s first
 // operand must be one; the second goes as an immediate). Mxfp4Tables::held()
 // loads them lane by lane from a device variable (a copy a lane), values

@@ -1,0 +1,288 @@
+// One token's routed-expert products for MXFP4 rows on the integer tensor
+// cores (mma.sync m16n8k32 s8 · s8 → s32; sm_80 and later), opt-in with
+// TURBOSPARK_CUDA_MXFP4=mma (kernels.rs `mxfp4_tensor_cores`). The sums
+// are q8dot.cu's, in its canonical order: per 32-element block b the exact
+// integer v_b = Σ_j c[32b + j] · q[32b + j], per chunk of Q8_CHUNK blocks
+//   part = fmaf((float)v_b, dw_b · dx_b, part)   from 0, block by block,
+// and the row's total, from 0, the chunks' parts added in order. An
+// integer sum is exact however it is formed, so a token's result has the
+// bits q8dot.cu's and mmq.cu's kernels give it.
+//
+// Why: one token's MXFP4 products are bound by instructions, not by HBM
+// (BENCHMARKS.md, seventeenth session: ~820 warp instructions a gate/up
+// warp, ~264 of them nibble decoding and dp4a). Here an MMA forms the
+// integer sums of 16 rows × 4 blocks × 8 codes at once.
+//
+// The integer sums. MXFP4 codes are not integers an MMA can take, so each
+// 4-nibble half word h of the codes gives the two int8 words of q8dot.cu's
+// `mxfp4_dot_word`, P = prmt(T1, h) and N = prmt(T2, h ^ 0x8888), whose
+// bytes add up to the code values (doubled e2m1); Σ P·q + Σ N·q is the
+// block's integer sum, from two MMAs into one accumulator.
+//
+// Fragments (PTX m16n8k32 .row.col, lane = 4g + q, as mmq.cu uses them):
+// A a0 = (row g, k 4q..4q+3), a1 = (row g + 8, same k), a2 = (row g,
+// k 16+4q..16+4q+3), a3 = (row g + 8, same); B b0 = (k 4q..4q+3, column
+// g), b1 = (k 16+4q.., column g); C c0, c1 = (row g; columns 2q, 2q + 1),
+// c2, c3 = (row g + 8; same). The k index is read as "block q of the
+// chunk": MMA m (m = 0..3, the 4-byte code word m of a block) puts in
+// lane (g, q) the P (or N) bytes of word m of block q of rows g and g + 8,
+// low half in a0/a1, high half in a2/a3. Column n of B holds block n's
+// codes at block n's k positions and zeros elsewhere: lane (n, n) (n < 4)
+// loads the token's 8 code words of block n (words 2m, 2m + 1 pair with
+// the halves of weight word m, as in `mxfp4_dot_word`), every other lane
+// holds zeros. So C[row, n] gathers block n's integer sum (columns 4..7
+// stay 0): lane (g, 0) ends with blocks 0, 1 of rows g and g + 8, lane
+// (g, 1) with blocks 2, 3. Every load is 16 bytes of one row's block.
+//
+// The f32 sums: lane (g, 0) forms fmaf(v_1, g_1, fmaf(v_0, g_0, 0)) for
+// each of its rows, lane (g, 1) takes it by one shuffle and carries on
+// with blocks 2 and 3, and stores the chunk's part in shared memory. The
+// warps of a block split a row's chunks; when all have stored their parts
+// a thread a row adds them in chunk order.
+//
+// Work: a block of MMA_WARPS warps takes MMA_ROWS rows of one route;
+// gate/up blocks their gate rows and the same up rows (half the warps
+// each), down blocks their down rows. A warp walks its chunks MMA_ROUND at
+// a time, every load of a round issued before any is used.
+
+#define MMA_ROWS 16
+#define MMA_WARPS 4
+#define MMA_ROUND 2
+#define MMA_MAX_CHUNKS 64                     // rows up to 8192 wide
+#define MMA_MAX_COLS (MMA_MAX_CHUNKS * Q8_CHUNK * 32)
+#define MMA_PART_STRIDE (MMA_MAX_CHUNKS + 1)  // a row's parts; +1 spreads the banks
+
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
+__device__ __forceinline__ void mma_s8_acc(int* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+#endif
+
+// What a lane loads for one chunk: its block's 16 code bytes of rows g and
+// g + 8 and the chunk's 4 scale bytes of each.
+struct MmaWeights {
+    uint4 w0, w1;
+    u32 s0, s1;
+};
+
+// What a lane loads of the token for one chunk: lane (n, n) block n's 32
+// codes (zeros elsewhere); lanes (g, 0) and (g, 1) the scales of blocks
+// 2q and 2q + 1 (0 past the row's end).
+struct MmaToken {
+    int4 lo, hi;
+    float d0, d1;
+};
+
+// The chunk's weights (r0, r1: rows g and g + 8). The scale word of a
+// chunk is 4 bytes at a multiple of 4 from the row's 16-byte aligned
+// start, inside the row's padding past its last scale (layout.rs
+// `device_row_bytes`: rows are 17·nb bytes rounded up to 16).
+__device__ __forceinline__ MmaWeights mma_load_weights(const u8* r0, const u8* r1, int nb, int c,
+                                                       int q) {
+    MmaWeights m;
+    int b = c * Q8_CHUNK + q;
+    bool valid = b < nb;
+    m.w0 = valid ? ld_stream_u4(split_codes<F_MXFP4>(r0, b)) : make_uint4(0, 0, 0, 0);
+    m.w1 = valid ? ld_stream_u4(split_codes<F_MXFP4>(r1, b)) : make_uint4(0, 0, 0, 0);
+    m.s0 = ld_stream_u32(r0 + (i64)nb * 16 + c * Q8_CHUNK);
+    m.s1 = ld_stream_u32(r1 + (i64)nb * 16 + c * Q8_CHUNK);
+    return m;
+}
+
+// The token's part of chunk c (xq, xd: its codes and scales, written by
+// the kernel before: loads kept after the wait).
+__device__ __forceinline__ MmaToken mma_load_token(const signed char* xq, const float* xd, int nb,
+                                                   int c, int g, int q) {
+    MmaToken t;
+    t.lo = make_int4(0, 0, 0, 0);
+    t.hi = make_int4(0, 0, 0, 0);
+    int b = c * Q8_CHUNK + q;
+    if (g == q && b < nb) {
+        const int4* p = (const int4*)(xq + (i64)b * 32);
+        t.lo = ld_i4_after_wait(p);
+        t.hi = ld_i4_after_wait(p + 1);
+    }
+    int d = c * Q8_CHUNK + 2 * q;
+    t.d0 = q < 2 && d < nb ? ld_f32_after_wait(xd + d) : 0.0f;
+    t.d1 = q < 2 && d + 1 < nb ? ld_f32_after_wait(xd + d + 1) : 0.0f;
+    return t;
+}
+
+// The chunk's part of rows g (part[0]) and g + 8 (part[1]), in lane (g, 1).
+__device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const MmaToken& t, int q,
+                                                Mxfp4Tables tab, float* part) {
+    u32 r0[4] = {m.w0.x, m.w0.y, m.w0.z, m.w0.w};
+    u32 r1[4] = {m.w1.x, m.w1.y, m.w1.z, m.w1.w};
+    u32 x[8] = {(u32)t.lo.x, (u32)t.lo.y, (u32)t.lo.z, (u32)t.lo.w,
+                (u32)t.hi.x, (u32)t.hi.y, (u32)t.hi.z, (u32)t.hi.w};
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 f0 = r0[w] ^ 0x88888888u, f1 = r1[w] ^ 0x88888888u;
+        u32 p[4] = {prmt_signed(tab.p0, MXFP4_P1, r0[w]), prmt_signed(tab.p0, MXFP4_P1, r1[w]),
+                    prmt_signed(tab.p0, MXFP4_P1, r0[w] >> 16),
+                    prmt_signed(tab.p0, MXFP4_P1, r1[w] >> 16)};
+        mma_s8_acc(v, p, x[2 * w], x[2 * w + 1]);
+        u32 n[4] = {prmt_signed(tab.n0, MXFP4_HI1, f0), prmt_signed(tab.n0, MXFP4_HI1, f1),
+                    prmt_signed(tab.n0, MXFP4_HI1, f0 >> 16),
+                    prmt_signed(tab.n0, MXFP4_HI1, f1 >> 16)};
+        mma_s8_acc(v, n, x[2 * w], x[2 * w + 1]);
+    }
+    // Lane (g, q < 2): v = rows g (v[0], v[1]) and g + 8 (v[2], v[3]) at
+    // blocks 2q, 2q + 1; their weight scales are bytes 2q, 2q + 1 of the
+    // scale words (lanes q >= 2 hold zeros and form nothing used).
+    int sh = 16 * (q & 1);
+    float g00 = e8m0_half((u8)(m.s0 >> sh)) * t.d0;
+    float g01 = e8m0_half((u8)(m.s0 >> (sh + 8))) * t.d1;
+    float g10 = e8m0_half((u8)(m.s1 >> sh)) * t.d0;
+    float g11 = e8m0_half((u8)(m.s1 >> (sh + 8))) * t.d1;
+    // Blocks 0 and 1 in lane (g, 0), then blocks 2 and 3 in lane (g, 1)
+    // from lane (g, 0)'s value. A block past the row's end has v = 0 and
+    // g = 0, and fmaf(0, 0, p) = p.
+    float a0 = fmaf((float)v[1], g01, fmaf((float)v[0], g00, 0.0f));
+    float a1 = fmaf((float)v[3], g11, fmaf((float)v[2], g10, 0.0f));
+    float b0 = __shfl_up_sync(FULL_MASK, a0, 1);
+    float b1 = __shfl_up_sync(FULL_MASK, a1, 1);
+    part[0] = fmaf((float)v[1], g01, fmaf((float)v[0], g00, b0));
+    part[1] = fmaf((float)v[3], g11, fmaf((float)v[2], g10, b1));
+}
+
+// Chunks [c0, c1) of rows r0, r1 against the token: each chunk's part of
+// rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 1)).
+// EARLY: the first round's weight loads are issued, then the kernel waits
+// (KERNEL_ENTRY) for the one before it, which wrote the token.
+template <bool EARLY>
+__device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int nb, int c0, int c1,
+                                               const signed char* xq, const float* xd,
+                                               float (*parts)[MMA_PART_STRIDE]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+    Mxfp4Tables tab = Mxfp4Tables::held();
+    if (EARLY && c0 >= c1) KERNEL_ENTRY();
+    for (int c = c0; c < c1; c += MMA_ROUND) {
+        MmaWeights w[MMA_ROUND];
+        MmaToken t[MMA_ROUND];
+#pragma unroll
+        for (int i = 0; i < MMA_ROUND; i++)
+            if (c + i < c1) w[i] = mma_load_weights(r0, r1, nb, c + i, q);
+        if (EARLY && c == c0) KERNEL_ENTRY();
+#pragma unroll
+        for (int i = 0; i < MMA_ROUND; i++)
+            if (c + i < c1) t[i] = mma_load_token(xq, xd, nb, c + i, g, q);
+#pragma unroll
+        for (int i = 0; i < MMA_ROUND; i++) {
+            if (c + i >= c1) break;  // uniform over the warp
+            float part[2];
+            mma_chunk_parts(w[i], t[i], q, tab, part);
+            if (q == 1) {
+                parts[g][c + i] = part[0];
+                parts[g + 8][c + i] = part[1];
+            }
+        }
+    }
+}
+
+// The chunks warp `part` of `parts` warps takes of a row's `chunks`.
+__device__ __forceinline__ void mma_chunk_range(int chunks, int part, int parts, int* c0, int* c1) {
+    int per = (chunks + parts - 1) / parts;
+    *c0 = min(chunks, part * per);
+    *c1 = min(chunks, *c0 + per);
+}
+
+// A row's total from its parts, in chunk order.
+__device__ __forceinline__ float mma_row_total(const float* parts, int chunks) {
+    float total = 0.0f;
+    for (int c = 0; c < chunks; c++) total += parts[c];
+    return total;
+}
+
+// Gate/up: grid (ceil(inter / MMA_ROWS), routes), MMA_WARPS warps a block;
+// warps 0 .. MMA_WARPS/2 - 1 the gate rows, the rest the up rows. WIDTH:
+// the rows' width (`hidden`) when compiled for one, else 0.
+template <int WIDTH>
+__device__ void moe_gate_up_mma_impl(const signed char* __restrict__ xq,
+                                     const float* __restrict__ xd,
+                                     const RouteOut* __restrict__ routes, int k, SlotMask only,
+                                     BankView b, MoeAct a, float* __restrict__ act) {
+    __shared__ float parts[2][MMA_ROWS][MMA_PART_STRIDE];
+    if (WIDTH) b.hidden = WIDTH;
+    int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
+    u32 slot = routes[i].slot;
+    if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int up = warp >= MMA_WARPS / 2;
+    int t = i < k ? 0 : i / k, nb = b.hidden / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
+    const u8* base = up ? b.up : b.gate;
+    i64 rb = up ? b.up_row_bytes : b.gate_row_bytes;
+    i64 first = (i64)slot * b.inter;
+    const u8* r0 = base + (first + min(row0 + g, b.inter - 1)) * rb;
+    const u8* r1 = base + (first + min(row0 + g + 8, b.inter - 1)) * rb;
+    int c0, c1;
+    mma_chunk_range(chunks, warp % (MMA_WARPS / 2), MMA_WARPS / 2, &c0, &c1);
+    mma_rows_parts<false>(r0, r1, nb, c0, c1, xq + (i64)t * b.hidden, xd + (i64)t * nb,
+                          parts[up]);
+    __syncthreads();
+    int r = threadIdx.x, row = row0 + r;
+    if (r < MMA_ROWS && row < b.inter) {
+        float gate = mma_row_total(parts[0][r], chunks);
+        float upv = mma_row_total(parts[1][r], chunks);
+        act[(i64)i * b.inter + row] = moe_act_value(b, a, first + row, gate, upv);
+    }
+}
+
+// Down: grid (ceil(hidden / MMA_ROWS), routes). Before the wait (every
+// thread waits, on every path) the route's slot is read and the first
+// round's weight loads issued, as q8dot.cu's `moe_down_q8_impl` does: the
+// routing finished before the gate/up launch between it and this one
+// passed its own wait. WIDTH: the rows' width (`inter`) when compiled for
+// one, else 0.
+template <int WIDTH>
+__device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
+                                  const RouteOut* __restrict__ routes, SlotMask only, BankView b,
+                                  float* __restrict__ y) {
+    __shared__ float parts[MMA_ROWS][MMA_PART_STRIDE];
+    if (WIDTH) b.inter = WIDTH;
+    int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
+    u32 slot = __ldcg(&routes[i].slot);
+    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+        KERNEL_ENTRY();
+        return;
+    }
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    int nb = b.inter / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
+    i64 first = (i64)slot * b.hidden;
+    const u8* r0 = b.down + (first + min(row0 + g, b.hidden - 1)) * b.down_row_bytes;
+    const u8* r1 = b.down + (first + min(row0 + g + 8, b.hidden - 1)) * b.down_row_bytes;
+    int c0, c1;
+    mma_chunk_range(chunks, warp, MMA_WARPS, &c0, &c1);
+    mma_rows_parts<true>(r0, r1, nb, c0, c1, aq + (i64)i * b.inter, ad + (i64)i * nb, parts);
+    __syncthreads();
+    int r = threadIdx.x, row = row0 + r;
+    if (r < MMA_ROWS && row < b.hidden) {
+        y[(i64)i * b.hidden + row] = moe_down_value(b, first + row, mma_row_total(parts[r], chunks));
+    }
+}
+
+// Registers: gate/up under 85 (6 blocks an SM: gpt-oss's 4 routes × 180
+// row tiles = 720 blocks in one wave of an H200's 132 SMs), down under 72
+// (7 blocks an SM); ptxas 13.0 for sm_90 fits both without spills.
+#define MMA_KERNELS(TAIL, W)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 6)                              \
+        moe_gate_up_mma_mxfp4##TAIL(const signed char* xq, const float* xd,                      \
+                                    const RouteOut* routes, int k, SlotMask only, BankView b,   \
+                                    MoeAct a, float* act) {                                      \
+        KERNEL_ENTRY();                                                                          \
+        moe_gate_up_mma_impl<W>(xq, xd, routes, k, only, b, a, act);                             \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 7)                              \
+        moe_down_mma_mxfp4##TAIL(const signed char* aq, const float* ad, const RouteOut* routes, \
+                                 SlotMask only, BankView b, float* y) {                         \
+        moe_down_mma_impl<W>(aq, ad, routes, only, b, y);                                        \
+    }
+
+MMA_KERNELS(, 0)
+// gpt-oss's experts, 2880 wide both ways (kernels.rs `MmaSet::gate_up_for`):
+// the same instructions with the width a constant, so the same bits.
+MMA_KERNELS(_w2880, 2880)

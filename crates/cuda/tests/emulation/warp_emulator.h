@@ -1,0 +1,456 @@
+// A CPU emulation of the CUDA execution model, enough to run turbospark's
+// warp-synchronous kernels as host C++ (tests/host_emulation.rs): every
+// thread of a block is a fiber on one OS thread, blocks run one
+// after another, and the warp-wide operations the kernels use (shuffles,
+// votes, __syncwarp, the integer MMA) and __syncthreads are barriers at
+// which the fibers exchange their values. `__shared__` variables become
+// function statics (one block at a time shares them).
+//
+// The kernel sources are included after this header with
+// TURBOSPARK_HOST_EMULATION defined: their PTX helpers (loads with cache
+// hints, `prmt`, `mma.sync`) are left out there and defined here from the
+// PTX ISA's definitions:
+//   - `prmt.b32` (default mode): result byte i is byte (s & 7) of the
+//     8-byte value {b, a} (a the low word), s = selector nibble i; when
+//     s & 8 the selected byte's sign bit fills the byte.
+//   - `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`: D = A·B + C,
+//     A 16 × 32, B 32 × 8, C and D 16 × 8, in the fragments of the PTX
+//     ISA's "Matrix Fragments for mma.m16n8k32" (lane = 4g + q):
+//     A reg 0 = row g, k 4q..4q+3; reg 1 = row g + 8, same k; reg 2 =
+//     row g, k 16+4q..16+4q+3; reg 3 = row g + 8, same k (byte j of a
+//     register the j-th k); B reg 0 = k 4q..4q+3 of column g, reg 1 = k
+//     16+4q.. of column g; C/D reg i = row g + 8·(i / 2), column 2q + i % 2.
+//
+// Only what warp-synchronous code needs: every lane of a warp reaches each
+// warp-wide operation (the kernels pass FULL_MASK), and every thread of a
+// block each __syncthreads.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <ucontext.h>
+#include <vector>
+
+#define TURBOSPARK_HOST_EMULATION 1
+
+#define __device__
+#define __global__ inline
+#define __forceinline__ inline
+#define __shared__ static
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+struct int2 {
+    int x, y;
+};
+struct alignas(16) int4 {
+    int x, y, z, w;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+struct float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+using std::isnan;
+using std::isinf;
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+namespace emu {
+
+constexpr size_t STACK_BYTES = 128 * 1024;
+
+// A fiber's saved execution context, and the switch between two. On
+// x86-64 a few instructions save the callee-saved registers and the stack
+// pointer (glibc's swapcontext also saves the signal mask, a system call
+// per switch, which made the emulation several times slower); elsewhere
+// ucontext.
+#if defined(__x86_64__)
+struct Context {
+    void* sp = nullptr;
+};
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+    .text
+    .globl emu_switch
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+inline void context_switch(Context& from, Context& to) { emu_switch(&from.sp, to.sp); }
+// A context whose first switch enters `fn` (which must never return) on
+// the given stack, aligned as a call would leave it.
+inline void context_start(Context& c, char* stack, size_t bytes, void (*fn)()) {
+    uintptr_t top = ((uintptr_t)(stack + bytes)) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr;        // fn's return address slot
+    *--sp = (void*)fn;      // where emu_switch's `ret` goes
+    for (int i = 0; i < 6; i++) *--sp = nullptr;  // rbp, rbx, r12..r15
+    c.sp = sp;
+}
+#else
+struct Context {
+    ucontext_t ctx;
+};
+inline void context_switch(Context& from, Context& to) { swapcontext(&from.ctx, &to.ctx); }
+inline void context_start(Context& c, char* stack, size_t bytes, void (*fn)()) {
+    getcontext(&c.ctx);
+    c.ctx.uc_stack.ss_sp = stack;
+    c.ctx.uc_stack.ss_size = bytes;
+    c.ctx.uc_link = nullptr;
+    makecontext(&c.ctx, fn, 0);
+}
+#endif
+
+struct Barrier {
+    int arrived = 0;
+    unsigned generation = 0;
+};
+
+struct Fiber {
+    Context ctx;
+    dim3 thread;
+    bool done = false;
+    // The barrier it waits at, and that barrier's generation then: the
+    // scheduler resumes it once the generation has moved on.
+    const Barrier* waiting = nullptr;
+    unsigned waiting_generation = 0;
+};
+
+struct State {
+    Context scheduler;
+    std::vector<Fiber> fibers;
+    std::vector<std::unique_ptr<char[]>> stacks;  // one a thread, reused block to block
+    Fiber* current = nullptr;
+    dim3 block, grid, block_dim;
+    std::vector<Barrier> warp_barriers;
+    Barrier block_barrier;
+    // Per warp: each lane's deposit for the operation in progress.
+    std::vector<uint64_t> deposits;      // [warps][32][4]
+    std::vector<uint32_t> mma_deposits;  // [warps][32][10]
+    std::vector<int32_t> mma_results;    // [warps][32][4]
+    const std::function<void()>* body = nullptr;
+};
+
+inline State& state() {
+    static State s;
+    return s;
+}
+
+inline unsigned linear_thread() {
+    const State& s = state();
+    const dim3& t = s.current->thread;
+    return t.x + s.block_dim.x * (t.y + s.block_dim.y * t.z);
+}
+inline unsigned lane_id() { return linear_thread() & 31; }
+inline unsigned warp_id() { return linear_thread() >> 5; }
+
+inline void yield() {
+    State& s = state();
+    context_switch(s.current->ctx, s.scheduler);
+}
+
+inline void wait(Barrier& b, int expected) {
+    unsigned gen = b.generation;
+    if (++b.arrived == expected) {
+        b.arrived = 0;
+        b.generation++;
+        return;
+    }
+    Fiber* f = state().current;
+    f->waiting = &b;
+    f->waiting_generation = gen;
+    yield();
+    f->waiting = nullptr;
+}
+
+inline int warp_size_of(unsigned warp) {
+    const State& s = state();
+    int threads = (int)(s.block_dim.x * s.block_dim.y * s.block_dim.z);
+    int left = threads - (int)warp * 32;
+    return left < 32 ? left : 32;
+}
+
+inline void warp_sync() {
+    unsigned w = warp_id();
+    wait(state().warp_barriers[w], warp_size_of(w));
+}
+
+inline void block_sync() {
+    State& s = state();
+    wait(s.block_barrier, (int)s.fibers.size());
+}
+
+inline void entry() {
+    State& s = state();
+    (*s.body)();
+    s.current->done = true;
+    context_switch(s.current->ctx, s.scheduler);
+    abort();  // a finished fiber is never resumed
+}
+
+// Runs `body` as every thread of every block of the grid.
+inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
+    State& s = state();
+    unsigned threads = block.x * block.y * block.z;
+    unsigned warps = (threads + 31) / 32;
+    s.grid = grid;
+    s.block_dim = block;
+    s.body = &body;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                s.block = {bx, by, bz};
+                s.fibers.assign(threads, Fiber{});
+                s.warp_barriers.assign(warps, Barrier{});
+                s.block_barrier = Barrier{};
+                s.deposits.assign((size_t)warps * 32 * 4, 0);
+                s.mma_deposits.assign((size_t)warps * 32 * 10, 0);
+                s.mma_results.assign((size_t)warps * 32 * 4, 0);
+                while (s.stacks.size() < threads) s.stacks.emplace_back(new char[STACK_BYTES]);
+                for (unsigned t = 0; t < threads; t++) {
+                    Fiber& f = s.fibers[t];
+                    f.thread = {t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    context_start(f.ctx, s.stacks[t].get(), STACK_BYTES, entry);
+                }
+                for (;;) {
+                    bool any = false;
+                    for (Fiber& f : s.fibers) {
+                        if (f.done) continue;
+                        any = true;
+                        if (f.waiting && f.waiting->generation == f.waiting_generation) continue;
+                        s.current = &f;
+                        context_switch(s.scheduler, f.ctx);
+                    }
+                    if (!any) break;
+                }
+            }
+}
+
+// Every lane deposits `v`, then reads lane `src(lane)`'s deposit.
+template <typename T, typename Src>
+inline T exchange(T v, Src src) {
+    static_assert(sizeof(T) <= 8, "one 64-bit deposit a lane");
+    State& s = state();
+    unsigned w = warp_id(), l = lane_id();
+    uint64_t* mine = &s.deposits[((size_t)w * 32) * 4];
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    mine[l * 4] = bits;
+    warp_sync();
+    unsigned from = src(l);
+    T r;
+    uint64_t got = mine[from * 4];
+    memcpy(&r, &got, sizeof(T));
+    warp_sync();
+    return r;
+}
+
+}  // namespace emu
+
+#define threadIdx (emu::state().current->thread)
+#define blockIdx (emu::state().block)
+#define blockDim (emu::state().block_dim)
+#define gridDim (emu::state().grid)
+
+inline void __syncthreads() { emu::block_sync(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }
+
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
+    return emu::exchange(v, [&](unsigned l) { return (l & ~(unsigned)(width - 1)) + ((unsigned)src % width); });
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
+    return emu::exchange(v, [&](unsigned l) { return (l % width) >= d ? l - d : l; });
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
+    return emu::exchange(v, [&](unsigned l) { return (l % width) + d < (unsigned)width ? l + d : l; });
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int m, int width = 32) {
+    return emu::exchange(v, [&](unsigned l) { return l ^ (unsigned)m; });
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+    unsigned r = 0;
+    for (unsigned i = 0; i < 32; i++) {
+        int v = __shfl_sync(0xffffffffu, p, (int)i);
+        if (v) r |= 1u << i;
+    }
+    return r;
+}
+inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0; }
+
+inline float __uint_as_float(unsigned u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline float __int_as_float(int u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline unsigned __float_as_uint(float f) {
+    unsigned u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline int __float_as_int(float f) {
+    int u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+inline int __float2int_rn(float f) { return (int)std::nearbyint(f); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+// Fibers take turns on one OS thread, so a plain read-modify-write is atomic.
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+// CUDA's __byte_perm: the low 3 bits of each selector nibble (no sign mode).
+inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
+    uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+
+// The PTX helpers the kernel sources leave out under TURBOSPARK_HOST_EMULATION.
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef long long i64;
+
+inline uint4 ld_stream_u4(const void* p) { return *(const uint4*)p; }
+inline u32 ld_stream_u32(const void* p) { return *(const u32*)p; }
+inline u32 ld_stream_u16(const void* p) { return *(const u16*)p; }
+inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
+inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
+inline float ld_f32_after_wait(const float* p) { return *p; }
+inline void prefetch_l2(const void*) {}
+
+// PTX `dp4a.s32.s32 d, a, b, c`: c plus the four signed byte products.
+inline int dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+}
+
+// PTX `prmt.b32 d, a, b, c` in its default mode.
+inline u32 prmt_signed(u32 a, u32 b, u32 sel) {
+    uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
+    u32 r = 0;
+    for (int i = 0; i < 4; i++) {
+        u32 s = (sel >> (4 * i)) & 15;
+        u32 byte = (u32)(v >> (8 * (s & 7))) & 0xff;
+        if (s & 8) byte = (byte & 0x80) ? 0xff : 0x00;
+        r |= byte << (8 * i);
+    }
+    return r;
+}
+
+namespace emu {
+// One m16n8k32 s8 MMA of the warp: D = A·B + C (see the header). Every
+// lane deposits its fragments; once all have, lane 0 forms the warp's D
+// and each lane then takes its own four values.
+inline void mma_m16n8k32_s8(int* d, const u32* a, u32 b0, u32 b1, const int* c) {
+    State& s = state();
+    unsigned w = warp_id(), l = lane_id();
+    uint32_t* dep = &s.mma_deposits[(size_t)w * 32 * 10];
+    int32_t* result = &s.mma_results[(size_t)w * 32 * 4];
+    uint32_t* mine = dep + l * 10;
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b0;
+    mine[5] = b1;
+    for (int i = 0; i < 4; i++) mine[6 + i] = (uint32_t)c[i];
+    warp_sync();
+    if (l == 0) {
+        auto byte = [](uint32_t r, int j) { return (int)(int8_t)((r >> (8 * j)) & 0xff); };
+        int A[16][32], B[32][8];
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane / 4, q = lane % 4;
+            const uint32_t* f = dep + lane * 10;
+            for (int j = 0; j < 4; j++) {
+                A[g][4 * q + j] = byte(f[0], j);
+                A[g + 8][4 * q + j] = byte(f[1], j);
+                A[g][16 + 4 * q + j] = byte(f[2], j);
+                A[g + 8][16 + 4 * q + j] = byte(f[3], j);
+                B[4 * q + j][g] = byte(f[4], j);
+                B[16 + 4 * q + j][g] = byte(f[5], j);
+            }
+        }
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane / 4, q = lane % 4;
+            for (int i = 0; i < 4; i++) {
+                int m = g + 8 * (i / 2), n = 2 * q + i % 2;
+                int64_t sum = (int32_t)dep[lane * 10 + 6 + i];
+                for (int k = 0; k < 32; k++) sum += (int64_t)A[m][k] * B[k][n];
+                result[lane * 4 + i] = (int32_t)sum;
+            }
+        }
+    }
+    warp_sync();
+    // (The next MMA's lane 0 writes the results only after every lane has
+    // deposited again, i.e. has read these.)
+    for (int i = 0; i < 4; i++) d[i] = result[l * 4 + i];
+}
+}  // namespace emu
+
+inline void mma_s8(int* c, const u32* a, const u32* b) {
+    int zero[4] = {0, 0, 0, 0};
+    emu::mma_m16n8k32_s8(c, a, b[0], b[1], zero);
+}
+inline void mma_s8_acc(int* c, const u32* a, u32 b0, u32 b1) {
+    int in[4] = {c[0], c[1], c[2], c[3]};
+    emu::mma_m16n8k32_s8(c, a, b0, b1, in);
+}

@@ -1,0 +1,56 @@
+//! CUDA kernels run on the CPU (no GPU needed): `tests/emulation` compiles
+//! kernel sources as host C++ against a warp emulator (fibers for the
+//! threads; shuffles, `__syncthreads` and the integer MMA as exchanges
+//! between them) and compares every output bit for bit with a scalar
+//! reference of the fast numerics' sum order. Skips with a message when no
+//! C++ compiler (`$CXX`, else `c++`) is found.
+
+use std::path::Path;
+use std::process::Command;
+
+fn compiler() -> Option<String> {
+    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
+    let found = Command::new(&cxx)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    found.then_some(cxx)
+}
+
+/// Builds `tests/emulation/{name}.cpp` and runs it; its exit status says
+/// whether every output matched.
+fn build_and_run(name: &str) {
+    let Some(cxx) = compiler() else {
+        eprintln!("skipped: no C++ compiler (set CXX, or install g++) to build tests/emulation");
+        return;
+    };
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/emulation");
+    let exe = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("emulation-{name}"));
+    let built = Command::new(&cxx)
+        .args(["-std=c++17", "-O2", "-w", "-o"])
+        .arg(&exe)
+        .arg(dir.join(format!("{name}.cpp")))
+        .output()
+        .expect("running the C++ compiler");
+    assert!(
+        built.status.success(),
+        "{cxx} could not build tests/emulation/{name}.cpp:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let run = Command::new(&exe).output().expect("running the emulation");
+    let out = String::from_utf8_lossy(&run.stdout);
+    eprintln!("{out}");
+    assert!(
+        run.status.success(),
+        "tests/emulation/{name}: some kernel's outputs differ from the reference (above); {}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// One token's MXFP4 routed experts: q8mma.cu's tensor-core kernels (and,
+/// checking the emulator itself, q8dot.cu's and mmq.cu's, which the GPU
+/// conformance suite has passed) give the reference's bits.
+#[test]
+fn mxfp4_expert_kernels_match_the_reference_order_bit_for_bit() {
+    build_and_run("mxfp4_experts");
+}

@@ -247,9 +247,9 @@ mod tests {
     }
 
     /// Whether q8mma.cu's `moe_down_mma_impl` in `text` waits on every
-    /// path: the skipped route's return, and in `mma_rows_parts<true>` a
-    /// warp with no chunk as well as one after its first round's weight
-    /// loads.
+    /// path: the skipped route's return, and in `mma_rows_parts<true>`
+    /// every warp (one with no chunk too) after its first round's weight
+    /// loads and before it stages the token.
     fn mma_down_waits_on_every_path(text: &str) -> bool {
         let Some(at) = text.find("void moe_down_mma_impl(") else {
             return false;
@@ -258,8 +258,10 @@ mod tests {
         let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
         compact.contains("KERNEL_ENTRY();return;}")
             && compact.contains("mma_rows_parts<true>(")
-            && text.contains("if (EARLY && c0 >= c1) KERNEL_ENTRY();")
-            && text.contains("if (EARLY && c == c0) KERNEL_ENTRY();")
+            && matches!(
+                (text.find("if (EARLY) KERNEL_ENTRY();"), text.find("mma_stage_token(s,")),
+                (Some(w), Some(x)) if w < x
+            )
     }
 
     /// Kernels are launched as programmatic dependents of the kernel before

@@ -28,11 +28,11 @@
 // lane (g, q) the P (or N) bytes of word m of block q of rows g and g + 8,
 // low half in a0/a1, high half in a2/a3. Column n of B holds block n's
 // codes at block n's k positions and zeros elsewhere: lane (n, n) (n < 4)
-// loads the token's 8 code words of block n (words 2m, 2m + 1 pair with
-// the halves of weight word m, as in `mxfp4_dot_word`), every other lane
-// holds zeros. So C[row, n] gathers block n's integer sum (columns 4..7
-// stay 0): lane (g, 0) ends with blocks 0, 1 of rows g and g + 8, lane
-// (g, 1) with blocks 2, 3. Every load is 16 bytes of one row's block.
+// takes the token's code words 2m, 2m + 1 of block n (they pair with the
+// halves of weight word m, as in `mxfp4_dot_word`), every other lane
+// zeros. So C[row, n] gathers block n's integer sum (columns 4..7 stay 0):
+// lane (g, 0) ends with blocks 0, 1 of rows g and g + 8, lane (g, 1) with
+// blocks 2, 3. Every weight load is 16 bytes of one row's block.
 //
 // The f32 sums: lane (g, 0) forms fmaf(v_1, g_1, fmaf(v_0, g_0, 0)) for
 // each of its rows, lane (g, 1) takes it by one shuffle and carries on
@@ -42,12 +42,20 @@
 //
 // Work: a block of MMA_WARPS warps takes MMA_ROWS rows of one route;
 // gate/up blocks their gate rows and the same up rows (half the warps
-// each), down blocks their down rows. A warp walks its chunks MMA_ROUND at
-// a time, every load of a round issued before any is used.
+// each), down blocks their down rows. The block first copies the token's
+// codes and scales into shared memory (zeros past the row's end), so the
+// lanes read their B fragments with no bounds checks and no branches. A
+// warp keeps the next MMA_ROUND chunks' weight loads in flight while it
+// computes a round (two buffers of registers).
+//
+// Instructions (ptxas 13.0, sm_90 SASS, the 2880-wide gate/up kernels):
+// ~158 a chunk of 16 rows × 4 blocks in the loop, ~2.9 a row's block with
+// a warp's set-up and the final sums, against ~4.7 for q8dot.cu's (840,
+// no loop, for a warp's two rows of 90 blocks). Not yet run on a GPU.
 
 #define MMA_ROWS 16
 #define MMA_WARPS 4
-#define MMA_ROUND 2
+#define MMA_ROUND 1                           // (2: 4 chunks in registers, spills)
 #define MMA_MAX_CHUNKS 64                     // rows up to 8192 wide
 #define MMA_MAX_COLS (MMA_MAX_CHUNKS * Q8_CHUNK * 32)
 #define MMA_PART_STRIDE (MMA_MAX_CHUNKS + 1)  // a row's parts; +1 spreads the banks
@@ -68,56 +76,55 @@ struct MmaWeights {
     u32 s0, s1;
 };
 
-// What a lane loads of the token for one chunk: lane (n, n) block n's 32
-// codes (zeros elsewhere); lanes (g, 0) and (g, 1) the scales of blocks
-// 2q and 2q + 1 (0 past the row's end).
-struct MmaToken {
-    int4 lo, hi;
-    float d0, d1;
-};
-
-// The chunk's weights (r0, r1: rows g and g + 8). The scale word of a
-// chunk is 4 bytes at a multiple of 4 from the row's 16-byte aligned
-// start, inside the row's padding past its last scale (layout.rs
-// `device_row_bytes`: rows are 17·nb bytes rounded up to 16).
+// The chunk's weights (r0, r1: rows g and g + 8). A block past the row's
+// end (in its last chunk) reads the row's last block again: its column of
+// B is zeros and its token scale 0 (MmaStage), so its sum is 0 and
+// fmaf(0, 0, p) = p. The scale word of a chunk is 4 bytes at a multiple
+// of 4 from the row's 16-byte aligned start, inside the row's padding
+// past its last scale (layout.rs `device_row_bytes`: rows are 17·nb bytes
+// rounded up to 16).
 __device__ __forceinline__ MmaWeights mma_load_weights(const u8* r0, const u8* r1, int nb, int c,
                                                        int q) {
     MmaWeights m;
-    int b = c * Q8_CHUNK + q;
-    bool valid = b < nb;
-    m.w0 = valid ? ld_stream_u4(split_codes<F_MXFP4>(r0, b)) : make_uint4(0, 0, 0, 0);
-    m.w1 = valid ? ld_stream_u4(split_codes<F_MXFP4>(r1, b)) : make_uint4(0, 0, 0, 0);
+    int b = min(c * Q8_CHUNK + q, nb - 1);
+    m.w0 = ld_stream_u4(split_codes<F_MXFP4>(r0, b));
+    m.w1 = ld_stream_u4(split_codes<F_MXFP4>(r1, b));
     m.s0 = ld_stream_u32(r0 + (i64)nb * 16 + c * Q8_CHUNK);
     m.s1 = ld_stream_u32(r1 + (i64)nb * 16 + c * Q8_CHUNK);
     return m;
 }
 
-// The token's part of chunk c (xq, xd: its codes and scales, written by
-// the kernel before: loads kept after the wait).
-__device__ __forceinline__ MmaToken mma_load_token(const signed char* xq, const float* xd, int nb,
-                                                   int c, int g, int q) {
-    MmaToken t;
-    t.lo = make_int4(0, 0, 0, 0);
-    t.hi = make_int4(0, 0, 0, 0);
-    int b = c * Q8_CHUNK + q;
-    if (g == q && b < nb) {
-        const int4* p = (const int4*)(xq + (i64)b * 32);
-        t.lo = ld_i4_after_wait(p);
-        t.hi = ld_i4_after_wait(p + 1);
-    }
-    int d = c * Q8_CHUNK + 2 * q;
-    t.d0 = q < 2 && d < nb ? ld_f32_after_wait(xd + d) : 0.0f;
-    t.d1 = q < 2 && d + 1 < nb ? ld_f32_after_wait(xd + d + 1) : 0.0f;
-    return t;
+// The token of a block in shared memory: its codes and block scales, zeros
+// past the row's end up to whole chunks (and 4 scales more, read by lanes
+// whose values are not used), and 32 zero bytes that the lanes holding no
+// column of B read instead of codes.
+struct MmaStage {
+    int4 x[MMA_MAX_CHUNKS * Q8_CHUNK * 2];
+    float d[MMA_MAX_CHUNKS * Q8_CHUNK + 4];
+    int4 zero[2];
+};
+
+// By every thread of the block, after the wait (the kernel before wrote
+// the token); the block synchronizes before reading it.
+__device__ __forceinline__ void mma_stage_token(MmaStage& s, const signed char* xq,
+                                                const float* xd, int nb, int chunks) {
+    for (int i = threadIdx.x; i < chunks * Q8_CHUNK * 2; i += MMA_WARPS * 32)
+        s.x[i] = i < 2 * nb ? ld_i4_after_wait((const int4*)xq + i) : make_int4(0, 0, 0, 0);
+    for (int i = threadIdx.x; i < chunks * Q8_CHUNK + 4; i += MMA_WARPS * 32)
+        s.d[i] = i < nb ? ld_f32_after_wait(xd + i) : 0.0f;
+    if (threadIdx.x < 2) s.zero[threadIdx.x] = make_int4(0, 0, 0, 0);
 }
 
 // The chunk's part of rows g (part[0]) and g + 8 (part[1]), in lane (g, 1).
-__device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const MmaToken& t, int q,
-                                                Mxfp4Tables tab, float* part) {
+// tx: the lane's codes of the chunk's B (lane (n, n): block n's; others
+// zeros), d: the token scales of blocks 2q, 2q + 1 (lanes q < 2).
+__device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4* tx, float2 d,
+                                                int q, Mxfp4Tables tab, float* part) {
+    int4 lo = tx[0], hi = tx[1];
     u32 r0[4] = {m.w0.x, m.w0.y, m.w0.z, m.w0.w};
     u32 r1[4] = {m.w1.x, m.w1.y, m.w1.z, m.w1.w};
-    u32 x[8] = {(u32)t.lo.x, (u32)t.lo.y, (u32)t.lo.z, (u32)t.lo.w,
-                (u32)t.hi.x, (u32)t.hi.y, (u32)t.hi.z, (u32)t.hi.w};
+    u32 x[8] = {(u32)lo.x, (u32)lo.y, (u32)lo.z, (u32)lo.w,
+                (u32)hi.x, (u32)hi.y, (u32)hi.z, (u32)hi.w};
     int v[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int w = 0; w < 4; w++) {
@@ -135,13 +142,12 @@ __device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const MmaTo
     // blocks 2q, 2q + 1; their weight scales are bytes 2q, 2q + 1 of the
     // scale words (lanes q >= 2 hold zeros and form nothing used).
     int sh = 16 * (q & 1);
-    float g00 = e8m0_half((u8)(m.s0 >> sh)) * t.d0;
-    float g01 = e8m0_half((u8)(m.s0 >> (sh + 8))) * t.d1;
-    float g10 = e8m0_half((u8)(m.s1 >> sh)) * t.d0;
-    float g11 = e8m0_half((u8)(m.s1 >> (sh + 8))) * t.d1;
+    float g00 = e8m0_half((u8)(m.s0 >> sh)) * d.x;
+    float g01 = e8m0_half((u8)(m.s0 >> (sh + 8))) * d.y;
+    float g10 = e8m0_half((u8)(m.s1 >> sh)) * d.x;
+    float g11 = e8m0_half((u8)(m.s1 >> (sh + 8))) * d.y;
     // Blocks 0 and 1 in lane (g, 0), then blocks 2 and 3 in lane (g, 1)
-    // from lane (g, 0)'s value. A block past the row's end has v = 0 and
-    // g = 0, and fmaf(0, 0, p) = p.
+    // from lane (g, 0)'s value.
     float a0 = fmaf((float)v[1], g01, fmaf((float)v[0], g00, 0.0f));
     float a1 = fmaf((float)v[3], g11, fmaf((float)v[2], g10, 0.0f));
     float b0 = __shfl_up_sync(FULL_MASK, a0, 1);
@@ -152,35 +158,55 @@ __device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const MmaTo
 
 // Chunks [c0, c1) of rows r0, r1 against the token: each chunk's part of
 // rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 1)).
-// EARLY: the first round's weight loads are issued, then the kernel waits
-// (KERNEL_ENTRY) for the one before it, which wrote the token.
+// Called by every thread of the block (it stages the token, `chunks` of
+// them, and synchronizes), each warp with its own rows and chunks (maybe
+// none). The weights of the next MMA_ROUND chunks are in flight while a
+// round is computed. EARLY: the first round's weight loads are issued,
+// then the kernel waits (KERNEL_ENTRY) for the one before it, which wrote
+// the token.
 template <bool EARLY>
-__device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int nb, int c0, int c1,
-                                               const signed char* xq, const float* xd,
+__device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int nb, int chunks,
+                                               int c0, int c1, const signed char* xq,
+                                               const float* xd, MmaStage& s,
                                                float (*parts)[MMA_PART_STRIDE]) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     Mxfp4Tables tab = Mxfp4Tables::held();
-    if (EARLY && c0 >= c1) KERNEL_ENTRY();
-    for (int c = c0; c < c1; c += MMA_ROUND) {
-        MmaWeights w[MMA_ROUND];
-        MmaToken t[MMA_ROUND];
+    bool holds_b = g == q;
+    const int4* tx = holds_b ? s.x + 2 * q : s.zero;
+    int tx_step = holds_b ? Q8_CHUNK * 2 : 0;  // int4s a chunk
+    const float* td = s.d + 2 * (q & 1);
+    MmaWeights a[MMA_ROUND], b[MMA_ROUND];
 #pragma unroll
-        for (int i = 0; i < MMA_ROUND; i++)
-            if (c + i < c1) w[i] = mma_load_weights(r0, r1, nb, c + i, q);
-        if (EARLY && c == c0) KERNEL_ENTRY();
-#pragma unroll
-        for (int i = 0; i < MMA_ROUND; i++)
-            if (c + i < c1) t[i] = mma_load_token(xq, xd, nb, c + i, g, q);
+    for (int i = 0; i < MMA_ROUND; i++)
+        if (c0 + i < c1) a[i] = mma_load_weights(r0, r1, nb, c0 + i, q);
+    if (EARLY) KERNEL_ENTRY();
+    mma_stage_token(s, xq, xd, nb, chunks);
+    __syncthreads();
+    // Round `from` of buffer w: its chunks' parts (uniform over the warp).
+    auto round = [&](const MmaWeights* w, int from) {
 #pragma unroll
         for (int i = 0; i < MMA_ROUND; i++) {
-            if (c + i >= c1) break;  // uniform over the warp
+            int c = from + i;
+            if (c >= c1) break;
             float part[2];
-            mma_chunk_parts(w[i], t[i], q, tab, part);
+            mma_chunk_parts(w[i], tx + c * tx_step, *(const float2*)(td + c * Q8_CHUNK), q, tab,
+                            part);
             if (q == 1) {
-                parts[g][c + i] = part[0];
-                parts[g + 8][c + i] = part[1];
+                parts[g][c] = part[0];
+                parts[g + 8][c] = part[1];
             }
         }
+    };
+    for (int c = c0; c < c1; c += 2 * MMA_ROUND) {
+#pragma unroll
+        for (int i = 0; i < MMA_ROUND; i++)
+            if (c + MMA_ROUND + i < c1) b[i] = mma_load_weights(r0, r1, nb, c + MMA_ROUND + i, q);
+        round(a, c);
+#pragma unroll
+        for (int i = 0; i < MMA_ROUND; i++)
+            if (c + 2 * MMA_ROUND + i < c1)
+                a[i] = mma_load_weights(r0, r1, nb, c + 2 * MMA_ROUND + i, q);
+        round(b, c + MMA_ROUND);
     }
 }
 
@@ -207,6 +233,7 @@ __device__ void moe_gate_up_mma_impl(const signed char* __restrict__ xq,
                                      const RouteOut* __restrict__ routes, int k, SlotMask only,
                                      BankView b, MoeAct a, float* __restrict__ act) {
     __shared__ float parts[2][MMA_ROWS][MMA_PART_STRIDE];
+    __shared__ MmaStage stage;
     if (WIDTH) b.hidden = WIDTH;
     int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
     u32 slot = routes[i].slot;
@@ -221,8 +248,8 @@ __device__ void moe_gate_up_mma_impl(const signed char* __restrict__ xq,
     const u8* r1 = base + (first + min(row0 + g + 8, b.inter - 1)) * rb;
     int c0, c1;
     mma_chunk_range(chunks, warp % (MMA_WARPS / 2), MMA_WARPS / 2, &c0, &c1);
-    mma_rows_parts<false>(r0, r1, nb, c0, c1, xq + (i64)t * b.hidden, xd + (i64)t * nb,
-                          parts[up]);
+    mma_rows_parts<false>(r0, r1, nb, chunks, c0, c1, xq + (i64)t * b.hidden, xd + (i64)t * nb,
+                          stage, parts[up]);
     __syncthreads();
     int r = threadIdx.x, row = row0 + r;
     if (r < MMA_ROWS && row < b.inter) {
@@ -243,6 +270,7 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
                                   const RouteOut* __restrict__ routes, SlotMask only, BankView b,
                                   float* __restrict__ y) {
     __shared__ float parts[MMA_ROWS][MMA_PART_STRIDE];
+    __shared__ MmaStage stage;
     if (WIDTH) b.inter = WIDTH;
     int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
     u32 slot = __ldcg(&routes[i].slot);
@@ -257,7 +285,8 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     const u8* r1 = b.down + (first + min(row0 + g + 8, b.hidden - 1)) * b.down_row_bytes;
     int c0, c1;
     mma_chunk_range(chunks, warp, MMA_WARPS, &c0, &c1);
-    mma_rows_parts<true>(r0, r1, nb, c0, c1, aq + (i64)i * b.inter, ad + (i64)i * nb, parts);
+    mma_rows_parts<true>(r0, r1, nb, chunks, c0, c1, aq + (i64)i * b.inter, ad + (i64)i * nb,
+                         stage, parts);
     __syncthreads();
     int r = threadIdx.x, row = row0 + r;
     if (r < MMA_ROWS && row < b.hidden) {

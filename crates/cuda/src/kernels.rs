@@ -100,10 +100,13 @@ impl MmaSet {
     }
 }
 
-/// Rows a q8mma.cu block computes (`MMA_ROWS`), its threads
-/// (`MMA_WARPS` warps) and the widest rows it takes (`MMA_MAX_COLS`).
+/// Rows and threads of q8mma.cu's down blocks (`MMA_ROWS`, `MMA_WARPS`
+/// warps) and gate/up blocks (`MMA_GU_ROWS`, `MMA_GU_WARPS` warps), and
+/// the widest rows they take (`MMA_MAX_COLS`).
 pub(crate) const MMA_ROWS: usize = 16;
 pub(crate) const MMA_THREADS: u32 = 128;
+pub(crate) const MMA_GU_ROWS: usize = 32;
+pub(crate) const MMA_GU_THREADS: u32 = 256;
 pub(crate) const MMA_MAX_COLS: usize = 8192;
 
 /// Whether one token's MXFP4 routed experts take q8mma.cu's tensor-core

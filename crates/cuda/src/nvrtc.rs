@@ -247,7 +247,7 @@ mod tests {
     }
 
     /// Whether q8mma.cu's `moe_down_mma_impl` in `text` waits on every
-    /// path: the skipped route's return, and in `mma_rows_parts<true>`
+    /// path: the skipped route's return, and in `mma_rows_parts<true, …>`
     /// every warp (one with no chunk too) after its first round's weight
     /// loads and before it stages the token.
     fn mma_down_waits_on_every_path(text: &str) -> bool {
@@ -257,9 +257,9 @@ mod tests {
         let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
         let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
         compact.contains("KERNEL_ENTRY();return;}")
-            && compact.contains("mma_rows_parts<true>(")
+            && compact.contains("mma_rows_parts<true,")
             && matches!(
-                (text.find("if (EARLY) KERNEL_ENTRY();"), text.find("mma_stage_token(s,")),
+                (text.find("if (EARLY) KERNEL_ENTRY();"), text.find("mma_stage_token<THREADS>(s,")),
                 (Some(w), Some(x)) if w < x
             )
     }
@@ -308,7 +308,7 @@ mod tests {
                 // read their route's slot and first weights, then wait
                 // inside `q8_rows_dot1<…, true>` or before returning
                 // (q8dot.cu `moe_down_q8_impl`; likewise q8mma.cu's
-                // `moe_down_mma_impl` in `mma_rows_parts<true>`); the bf16 products of a few
+                // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the bf16 products of a few
                 // tokens issue their first weight loads, then wait, every
                 // warp (also one with no chunk), before reading a token
                 // (tcmm.cu `matmul_bf16_tc1`, `matmul_bf16_tc1r`).

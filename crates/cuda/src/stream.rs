@@ -2043,27 +2043,23 @@ impl Stream<CudaDevice> for CudaStream {
                 );
             }
             // Routes one by one on the integer tensor cores where asked
-            // for (MXFP4; the same bits, see kernels/q8mma.cu).
-            let mma_fits =
-                !grouped && hidden <= kernels::MMA_MAX_COLS && inter <= kernels::MMA_MAX_COLS;
+            // for (MXFP4; the same bits, see kernels/q8mma.cu). The gate/up
+            // launch also quantizes the down products' input.
+            let mma_fits = !grouped
+                && hidden <= kernels::MMA_MAX_COLS
+                && inter <= kernels::MMA_MAX_COLS
+                && inter % kernels::MMA_GU_ROWS == 0;
             if let (true, Some(g_mma), Some(d_mma)) =
                 (mma_fits, gate.mma.as_ref(), down.mma.as_ref())
             {
                 let (g_mma, d_mma) = (g_mma.gate_up_for(hidden), d_mma.down_for(inter));
                 let routes_y = (n * k) as u32;
-                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
-                let grid = (inter.div_ceil(kernels::MMA_ROWS) as u32, routes_y, 1);
-                launch(
-                    "moe",
-                    g_mma,
-                    self.raw(),
-                    grid,
-                    kernels::MMA_THREADS,
-                    0,
-                    args,
-                )?;
-                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
-                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+                let (aq, ad) = (r.aq, r.ad);
+                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr, aq, ad];
+                let grid = ((inter / kernels::MMA_GU_ROWS) as u32, routes_y, 1);
+                let threads = kernels::MMA_GU_THREADS;
+                launch("moe", g_mma, self.raw(), grid, threads, 0, args)?;
+                let args = &mut args![aq, ad, rp, mask, view, yp];
                 let grid = (hidden.div_ceil(kernels::MMA_ROWS) as u32, routes_y, 1);
                 return launch(
                     "moe",

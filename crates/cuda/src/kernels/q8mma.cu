@@ -40,9 +40,10 @@
 // warps of a block split a row's chunks; when all have stored their parts
 // a thread a row adds them in chunk order.
 //
-// Work: a block of MMA_WARPS warps takes MMA_ROWS rows of one route;
-// gate/up blocks their gate rows and the same up rows (half the warps
-// each), down blocks their down rows. The block first copies the token's
+// Work: a down block takes 16 rows of one route (MMA_WARPS warps), a
+// gate/up block 32 gate rows and the same up rows (MMA_GU_WARPS warps,
+// two a tile and matrix) and quantizes their 32 activations for the down
+// products. The block first copies the token's
 // codes and scales into shared memory (zeros past the row's end), so the
 // lanes read their B fragments with no bounds checks and no branches. A
 // warp keeps the next MMA_ROUND chunks' weight loads in flight while it
@@ -53,8 +54,10 @@
 // a warp's set-up and the final sums, against ~4.7 for q8dot.cu's (840,
 // no loop, for a warp's two rows of 90 blocks). Not yet run on a GPU.
 
-#define MMA_ROWS 16
-#define MMA_WARPS 4
+#define MMA_ROWS 16     // rows a tile (an MMA's)
+#define MMA_WARPS 4     // warps of a down block: one tile
+#define MMA_GU_WARPS 8  // warps of a gate/up block: two tiles, one 32-code block of activations
+#define MMA_GU_ROWS (2 * MMA_ROWS)
 #define MMA_ROUND 1                           // (2: 4 chunks in registers, spills)
 #define MMA_MAX_CHUNKS 64                     // rows up to 8192 wide
 #define MMA_MAX_COLS (MMA_MAX_CHUNKS * Q8_CHUNK * 32)
@@ -104,13 +107,14 @@ struct MmaStage {
     int4 zero[2];
 };
 
-// By every thread of the block, after the wait (the kernel before wrote
-// the token); the block synchronizes before reading it.
+// By every thread of the block (THREADS of them), after the wait (the
+// kernel before wrote the token); the block synchronizes before reading it.
+template <int THREADS>
 __device__ __forceinline__ void mma_stage_token(MmaStage& s, const signed char* xq,
                                                 const float* xd, int nb, int chunks) {
-    for (int i = threadIdx.x; i < chunks * Q8_CHUNK * 2; i += MMA_WARPS * 32)
+    for (int i = threadIdx.x; i < chunks * Q8_CHUNK * 2; i += THREADS)
         s.x[i] = i < 2 * nb ? ld_i4_after_wait((const int4*)xq + i) : make_int4(0, 0, 0, 0);
-    for (int i = threadIdx.x; i < chunks * Q8_CHUNK + 4; i += MMA_WARPS * 32)
+    for (int i = threadIdx.x; i < chunks * Q8_CHUNK + 4; i += THREADS)
         s.d[i] = i < nb ? ld_f32_after_wait(xd + i) : 0.0f;
     if (threadIdx.x < 2) s.zero[threadIdx.x] = make_int4(0, 0, 0, 0);
 }
@@ -158,13 +162,13 @@ __device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4*
 
 // Chunks [c0, c1) of rows r0, r1 against the token: each chunk's part of
 // rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 1)).
-// Called by every thread of the block (it stages the token, `chunks` of
-// them, and synchronizes), each warp with its own rows and chunks (maybe
+// Called by every thread of the block (THREADS; it stages the token,
+// `chunks` of them, and synchronizes), each warp with its own rows and chunks (maybe
 // none). The weights of the next MMA_ROUND chunks are in flight while a
 // round is computed. EARLY: the first round's weight loads are issued,
 // then the kernel waits (KERNEL_ENTRY) for the one before it, which wrote
 // the token.
-template <bool EARLY>
+template <bool EARLY, int THREADS>
 __device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int nb, int chunks,
                                                int c0, int c1, const signed char* xq,
                                                const float* xd, MmaStage& s,
@@ -180,7 +184,7 @@ __device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int n
     for (int i = 0; i < MMA_ROUND; i++)
         if (c0 + i < c1) a[i] = mma_load_weights(r0, r1, nb, c0 + i, q);
     if (EARLY) KERNEL_ENTRY();
-    mma_stage_token(s, xq, xd, nb, chunks);
+    mma_stage_token<THREADS>(s, xq, xd, nb, chunks);
     __syncthreads();
     // Round `from` of buffer w: its chunks' parts (uniform over the warp).
     auto round = [&](const MmaWeights* w, int from) {
@@ -224,38 +228,52 @@ __device__ __forceinline__ float mma_row_total(const float* parts, int chunks) {
     return total;
 }
 
-// Gate/up: grid (ceil(inter / MMA_ROWS), routes), MMA_WARPS warps a block;
-// warps 0 .. MMA_WARPS/2 - 1 the gate rows, the rest the up rows. WIDTH:
-// the rows' width (`hidden`) when compiled for one, else 0.
+// Gate/up: grid (inter / MMA_GU_ROWS, routes), MMA_GU_WARPS warps a block:
+// warp w the gate (w / 2 even) or up rows of tile w / 4, half w % 2 of
+// their chunks. The block's 32 activations are one 32-code block of the
+// down products' input, so its first warp also quantizes them into
+// (aq, ad) as quantize_q8_mxfp4 does (q8dot.cu `quantize_q8_block`: the
+// same function of the same values, so the same bits), and no launch
+// between the gate/up and the down products is needed. `inter` must be a
+// multiple of 32 (the down rows' width, MXFP4 blocks). WIDTH: the rows'
+// width (`hidden`) when compiled for one, else 0.
 template <int WIDTH>
 __device__ void moe_gate_up_mma_impl(const signed char* __restrict__ xq,
                                      const float* __restrict__ xd,
                                      const RouteOut* __restrict__ routes, int k, SlotMask only,
-                                     BankView b, MoeAct a, float* __restrict__ act) {
-    __shared__ float parts[2][MMA_ROWS][MMA_PART_STRIDE];
+                                     BankView b, MoeAct a, float* __restrict__ act,
+                                     signed char* __restrict__ aq, float* __restrict__ ad) {
+    __shared__ float parts[2][2][MMA_ROWS][MMA_PART_STRIDE];  // [tile][gate, up]
     __shared__ MmaStage stage;
     if (WIDTH) b.hidden = WIDTH;
-    int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
+    int i = blockIdx.y, row0 = blockIdx.x * MMA_GU_ROWS;
     u32 slot = routes[i].slot;
     if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
-    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
-    int up = warp >= MMA_WARPS / 2;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int tile = warp >> 2, up = (warp >> 1) & 1;
     int t = i < k ? 0 : i / k, nb = b.hidden / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
     const u8* base = up ? b.up : b.gate;
     i64 rb = up ? b.up_row_bytes : b.gate_row_bytes;
     i64 first = (i64)slot * b.inter;
-    const u8* r0 = base + (first + min(row0 + g, b.inter - 1)) * rb;
-    const u8* r1 = base + (first + min(row0 + g + 8, b.inter - 1)) * rb;
+    int tile0 = row0 + tile * MMA_ROWS;
+    const u8* r0 = base + (first + min(tile0 + g, b.inter - 1)) * rb;
+    const u8* r1 = base + (first + min(tile0 + g + 8, b.inter - 1)) * rb;
     int c0, c1;
-    mma_chunk_range(chunks, warp % (MMA_WARPS / 2), MMA_WARPS / 2, &c0, &c1);
-    mma_rows_parts<false>(r0, r1, nb, chunks, c0, c1, xq + (i64)t * b.hidden, xd + (i64)t * nb,
-                          stage, parts[up]);
+    mma_chunk_range(chunks, warp & 1, 2, &c0, &c1);
+    mma_rows_parts<false, MMA_GU_WARPS * 32>(r0, r1, nb, chunks, c0, c1, xq + (i64)t * b.hidden,
+                                             xd + (i64)t * nb, stage, parts[tile][up]);
     __syncthreads();
-    int r = threadIdx.x, row = row0 + r;
-    if (r < MMA_ROWS && row < b.inter) {
-        float gate = mma_row_total(parts[0][r], chunks);
-        float upv = mma_row_total(parts[1][r], chunks);
-        act[(i64)i * b.inter + row] = moe_act_value(b, a, first + row, gate, upv);
+    if (warp == 0) {  // lane r: row row0 + r
+        int row = row0 + lane;
+        float gate = mma_row_total(parts[lane / MMA_ROWS][0][lane % MMA_ROWS], chunks);
+        float upv = mma_row_total(parts[lane / MMA_ROWS][1][lane % MMA_ROWS], chunks);
+        float v = moe_act_value(b, a, first + row, gate, upv);
+        act[(i64)i * b.inter + row] = v;
+        i64 blk = (i64)i * (b.inter / 32) + blockIdx.x;
+        float scale;
+        int code = q8_lane_code(v, &scale);
+        aq[blk * 32 + q8_pos<F_MXFP4>(lane)] = (signed char)code;
+        if (lane == 0) ad[blk] = scale;
     }
 }
 
@@ -285,8 +303,8 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     const u8* r1 = b.down + (first + min(row0 + g + 8, b.hidden - 1)) * b.down_row_bytes;
     int c0, c1;
     mma_chunk_range(chunks, warp, MMA_WARPS, &c0, &c1);
-    mma_rows_parts<true>(r0, r1, nb, chunks, c0, c1, aq + (i64)i * b.inter, ad + (i64)i * nb,
-                         stage, parts);
+    mma_rows_parts<true, MMA_WARPS * 32>(r0, r1, nb, chunks, c0, c1, aq + (i64)i * b.inter,
+                                         ad + (i64)i * nb, stage, parts);
     __syncthreads();
     int r = threadIdx.x, row = row0 + r;
     if (r < MMA_ROWS && row < b.hidden) {
@@ -294,16 +312,17 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     }
 }
 
-// Registers: gate/up under 85 (6 blocks an SM: gpt-oss's 4 routes × 180
-// row tiles = 720 blocks in one wave of an H200's 132 SMs), down under 72
-// (7 blocks an SM); ptxas 13.0 for sm_90 fits both without spills.
+// Registers: gate/up under 85 (3 blocks an SM: gpt-oss's 4 routes × 90
+// blocks of 32 rows = 360 in one wave of an H200's 132 SMs), down under
+// 72 (7 blocks an SM: 4 × 180 = 720 in one wave); ptxas 13.0 for sm_90
+// fits them without spills.
 #define MMA_KERNELS(TAIL, W)                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 6)                              \
+    extern "C" __global__ void __launch_bounds__(MMA_GU_WARPS * 32, 3)                           \
         moe_gate_up_mma_mxfp4##TAIL(const signed char* xq, const float* xd,                      \
                                     const RouteOut* routes, int k, SlotMask only, BankView b,   \
-                                    MoeAct a, float* act) {                                      \
+                                    MoeAct a, float* act, signed char* aq, float* ad) {          \
         KERNEL_ENTRY();                                                                          \
-        moe_gate_up_mma_impl<W>(xq, xd, routes, k, only, b, a, act);                             \
+        moe_gate_up_mma_impl<W>(xq, xd, routes, k, only, b, a, act, aq, ad);                     \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 7)                              \
         moe_down_mma_mxfp4##TAIL(const signed char* aq, const float* ad, const RouteOut* routes, \

@@ -238,28 +238,57 @@ void run_case(const Case& c, std::mt19937& rng) {
 
     {  // q8mma.cu
         auto act = fresh(want_act.size()), y = fresh(want_y.size());
-        dim3 gate_grid = {(unsigned)(c.inter + MMA_ROWS - 1) / MMA_ROWS, routes_n, 1};
+        std::vector<int8_t> act_q(want_act.size(), 0x55);
+        std::vector<float> act_d(want_act.size() / 32, SENTINEL);
+        dim3 gate_grid = {(unsigned)c.inter / MMA_GU_ROWS, routes_n, 1};
         dim3 down_grid = {(unsigned)(c.hidden + MMA_ROWS - 1) / MMA_ROWS, routes_n, 1};
-        dim3 threads = {MMA_WARPS * 32, 1, 1};
-        emu::launch(gate_grid, threads, [&] {
-            moe_gate_up_mma_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank, act_fn, act.data());
-        });
-        emu::launch(down_grid, threads,
+        dim3 gate_threads = {MMA_GU_WARPS * 32, 1, 1}, down_threads = {MMA_WARPS * 32, 1, 1};
+        auto gate_up = [&](bool compiled_width) {
+            emu::launch(gate_grid, gate_threads, [&] {
+                auto f = compiled_width ? moe_gate_up_mma_mxfp4_w2880 : moe_gate_up_mma_mxfp4;
+                f(xq, x.d.data(), routes.data(), k, mask, bank, act_fn, act.data(),
+                  (signed char*)act_q.data(), act_d.data());
+            });
+        };
+        gate_up(false);
+        emu::launch(down_grid, down_threads,
                     [&] { moe_down_mma_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data()); });
         expect_same(c.name + ": q8mma.cu gate/up", act, want_act);
         expect_same(c.name + ": q8mma.cu down", y, want_y);
+        // Its 8-bit codes of the activations: quantize_q8_mxfp4's (q8dot.cu)
+        // of the same values, for the routes computed.
+        {
+            std::vector<int8_t> want_q(act_q.size(), 0x55);
+            std::vector<float> want_d(act_d.size(), SENTINEL);
+            std::vector<float> values = want_act;
+            i64 blocks = (i64)values.size() / 32;
+            emu::launch({(unsigned)blocks, 1, 1}, {32, 1, 1}, [&] {
+                quantize_q8_mxfp4(values.data(), blocks, (signed char*)want_q.data(), want_d.data());
+            });
+            std::vector<float> got_codes, want_codes, got_scales, want_scales;
+            for (int i = 0; i < nr; i++) {
+                if (!computed(routes[i].slot)) continue;
+                for (int j = 0; j < c.inter; j++) {
+                    got_codes.push_back(act_q[(size_t)i * c.inter + j]);
+                    want_codes.push_back(want_q[(size_t)i * c.inter + j]);
+                }
+                for (int j = 0; j < c.inter / 32; j++) {
+                    got_scales.push_back(act_d[(size_t)i * (c.inter / 32) + j]);
+                    want_scales.push_back(want_d[(size_t)i * (c.inter / 32) + j]);
+                }
+            }
+            expect_same(c.name + ": q8mma.cu gate/up's 8-bit codes", got_codes, want_codes);
+            expect_same(c.name + ": q8mma.cu gate/up's code scales", got_scales, want_scales);
+        }
         // The kernels compiled for gpt-oss's width, where the rows have it.
         if (c.hidden == 2880) {
-            auto act = fresh(want_act.size());
-            emu::launch(gate_grid, threads, [&] {
-                moe_gate_up_mma_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank, act_fn,
-                                            act.data());
-            });
+            act = fresh(want_act.size());
+            gate_up(true);
             expect_same(c.name + ": q8mma.cu gate/up, 2880 when compiled", act, want_act);
         }
         if (c.inter == 2880) {
             auto y = fresh(want_y.size());
-            emu::launch(down_grid, threads, [&] {
+            emu::launch(down_grid, down_threads, [&] {
                 moe_down_mma_mxfp4_w2880(aq, a.d.data(), routes.data(), mask, bank, y.data());
             });
             expect_same(c.name + ": q8mma.cu down, 2880 when compiled", y, want_y);

@@ -308,10 +308,11 @@ mod tests {
                 // read their route's slot and first weights, then wait
                 // inside `q8_rows_dot1<…, true>` or before returning
                 // (q8dot.cu `moe_down_q8_impl`; likewise q8mma.cu's
-                // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the bf16 products of a few
-                // tokens issue their first weight loads, then wait, every
-                // warp (also one with no chunk), before reading a token
-                // (tcmm.cu `matmul_bf16_tc1`, `matmul_bf16_tc1r`).
+                // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the
+                // bf16 products of a few tokens issue their first weight
+                // loads, then wait, every warp (also one with no chunk),
+                // before reading a token (tcmm.cu `matmul_bf16_tc1`,
+                // `matmul_bf16_tc1r`).
                 let waits_before_tokens = matches!(
                     (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
                     (Some(w), Some(x)) if w < x && !body[..w].contains("return")

@@ -163,11 +163,11 @@ __device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4*
 // Chunks [c0, c1) of rows r0, r1 against the token: each chunk's part of
 // rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 1)).
 // Called by every thread of the block (THREADS; it stages the token,
-// `chunks` of them, and synchronizes), each warp with its own rows and chunks (maybe
-// none). The weights of the next MMA_ROUND chunks are in flight while a
-// round is computed. EARLY: the first round's weight loads are issued,
-// then the kernel waits (KERNEL_ENTRY) for the one before it, which wrote
-// the token.
+// `chunks` of them, and synchronizes), each warp with its own rows and
+// chunks (maybe none). The weights of the next MMA_ROUND chunks are in
+// flight while a round is computed. EARLY: the first round's weight
+// loads are issued, then the kernel waits (KERNEL_ENTRY) for the one
+// before it, which wrote the token.
 template <bool EARLY, int THREADS>
 __device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int nb, int chunks,
                                                int c0, int c1, const signed char* xq,
@@ -308,7 +308,8 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     __syncthreads();
     int r = threadIdx.x, row = row0 + r;
     if (r < MMA_ROWS && row < b.hidden) {
-        y[(i64)i * b.hidden + row] = moe_down_value(b, first + row, mma_row_total(parts[r], chunks));
+        float total = mma_row_total(parts[r], chunks);
+        y[(i64)i * b.hidden + row] = moe_down_value(b, first + row, total);
     }
 }
 

@@ -209,7 +209,8 @@ void run_case(const Case& c, std::mt19937& rng) {
     // The reference; routes not computed keep the sentinel the outputs
     // start with.
     const float SENTINEL = -12345.0f;
-    std::vector<float> want_act((size_t)nr * c.inter, SENTINEL), want_y((size_t)nr * c.hidden, SENTINEL);
+    std::vector<float> want_act((size_t)nr * c.inter, SENTINEL);
+    std::vector<float> want_y((size_t)nr * c.hidden, SENTINEL);
     for (int i = 0; i < nr; i++) {
         uint32_t slot = routes[i].slot;
         if (!computed(slot)) continue;
@@ -221,7 +222,8 @@ void run_case(const Case& c, std::mt19937& rng) {
                 g += gate_bias[r];
                 u += up_bias[r];
             }
-            want_act[(size_t)i * c.inter + row] = glu_one(g, u, act_fn.act, act_fn.alpha, act_fn.limit);
+            want_act[(size_t)i * c.inter + row] =
+                glu_one(g, u, act_fn.act, act_fn.alpha, act_fn.limit);
         }
         for (int row = 0; row < c.hidden; row++) {
             size_t r = (size_t)slot * c.hidden + row;
@@ -251,8 +253,9 @@ void run_case(const Case& c, std::mt19937& rng) {
             });
         };
         gate_up(false);
-        emu::launch(down_grid, down_threads,
-                    [&] { moe_down_mma_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data()); });
+        emu::launch(down_grid, down_threads, [&] {
+            moe_down_mma_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data());
+        });
         expect_same(c.name + ": q8mma.cu gate/up", act, want_act);
         expect_same(c.name + ": q8mma.cu down", y, want_y);
         // Its 8-bit codes of the activations: quantize_q8_mxfp4's (q8dot.cu)
@@ -263,7 +266,8 @@ void run_case(const Case& c, std::mt19937& rng) {
             std::vector<float> values = want_act;
             i64 blocks = (i64)values.size() / 32;
             emu::launch({(unsigned)blocks, 1, 1}, {32, 1, 1}, [&] {
-                quantize_q8_mxfp4(values.data(), blocks, (signed char*)want_q.data(), want_d.data());
+                quantize_q8_mxfp4(values.data(), blocks, (signed char*)want_q.data(),
+                                  want_d.data());
             });
             std::vector<float> got_codes, want_codes, got_scales, want_scales;
             for (int i = 0; i < nr; i++) {
@@ -296,14 +300,21 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
     if (!c.mma_only) {  // q8dot.cu, per route
         auto act = fresh(want_act.size()), y = fresh(want_y.size());
-        emu::launch({(unsigned)(c.inter + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1}, {Q8_WARPS * 32, 1, 1},
-                    [&] { moe_gate_up_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank, act_fn, act.data()); });
-        emu::launch({(unsigned)(c.hidden + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1}, {Q8_WARPS * 32, 1, 1},
-                    [&] { moe_down_q8x_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data()); });
+        dim3 threads = {Q8_WARPS * 32, 1, 1};
+        emu::launch({(unsigned)(c.inter + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1}, threads,
+                    [&] {
+                        moe_gate_up_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank,
+                                              act_fn, act.data());
+                    });
+        emu::launch({(unsigned)(c.hidden + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1},
+                    threads, [&] {
+                        moe_down_q8x_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data());
+                    });
         expect_same(c.name + ": q8dot.cu gate/up", act, want_act);
         expect_same(c.name + ": q8dot.cu down", y, want_y);
     }
-    if (!c.mma_only && c.masked_out.empty()) {  // mmq.cu, routes grouped by slot (every route valid)
+    // mmq.cu, the routes grouped by slot (every route valid).
+    if (!c.mma_only && c.masked_out.empty()) {
         std::vector<uint32_t> order, offsets(c.slots + 1, 0);
         for (int s = 0; s < c.slots; s++) {
             offsets[s] = (uint32_t)order.size();
@@ -312,10 +323,15 @@ void run_case(const Case& c, std::mt19937& rng) {
         }
         offsets[c.slots] = (uint32_t)order.size();
         auto act = fresh(want_act.size()), y = fresh(want_y.size());
-        emu::launch({(unsigned)(c.inter + MQ_BM / 2 - 1) / (MQ_BM / 2), (unsigned)c.slots, 1}, {MQ_THREADS, 1, 1},
-                    [&] { mq_gate_up_mxfp4(xq, x.d.data(), order.data(), offsets.data(), k, bank, act_fn, act.data()); });
-        emu::launch({(unsigned)(c.hidden + MQ_BM - 1) / MQ_BM, (unsigned)c.slots, 1}, {MQ_THREADS, 1, 1},
-                    [&] { mq_down_mxfp4(aq, a.d.data(), order.data(), offsets.data(), bank, y.data()); });
+        dim3 threads = {MQ_THREADS, 1, 1};
+        unsigned slots = (unsigned)c.slots;
+        emu::launch({(unsigned)(c.inter + MQ_BM / 2 - 1) / (MQ_BM / 2), slots, 1}, threads, [&] {
+            mq_gate_up_mxfp4(xq, x.d.data(), order.data(), offsets.data(), k, bank, act_fn,
+                             act.data());
+        });
+        emu::launch({(unsigned)(c.hidden + MQ_BM - 1) / MQ_BM, slots, 1}, threads, [&] {
+            mq_down_mxfp4(aq, a.d.data(), order.data(), offsets.data(), bank, y.data());
+        });
         expect_same(c.name + ": mmq.cu gate/up", act, want_act);
         expect_same(c.name + ": mmq.cu down", y, want_y);
     }

@@ -298,7 +298,8 @@ inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }
 
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src, int width = 32) {
-    return emu::exchange(v, [&](unsigned l) { return (l & ~(unsigned)(width - 1)) + ((unsigned)src % width); });
+    return emu::exchange(
+        v, [&](unsigned l) { return (l & ~(unsigned)(width - 1)) + ((unsigned)src % width); });
 }
 template <typename T>
 inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
@@ -306,11 +307,16 @@ inline T __shfl_up_sync(unsigned, T v, unsigned d, int width = 32) {
 }
 template <typename T>
 inline T __shfl_down_sync(unsigned, T v, unsigned d, int width = 32) {
-    return emu::exchange(v, [&](unsigned l) { return (l % width) + d < (unsigned)width ? l + d : l; });
+    return emu::exchange(
+        v, [&](unsigned l) { return (l % width) + d < (unsigned)width ? l + d : l; });
 }
 template <typename T>
 inline T __shfl_xor_sync(unsigned, T v, int m, int width = 32) {
-    return emu::exchange(v, [&](unsigned l) { return l ^ (unsigned)m; });
+    // A lane past the caller's group of `width` reads the caller's own value.
+    return emu::exchange(v, [&](unsigned l) {
+        unsigned to = l ^ (unsigned)m, end = (l / width + 1) * width;
+        return to < end ? to : l;
+    });
 }
 inline unsigned __ballot_sync(unsigned, int p) {
     unsigned r = 0;
@@ -362,7 +368,10 @@ inline T __ldcg(const T* p) {
 inline unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
     uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
     unsigned r = 0;
-    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    for (int i = 0; i < 4; i++) {
+        unsigned byte = (unsigned)(v >> (8 * ((s >> (4 * i)) & 7))) & 0xff;
+        r |= byte << (8 * i);
+    }
     return r;
 }
 

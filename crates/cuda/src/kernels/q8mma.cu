@@ -26,31 +26,31 @@
 // c2, c3 = (row g + 8; same). The k index is read as "block q of the
 // chunk": MMA m (m = 0..3, the 4-byte code word m of a block) puts in
 // lane (g, q) the P (or N) bytes of word m of block q of rows g and g + 8,
-// low half in a0/a1, high half in a2/a3. Column n of B holds block n's
-// codes at block n's k positions and zeros elsewhere: lane (n, n) (n < 4)
-// takes the token's code words 2m, 2m + 1 of block n (they pair with the
-// halves of weight word m, as in `mxfp4_dot_word`), every other lane
-// zeros. So C[row, n] gathers block n's integer sum (columns 4..7 stay 0):
-// lane (g, 0) ends with blocks 0, 1 of rows g and g + 8, lane (g, 1) with
-// blocks 2, 3. Every weight load is 16 bytes of one row's block.
+// low half in a0/a1, high half in a2/a3. Columns 2n and 2n + 1 of B hold
+// block n's codes at the k positions of those halves, zeros elsewhere:
+// lane (2n, n) has b0 = the token's code word 2m of block n, lane
+// (2n + 1, n) b1 = word 2m + 1 (the words the halves of weight word m
+// pair with, as in `mxfp4_dot_word`), every other lane zeros. So
+// C[row, 2n] + C[row, 2n + 1] is block n's integer sum, and lane (g, q)
+// ends with block q's of rows g and g + 8. Every weight load is 16 bytes
+// of one row's block.
 //
-// The f32 sums: lane (g, 0) forms fmaf(v_1, g_1, fmaf(v_0, g_0, 0)) for
-// each of its rows, lane (g, 1) takes it by one shuffle and carries on
-// with blocks 2 and 3, and stores the chunk's part in shared memory. The
-// warps of a block split a row's chunks; when all have stored their parts
-// a thread a row adds them in chunk order.
+// The f32 sums: the chunk's fmaf chain passes from lane (g, 0) to lane
+// (g, 3) by shuffles (q8dot.cu `q8_chunk_part`), which stores the chunk's
+// part in shared memory. The warps of a block split a row's chunks; when
+// all have stored their parts a thread a row adds them in chunk order.
 //
 // Work: a down block takes 16 rows of one route (MMA_WARPS warps), a
 // gate/up block 32 gate rows and the same up rows (MMA_GU_WARPS warps,
 // two a tile and matrix) and quantizes their 32 activations for the down
-// products. The block first copies the token's
-// codes and scales into shared memory (zeros past the row's end), so the
-// lanes read their B fragments with no bounds checks and no branches. A
-// warp keeps the next MMA_ROUND chunks' weight loads in flight while it
+// products. The block first copies the token's codes and scales into
+// shared memory, laid out as the lanes take B (zeros past the row's end),
+// so they read their B registers with no bounds checks and no branches.
+// A warp keeps the next MMA_ROUND chunks' weight loads in flight while it
 // computes a round (two buffers of registers).
 //
 // Instructions (ptxas 13.0, sm_90 SASS, the 2880-wide gate/up kernels):
-// ~158 a chunk of 16 rows × 4 blocks in the loop, ~2.9 a row's block with
+// ~150 a chunk of 16 rows × 4 blocks in the loop, ~2.8 a row's block with
 // a warp's set-up and the final sums, against ~4.7 for q8dot.cu's (840,
 // no loop, for a warp's two rows of 90 blocks). Not yet run on a GPU.
 
@@ -97,13 +97,15 @@ __device__ __forceinline__ MmaWeights mma_load_weights(const u8* r0, const u8* r
     return m;
 }
 
-// The token of a block in shared memory: its codes and block scales, zeros
-// past the row's end up to whole chunks (and 4 scales more, read by lanes
-// whose values are not used), and 32 zero bytes that the lanes holding no
-// column of B read instead of codes.
+// The token of a block in shared memory, as the lanes take it for B: for
+// each 32-code block the pairs (even word, 0) and then (0, odd word) for
+// the four MMAs (code words 2m and 2m + 1 pair with the low and high
+// halves of weight word m), each pair the two registers of one MMA's B;
+// and the block scales. Zeros past the row's end up to whole chunks, and
+// 32 zero bytes that the lanes holding no part of B read instead.
 struct MmaStage {
-    int4 x[MMA_MAX_CHUNKS * Q8_CHUNK * 2];
-    float d[MMA_MAX_CHUNKS * Q8_CHUNK + 4];
+    int4 x[MMA_MAX_CHUNKS * Q8_CHUNK * 4];
+    float d[MMA_MAX_CHUNKS * Q8_CHUNK];
     int4 zero[2];
 };
 
@@ -112,19 +114,34 @@ struct MmaStage {
 template <int THREADS>
 __device__ __forceinline__ void mma_stage_token(MmaStage& s, const signed char* xq,
                                                 const float* xd, int nb, int chunks) {
-    for (int i = threadIdx.x; i < chunks * Q8_CHUNK * 2; i += THREADS)
-        s.x[i] = i < 2 * nb ? ld_i4_after_wait((const int4*)xq + i) : make_int4(0, 0, 0, 0);
-    for (int i = threadIdx.x; i < chunks * Q8_CHUNK + 4; i += THREADS)
-        s.d[i] = i < nb ? ld_f32_after_wait(xd + i) : 0.0f;
+    for (int b = threadIdx.x; b < chunks * Q8_CHUNK; b += THREADS) {
+        int4 lo = make_int4(0, 0, 0, 0), hi = make_int4(0, 0, 0, 0);
+        float d = 0.0f;
+        if (b < nb) {
+            lo = ld_i4_after_wait((const int4*)xq + 2 * b);
+            hi = ld_i4_after_wait((const int4*)xq + 2 * b + 1);
+            d = ld_f32_after_wait(xd + b);
+        }
+        s.x[4 * b] = make_int4(lo.x, 0, lo.z, 0);
+        s.x[4 * b + 1] = make_int4(hi.x, 0, hi.z, 0);
+        s.x[4 * b + 2] = make_int4(0, lo.y, 0, lo.w);
+        s.x[4 * b + 3] = make_int4(0, hi.y, 0, hi.w);
+        s.d[b] = d;
+    }
     if (threadIdx.x < 2) s.zero[threadIdx.x] = make_int4(0, 0, 0, 0);
 }
 
-// The chunk's part of rows g (part[0]) and g + 8 (part[1]), in lane (g, 1).
-// tx: the lane's codes of the chunk's B (lane (n, n): block n's; others
-// zeros), d: the token scales of blocks 2q, 2q + 1 (lanes q < 2).
-__device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4* tx, float2 d,
+// The chunk's part of rows g (part[0]) and g + 8 (part[1]), in lane (g, 3).
+// Column 2n + h of B holds block n's code words of half h (those the
+// weight words' halves h pair with) at block n's k positions of that
+// half: lane (2q, q) holds b0 = block q's even words, lane (2q + 1, q)
+// b1 = its odd words, every other lane zeros (tb: the lane's 8 registers
+// of B, two an MMA, from MmaStage). So C[row, 2n] + C[row, 2n + 1] is
+// block n's integer sum, and lane (g, q) ends with block q's of rows g
+// and g + 8. d: the token scale of block q.
+__device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4* tb, float d,
                                                 int q, Mxfp4Tables tab, float* part) {
-    int4 lo = tx[0], hi = tx[1];
+    int4 lo = tb[0], hi = tb[1];
     u32 r0[4] = {m.w0.x, m.w0.y, m.w0.z, m.w0.w};
     u32 r1[4] = {m.w1.x, m.w1.y, m.w1.z, m.w1.w};
     u32 x[8] = {(u32)lo.x, (u32)lo.y, (u32)lo.z, (u32)lo.w,
@@ -142,26 +159,18 @@ __device__ __forceinline__ void mma_chunk_parts(const MmaWeights& m, const int4*
                     prmt_signed(tab.n0, MXFP4_HI1, f1 >> 16)};
         mma_s8_acc(v, n, x[2 * w], x[2 * w + 1]);
     }
-    // Lane (g, q < 2): v = rows g (v[0], v[1]) and g + 8 (v[2], v[3]) at
-    // blocks 2q, 2q + 1; their weight scales are bytes 2q, 2q + 1 of the
-    // scale words (lanes q >= 2 hold zeros and form nothing used).
-    int sh = 16 * (q & 1);
-    float g00 = e8m0_half((u8)(m.s0 >> sh)) * d.x;
-    float g01 = e8m0_half((u8)(m.s0 >> (sh + 8))) * d.y;
-    float g10 = e8m0_half((u8)(m.s1 >> sh)) * d.x;
-    float g11 = e8m0_half((u8)(m.s1 >> (sh + 8))) * d.y;
-    // Blocks 0 and 1 in lane (g, 0), then blocks 2 and 3 in lane (g, 1)
-    // from lane (g, 0)'s value.
-    float a0 = fmaf((float)v[1], g01, fmaf((float)v[0], g00, 0.0f));
-    float a1 = fmaf((float)v[3], g11, fmaf((float)v[2], g10, 0.0f));
-    float b0 = __shfl_up_sync(FULL_MASK, a0, 1);
-    float b1 = __shfl_up_sync(FULL_MASK, a1, 1);
-    part[0] = fmaf((float)v[1], g01, fmaf((float)v[0], g00, b0));
-    part[1] = fmaf((float)v[3], g11, fmaf((float)v[2], g10, b1));
+    // Block q's sums of rows g and g + 8, and their weight scales (byte q
+    // of each row's scale word) times the token's.
+    int sh = 8 * q;
+    float g0 = e8m0_half((u8)(m.s0 >> sh)) * d;
+    float g1 = e8m0_half((u8)(m.s1 >> sh)) * d;
+    // The chunk's chain, block by block from lane (g, 0) to lane (g, 3).
+    part[0] = q8_chunk_part((float)(v[0] + v[1]), g0, q, 1);
+    part[1] = q8_chunk_part((float)(v[2] + v[3]), g1, q, 1);
 }
 
 // Chunks [c0, c1) of rows r0, r1 against the token: each chunk's part of
-// rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 1)).
+// rows g and g + 8 into parts[g][c], parts[g + 8][c] (by lane (g, 3)).
 // Called by every thread of the block (THREADS; it stages the token,
 // `chunks` of them, and synchronizes), each warp with its own rows and
 // chunks (maybe none). The weights of the next MMA_ROUND chunks are in
@@ -175,10 +184,12 @@ __device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int n
                                                float (*parts)[MMA_PART_STRIDE]) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     Mxfp4Tables tab = Mxfp4Tables::held();
-    bool holds_b = g == q;
-    const int4* tx = holds_b ? s.x + 2 * q : s.zero;
-    int tx_step = holds_b ? Q8_CHUNK * 2 : 0;  // int4s a chunk
-    const float* td = s.d + 2 * (q & 1);
+    // The lane's part of B, each chunk's 16 int4s on (or 0: zeros): block
+    // q's even words in lane (2q, q), its odd words in lane (2q + 1, q).
+    bool holds_b = g >> 1 == q;
+    const int4* tb = holds_b ? s.x + 4 * q + 2 * (g & 1) : s.zero;
+    int tb_step = holds_b ? Q8_CHUNK * 4 : 0;
+    const float* td = s.d + q;
     MmaWeights a[MMA_ROUND], b[MMA_ROUND];
 #pragma unroll
     for (int i = 0; i < MMA_ROUND; i++)
@@ -193,9 +204,8 @@ __device__ __forceinline__ void mma_rows_parts(const u8* r0, const u8* r1, int n
             int c = from + i;
             if (c >= c1) break;
             float part[2];
-            mma_chunk_parts(w[i], tx + c * tx_step, *(const float2*)(td + c * Q8_CHUNK), q, tab,
-                            part);
-            if (q == 1) {
+            mma_chunk_parts(w[i], tb + c * tb_step, td[c * Q8_CHUNK], q, tab, part);
+            if (q == 3) {
                 parts[g][c] = part[0];
                 parts[g + 8][c] = part[1];
             }
@@ -314,9 +324,10 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
 }
 
 // Registers: gate/up under 85 (3 blocks an SM: gpt-oss's 4 routes × 90
-// blocks of 32 rows = 360 in one wave of an H200's 132 SMs), down under
+// blocks of 32 rows = 360 in one wave of an H200's 132 SMs), down at most
 // 72 (7 blocks an SM: 4 × 180 = 720 in one wave); ptxas 13.0 for sm_90
-// fits them without spills.
+// fits them without spills (72–80 registers; 34 and 21 KB of shared
+// memory a block).
 #define MMA_KERNELS(TAIL, W)                                                                     \
     extern "C" __global__ void __launch_bounds__(MMA_GU_WARPS * 32, 3)                           \
         moe_gate_up_mma_mxfp4##TAIL(const signed char* xq, const float* xd,                      \

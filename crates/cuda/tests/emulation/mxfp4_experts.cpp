@@ -6,12 +6,13 @@
 // the reference's bits:
 //   - q8mma.cu's tensor-core kernels (opt-in TURBOSPARK_CUDA_MXFP4=mma),
 //     the kernels this test is for, not yet run on a GPU when written;
-//   - q8dot.cu's per-route kernels and mmq.cu's batch tiles, which the GPU
-//     conformance suite has checked on an H200 — here they check the
+//   - q8dot.cu's per-route kernels (also those compiled for 2880-wide
+//     rows, the default for gpt-oss) and mmq.cu's batch tiles, which the
+//     GPU conformance suite has checked on an H200 — here they check the
 //     emulator (its shuffles, its MMA fragments) and the reference.
 // Exit status 0 when every output matches; mismatches are printed.
 //
-// Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O1`).
+// Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
 #include "warp_emulator.h"
 
@@ -296,6 +297,24 @@ void run_case(const Case& c, std::mt19937& rng) {
                 moe_down_mma_mxfp4_w2880(aq, a.d.data(), routes.data(), mask, bank, y.data());
             });
             expect_same(c.name + ": q8mma.cu down, 2880 when compiled", y, want_y);
+        }
+    }
+    {  // q8dot.cu's per-route kernels compiled for 2880-wide rows (the default's)
+        dim3 threads = {Q8_WARPS * 32, 1, 1};
+        if (c.hidden == 2880) {
+            auto act = fresh(want_act.size());
+            emu::launch({(unsigned)c.inter / Q8_BLOCK_ROWS, routes_n, 1}, threads, [&] {
+                moe_gate_up_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank, act_fn,
+                                            act.data());
+            });
+            expect_same(c.name + ": q8dot.cu gate/up, 2880 when compiled", act, want_act);
+        }
+        if (c.inter == 2880) {
+            auto y = fresh(want_y.size());
+            emu::launch({(unsigned)c.hidden / Q8_BLOCK_ROWS, routes_n, 1}, threads, [&] {
+                moe_down_q8x_mxfp4_w2880(aq, a.d.data(), routes.data(), mask, bank, y.data());
+            });
+            expect_same(c.name + ": q8dot.cu down, 2880 when compiled", y, want_y);
         }
     }
     if (!c.mma_only) {  // q8dot.cu, per route

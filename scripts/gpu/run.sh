@@ -344,11 +344,13 @@ PY
         # token alone with the batch kernel's bits); one token's MXFP4
         # routed experts on the integer tensor cores (TURBOSPARK_CUDA_MXFP4=mma,
         # kernels/q8mma.cu; check_moe compares a token alone with the
-        # batch's tensor-core tiles bit for bit).
+        # batch's tensor-core tiles bit for bit), and one token's Q8_0
+        # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise).
         for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
-            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma; do
+            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
+            TURBOSPARK_CUDA_Q8=mma; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -503,6 +503,13 @@ pub(crate) fn launch_pending(
                 op: "matmul (8-bit activations of this format)",
             })?;
             let (cols, nn) = (g.cols as i32, g.n as i32);
+            let tiles = g.group.tiles(16);
+            if let Some(f) = set.mma1_for(g.cols, tiles).filter(|_| g.n == 1) {
+                let group = g.group.in_blocks_of(16);
+                let threads = (kernels::MMA_Q8_WARPS * 32) as u32;
+                let args = &mut args![group, cols, g.xq, g.xd];
+                return launch("matmul", f, stream, (tiles as u32, 1, 1), threads, 0, args);
+            }
             if let Some(one) = set
                 .one
                 .as_ref()
@@ -568,10 +575,7 @@ fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<()
         op: "matmul (bf16 on the tensor cores)",
     })?;
     let few = g.n <= kernels::TC_FEW_TOKENS;
-    let tiles: usize = g.group.rows[..g.group.count as usize]
-        .iter()
-        .map(|&r| (r as usize).div_ceil(16))
-        .sum();
+    let tiles = g.group.tiles(16);
     let (cols, nn) = (g.cols as i32, g.n as i32);
     let way = tc.way(tiles);
     if few && way == kernels::FewWay::Rows {
@@ -631,6 +635,15 @@ impl MatGroup {
         self.block_start[m + 1] =
             self.block_start[m] + rows.div_ceil(kernels::Q8_BLOCK_ROWS) as i32;
         self.count += 1;
+    }
+
+    /// Tiles of `rows_a_tile` rows its members take, each member's last
+    /// one maybe partial.
+    pub(crate) fn tiles(&self, rows_a_tile: usize) -> usize {
+        self.rows[..self.count as usize]
+            .iter()
+            .map(|&r| (r as usize).div_ceil(rows_a_tile))
+            .sum()
     }
 
     /// The same group with `block_start` counted in blocks of
@@ -693,6 +706,8 @@ mod tests {
         g.push(3, 13, 64, 30);
         assert_eq!(g.block_start, [0, 10, 12, 16]); // Q8_BLOCK_ROWS = 4
         assert_eq!(g.in_blocks_of(16).block_start, [0, 3, 4, 5]);
+        assert_eq!(g.tiles(16), 5);
+        assert_eq!(g.tiles(4), 16);
         assert_eq!(g.in_blocks_of(128).block_start, [0, 1, 2, 3]);
         let h = g.in_blocks_of(16);
         assert_eq!((h.w, h.out, h.rows, h.count), (g.w, g.out, g.rows, g.count));

@@ -72,6 +72,47 @@ pub(crate) struct Q8Set {
     /// for rows up to [`MMA_MAX_COLS`] wide (`kernels/q8mma.cu`; MXFP4
     /// only), where asked for ([`mxfp4_tensor_cores`]).
     pub mma: Option<MmaSet>,
+    /// One token's products on the integer tensor cores for rows up to
+    /// [`MMA_Q8_MAX_COLS`] wide (`kernels/q8mma.cu`, `matmul1_mma_q8_0_c1`
+    /// .. `_c4`, by chunks a warp; Q8_0 only), where asked for
+    /// ([`q8_tensor_cores`]).
+    pub mma1: Option<[CudaFunction; MMA_Q8_MAX_CPW]>,
+}
+
+/// Warps of a `matmul1_mma_q8_0` block (`MMA_Q8_WARPS`, one 16-row tile),
+/// the most chunks of 4 blocks a warp takes (`MMA_Q8_MAX_CPW`), so the
+/// widest rows, and the most tiles a product may have to take them (more:
+/// an output head, which q8one.cu streams at ~4 TB/s).
+pub(crate) const MMA_Q8_WARPS: usize = 8;
+pub(crate) const MMA_Q8_MAX_CPW: usize = 4;
+pub(crate) const MMA_Q8_MAX_COLS: usize = MMA_Q8_WARPS * MMA_Q8_MAX_CPW * 128;
+pub(crate) const MMA_Q8_MAX_TILES: usize = 2048;
+
+impl Q8Set {
+    /// The tensor-core product for one token over rows `cols` wide and
+    /// `tiles` 16-row tiles, where asked for and where it fits.
+    pub(crate) fn mma1_for(&self, cols: usize, tiles: usize) -> Option<&CudaFunction> {
+        let cpw = mma1_chunks_a_warp(cols, tiles)?;
+        self.mma1.as_ref().map(|k| &k[cpw - 1])
+    }
+}
+
+/// Chunks of 4 blocks a `matmul1_mma_q8_0` warp takes over rows `cols`
+/// wide (its `CPW`), when the kernel takes them: whole blocks, at most
+/// [`MMA_Q8_MAX_COLS`] wide, at most [`MMA_Q8_MAX_TILES`] tiles.
+fn mma1_chunks_a_warp(cols: usize, tiles: usize) -> Option<usize> {
+    let fits = cols > 0 && cols % 32 == 0 && cols <= MMA_Q8_MAX_COLS && tiles <= MMA_Q8_MAX_TILES;
+    fits.then(|| cols.div_ceil(128).div_ceil(MMA_Q8_WARPS))
+}
+
+/// Whether one token's Q8_0 products (not an output head) take q8mma.cu's
+/// tensor-core kernel (`TURBOSPARK_CUDA_Q8`): only with `mma`. The bits of
+/// q8one.cu's (the host emulation test checks both against a scalar
+/// reference of the sum order); every weight load of a block's 16-row tile
+/// is issued before the wait for the kernel before. Opt-in until measured
+/// on a GPU.
+fn q8_tensor_cores(setting: Option<&str>) -> bool {
+    setting.map(str::trim) == Some("mma")
 }
 
 /// q8mma.cu's per-route kernels: any width, and gpt-oss's compiled for it
@@ -529,6 +570,15 @@ impl Q8Set {
                             false => None,
                         },
                     })
+                }
+                _ => None,
+            },
+            mma1: match fmt {
+                QuantFormat::Q8_0
+                    if q8_tensor_cores(std::env::var("TURBOSPARK_CUDA_Q8").ok().as_deref()) =>
+                {
+                    let k = |c: usize| f(format!("matmul1_mma_{n}_c{c}"));
+                    Some([k(1)?, k(2)?, k(3)?, k(4)?])
                 }
                 _ => None,
             },
@@ -1110,6 +1160,30 @@ mod tests {
         assert!(mxfp4_tensor_cores(Some("mma")));
         assert!(mxfp4_tensor_cores(Some(" mma ")));
         assert!(!mxfp4_tensor_cores(Some("dp4a")));
+    }
+
+    /// A warp's chunks cover the row's (the last one maybe partial) with
+    /// 8 warps; too wide rows, too many tiles, partial blocks: none.
+    #[test]
+    fn tensor_core_q8_products_take_their_chunks_by_width() {
+        assert_eq!(mma1_chunks_a_warp(96, 1), Some(1)); // 1 chunk
+        assert_eq!(mma1_chunks_a_warp(1024, 2), Some(1)); // 8 chunks
+        assert_eq!(mma1_chunks_a_warp(1536, 4), Some(2)); // 12
+        assert_eq!(mma1_chunks_a_warp(2880, 320), Some(3)); // 23
+        assert_eq!(mma1_chunks_a_warp(4096, 180), Some(4)); // 32
+        assert_eq!(mma1_chunks_a_warp(4128, 1), None);
+        assert_eq!(mma1_chunks_a_warp(2880, 201_088 / 16), None);
+        assert_eq!(mma1_chunks_a_warp(100, 1), None);
+        assert_eq!(mma1_chunks_a_warp(0, 1), None);
+    }
+
+    /// `TURBOSPARK_CUDA_Q8`: one token's Q8_0 products on the tensor cores
+    /// only with `mma`.
+    #[test]
+    fn q8_tensor_cores_follow_the_setting() {
+        assert!(!q8_tensor_cores(None));
+        assert!(q8_tensor_cores(Some(" mma")));
+        assert!(!q8_tensor_cores(Some("rows")));
     }
 
     /// `TURBOSPARK_CUDA_NORM`: the vector layout unless `strided`.

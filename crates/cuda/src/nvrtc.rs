@@ -26,8 +26,8 @@ const SOURCES: [(&str, &str); 15] = [
     ("q8one.cu", include_str!("kernels/q8one.cu")),
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
-    ("q8mma.cu", include_str!("kernels/q8mma.cu")),
     ("tcmm.cu", include_str!("kernels/tcmm.cu")),
+    ("q8mma.cu", include_str!("kernels/q8mma.cu")),
 ];
 
 /// The whole translation unit, with `#line` markers so that compiler
@@ -264,6 +264,20 @@ mod tests {
             )
     }
 
+    /// Whether q8mma.cu's `matmul1_mma_q8_0_impl` in `text` issues only
+    /// weight loads before it waits: no return, and the token staged
+    /// after the wait.
+    fn mma_q8_waits_before_the_token(text: &str) -> bool {
+        let Some(at) = text.find("void matmul1_mma_q8_0_impl(") else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        matches!(
+            (body.find("KERNEL_ENTRY();"), body.find("mma_stage_token<")),
+            (Some(w), Some(x)) if w < x && !body[..w].contains("return")
+        )
+    }
+
     /// Kernels are launched as programmatic dependents of the kernel before
     /// them (kernels.rs `launch`), which is only sound when every kernel
     /// waits for its predecessor before anything else (common.cuh
@@ -312,7 +326,9 @@ mod tests {
                 // bf16 products of a few tokens issue their first weight
                 // loads, then wait, every warp (also one with no chunk),
                 // before reading a token (tcmm.cu `matmul_bf16_tc1`,
-                // `matmul_bf16_tc1r`).
+                // `matmul_bf16_tc1r`); one token's Q8_0 products on the
+                // tensor cores issue all their weight loads, then wait,
+                // then stage the token (q8mma.cu `matmul1_mma_q8_0_impl`).
                 let waits_before_tokens = matches!(
                     (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
                     (Some(w), Some(x)) if w < x && !body[..w].contains("return")
@@ -338,6 +354,9 @@ mod tests {
                     || (name.starts_with("moe_down_mma_")
                         && body.starts_with("moe_down_mma_impl<")
                         && mma_down_waits_on_every_path(text));
+                let q8_mma_early = name.starts_with("matmul1_mma_q8_0_c")
+                    && body.starts_with("matmul1_mma_q8_0_impl<")
+                    && mma_q8_waits_before_the_token(text);
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
@@ -374,6 +393,7 @@ mod tests {
                         || attention_early
                         || down_early
                         || rope_early
+                        || q8_mma_early
                         || bf16_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]

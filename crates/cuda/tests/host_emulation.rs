@@ -54,3 +54,11 @@ fn build_and_run(name: &str) {
 fn mxfp4_expert_kernels_match_the_reference_order_bit_for_bit() {
     build_and_run("mxfp4_experts");
 }
+
+/// One token's Q8_0 products: q8mma.cu's tensor-core kernel (and q8one.cu's
+/// and q8dot.cu's, which the GPU conformance suite has passed) give the
+/// reference's bits, biases and q/k/v groups included.
+#[test]
+fn q8_0_one_token_products_match_the_reference_order_bit_for_bit() {
+    build_and_run("q8_0_products");
+}

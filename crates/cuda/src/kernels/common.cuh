@@ -38,8 +38,10 @@ typedef long long i64;
 // values' rows into the L2, and the routed experts' per-route down
 // products (q8dot.cu `moe_down_q8_impl`, q8mma.cu `moe_down_mma_impl`)
 // read their route's slot (the gate/up launch between the routing and
-// them waited for it) and issue their first weight loads, as do the bf16 products of a few tokens
-// (tcmm.cu `matmul_bf16_tc1`); then they wait.
+// them waited for it) and issue their first weight loads, as do the bf16
+// products of a few tokens (tcmm.cu `matmul_bf16_tc1`), and one token's
+// Q8_0 products on the tensor cores (q8mma.cu `matmul1_mma_q8_0_impl`)
+// issue all of theirs; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -104,11 +106,13 @@ __device__ __forceinline__ u32 ld_stream_u8(const void* p) {
 }
 #endif
 
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ float f16_to_f32(u16 h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
 }
+#endif
 
 // Round to nearest even, as the CPU's `half::f16::from_f32` does.
 __device__ __forceinline__ u16 f32_to_f16(float f) {

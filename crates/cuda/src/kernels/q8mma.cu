@@ -346,3 +346,125 @@ MMA_KERNELS(, 0)
 // gpt-oss's experts, 2880 wide both ways (kernels.rs `MmaSet::gate_up_for`):
 // the same instructions with the width a constant, so the same bits.
 MMA_KERNELS(_w2880, 2880)
+
+// ---------------------------------------------------------------------
+// One token's Q8_0 products (a decode step's attention projections and
+// router; `matmul1_mma_q8_0_c{CPW}`), opt-in with TURBOSPARK_CUDA_Q8=mma
+// (kernels.rs `q8_tensor_cores`): out[o] = Σ_b (dw · dx) · Σ_j c · q in
+// q8dot.cu's canonical order, so the bits of q8one.cu's and q8dot.cu's
+// kernels. The same MMA layout as above without the P/N split, the codes
+// being int8 already: MMA m puts code words 2m (a0/a1) and 2m + 1 (a2/a3)
+// of block q of rows g and g + 8 in lane (g, q), against the token's
+// words 2m and 2m + 1 of block n in columns 2n and 2n + 1 (MmaStage, the
+// same staging: Q8_0's codes and the token's are both in natural order,
+// word j against word j). Four MMAs a chunk.
+//
+// Work: a block of MMA_Q8_WARPS warps takes a 16-row tile of a MatGroup
+// member (block_start in tiles: fusion.rs `in_blocks_of(16)`), warp w its
+// chunks w·CPW .. w·CPW + CPW - 1. Nothing writes the weights, so a warp
+// issues every one of its loads before it waits for the kernel before
+// (KERNEL_ENTRY): the whole tile is in flight during that kernel's tail.
+// Rows up to MMA_Q8_WARPS · 4 chunks (4096) wide; wider rows, and an
+// output head (many tiles, which q8one.cu streams at ~4 TB/s), keep
+// q8one.cu's kernels.
+
+#define MMA_Q8_WARPS 8
+#define MMA_Q8_MAX_CPW 4
+
+// A lane's loads for one chunk: block q of rows g (a) and g + 8 (b), 32
+// code bytes each, and their raw f16 scales. A block past the row's end
+// reads the row's last block again (its B is zeros, its token scale 0).
+struct MmaQ8Weights {
+    uint4 a0, a1, b0, b1;
+    u32 sa, sb;
+};
+
+__device__ __forceinline__ MmaQ8Weights mma_q8_load(const u8* ra, const u8* rb, int nb, int c,
+                                                    int q) {
+    MmaQ8Weights m;
+    int b = min(c * Q8_CHUNK + q, nb - 1);
+    const u8* pa = split_codes<F_Q8_0>(ra, b);
+    const u8* pb = split_codes<F_Q8_0>(rb, b);
+    m.a0 = ld_stream_u4(pa);
+    m.a1 = ld_stream_u4(pa + 16);
+    m.b0 = ld_stream_u4(pb);
+    m.b1 = ld_stream_u4(pb + 16);
+    m.sa = ld_stream_u16(split_scale<F_Q8_0>(ra, nb * 32, b));
+    m.sb = ld_stream_u16(split_scale<F_Q8_0>(rb, nb * 32, b));
+    return m;
+}
+
+// The chunk's part of rows g (part[0]) and g + 8 (part[1]), in lane (g, 3)
+// (tb, d: as mma_chunk_parts takes them).
+__device__ __forceinline__ void mma_q8_chunk_parts(const MmaQ8Weights& m, const int4* tb, float d,
+                                                   int q, float* part) {
+    int4 lo = tb[0], hi = tb[1];
+    u32 x[8] = {(u32)lo.x, (u32)lo.y, (u32)lo.z, (u32)lo.w,
+                (u32)hi.x, (u32)hi.y, (u32)hi.z, (u32)hi.w};
+    u32 wa[8] = {m.a0.x, m.a0.y, m.a0.z, m.a0.w, m.a1.x, m.a1.y, m.a1.z, m.a1.w};
+    u32 wb[8] = {m.b0.x, m.b0.y, m.b0.z, m.b0.w, m.b1.x, m.b1.y, m.b1.z, m.b1.w};
+    int v[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        u32 a[4] = {wa[2 * w], wb[2 * w], wa[2 * w + 1], wb[2 * w + 1]};
+        mma_s8_acc(v, a, x[2 * w], x[2 * w + 1]);
+    }
+    float g0 = f16_to_f32((u16)m.sa) * d;
+    float g1 = f16_to_f32((u16)m.sb) * d;
+    part[0] = q8_chunk_part((float)(v[0] + v[1]), g0, q, 1);
+    part[1] = q8_chunk_part((float)(v[2] + v[3]), g1, q, 1);
+}
+
+// out[m][o] (+ bias[m][o]) for one token: grid (the group's tiles),
+// MMA_Q8_WARPS warps a block; CPW = ceil(chunks / MMA_Q8_WARPS).
+template <int CPW>
+__device__ void matmul1_mma_q8_0_impl(const MatGroup& g, int cols,
+                                      const signed char* __restrict__ xq,
+                                      const float* __restrict__ xd) {
+    __shared__ float parts[MMA_ROWS][MMA_PART_STRIDE];
+    __shared__ MmaStage stage;
+    TcMember mem = tc_member(g, blockIdx.x);
+    int r0 = (blockIdx.x - mem.first_block) * MMA_ROWS;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, q = lane & 3;
+    int nb = cols / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK, c0 = warp * CPW;
+    const u8* ra = mem.w + (i64)min(r0 + gr, mem.rows - 1) * mem.row_bytes;
+    const u8* rb = mem.w + (i64)min(r0 + gr + 8, mem.rows - 1) * mem.row_bytes;
+    MmaQ8Weights w[CPW];
+#pragma unroll
+    for (int i = 0; i < CPW; i++)
+        if (c0 + i < chunks) w[i] = mma_q8_load(ra, rb, nb, c0 + i, q);
+    KERNEL_ENTRY();
+    mma_stage_token<MMA_Q8_WARPS * 32>(stage, xq, xd, nb, chunks);
+    __syncthreads();
+    bool holds_b = gr >> 1 == q;
+    const int4* tb = holds_b ? stage.x + 4 * q + 2 * (gr & 1) : stage.zero;
+    int tb_step = holds_b ? Q8_CHUNK * 4 : 0;
+#pragma unroll
+    for (int i = 0; i < CPW; i++) {
+        int c = c0 + i;
+        if (c >= chunks) break;  // uniform over the warp
+        float part[2];
+        mma_q8_chunk_parts(w[i], tb + c * tb_step, stage.d[c * Q8_CHUNK + q], q, part);
+        if (q == 3) {
+            parts[gr][c] = part[0];
+            parts[gr + 8][c] = part[1];
+        }
+    }
+    __syncthreads();
+    int r = threadIdx.x, row = r0 + r;
+    if (r < MMA_ROWS && row < mem.rows) {
+        float total = mma_row_total(parts[r], chunks);
+        mem.out[row] = mem.bias ? total + mem.bias[row] : total;
+    }
+}
+
+// Registers (ptxas 13.0, sm_90): see BENCHMARKS.md, twenty-fifth session.
+#define MMA_Q8_KERNEL(CPW)                                                                      \
+    extern "C" __global__ void __launch_bounds__(MMA_Q8_WARPS * 32)                              \
+        matmul1_mma_q8_0_c##CPW(MatGroup g, int cols, const signed char* xq, const float* xd) { \
+        matmul1_mma_q8_0_impl<CPW>(g, cols, xq, xd);                                            \
+    }
+MMA_Q8_KERNEL(1)
+MMA_Q8_KERNEL(2)
+MMA_Q8_KERNEL(3)
+MMA_Q8_KERNEL(4)

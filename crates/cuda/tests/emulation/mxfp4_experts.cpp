@@ -14,22 +14,7 @@
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
-#include "warp_emulator.h"
-
-#include "../../src/kernels/common.cuh"
-#include "../../src/kernels/matmul.cu"
-#include "../../src/kernels/elementwise.cu"
-#include "../../src/kernels/route.cu"
-// moe.cu's one shared array is dynamic (`extern __shared__`, in moe_group,
-// which is not run here): there `__shared__` adds nothing.
-#undef __shared__
-#define __shared__
-#include "../../src/kernels/moe.cu"
-#undef __shared__
-#define __shared__ static
-#include "../../src/kernels/q8dot.cu"
-#include "../../src/kernels/mmq.cu"
-#include "../../src/kernels/q8mma.cu"
+#include "kernel_sources.h"
 
 #include <cstdint>
 #include <ctime>

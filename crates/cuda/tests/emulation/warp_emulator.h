@@ -294,6 +294,8 @@ inline T exchange(T v, Src src) {
 #define gridDim (emu::state().grid)
 
 inline void __syncthreads() { emu::block_sync(); }
+// Fibers take turns on one OS thread: every write is seen by the next reader.
+inline void __threadfence() {}
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_sync(); }
 
 template <typename T>
@@ -388,6 +390,15 @@ inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
 inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
 inline float ld_f32_after_wait(const float* p) { return *p; }
 inline void prefetch_l2(const void*) {}
+
+// PTX `cvt.f32.f16`: an IEEE half's value (every half is a float exactly).
+inline float f16_to_f32(u16 h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? std::ldexp((float)m, -24)
+              : e == 31 ? (m ? NAN : INFINITY)
+                        : std::ldexp((float)(1024 + m), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
 
 // PTX `dp4a.s32.s32 d, a, b, c`: c plus the four signed byte products.
 inline int dp4a(int a, int b, int c) {

@@ -1,0 +1,216 @@
+// One token's Q8_0 products (fast numerics; a decode step's attention
+// projections and router) run on the CPU through warp_emulator.h, against
+// a scalar reference of the canonical sum order (q8dot.cu): per 32-element
+// block the integer Σ c · q, per chunk of 4 blocks p = fmaf((float)Σ,
+// dw · dx, p) from 0, the row's total the chunks' parts added in order
+// from 0, then the bias. Every kernel must give the reference's bits:
+//   - q8mma.cu's tensor-core kernels (opt-in TURBOSPARK_CUDA_Q8=mma), the
+//     kernels this test is for, not yet run on a GPU when written;
+//   - q8one.cu's one-token kernels (the default) and q8dot.cu's per-row
+//     kernel, which the GPU conformance suite has checked on an H200.
+// Exit status 0 when every output matches; mismatches are printed.
+//
+// Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
+
+#include "kernel_sources.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+// An IEEE half's value, for the reference (independent of the kernels').
+float half_value(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? std::ldexp((float)m, -24) : std::ldexp((float)(1024 + m), e - 25);
+    return (h & 0x8000) ? -v : v;
+}
+
+// Q8_0 rows in the device layout (layout.rs): a row's nb blocks of 32 code
+// bytes, then its nb f16 scales, rounded up to 16 bytes.
+struct Rows {
+    int count = 0, cols = 0;
+    size_t row_bytes = 0;
+    std::vector<uint8_t> bytes;
+    int nb() const { return cols / 32; }
+    const uint8_t* row(size_t r) const { return bytes.data() + r * row_bytes; }
+    int8_t code(size_t r, int e) const { return (int8_t)row(r)[e]; }
+    uint16_t scale(size_t r, int b) const {
+        const uint8_t* p = row(r) + 32 * nb() + 2 * b;
+        return (uint16_t)(p[0] | (p[1] << 8));
+    }
+};
+
+Rows random_rows(std::mt19937& rng, int count, int cols) {
+    Rows m;
+    m.count = count;
+    m.cols = cols;
+    int nb = cols / 32;
+    m.row_bytes = (size_t)(34 * nb + 15) / 16 * 16;
+    m.bytes.assign(m.row_bytes * count, 0);
+    std::uniform_int_distribution<int> byte(0, 255), code(-127, 127);
+    // Scales: halves of magnitude 2^-12 .. 2^-4, either sign.
+    std::uniform_int_distribution<int> exp(3, 11), mant(0, 1023), sign(0, 1);
+    for (int r = 0; r < count; r++) {
+        uint8_t* p = m.bytes.data() + (size_t)r * m.row_bytes;
+        for (int i = 0; i < 32 * nb; i++) p[i] = (uint8_t)(int8_t)code(rng);
+        for (int b = 0; b < nb; b++) {
+            uint16_t h = (uint16_t)((sign(rng) << 15) | (exp(rng) << 10) | mant(rng));
+            p[32 * nb + 2 * b] = (uint8_t)h;
+            p[32 * nb + 2 * b + 1] = (uint8_t)(h >> 8);
+        }
+        for (size_t i = 34 * nb; i < m.row_bytes; i++) p[i] = (uint8_t)byte(rng);
+    }
+    return m;
+}
+
+float reference_dot(const Rows& m, size_t r, const std::vector<int8_t>& q,
+                    const std::vector<float>& d) {
+    int nb = m.nb();
+    float total = 0.0f;
+    for (int c = 0; c * 4 < nb; c++) {
+        float p = 0.0f;
+        for (int u = 0; u < 4 && 4 * c + u < nb; u++) {
+            int b = 4 * c + u, v = 0;
+            for (int e = 0; e < 32; e++) v += m.code(r, 32 * b + e) * q[32 * b + e];
+            p = std::fmaf((float)v, half_value(m.scale(r, b)) * d[b], p);
+        }
+        total += p;
+    }
+    return total;
+}
+
+int failures = 0;
+
+void expect_same(const std::string& what, const std::vector<float>& got,
+                 const std::vector<float>& want) {
+    int bad = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        uint32_t a, b;
+        memcpy(&a, &got[i], 4);
+        memcpy(&b, &want[i], 4);
+        if (a != b) {
+            if (bad < 5)
+                printf("  %s: element %zu is %.9g (0x%08x), the reference %.9g (0x%08x)\n",
+                       what.c_str(), i, got[i], a, want[i], b);
+            bad++;
+        }
+    }
+    printf("%s %s: %zu values%s\n", bad ? "FAIL" : "ok  ", what.c_str(), want.size(),
+           bad ? (", " + std::to_string(bad) + " differ").c_str() : ", every bit the reference's");
+    if (bad) failures++;
+}
+
+// A group of up to 3 matrices of one width reading one token (q, k, v),
+// each with or without a bias.
+struct Case {
+    std::string name;
+    int cols;
+    std::vector<int> rows;
+    std::vector<bool> biases;
+};
+
+void run_case(const Case& c, std::mt19937& rng) {
+    int nb = c.cols / 32, chunks = (nb + 3) / 4;
+    std::vector<Rows> mats;
+    std::vector<std::vector<float>> biases, want;
+    std::uniform_real_distribution<float> bias(-1.0f, 1.0f), scale(0.001f, 0.05f);
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::vector<int8_t> q(c.cols);
+    for (auto& x : q) x = (int8_t)code(rng);
+    std::vector<float> d(nb);
+    for (auto& x : d) x = scale(rng);
+    for (size_t m = 0; m < c.rows.size(); m++) {
+        mats.push_back(random_rows(rng, c.rows[m], c.cols));
+        biases.emplace_back();
+        if (c.biases[m])
+            for (int r = 0; r < c.rows[m]; r++) biases[m].push_back(bias(rng));
+        want.emplace_back();
+        for (int r = 0; r < c.rows[m]; r++) {
+            float v = reference_dot(mats[m], r, q, d);
+            want[m].push_back(c.biases[m] ? v + biases[m][r] : v);
+        }
+    }
+    const float SENTINEL = -12345.0f;
+    std::vector<std::vector<float>> out;
+    // The group, block_start counted in blocks of `rows_a_block` rows.
+    auto group = [&](int rows_a_block) {
+        MatGroup g = {};
+        g.count = (int)mats.size();
+        for (int m = 0; m < g.count; m++) {
+            g.w[m] = mats[m].bytes.data();
+            g.out[m] = out[m].data();
+            g.bias[m] = c.biases[m] ? biases[m].data() : nullptr;
+            g.row_bytes[m] = (i64)mats[m].row_bytes;
+            g.rows[m] = mats[m].count;
+            g.block_start[m + 1] = g.block_start[m] + (mats[m].count + rows_a_block - 1) / rows_a_block;
+        }
+        return g;
+    };
+    auto fresh = [&] {
+        out.clear();
+        for (auto& m : mats) out.emplace_back(m.count, SENTINEL);
+    };
+    auto check = [&](const std::string& what) {
+        for (size_t m = 0; m < mats.size(); m++)
+            expect_same(c.name + ": " + what + ", matrix " + std::to_string(m), out[m], want[m]);
+    };
+    const signed char* xq = (const signed char*)q.data();
+    int cols = c.cols;
+
+    {  // q8mma.cu
+        fresh();
+        MatGroup g = group(MMA_ROWS);
+        int cpw = (chunks + MMA_Q8_WARPS - 1) / MMA_Q8_WARPS;
+        auto kernel = cpw == 1   ? matmul1_mma_q8_0_c1
+                      : cpw == 2 ? matmul1_mma_q8_0_c2
+                      : cpw == 3 ? matmul1_mma_q8_0_c3
+                                 : matmul1_mma_q8_0_c4;
+        emu::launch({(unsigned)g.block_start[g.count], 1, 1}, {MMA_Q8_WARPS * 32, 1, 1},
+                    [&] { kernel(g, cols, xq, d.data()); });
+        check("q8mma.cu (" + std::to_string(cpw) + " chunks a warp)");
+    }
+    {  // q8one.cu: a warp a row (the grid strides; any grid covers them)
+        fresh();
+        MatGroup g = group(Q8_BLOCK_ROWS);
+        int units = 0;
+        for (auto& m : mats) units += m.count;
+        emu::launch({(unsigned)(units + ONE_WARPS - 1) / ONE_WARPS, 1, 1}, {ONE_WARPS * 32, 1, 1},
+                    [&] { matmul1_q8x_q8_0(g, cols, xq, d.data()); });
+        check("q8one.cu");
+    }
+    {  // q8dot.cu, one token
+        fresh();
+        MatGroup g = group(Q8_BLOCK_ROWS);
+        emu::launch({(unsigned)g.block_start[g.count], 1, 1}, {Q8_WARPS * 32, 1, 1},
+                    [&] { matmul_q8x_q8_0(g, cols, xq, d.data(), 1); });
+        check("q8dot.cu");
+    }
+}
+
+}  // namespace
+
+int main() {
+    std::mt19937 rng(20261205);
+    std::vector<Case> cases = {
+        // gpt-oss's q/k/v shape, fewer rows (23 chunks: 3 a warp, the
+        // last 2 blocks), biases on all three.
+        {"2880 wide, q/k/v", 2880, {96, 24, 40}, {true, true, true}},
+        // The o projection's width (32 chunks: 4 a warp), rows not a
+        // multiple of 16, no bias.
+        {"4096 wide", 4096, {40}, {false}},
+        // 12 chunks (2 a warp, warps 6 and 7 idle), two matrices.
+        {"1536 wide", 1536, {16, 33}, {false, true}},
+        // 3 blocks (one chunk of 3; 1 a warp), a router's few rows.
+        {"96 wide", 96, {5}, {true}},
+    };
+    for (const Case& c : cases) run_case(c, rng);
+    if (failures) {
+        printf("%d checks failed\n", failures);
+        return 1;
+    }
+    printf("every kernel gave the reference's bits\n");
+    return 0;
+}

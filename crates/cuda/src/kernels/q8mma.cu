@@ -1,6 +1,7 @@
-// One token's routed-expert products for MXFP4 rows on the integer tensor
-// cores (mma.sync m16n8k32 s8 · s8 → s32; sm_80 and later), opt-in with
-// TURBOSPARK_CUDA_MXFP4=mma (kernels.rs `mxfp4_tensor_cores`). The sums
+// One token's products on the integer tensor cores (mma.sync m16n8k32
+// s8 · s8 → s32; sm_80 and later): the routed experts' MXFP4 rows, opt-in
+// with TURBOSPARK_CUDA_MXFP4=mma (kernels.rs `mxfp4_tensor_cores`), and
+// Q8_0 products (below, TURBOSPARK_CUDA_Q8=mma). The sums
 // are q8dot.cu's, in its canonical order: per 32-element block b the exact
 // integer v_b = Σ_j c[32b + j] · q[32b + j], per chunk of Q8_CHUNK blocks
 //   part = fmaf((float)v_b, dw_b · dx_b, part)   from 0, block by block,
@@ -366,7 +367,11 @@ MMA_KERNELS(_w2880, 2880)
 // (KERNEL_ENTRY): the whole tile is in flight during that kernel's tail.
 // Rows up to MMA_Q8_WARPS · 4 chunks (4096) wide; wider rows, and an
 // output head (many tiles, which q8one.cu streams at ~4 TB/s), keep
-// q8one.cu's kernels.
+// q8one.cu's kernels. By SASS count (ptxas 13.0, sm_90) it issues about
+// as many instructions a row's block as q8one.cu's kernels compiled for
+// 2880 (~3.4 against ~3); what it may gain is latency: q8one.cu's warps
+// take two rows of gpt-oss's q/k/v one after the other, the second's
+// loads issued only once the first's have arrived. Not yet run on a GPU.
 
 #define MMA_Q8_WARPS 8
 #define MMA_Q8_MAX_CPW 4
@@ -458,7 +463,9 @@ __device__ void matmul1_mma_q8_0_impl(const MatGroup& g, int cols,
     }
 }
 
-// Registers (ptxas 13.0, sm_90): see BENCHMARKS.md, twenty-fifth session.
+// Registers (ptxas 13.0, sm_90, no spills): 48, 74, 80 and 118 for 1-4
+// chunks a warp, so 3 blocks an SM at 3 (gpt-oss's q/k/v, 320 tiles, in
+// one wave of 132 SMs) and 2 at 4 (its o projection, 180 tiles).
 #define MMA_Q8_KERNEL(CPW)                                                                      \
     extern "C" __global__ void __launch_bounds__(MMA_Q8_WARPS * 32)                              \
         matmul1_mma_q8_0_c##CPW(MatGroup g, int cols, const signed char* xq, const float* xd) { \

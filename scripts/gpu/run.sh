@@ -53,8 +53,9 @@
 #                off, then dependent launch off)
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
-#                delta rule) while the exact conformance suite runs, then
-#                the suite three more times (a moving error is a race)
+#                delta rule) while the conformance tests matching RACE_TESTS
+#                run (default exact; `fast` for fast-numerics kernels), then
+#                those three more times (a moving error is a race)
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model: time, DRAM bytes and bandwidth per kernel
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
@@ -346,11 +347,13 @@ PY
         # kernels/q8mma.cu; check_moe compares a token alone with the
         # batch's tensor-core tiles bit for bit), and one token's Q8_0
         # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise).
-        for v in TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
+        # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
+        # call is about, to spare its minutes).
+        for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
-            TURBOSPARK_CUDA_Q8=mma; do
+            TURBOSPARK_CUDA_Q8=mma}; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done
@@ -527,11 +530,11 @@ PY
         for tool in racecheck synccheck; do
             echo "--- $tool"
             "$CS" --tool "$tool" --kernel-name "kns=$RACE_KERNEL" --print-limit 20 \
-                "$BIN/cuda-conformance" exact 2>&1 | grep -vE "^(running|test |$)" | tail -25
+                "$BIN/cuda-conformance" "${RACE_TESTS:-exact}" 2>&1 | grep -vE "^(running|test |$)" | tail -25
         done
         for i in 1 2 3; do
-            echo "--- conformance (exact), run $i"
-            "$BIN/cuda-conformance" exact 2>&1 | grep -E "test result|allowed error"
+            echo "--- conformance (${RACE_TESTS:-exact}), run $i"
+            "$BIN/cuda-conformance" "${RACE_TESTS:-exact}" 2>&1 | grep -E "test result|allowed error"
         done
         ;;
     variants)

@@ -6,10 +6,11 @@
 // which the fibers exchange their values. `__shared__` variables become
 // function statics (one block at a time shares them).
 //
-// The kernel sources are included after this header with
-// TURBOSPARK_HOST_EMULATION defined: their PTX helpers (loads with cache
-// hints, `prmt`, `mma.sync`) are left out there and defined here from the
-// PTX ISA's definitions:
+// The kernel sources are included after this header (kernel_sources.h)
+// with TURBOSPARK_HOST_EMULATION defined: their PTX helpers (loads with
+// cache hints, `prmt`, `dp4a`, `cvt.f32.f16`, `mma.sync`) are left out
+// there and defined here from the PTX ISA's definitions:
+//   - `dp4a.s32.s32`: c plus the four products of signed bytes;
 //   - `prmt.b32` (default mode): result byte i is byte (s & 7) of the
 //     8-byte value {b, a} (a the low word), s = selector nibble i; when
 //     s & 8 the selected byte's sign bit fills the byte.
@@ -48,7 +49,7 @@
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
-struct int2 {
+struct alignas(8) int2 {
     int x, y;
 };
 struct alignas(16) int4 {
@@ -57,11 +58,11 @@ struct alignas(16) int4 {
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };
-struct uint2 {
+struct alignas(8) uint2 {
     unsigned x, y;
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
-struct float2 {
+struct alignas(8) float2 {
     float x, y;
 };
 struct alignas(16) float4 {

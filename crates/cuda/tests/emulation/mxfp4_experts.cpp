@@ -15,6 +15,7 @@
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
 #include "kernel_sources.h"
+#include "bit_checks.h"
 
 #include <cstdint>
 #include <ctime>
@@ -118,35 +119,6 @@ struct Case {
     bool mma_only = false;  // the other kernels checked in the cases above
 };
 
-int failures = 0;
-
-double seconds() {
-    timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-double started = 0.0;
-
-void expect_same(const std::string& what, const std::vector<float>& got,
-                 const std::vector<float>& want) {
-    int bad = 0;
-    for (size_t i = 0; i < want.size(); i++) {
-        uint32_t a, b;
-        memcpy(&a, &got[i], 4);
-        memcpy(&b, &want[i], 4);
-        if (a != b) {
-            if (bad < 5)
-                printf("  %s: element %zu is %.9g (0x%08x), the reference %.9g (0x%08x)\n",
-                       what.c_str(), i, got[i], a, want[i], b);
-            bad++;
-        }
-    }
-    printf("%s %s: %zu values%s (%.1f s)\n", bad ? "FAIL" : "ok  ", what.c_str(), want.size(),
-           bad ? (", " + std::to_string(bad) + " differ").c_str() : ", every bit the reference's",
-           seconds() - started);
-    started = seconds();
-    if (bad) failures++;
-}
 
 void run_case(const Case& c, std::mt19937& rng) {
     int nr = c.tokens * c.k;
@@ -242,8 +214,8 @@ void run_case(const Case& c, std::mt19937& rng) {
         emu::launch(down_grid, down_threads, [&] {
             moe_down_mma_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data());
         });
-        expect_same(c.name + ": q8mma.cu gate/up", act, want_act);
-        expect_same(c.name + ": q8mma.cu down", y, want_y);
+        bits::expect_same(c.name + ": q8mma.cu gate/up", act, want_act);
+        bits::expect_same(c.name + ": q8mma.cu down", y, want_y);
         // Its 8-bit codes of the activations: quantize_q8_mxfp4's (q8dot.cu)
         // of the same values, for the routes computed.
         {
@@ -267,21 +239,21 @@ void run_case(const Case& c, std::mt19937& rng) {
                     want_scales.push_back(want_d[(size_t)i * (c.inter / 32) + j]);
                 }
             }
-            expect_same(c.name + ": q8mma.cu gate/up's 8-bit codes", got_codes, want_codes);
-            expect_same(c.name + ": q8mma.cu gate/up's code scales", got_scales, want_scales);
+            bits::expect_same(c.name + ": q8mma.cu gate/up's 8-bit codes", got_codes, want_codes);
+            bits::expect_same(c.name + ": q8mma.cu gate/up's code scales", got_scales, want_scales);
         }
         // The kernels compiled for gpt-oss's width, where the rows have it.
         if (c.hidden == 2880) {
             act = fresh(want_act.size());
             gate_up(true);
-            expect_same(c.name + ": q8mma.cu gate/up, 2880 when compiled", act, want_act);
+            bits::expect_same(c.name + ": q8mma.cu gate/up, 2880 when compiled", act, want_act);
         }
         if (c.inter == 2880) {
             auto y = fresh(want_y.size());
             emu::launch(down_grid, down_threads, [&] {
                 moe_down_mma_mxfp4_w2880(aq, a.d.data(), routes.data(), mask, bank, y.data());
             });
-            expect_same(c.name + ": q8mma.cu down, 2880 when compiled", y, want_y);
+            bits::expect_same(c.name + ": q8mma.cu down, 2880 when compiled", y, want_y);
         }
     }
     {  // q8dot.cu's per-route kernels compiled for 2880-wide rows (the default's)
@@ -292,14 +264,14 @@ void run_case(const Case& c, std::mt19937& rng) {
                 moe_gate_up_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank, act_fn,
                                             act.data());
             });
-            expect_same(c.name + ": q8dot.cu gate/up, 2880 when compiled", act, want_act);
+            bits::expect_same(c.name + ": q8dot.cu gate/up, 2880 when compiled", act, want_act);
         }
         if (c.inter == 2880) {
             auto y = fresh(want_y.size());
             emu::launch({(unsigned)c.hidden / Q8_BLOCK_ROWS, routes_n, 1}, threads, [&] {
                 moe_down_q8x_mxfp4_w2880(aq, a.d.data(), routes.data(), mask, bank, y.data());
             });
-            expect_same(c.name + ": q8dot.cu down, 2880 when compiled", y, want_y);
+            bits::expect_same(c.name + ": q8dot.cu down, 2880 when compiled", y, want_y);
         }
     }
     if (!c.mma_only) {  // q8dot.cu, per route
@@ -314,8 +286,8 @@ void run_case(const Case& c, std::mt19937& rng) {
                     threads, [&] {
                         moe_down_q8x_mxfp4(aq, a.d.data(), routes.data(), mask, bank, y.data());
                     });
-        expect_same(c.name + ": q8dot.cu gate/up", act, want_act);
-        expect_same(c.name + ": q8dot.cu down", y, want_y);
+        bits::expect_same(c.name + ": q8dot.cu gate/up", act, want_act);
+        bits::expect_same(c.name + ": q8dot.cu down", y, want_y);
     }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {
@@ -336,8 +308,8 @@ void run_case(const Case& c, std::mt19937& rng) {
         emu::launch({(unsigned)(c.hidden + MQ_BM - 1) / MQ_BM, slots, 1}, threads, [&] {
             mq_down_mxfp4(aq, a.d.data(), order.data(), offsets.data(), bank, y.data());
         });
-        expect_same(c.name + ": mmq.cu gate/up", act, want_act);
-        expect_same(c.name + ": mmq.cu down", y, want_y);
+        bits::expect_same(c.name + ": mmq.cu gate/up", act, want_act);
+        bits::expect_same(c.name + ": mmq.cu down", y, want_y);
     }
 }
 
@@ -349,7 +321,7 @@ int main() {
         if (q8_pos_order(Q8_ORDER_MXFP4, e) != act_pos(e)) {
             printf("FAIL q8_pos_order(MXFP4, %d) = %d, the reference order %d\n", e,
                    q8_pos_order(Q8_ORDER_MXFP4, e), act_pos(e));
-            failures++;
+            bits::failures++;
         }
     std::mt19937 rng(20261204);
     std::vector<Case> cases = {
@@ -366,10 +338,5 @@ int main() {
         {"8192 wide", 8192, 64, 2, 1, 1, {1}, {}, true},
     };
     for (const Case& c : cases) run_case(c, rng);
-    if (failures) {
-        printf("%d checks failed\n", failures);
-        return 1;
-    }
-    printf("every kernel gave the reference's bits\n");
-    return 0;
+    return bits::verdict();
 }

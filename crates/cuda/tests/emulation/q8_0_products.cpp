@@ -13,6 +13,7 @@
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
 #include "kernel_sources.h"
+#include "bit_checks.h"
 
 #include <cstdint>
 #include <random>
@@ -82,26 +83,6 @@ float reference_dot(const Rows& m, size_t r, const std::vector<int8_t>& q,
     return total;
 }
 
-int failures = 0;
-
-void expect_same(const std::string& what, const std::vector<float>& got,
-                 const std::vector<float>& want) {
-    int bad = 0;
-    for (size_t i = 0; i < want.size(); i++) {
-        uint32_t a, b;
-        memcpy(&a, &got[i], 4);
-        memcpy(&b, &want[i], 4);
-        if (a != b) {
-            if (bad < 5)
-                printf("  %s: element %zu is %.9g (0x%08x), the reference %.9g (0x%08x)\n",
-                       what.c_str(), i, got[i], a, want[i], b);
-            bad++;
-        }
-    }
-    printf("%s %s: %zu values%s\n", bad ? "FAIL" : "ok  ", what.c_str(), want.size(),
-           bad ? (", " + std::to_string(bad) + " differ").c_str() : ", every bit the reference's");
-    if (bad) failures++;
-}
 
 // A group of up to 3 matrices of one width reading one token (q, k, v),
 // each with or without a bias.
@@ -155,7 +136,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     };
     auto check = [&](const std::string& what) {
         for (size_t m = 0; m < mats.size(); m++)
-            expect_same(c.name + ": " + what + ", matrix " + std::to_string(m), out[m], want[m]);
+            bits::expect_same(c.name + ": " + what + ", matrix " + std::to_string(m), out[m], want[m]);
     };
     const signed char* xq = (const signed char*)q.data();
     int cols = c.cols;
@@ -207,10 +188,5 @@ int main() {
         {"96 wide", 96, {5}, {true}},
     };
     for (const Case& c : cases) run_case(c, rng);
-    if (failures) {
-        printf("%d checks failed\n", failures);
-        return 1;
-    }
-    printf("every kernel gave the reference's bits\n");
-    return 0;
+    return bits::verdict();
 }

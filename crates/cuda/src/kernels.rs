@@ -52,12 +52,9 @@ impl PerFormat {
 pub(crate) struct Q8Set {
     pub quantize: CudaFunction,
     pub matmul: CudaFunction,
-    pub gate_up: CudaFunction,
-    pub down: CudaFunction,
-    /// The per-route kernels for rows [`WIDE_WIDTH`] wide, the width a
-    /// compile-time constant (MXFP4 only; `_w2880` in `kernels/q8dot.cu`);
-    /// none with `TURBOSPARK_CUDA_WIDE=0` ([`wide_kernels`]).
-    pub wide: Option<(CudaFunction, CudaFunction)>,
+    /// The per-route kernels (`moe_gate_up_q8x`, `moe_down_q8x`; for
+    /// MXFP4 also compiled for [`WIDE_WIDTH`]-wide rows).
+    pub route: RouteKernels,
     pub gate_up_grouped: CudaFunction,
     pub down_grouped: CudaFunction,
     /// Tensor-core versions for batches (`kernels/mmq.cu`).
@@ -71,7 +68,7 @@ pub(crate) struct Q8Set {
     /// The per-route gate/up and down kernels on the integer tensor cores
     /// for rows up to [`MMA_MAX_COLS`] wide (`kernels/q8mma.cu`; MXFP4
     /// only), where asked for ([`mxfp4_tensor_cores`]).
-    pub mma: Option<MmaSet>,
+    pub mma: Option<RouteKernels>,
     /// One token's products on the integer tensor cores for rows up to
     /// [`MMA_Q8_MAX_COLS`] wide (`kernels/q8mma.cu`, `matmul1_mma_q8_0_c1`
     /// .. `_c4`, by chunks a warp; Q8_0 only), where asked for
@@ -115,15 +112,42 @@ fn q8_tensor_cores(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("mma")
 }
 
-/// q8mma.cu's per-route kernels: any width, and gpt-oss's compiled for it
-/// (none with `TURBOSPARK_CUDA_WIDE=0`).
-pub(crate) struct MmaSet {
+/// A pair of per-route gate/up and down kernels for rows of any width and,
+/// where compiled, for rows [`WIDE_WIDTH`] wide (the width a compile-time
+/// constant, `_w2880`: none with `TURBOSPARK_CUDA_WIDE=0`, see
+/// [`wide_kernels`]).
+pub(crate) struct RouteKernels {
     gate_up: CudaFunction,
     down: CudaFunction,
     wide: Option<(CudaFunction, CudaFunction)>,
 }
 
-impl MmaSet {
+impl RouteKernels {
+    /// `{gate_up}` and `{down}`, and with `wide` also `{gate_up}_w2880`
+    /// and `{down}_w2880`.
+    fn load(
+        m: &Arc<CudaModule>,
+        gate_up: &str,
+        down: &str,
+        wide: bool,
+    ) -> Result<RouteKernels, CudaError> {
+        let f = |name: String| {
+            m.load_function(&name)
+                .map_err(CudaError::driver("loading a kernel"))
+        };
+        Ok(RouteKernels {
+            gate_up: f(gate_up.to_string())?,
+            down: f(down.to_string())?,
+            wide: match wide {
+                true => Some((
+                    f(format!("{gate_up}_w{WIDE_WIDTH}"))?,
+                    f(format!("{down}_w{WIDE_WIDTH}"))?,
+                )),
+                false => None,
+            },
+        })
+    }
+
     /// The gate/up kernel for rows `hidden` wide.
     pub(crate) fn gate_up_for(&self, hidden: usize) -> &CudaFunction {
         match &self.wide {
@@ -163,24 +187,6 @@ fn mxfp4_tensor_cores(setting: Option<&str>) -> bool {
 /// The width of the per-route kernels compiled for one width
 /// (`Q8_WIDE_KERNELS` in `kernels/q8dot.cu`): gpt-oss's experts.
 pub(crate) const WIDE_WIDTH: usize = 2880;
-
-impl Q8Set {
-    /// The per-route gate/up kernel for rows `hidden` wide.
-    pub(crate) fn gate_up_for(&self, hidden: usize) -> &CudaFunction {
-        match &self.wide {
-            Some((g, _)) if hidden == WIDE_WIDTH => g,
-            _ => &self.gate_up,
-        }
-    }
-
-    /// The per-route down kernel for rows `inter` wide.
-    pub(crate) fn down_for(&self, inter: usize) -> &CudaFunction {
-        match &self.wide {
-            Some((_, d)) if inter == WIDE_WIDTH => d,
-            _ => &self.down,
-        }
-    }
-}
 
 /// Widths of the one-token Q8_0 products compiled for one width
 /// (`Q8_ONE_WIDE_MATMUL` in `kernels/q8one.cu`): gpt-oss's hidden size
@@ -538,15 +544,12 @@ impl Q8Set {
         Ok(Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
             matmul: f(format!("matmul_q8x_{n}"))?,
-            gate_up: f(format!("moe_gate_up_q8x_{n}"))?,
-            down: f(format!("moe_down_q8x_{n}"))?,
-            wide: match fmt {
-                QuantFormat::Mxfp4 if wide.0 => Some((
-                    f(format!("moe_gate_up_q8x_{n}_w{WIDE_WIDTH}"))?,
-                    f(format!("moe_down_q8x_{n}_w{WIDE_WIDTH}"))?,
-                )),
-                _ => None,
-            },
+            route: RouteKernels::load(
+                m,
+                &format!("moe_gate_up_q8x_{n}"),
+                &format!("moe_down_q8x_{n}"),
+                fmt == QuantFormat::Mxfp4 && wide.0,
+            )?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
             mq_matmul: f(format!("mq_matmul_{n}"))?,
@@ -559,17 +562,12 @@ impl Q8Set {
                         std::env::var("TURBOSPARK_CUDA_MXFP4").ok().as_deref(),
                     ) =>
                 {
-                    Some(MmaSet {
-                        gate_up: f(format!("moe_gate_up_mma_{n}"))?,
-                        down: f(format!("moe_down_mma_{n}"))?,
-                        wide: match wide.0 {
-                            true => Some((
-                                f(format!("moe_gate_up_mma_{n}_w{WIDE_WIDTH}"))?,
-                                f(format!("moe_down_mma_{n}_w{WIDE_WIDTH}"))?,
-                            )),
-                            false => None,
-                        },
-                    })
+                    Some(RouteKernels::load(
+                        m,
+                        &format!("moe_gate_up_mma_{n}"),
+                        &format!("moe_down_mma_{n}"),
+                        wide.0,
+                    )?)
                 }
                 _ => None,
             },

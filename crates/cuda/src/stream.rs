@@ -2074,7 +2074,7 @@ impl Stream<CudaDevice> for CudaStream {
             let (f, per, threads) = pick(
                 &gate.mq_gate_up,
                 &gate.gate_up_grouped,
-                gate.gate_up_for(hidden),
+                gate.route.gate_up_for(hidden),
                 kernels::MQ_BM / 2,
             );
             let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
@@ -2085,7 +2085,7 @@ impl Stream<CudaDevice> for CudaStream {
             let (f, per, threads) = pick(
                 &down.mq_down,
                 &down.down_grouped,
-                down.down_for(inter),
+                down.route.down_for(inter),
                 kernels::MQ_BM,
             );
             let grouped_args = &mut args![r.aq, r.ad, order, offsets, view, yp];

@@ -217,6 +217,41 @@ fn write_atomically(path: &std::path::Path, text: &[u8]) -> std::io::Result<()> 
 mod tests {
     use super::SOURCES;
 
+    /// The integer a source's `#define NAME <integer>` gives NAME.
+    fn defined(name: &str) -> Option<usize> {
+        SOURCES.iter().find_map(|(_, text)| {
+            text.lines().find_map(|line| {
+                let rest = line.strip_prefix("#define ")?.strip_prefix(name)?;
+                rest.starts_with(' ')
+                    .then(|| rest.split_whitespace().next()?.parse().ok())?
+            })
+        })
+    }
+
+    /// The launch shapes kernels.rs gives the kernels are the ones their
+    /// sources are written for.
+    #[test]
+    fn launch_constants_match_the_kernels_defines() {
+        use crate::kernels as k;
+        let cases = [
+            ("MM_WARPS", k::MM_WARPS),
+            ("Q8_WARPS", k::Q8_THREADS as usize / 32),
+            ("MQ_THREADS", k::MQ_THREADS as usize),
+            ("ONE_WARPS", k::ONE_WARPS),
+            ("MMA_ROWS", k::MMA_ROWS),
+            ("MMA_WARPS", k::MMA_THREADS as usize / 32),
+            ("MMA_GU_WARPS", k::MMA_GU_THREADS as usize / 32),
+            ("MMA_MAX_CHUNKS", k::MMA_MAX_COLS / 128),
+            ("MMA_Q8_WARPS", k::MMA_Q8_WARPS),
+            ("MMA_Q8_MAX_CPW", k::MMA_Q8_MAX_CPW),
+        ];
+        for (name, value) in cases {
+            assert_eq!(defined(name), Some(value), "#define {name}");
+        }
+        assert_eq!(k::MMA_GU_ROWS, 2 * k::MMA_ROWS, "MMA_GU_ROWS is two tiles");
+        assert_eq!(k::ONE_THREADS as usize, 32 * k::ONE_WARPS);
+    }
+
     /// Whether `attention_decode_impl` in `text` waits (`kernel_entry`)
     /// before it first reads the queries (and before its first barrier).
     fn waits_before_reading_q(text: &str) -> bool {

@@ -1,9 +1,11 @@
 //! CUDA kernels run on the CPU (no GPU needed): `tests/emulation` compiles
 //! kernel sources as host C++ against a warp emulator (fibers for the
-//! threads; shuffles, `__syncthreads` and the integer MMA as exchanges
-//! between them) and compares every output bit for bit with a scalar
-//! reference of the fast numerics' sum order. Skips with a message when no
-//! C++ compiler (`$CXX`, else `c++`) is found.
+//! threads; shuffles, `__syncthreads` and the MMAs as exchanges between
+//! them) and compares outputs bit for bit with a scalar reference of the
+//! fast numerics' sum order (the integer products), or between kernels
+//! that must agree (bf16, whose MMA rounding the emulator does not
+//! reproduce). Skips with a message when no C++ compiler (`$CXX`, else
+//! `c++`) is found.
 
 use std::path::Path;
 use std::process::Command;
@@ -61,4 +63,13 @@ fn mxfp4_expert_kernels_match_the_reference_order_bit_for_bit() {
 #[test]
 fn q8_0_one_token_products_match_the_reference_order_bit_for_bit() {
     build_and_run("q8_0_products");
+}
+
+/// bf16 products on the tensor cores (tcmm.cu): a token's bits are the
+/// same by segments, by whole rows and in a batch, and the batch is
+/// within f32 rounding of the f64 sums; rows of 1–3 segments included
+/// (their blocks have fewer threads than a tile's outputs).
+#[test]
+fn bf16_tensor_core_products_agree_bit_for_bit() {
+    build_and_run("bf16_products");
 }

@@ -133,9 +133,14 @@ const MATMUL_TOKENS: usize = 40;
 /// activation kernels, bf16 on tensor cores): a row of several stretches
 /// of blocks, and a partial last stretch.
 const WIDE_COLS: [usize; 3] = [2880, 4096, 4160];
+/// And narrow rows of those formats: 3 and 11 chunks of 32 (a bf16
+/// tensor-core block of 1 and 3 segments, fewer threads than the tile's
+/// outputs; 8-bit rows of one partial chunk and of three).
+const NARROW_COLS: [usize; 2] = [96, 352];
 const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, QuantFormat::Bf16];
 
-/// `matmul` of every format (and of wide rows of some, [`WIDE_COLS`])
+/// `matmul` of every format (and of wide and narrow rows of some,
+/// [`WIDE_COLS`], [`NARROW_COLS`])
 /// against the f64 dot of the reference-dequantized rows, within
 /// `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows computed
 /// alone, bit for bit; products of one input issued one after another give
@@ -143,11 +148,16 @@ const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, Q
 pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "matmul";
     let mut cases = Vec::new();
-    let shapes = QuantFormat::ALL.iter().map(|&f| (f, matmul_cols(f))).chain(
-        WIDE_FORMATS
+    let shapes =
+        QuantFormat::ALL
             .iter()
-            .flat_map(|&f| WIDE_COLS.iter().map(move |&c| (f, c))),
-    );
+            .map(|&f| (f, matmul_cols(f)))
+            .chain(WIDE_FORMATS.iter().flat_map(|&f| {
+                WIDE_COLS
+                    .iter()
+                    .chain(NARROW_COLS.iter())
+                    .map(move |&c| (f, c))
+            }));
     for (fmt, cols) in shapes {
         let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()) ^ (cols as u64) << 8);
         let t = random_matrix(fmt.name(), fmt, MATMUL_ROWS, cols, &mut rng);

@@ -46,6 +46,7 @@ __device__ __forceinline__ int tc_seg_chunks(int cols) {
     return max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
 }
 
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
 __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
@@ -59,6 +60,7 @@ __device__ __forceinline__ u32 bf16x2_rn(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
+#endif
 
 // 8 consecutive f32 of x (16-byte aligned) as 4 bf16 pairs; kept after
 // an earlier KERNEL_ENTRY (the kernel before writes x).
@@ -156,9 +158,11 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
     parts[warp][gr + 8][2 * q] = c[2];
     parts[warp][gr + 8][2 * q + 1] = c[3];
     __syncthreads();
+    // The 16 rows × 8 tokens of the tile, whatever the block's threads
+    // (a row of 12 chunks or fewer is 1-3 segments: 32-96 threads).
     int segs = (chunks + per - 1) / per;
-    if (threadIdx.x < 16 * 8) {
-        int row = threadIdx.x >> 3, t = threadIdx.x & 7;
+    for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
+        int row = i >> 3, t = i & 7;
         float total = 0.0f;
         for (int s = 0; s < segs; s++) total += parts[s][row][t];
         int o = r0 + row;

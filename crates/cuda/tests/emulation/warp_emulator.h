@@ -14,6 +14,8 @@
 //   - `prmt.b32` (default mode): result byte i is byte (s & 7) of the
 //     8-byte value {b, a} (a the low word), s = selector nibble i; when
 //     s & 8 the selected byte's sign bit fills the byte.
+//   - `cvt.rn.bf16x2.f32` and `mma.sync.aligned.m16n8k16.row.col.f32.bf16`
+//     (see mma_m16n8k16_bf16 for what is and is not the hardware's);
 //   - `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`: D = A·B + C,
 //     A 16 × 32, B 32 × 8, C and D 16 × 8, in the fragments of the PTX
 //     ISA's "Matrix Fragments for mma.m16n8k32" (lane = 4g + q):
@@ -466,6 +468,86 @@ inline void mma_m16n8k32_s8(int* d, const u32* a, u32 b0, u32 b1, const int* c) 
     for (int i = 0; i < 4; i++) d[i] = result[l * 4 + i];
 }
 }  // namespace emu
+
+namespace emu {
+// f32 of a bf16 (the upper half of the f32's bits).
+inline float bf16_value(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// One m16n8k16 bf16 MMA of the warp with f32 sums: D = A·B + C, its
+// fragments as the PTX ISA defines them for .bf16 (lane = 4g + q; a
+// register's lower half the lower k): A reg 0 = row g, k 2q, 2q + 1;
+// reg 1 = row g + 8, same k; reg 2 = row g, k 2q + 8, 2q + 9; reg 3 =
+// row g + 8, same k; B reg 0 = k 2q, 2q + 1 of column g, reg 1 = k
+// 2q + 8, 2q + 9; C/D as for m16n8k32. The hardware's order and rounding
+// of the sum are its own; here each D is C plus the 16 exact products
+// summed in f64, then rounded to f32: a function of its row of A, its
+// column of B and its C alone, as the hardware's is, which is all the
+// kernels' claims of equal bits rest on.
+inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    State& s = state();
+    unsigned w = warp_id(), l = lane_id();
+    uint32_t* dep = &s.mma_deposits[(size_t)w * 32 * 10];
+    int32_t* result = &s.mma_results[(size_t)w * 32 * 4];  // f32 bits
+    uint32_t* mine = dep + l * 10;
+    for (int i = 0; i < 4; i++) mine[i] = a[i];
+    mine[4] = b0;
+    mine[5] = b1;
+    for (int i = 0; i < 4; i++) memcpy(&mine[6 + i], &c[i], 4);
+    warp_sync();
+    if (l == 0) {
+        auto half = [](uint32_t r, int j) { return bf16_value((uint16_t)(r >> (16 * j))); };
+        float A[16][16], B[16][8];
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane / 4, q = lane % 4;
+            const uint32_t* f = dep + lane * 10;
+            for (int j = 0; j < 2; j++) {
+                A[g][2 * q + j] = half(f[0], j);
+                A[g + 8][2 * q + j] = half(f[1], j);
+                A[g][2 * q + 8 + j] = half(f[2], j);
+                A[g + 8][2 * q + 8 + j] = half(f[3], j);
+                B[2 * q + j][g] = half(f[4], j);
+                B[2 * q + 8 + j][g] = half(f[5], j);
+            }
+        }
+        for (int lane = 0; lane < 32; lane++) {
+            int g = lane / 4, q = lane % 4;
+            for (int i = 0; i < 4; i++) {
+                int m = g + 8 * (i / 2), n = 2 * q + i % 2;
+                float ci;
+                memcpy(&ci, &dep[lane * 10 + 6 + i], 4);
+                double sum = ci;
+                for (int k = 0; k < 16; k++) sum += (double)A[m][k] * (double)B[k][n];
+                float r = (float)sum;
+                memcpy(&result[lane * 4 + i], &r, 4);
+            }
+        }
+    }
+    warp_sync();
+    for (int i = 0; i < 4; i++) memcpy(&d[i], &result[l * 4 + i], 4);
+}
+}  // namespace emu
+
+inline void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    float in[4] = {c[0], c[1], c[2], c[3]};
+    emu::mma_m16n8k16_bf16(c, a, b0, b1, in);
+}
+
+// PTX `cvt.rn.bf16x2.f32`: each f32 rounded to the nearest bf16, ties to
+// even (NaN kept a NaN); `lo` in the lower half.
+inline u32 bf16x2_rn(float lo, float hi) {
+    auto rn = [](float f) -> uint32_t {
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
+        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    };
+    return rn(lo) | (rn(hi) << 16);
+}
 
 inline void mma_s8(int* c, const u32* a, const u32* b) {
     int zero[4] = {0, 0, 0, 0};

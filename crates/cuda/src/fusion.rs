@@ -503,12 +503,12 @@ pub(crate) fn launch_pending(
                 op: "matmul (8-bit activations of this format)",
             })?;
             let (cols, nn) = (g.cols as i32, g.n as i32);
-            let tiles = g.group.tiles(16);
-            if let Some(f) = set.mma1_for(g.cols, tiles).filter(|_| g.n == 1) {
+            if let Some(f) = set.mma1_for(g.cols, &g.group).filter(|_| g.n == 1) {
                 let group = g.group.in_blocks_of(16);
+                let tiles = group.block_start[group.count as usize] as u32;
                 let threads = (kernels::MMA_Q8_WARPS * 32) as u32;
                 let args = &mut args![group, cols, g.xq, g.xd];
-                return launch("matmul", f, stream, (tiles as u32, 1, 1), threads, 0, args);
+                return launch("matmul", f, stream, (tiles, 1, 1), threads, 0, args);
             }
             if let Some(one) = set
                 .one

@@ -2,6 +2,7 @@
 //! parameter structs passed to them by value (each mirrors a struct of
 //! the CUDA source, field for field).
 
+use crate::fusion::MatGroup;
 use crate::CudaError;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::ffi::c_void;
@@ -10,16 +11,19 @@ use std::sync::{Arc, Mutex};
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
 
+/// Kernel `name` of module `m`.
+fn kernel(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, CudaError> {
+    m.load_function(name)
+        .map_err(CudaError::driver("loading a kernel"))
+}
+
 /// One kernel per weight format, indexed by `QuantFormat::ALL` order
 /// (the `F_*` ids of common.cuh).
 pub(crate) struct PerFormat([CudaFunction; 12]);
 
 impl PerFormat {
     fn load(m: &Arc<CudaModule>, prefix: &str) -> Result<PerFormat, CudaError> {
-        let f = |fmt: QuantFormat| {
-            m.load_function(&format!("{prefix}_{}", fmt.name()))
-                .map_err(CudaError::driver("loading a kernel"))
-        };
+        let f = |fmt: QuantFormat| kernel(m, &format!("{prefix}_{}", fmt.name()));
         let all = QuantFormat::ALL;
         Ok(PerFormat([
             f(all[0])?,
@@ -86,11 +90,12 @@ pub(crate) const MMA_Q8_MAX_COLS: usize = MMA_Q8_WARPS * MMA_Q8_MAX_CPW * 128;
 pub(crate) const MMA_Q8_MAX_TILES: usize = 2048;
 
 impl Q8Set {
-    /// The tensor-core product for one token over rows `cols` wide and
-    /// `tiles` 16-row tiles, where asked for and where it fits.
-    pub(crate) fn mma1_for(&self, cols: usize, tiles: usize) -> Option<&CudaFunction> {
-        let cpw = mma1_chunks_a_warp(cols, tiles)?;
-        self.mma1.as_ref().map(|k| &k[cpw - 1])
+    /// The tensor-core product for one token over `group`'s rows, `cols`
+    /// wide, where asked for and where it fits.
+    pub(crate) fn mma1_for(&self, cols: usize, group: &MatGroup) -> Option<&CudaFunction> {
+        let k = self.mma1.as_ref()?;
+        let cpw = mma1_chunks_a_warp(cols, group.tiles(16))?;
+        Some(&k[cpw - 1])
     }
 }
 
@@ -131,10 +136,7 @@ impl RouteKernels {
         down: &str,
         wide: bool,
     ) -> Result<RouteKernels, CudaError> {
-        let f = |name: String| {
-            m.load_function(&name)
-                .map_err(CudaError::driver("loading a kernel"))
-        };
+        let f = |name: String| kernel(m, &name);
         Ok(RouteKernels {
             gate_up: f(gate_up.to_string())?,
             down: f(down.to_string())?,
@@ -510,10 +512,7 @@ impl Q8Set {
         order: &str,
         sms: u32,
     ) -> Result<Q8Set, CudaError> {
-        let f = |name: String| {
-            m.load_function(&name)
-                .map_err(CudaError::driver("loading a kernel"))
-        };
+        let f = |name: String| kernel(m, &name);
         let n = fmt.name();
         let kind = one_token_kernels(fmt);
         let wide = wide_kernels(std::env::var("TURBOSPARK_CUDA_WIDE").ok().as_deref());
@@ -660,10 +659,7 @@ impl Kernels {
         let m = ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
             .map_err(CudaError::driver("loading the kernel module"))?;
-        let f = |name: &str| {
-            m.load_function(name)
-                .map_err(CudaError::driver("loading a kernel"))
-        };
+        let f = |name: &str| kernel(&m, name);
         let attention_f32 = f("attention_f32")?;
         let attention_f16 = f("attention_f16")?;
         let attention_group_f32 = f("attention_group_f32")?;

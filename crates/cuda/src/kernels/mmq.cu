@@ -34,6 +34,14 @@ __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(0), "r"(0),
           "r"(0), "r"(0));
 }
+// The same MMA added to c (q8mma.cu's one-token products accumulate a
+// chunk's MMAs in one accumulator).
+__device__ __forceinline__ void mma_s8_acc(int* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 #endif
 
 // Which tokens a tile covers: token slot j of the tile maps to list entry

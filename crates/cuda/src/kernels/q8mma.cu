@@ -64,15 +64,6 @@
 #define MMA_MAX_COLS (MMA_MAX_CHUNKS * Q8_CHUNK * 32)
 #define MMA_PART_STRIDE (MMA_MAX_CHUNKS + 1)  // a row's parts; +1 spreads the banks
 
-#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
-__device__ __forceinline__ void mma_s8_acc(int* c, const u32* a, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-#endif
-
 // What a lane loads for one chunk: its block's 16 code bytes of rows g and
 // g + 8 and the chunk's 4 scale bytes of each.
 struct MmaWeights {

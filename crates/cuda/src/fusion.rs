@@ -497,7 +497,9 @@ pub(crate) fn launch_pending(
                 ],
             )
         }
-        Pending::Group(g) if g.format == QuantFormat::Bf16 => launch_bf16_tc(k, stream, &g),
+        Pending::Group(g) if k.tc.as_ref().is_some_and(|tc| tc.get(g.format).is_some()) => {
+            launch_tc(k, stream, &g)
+        }
         Pending::Group(g) => {
             let set = k.q8.get(g.format).ok_or(BackendError::Unsupported {
                 op: "matmul (8-bit activations of this format)",
@@ -563,17 +565,19 @@ pub(crate) fn launch_pending(
     }
 }
 
-/// A group of bf16 products of one f32 input (`g.x`) on the tensor cores
-/// (`kernels/tcmm.cu`): up to [`kernels::TC_FEW_TOKENS`] tokens a warp per
-/// 16 whole rows where the rows are many (an output head), else a block
-/// per 16 rows with a warp per segment of the columns
-/// ([`kernels::Bf16Tc::way`]); more tokens a block per
-/// [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`] tokens.
-/// The same sums in the same order every way.
-fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
-    let tc = k.bf16_tc.as_ref().ok_or(BackendError::Unsupported {
-        op: "matmul (bf16 on the tensor cores)",
-    })?;
+/// A group of products of one f32 input (`g.x`) on the tensor cores
+/// (`kernels/tcmm.cu`, weights of one format): up to
+/// [`kernels::TC_FEW_TOKENS`] tokens a warp per 16 whole rows where the
+/// rows are many (an output head), else a block per 16 rows with a warp
+/// per segment of the columns ([`kernels::TcKernels::way`]); more tokens a
+/// block per [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`]
+/// tokens. The same sums in the same order every way.
+fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
+    let unsupported = BackendError::Unsupported {
+        op: "matmul (this format on the tensor cores)",
+    };
+    let tc = k.tc.as_ref().ok_or(unsupported.clone())?;
+    let set = tc.get(g.format).ok_or(unsupported)?;
     let few = g.n <= kernels::TC_FEW_TOKENS;
     let tiles = g.group.tiles(16);
     let (cols, nn) = (g.cols as i32, g.n as i32);
@@ -583,7 +587,15 @@ fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<()
         let blocks = group.block_start[group.count as usize] as u32;
         let args = &mut args![group, cols, g.x, nn];
         let threads = (kernels::TC_ROW_WARPS * 32) as u32;
-        return launch("matmul", &tc.rows, stream, (blocks, 1, 1), threads, 0, args);
+        return launch(
+            "matmul",
+            &set.rows,
+            stream,
+            (blocks, 1, 1),
+            threads,
+            0,
+            args,
+        );
     }
     let group = g
         .group
@@ -592,12 +604,12 @@ fn launch_bf16_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<()
     let args = &mut args![group, cols, g.x, nn];
     if few {
         let threads = (kernels::tc_segments(g.cols) * 32) as u32;
-        launch("matmul", &tc.few, stream, (blocks, 1, 1), threads, 0, args)
+        launch("matmul", &set.few, stream, (blocks, 1, 1), threads, 0, args)
     } else {
         let grid = (blocks, g.n.div_ceil(kernels::TC_BATCH_TOKENS) as u32, 1);
         launch(
             "matmul",
-            &tc.batch,
+            &set.batch,
             stream,
             grid,
             kernels::TC_BATCH_THREADS,

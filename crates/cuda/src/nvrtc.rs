@@ -313,6 +313,31 @@ mod tests {
         )
     }
 
+    /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it
+    /// waits: no return, the tokens read after the wait; in
+    /// `matmul_tc1_impl` also a warp with no chunk waits before the
+    /// block's barrier; `matmul_tc_impl` waits first.
+    fn tc_waits_before_the_tokens(text: &str, imp: &str) -> bool {
+        let Some(at) = text.find(&format!("void {imp}(")) else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let body = &body[body.find('{').map_or(0, |b| b + 1)..];
+        let waits_first = matches!(
+            (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
+            (Some(w), Some(x)) if w < x && !body[..w].contains("return")
+        );
+        waits_first
+            && match imp {
+                "matmul_tc1_impl" => matches!(
+                    (body.find("if (!waited) KERNEL_ENTRY();"), body.find("__syncthreads();")),
+                    (Some(late), Some(sync)) if late < sync
+                ),
+                "matmul_tc_impl" => body.trim_start().starts_with("KERNEL_ENTRY();"),
+                _ => true,
+            }
+    }
+
     /// Kernels are launched as programmatic dependents of the kernel before
     /// them (kernels.rs `launch`), which is only sound when every kernel
     /// waits for its predecessor before anything else (common.cuh
@@ -360,26 +385,21 @@ mod tests {
                 // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the
                 // bf16 products of a few tokens issue their first weight
                 // loads, then wait, every warp (also one with no chunk),
-                // before reading a token (tcmm.cu `matmul_bf16_tc1`,
-                // `matmul_bf16_tc1r`); one token's Q8_0 products on the
+                // before reading a token (tcmm.cu `matmul_tc1_impl`,
+                // `matmul_tc1r_impl`); one token's Q8_0 products on the
                 // tensor cores issue all their weight loads, then wait,
                 // then stage the token (q8mma.cu `matmul1_mma_q8_0_impl`).
-                let waits_before_tokens = matches!(
-                    (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
-                    (Some(w), Some(x)) if w < x && !body[..w].contains("return")
-                );
-                let bf16_early = waits_before_tokens
-                    && match name.as_str() {
-                        "matmul_bf16_tc1" => matches!(
-                            (
-                                body.find("if (!waited) KERNEL_ENTRY();"),
-                                body.find("__syncthreads();"),
-                            ),
-                            (Some(late), Some(sync)) if late < sync
-                        ),
-                        "matmul_bf16_tc1r" => true,
-                        _ => false,
-                    };
+                let tc_early = [
+                    ("matmul_tc1_", "matmul_tc1_impl"),
+                    ("matmul_tc1r_", "matmul_tc1r_impl"),
+                    ("matmul_tc_", "matmul_tc_impl"),
+                ]
+                .iter()
+                .any(|&(kernel, imp)| {
+                    name.starts_with(kernel)
+                        && body.starts_with(&format!("{imp}<"))
+                        && tc_waits_before_the_tokens(text, imp)
+                });
                 let attention_early = name.starts_with("attention_decode_")
                     && body.starts_with("attention_decode_impl<")
                     && waits_before_reading_q(text);
@@ -429,7 +449,7 @@ mod tests {
                         || down_early
                         || rope_early
                         || q8_mma_early
-                        || bf16_early,
+                        || tc_early,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]
                 );

@@ -192,14 +192,15 @@ impl Drop for StepGraph {
     }
 }
 
-/// Whether a bf16 product of `w` with the input at `x` fits the tensor-core
-/// kernels (`kernels/tcmm.cu`): rows whole chunks of 32 columns and
-/// 16-byte aligned, the input too.
-fn bf16_tc_fits(w: &CudaMatrix, x: u64) -> bool {
-    w.format == QuantFormat::Bf16
-        && w.cols % kernels::TC_CHUNK == 0
-        && w.row_bytes % 16 == 0
-        && w.mem.ptr % 16 == 0
+/// Whether a product of `w` (a format with tensor-core kernels) with the
+/// input at `x` fits them (`kernels/tcmm.cu`): rows whole chunks of 32
+/// columns, the matrix and its row stride aligned as the format's loads
+/// need ([`kernels::tc_align`]), the input 16-byte aligned.
+fn tc_fits(w: &CudaMatrix, x: u64) -> bool {
+    let align = kernels::tc_align(w.format) as u64;
+    w.cols % kernels::TC_CHUNK == 0
+        && w.row_bytes as u64 % align == 0
+        && w.mem.ptr % align == 0
         && x % 16 == 0
 }
 
@@ -516,10 +517,10 @@ impl CudaStream {
         Ok(())
     }
 
-    /// A fast product of bf16 weights on the tensor cores
-    /// (`kernels/tcmm.cu`), held back for its bias and the products of the
-    /// same input that follow (one launch, as [`Self::matmul_q8`]'s).
-    fn matmul_bf16(
+    /// A fast product on the tensor cores (`kernels/tcmm.cu`: bf16 weights,
+    /// or weights decoded to bf16), held back for its bias and the products
+    /// of the same input that follow (one launch, as [`Self::matmul_q8`]'s).
+    fn matmul_tc(
         &mut self,
         w: &CudaMatrix,
         x: u64,
@@ -1118,8 +1119,15 @@ impl Stream<CudaDevice> for CudaStream {
         if self.q8_set(w.format).is_some() {
             return self.matmul_q8(w, xp, n, op);
         }
-        if self.numerics == Numerics::Fast && self.k.bf16_tc.is_some() && bf16_tc_fits(w, xp) {
-            return self.matmul_bf16(w, xp, n, op);
+        if self.numerics == Numerics::Fast
+            && self
+                .k
+                .tc
+                .as_ref()
+                .is_some_and(|tc| tc.get(w.format).is_some())
+            && tc_fits(w, xp)
+        {
+            return self.matmul_tc(w, xp, n, op);
         }
         self.bind("matmul")?;
         let grid = (

@@ -73,3 +73,12 @@ fn q8_0_one_token_products_match_the_reference_order_bit_for_bit() {
 fn bf16_tensor_core_products_agree_bit_for_bit() {
     build_and_run("bf16_products");
 }
+
+/// Tensor-core products of weights in every other format (tcmm.cu, weights
+/// decoded to bf16): the decoding gives load_unit's values, and every
+/// kernel the bits of the bf16 kernels on those values rounded to bf16,
+/// at the least alignment the format is promised.
+#[test]
+fn decoded_tensor_core_products_agree_bit_for_bit() {
+    build_and_run("tc_products");
+}

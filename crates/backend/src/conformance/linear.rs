@@ -138,9 +138,14 @@ const WIDE_COLS: [usize; 3] = [2880, 4096, 4160];
 /// outputs; 8-bit rows of one partial chunk and of three).
 const NARROW_COLS: [usize; 2] = [96, 352];
 const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, QuantFormat::Bf16];
+/// Plain float rows of whole 32-column chunks, which backends may decode
+/// onto the tensor cores as they do bf16 (their usual width, 200, is not
+/// whole chunks): 352 columns, 3 segments.
+const CHUNKED_FLOATS: [(QuantFormat, usize); 2] =
+    [(QuantFormat::F32, 352), (QuantFormat::F16, 352)];
 
 /// `matmul` of every format (and of wide and narrow rows of some,
-/// [`WIDE_COLS`], [`NARROW_COLS`])
+/// [`WIDE_COLS`], [`NARROW_COLS`], [`CHUNKED_FLOATS`])
 /// against the f64 dot of the reference-dequantized rows, within
 /// `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows computed
 /// alone, bit for bit; products of one input issued one after another give
@@ -148,16 +153,16 @@ const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, Q
 pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "matmul";
     let mut cases = Vec::new();
-    let shapes =
-        QuantFormat::ALL
-            .iter()
-            .map(|&f| (f, matmul_cols(f)))
-            .chain(WIDE_FORMATS.iter().flat_map(|&f| {
-                WIDE_COLS
-                    .iter()
-                    .chain(NARROW_COLS.iter())
-                    .map(move |&c| (f, c))
-            }));
+    let shapes = QuantFormat::ALL
+        .iter()
+        .map(|&f| (f, matmul_cols(f)))
+        .chain(WIDE_FORMATS.iter().flat_map(|&f| {
+            WIDE_COLS
+                .iter()
+                .chain(NARROW_COLS.iter())
+                .map(move |&c| (f, c))
+        }))
+        .chain(CHUNKED_FLOATS);
     for (fmt, cols) in shapes {
         let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()) ^ (cols as u64) << 8);
         let t = random_matrix(fmt.name(), fmt, MATMUL_ROWS, cols, &mut rng);

@@ -1,19 +1,28 @@
-// Tensor-core products of bf16 weights in fast numerics:
-//   out[t, o] = Σ_i W[o, i] · bf16(x[t, i])   (+ bias[o])
-// W bf16 [rows, cols] (row stride row_bytes), x f32 [n, cols] rounded to
-// bf16 (round to nearest even, PTX `cvt.rn.bf16x2.f32`) as it is read,
-// products summed in f32 by the tensor cores (mma.sync m16n8k16, bf16 ·
-// bf16 + f32; sm_80 and later). Columns must be a multiple of 32, rows
-// and x 16-byte aligned (stream.rs `bf16_tc_fits`); other products keep
-// matmul.cu's kernel.
+// Tensor-core products in fast numerics, of weights in any format but
+// the two that take 8-bit activations (Q8_0 and MXFP4, q8dot.cu):
+//   out[t, o] = Σ_i bf16(W[o, i]) · bf16(x[t, i])   (+ bias[o])
+// W [rows, cols] in its storage format (row stride row_bytes), each weight
+// decoded as load_unit (common.cuh) decodes it, the same f32 arithmetic,
+// then rounded to bf16 (bf16 weights are taken as they are); x f32
+// [n, cols] rounded to bf16 as it is read. Both roundings are to nearest
+// even (PTX `cvt.rn.bf16x2.f32`); products are summed in f32 by the tensor
+// cores (mma.sync m16n8k16, bf16 · bf16 + f32; sm_80 and later). Columns
+// must be a multiple of 32, rows and x aligned as stream.rs `tc_fits`
+// checks; other products keep matmul.cu's kernel.
+//
+// A weight is decoded twice over in the kernels: load_unit reads a block
+// byte by byte (any alignment) for matmul.cu and the embedding; tc_w8
+// below reads the lane's 8 values with the widest loads the block layout
+// aligns. tests/emulation (`tc_products`) checks that they give the same
+// values, bit for bit, for every format.
 //
 // The order of the sums, which every kernel below follows so that a
 // token's result has the same bits alone (a decode step) or in a batch
 // (prefill), the fast numerics' batch invariance:
 //   - the columns are taken in chunks of 32; a chunk is two MMAs, first
 //     columns 8q..8q+3 of each group q = 0..3 of 8, then 8q+4..8q+7
-//     (lane 4g + q of a warp holds row g's and g + 8's 16 bytes at
-//     8q..8q+7, one 16-byte load each, and the token's 8 values there:
+//     (lane 4g + q of a warp holds row g's and g + 8's 8 weights at
+//     8q..8q+7 as bf16, and the token's 8 values there:
 //     the MMA's k index 2q, 2q+1, 2q+8, 2q+9 are those columns, the same
 //     for every row and token, so the sum is over the same products);
 //   - chunks form segments of `tc_seg_chunks(cols)` (at least TC_SEG,
@@ -33,7 +42,6 @@
 #define TC_CHUNK 32      // columns a chunk
 #define TC_SEG 4         // chunks a segment, at least
 #define TC_MAX_SEGS 24   // segments a row, at most (warps of a decode block)
-#define TC_ROUND 4       // chunks whose weights a decode warp loads at once
 #define TC_ROW_WARPS 4   // warps of a row-streaming block, 16 rows each
 #define TC_BATCH_WARPS 8 // warps of a batch block, 16 rows each
 #define TC_BATCH_ROWS (TC_BATCH_WARPS * 16)
@@ -72,6 +80,134 @@ __device__ __forceinline__ uint4 tc_load_x8(const float* p) {
                       bf16x2_rn(__int_as_float(b.z), __int_as_float(b.w)));
 }
 
+// Loads of a block's bytes at the alignment its layout gives them when
+// the row starts at a multiple of 16 bytes (f32, f16, bf16), 8 (Q5_1,
+// Q4_K, Q5_K), 4 (Q4_1) or 2 (Q4_0, Q5_0, Q6_K): stream.rs `tc_align`,
+// which `tc_fits` checks for the matrix and its row stride.
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation checks the alignment
+__device__ __forceinline__ u32 tc_ld16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 tc_ld32(const u8* p) { return *(const u32*)p; }
+__device__ __forceinline__ uint2 tc_ld64(const u8* p) { return *(const uint2*)p; }
+#endif
+// 8 bytes at a 2-byte aligned address, as two words.
+__device__ __forceinline__ uint2 tc_ld64_by16(const u8* p) {
+    return make_uint2(tc_ld16(p) | (tc_ld16(p + 2) << 16), tc_ld16(p + 4) | (tc_ld16(p + 6) << 16));
+}
+// Byte j (0..7) of two words.
+__device__ __forceinline__ u32 tc_byte(uint2 v, int j) {
+    return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF;
+}
+
+// Values 8q..8q+7 of unit u (columns 32u..32u+31) of a row in format F,
+// in f32: load_unit's arithmetic (common.cuh) for those elements.
+template <int F>
+__device__ __forceinline__ void tc_decode8(const u8* row, int u, int q, float* w) {
+    if (F == F_F32) {
+        const u8* p = row + (i64)u * 128 + q * 32;
+        uint4 a = ld_stream_u4(p), b = ld_stream_u4(p + 16);
+        u32 v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __uint_as_float(v[j]);
+    } else if (F == F_F16) {
+        uint4 a = ld_stream_u4(row + (i64)u * 64 + q * 16);
+        u32 v[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            w[2 * j] = f16_to_f32((u16)(v[j] & 0xFFFF));
+            w[2 * j + 1] = f16_to_f32((u16)(v[j] >> 16));
+        }
+    } else if (F == F_Q4_0 || F == F_Q5_0) {
+        // Element e < 16: the low nibble of byte e; e ≥ 16: the high
+        // nibble of byte e - 16 (Q5_0: bit e of qh above either).
+        const u8* b = row + (i64)u * (F == F_Q4_0 ? 18 : 22);
+        float d = f16_to_f32((u16)tc_ld16(b));
+        uint2 qs = tc_ld64_by16(b + (F == F_Q4_0 ? 2 : 6) + 8 * (q & 1));
+        u32 qh = F == F_Q5_0 ? tc_ld16(b + 2) | (tc_ld16(b + 4) << 16) : 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            u32 c = tc_byte(qs, j);
+            int v = q < 2 ? (int)(c & 15) : (int)(c >> 4);
+            if (F == F_Q4_0) {
+                w[j] = (float)(v - 8) * d;
+            } else {
+                v |= (int)((qh >> (8 * q + j)) & 1) << 4;
+                w[j] = (float)(v - 16) * d;
+            }
+        }
+    } else if (F == F_Q4_1 || F == F_Q5_1) {
+        const u8* b = row + (i64)u * (F == F_Q4_1 ? 20 : 24);
+        u32 dm = tc_ld32(b);
+        float d = f16_to_f32((u16)(dm & 0xFFFF)), m = f16_to_f32((u16)(dm >> 16));
+        const u8* p = b + (F == F_Q4_1 ? 4 : 8) + 8 * (q & 1);
+        uint2 qs = F == F_Q4_1 ? make_uint2(tc_ld32(p), tc_ld32(p + 4)) : tc_ld64(p);
+        u32 qh = F == F_Q5_1 ? tc_ld32(b + 4) : 0;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            u32 c = tc_byte(qs, j);
+            int v = q < 2 ? (int)(c & 15) : (int)(c >> 4);
+            if (F == F_Q5_1) v |= (int)((qh >> (8 * q + j)) & 1) << 4;
+            w[j] = __fadd_rn(__fmul_rn((float)v, d), m);
+        }
+    } else if (F == F_Q4_K || F == F_Q5_K) {
+        const u8* b = row + (i64)(u >> 3) * (F == F_Q4_K ? 144 : 176);
+        int s = u & 7;
+        u32 dd = tc_ld32(b);
+        float d = f16_to_f32((u16)(dd & 0xFFFF)), dmin = f16_to_f32((u16)(dd >> 16));
+        int sc, mn;
+        k4_scale_min(b + 4, s, &sc, &mn);
+        float d1 = d * (float)sc, m1 = dmin * (float)mn;
+        uint2 qs = tc_ld64(b + (F == F_Q4_K ? 16 : 48) + 32 * (s >> 1) + 8 * q);
+        uint2 qh = F == F_Q5_K ? tc_ld64(b + 16 + 8 * q) : make_uint2(0, 0);
+        int shift = 4 * (s & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int v = (int)((tc_byte(qs, j) >> shift) & 15);
+            if (F == F_Q5_K) v |= (int)((tc_byte(qh, j) >> s) & 1) << 4;
+            w[j] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
+        }
+    } else if (F == F_Q6_K) {
+        const u8* b = row + (i64)(u >> 3) * 210;
+        int s = u & 7, h = s >> 2, k = s & 3;
+        float d = f16_to_f32((u16)tc_ld16(b + 208));
+        // Elements 0..15 of the quarter take scale 2s, 16..31 scale 2s + 1.
+        float dq = d * (float)(signed char)b[192 + 2 * s + (q >> 1)];
+        uint2 ql = tc_ld64_by16(b + 64 * h + 32 * (k & 1) + 8 * q);
+        uint2 qh = tc_ld64_by16(b + 128 + 32 * h + 8 * q);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            u32 c = tc_byte(ql, j);
+            int lo = k < 2 ? (int)(c & 15) : (int)(c >> 4);
+            int hi = (int)((tc_byte(qh, j) >> (2 * k)) & 3);
+            w[j] = dq * (float)((lo | (hi << 4)) - 32);
+        }
+    }
+}
+
+// Chunks whose weights a few tokens' warp loads at once (and decodes:
+// fewer for the block formats, whose decoding holds more registers).
+__device__ constexpr int tc_round(int F) {
+    return F == F_F32 || F == F_F16 || F == F_BF16 ? 4 : 2;
+}
+
+// Where lane group q reads row `row`: bf16 rows at its 16 bytes of the
+// first chunk (the address tc_w8 steps from), other formats' at the row.
+template <int F>
+__device__ __forceinline__ const u8* tc_lane_row(const u8* row, int q) {
+    return F == F_BF16 ? row + q * 16 : row;
+}
+
+// Columns 32k + 8q .. 32k + 8q + 7 of a row as 4 bf16 pairs, the lower
+// column in the lower half: bf16 weights as they are, others decoded and
+// rounded. `lane_row`: tc_lane_row's.
+template <int F>
+__device__ __forceinline__ uint4 tc_w8(const u8* lane_row, int k, int q) {
+    if (F == F_BF16) return ld_stream_u4(lane_row + (i64)k * (TC_CHUNK * 2));
+    float w[8];
+    tc_decode8<F>(lane_row, k, q, w);
+    return make_uint4(bf16x2_rn(w[0], w[1]), bf16x2_rn(w[2], w[3]), bf16x2_rn(w[4], w[5]),
+                      bf16x2_rn(w[6], w[7]));
+}
+
 // One chunk of one 8-token tile: rows g and g + 8's 8 values (ra, rb)
 // against the token's 8 (x), in the order of the module docs.
 __device__ __forceinline__ void tc_chunk(float* c, uint4 ra, uint4 rb, uint4 x) {
@@ -90,10 +226,10 @@ struct TcMember {
     i64 row_bytes;
     int rows;
     int first_block;
-    // Lane group q's 16 bytes of chunk 0 of row r (the last row past the
-    // end: its values are computed, never written).
-    __device__ __forceinline__ const u8* row(int r, int q) const {
-        return w + (i64)min(r, rows - 1) * row_bytes + q * 16;
+    // Row r (the last row past the end: its values are computed, never
+    // written).
+    __device__ __forceinline__ const u8* row(int r) const {
+        return w + (i64)min(r, rows - 1) * row_bytes;
     }
 };
 
@@ -116,8 +252,9 @@ __device__ __forceinline__ TcMember tc_member(const MatGroup& g, int bx) {
 // row's chunks (blockDim.x = 32 · segments); the segments' sums meet in
 // shared memory and are added in order. Weights are loaded before
 // KERNEL_ENTRY's wait (nothing writes them), the tokens after it.
-extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
-    matmul_bf16_tc1(MatGroup g, int cols, const float* __restrict__ x, int n) {
+template <int F>
+__device__ __forceinline__ void matmul_tc1_impl(const MatGroup& g, int cols,
+                                                const float* __restrict__ x, int n) {
     __shared__ float parts[TC_MAX_SEGS][16][8];
     TcMember m = tc_member(g, blockIdx.x);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -125,19 +262,20 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
     int r0 = (blockIdx.x - m.first_block) * 16;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
     int c0 = warp * per, c1 = min(c0 + per, chunks);
-    const u8* row_a = m.row(r0 + gr, q);
-    const u8* row_b = m.row(r0 + gr + 8, q);
+    constexpr int ROUND = tc_round(F);
+    const u8* row_a = tc_lane_row<F>(m.row(r0 + gr), q);
+    const u8* row_b = tc_lane_row<F>(m.row(r0 + gr + 8), q);
     const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
     bool token = gr < n;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     bool waited = false;
-    for (int r = c0; r < c1; r += TC_ROUND) {
-        uint4 ra[TC_ROUND], rb[TC_ROUND], xv[TC_ROUND];
+    for (int r = c0; r < c1; r += ROUND) {
+        uint4 ra[ROUND], rb[ROUND], xv[ROUND];
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++) {
+        for (int i = 0; i < ROUND; i++) {
             if (r + i < c1) {
-                ra[i] = ld_stream_u4(row_a + (i64)(r + i) * (TC_CHUNK * 2));
-                rb[i] = ld_stream_u4(row_b + (i64)(r + i) * (TC_CHUNK * 2));
+                ra[i] = tc_w8<F>(row_a, r + i, q);
+                rb[i] = tc_w8<F>(row_b, r + i, q);
             }
         }
         if (!waited) {
@@ -145,11 +283,11 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
             waited = true;
         }
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++)
+        for (int i = 0; i < ROUND; i++)
             if (r + i < c1)
                 xv[i] = token ? tc_load_x8(xt + (r + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++)
+        for (int i = 0; i < ROUND; i++)
             if (r + i < c1) tc_chunk(c, ra[i], rb[i], xv[i]);
     }
     if (!waited) KERNEL_ENTRY();  // (a warp past the last chunk)
@@ -171,50 +309,52 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)
 }
 
 // Up to 8 tokens through many rows (an output head): a warp per 16 rows,
-// walking all their chunks TC_ROUND at a time, the next round's weights
+// walking all their chunks tc_round at a time, the next round's weights
 // loaded while this one's MMAs run, and closing a segment every
-// tc_seg_chunks — the sums of matmul_bf16_tc1 in the same order, without
+// tc_seg_chunks — the sums of matmul_tc1 in the same order, without
 // the meeting in shared memory, for matrices with rows enough to keep
 // every SM busy with whole rows (fusion.rs `launch_bf16_tc` picks; the
 // bits are the same).
 // Blocks of TC_ROW_WARPS warps (block_start counts these blocks).
-extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
-    matmul_bf16_tc1r(MatGroup g, int cols, const float* __restrict__ x, int n) {
+template <int F>
+__device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
+                                                 const float* __restrict__ x, int n) {
     TcMember m = tc_member(g, blockIdx.x);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int gr = lane >> 2, q = lane & 3;
     int r0 = (blockIdx.x - m.first_block) * (TC_ROW_WARPS * 16) + warp * 16;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
-    const u8* row_a = m.row(r0 + gr, q);
-    const u8* row_b = m.row(r0 + gr + 8, q);
+    const u8* row_a = tc_lane_row<F>(m.row(r0 + gr), q);
+    const u8* row_b = tc_lane_row<F>(m.row(r0 + gr + 8), q);
     const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
     bool token = gr < n;
     float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, total[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    uint4 ra[TC_ROUND], rb[TC_ROUND];
+    constexpr int ROUND = tc_round(F);
+    uint4 ra[ROUND], rb[ROUND];
 #pragma unroll
-    for (int i = 0; i < TC_ROUND; i++) {
+    for (int i = 0; i < ROUND; i++) {
         if (i < chunks) {
-            ra[i] = ld_stream_u4(row_a + (i64)i * (TC_CHUNK * 2));
-            rb[i] = ld_stream_u4(row_b + (i64)i * (TC_CHUNK * 2));
+            ra[i] = tc_w8<F>(row_a, i, q);
+            rb[i] = tc_w8<F>(row_b, i, q);
         }
     }
     KERNEL_ENTRY();
-    for (int k0 = 0; k0 < chunks; k0 += TC_ROUND) {
-        uint4 na[TC_ROUND], nb[TC_ROUND], xv[TC_ROUND];
+    for (int k0 = 0; k0 < chunks; k0 += ROUND) {
+        uint4 na[ROUND], nb[ROUND], xv[ROUND];
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++) {
-            int k = k0 + TC_ROUND + i;
+        for (int i = 0; i < ROUND; i++) {
+            int k = k0 + ROUND + i;
             if (k < chunks) {
-                na[i] = ld_stream_u4(row_a + (i64)k * (TC_CHUNK * 2));
-                nb[i] = ld_stream_u4(row_b + (i64)k * (TC_CHUNK * 2));
+                na[i] = tc_w8<F>(row_a, k, q);
+                nb[i] = tc_w8<F>(row_b, k, q);
             }
         }
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++)
+        for (int i = 0; i < ROUND; i++)
             if (k0 + i < chunks)
                 xv[i] = token ? tc_load_x8(xt + (k0 + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++) {
+        for (int i = 0; i < ROUND; i++) {
             int k = k0 + i;
             if (k < chunks) {
                 tc_chunk(c, ra[i], rb[i], xv[i]);
@@ -228,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
             }
         }
 #pragma unroll
-        for (int i = 0; i < TC_ROUND; i++) {
+        for (int i = 0; i < ROUND; i++) {
             ra[i] = na[i];
             rb[i] = nb[i];
         }
@@ -247,8 +387,9 @@ extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)
 // tokens is rounded to bf16 once, into shared memory (double-buffered:
 // the next chunk's values are loaded while this one's MMAs run), and each
 // warp's next chunk of weights is loaded likewise.
-extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)
-    matmul_bf16_tc(MatGroup g, int cols, const float* __restrict__ x, int n) {
+template <int F>
+__device__ __forceinline__ void matmul_tc_impl(const MatGroup& g, int cols,
+                                               const float* __restrict__ x, int n) {
     KERNEL_ENTRY();
     __shared__ __align__(16) uint4 xs[2][TC_BATCH_TOKENS][TC_CHUNK / 8];
     TcMember m = tc_member(g, blockIdx.x);
@@ -257,8 +398,8 @@ extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)
     int r0 = (blockIdx.x - m.first_block) * TC_BATCH_ROWS + warp * 16;
     int t0 = blockIdx.y * TC_BATCH_TOKENS;
     int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
-    const u8* row_a = m.row(r0 + gr, q);
-    const u8* row_b = m.row(r0 + gr + 8, q);
+    const u8* row_a = tc_lane_row<F>(m.row(r0 + gr), q);
+    const u8* row_b = tc_lane_row<F>(m.row(r0 + gr + 8), q);
     // This thread's share of the staging: token st_t, 8 values at st_q.
     int st_t = threadIdx.x >> 2, st_q = threadIdx.x & 3;
     const float* xt = x + (i64)min(t0 + st_t, n - 1) * cols + st_q * 8;
@@ -268,15 +409,15 @@ extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)
 #pragma unroll
         for (int e = 0; e < 4; e++) c[j][e] = total[j][e] = 0.0f;
     xs[0][st_t][st_q] = tc_load_x8(xt);
-    uint4 ra = ld_stream_u4(row_a), rb = ld_stream_u4(row_b);
+    uint4 ra = tc_w8<F>(row_a, 0, q), rb = tc_w8<F>(row_b, 0, q);
     __syncthreads();
     for (int k = 0; k < chunks; k++) {
         bool more = k + 1 < chunks;
         uint4 xn, na, nb;
         if (more) {
             xn = tc_load_x8(xt + (k + 1) * TC_CHUNK);
-            na = ld_stream_u4(row_a + (i64)(k + 1) * (TC_CHUNK * 2));
-            nb = ld_stream_u4(row_b + (i64)(k + 1) * (TC_CHUNK * 2));
+            na = tc_w8<F>(row_a, k + 1, q);
+            nb = tc_w8<F>(row_b, k + 1, q);
         }
 #pragma unroll
         for (int j = 0; j < TC_BATCH_NT; j++) tc_chunk(c[j], ra, rb, xs[k & 1][j * 8 + gr][q]);
@@ -307,3 +448,29 @@ extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)
             }
         }
 }
+
+// The kernels of weight format F, named after the format.
+#define TC_KERNELS(fmt, F)                                                                       \
+    extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)                               \
+        matmul_tc1_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {             \
+        matmul_tc1_impl<F>(g, cols, x, n);                                                       \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)                              \
+        matmul_tc1r_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {            \
+        matmul_tc1r_impl<F>(g, cols, x, n);                                                      \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)                            \
+        matmul_tc_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {              \
+        matmul_tc_impl<F>(g, cols, x, n);                                                        \
+    }
+
+TC_KERNELS(f32, F_F32)
+TC_KERNELS(f16, F_F16)
+TC_KERNELS(bf16, F_BF16)
+TC_KERNELS(q4_0, F_Q4_0)
+TC_KERNELS(q4_1, F_Q4_1)
+TC_KERNELS(q5_0, F_Q5_0)
+TC_KERNELS(q5_1, F_Q5_1)
+TC_KERNELS(q4_k, F_Q4_K)
+TC_KERNELS(q5_k, F_Q5_K)
+TC_KERNELS(q6_k, F_Q6_K)

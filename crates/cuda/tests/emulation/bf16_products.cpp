@@ -1,8 +1,8 @@
 // bf16 products on the tensor cores (tcmm.cu, fast numerics) run on the
 // CPU through warp_emulator.h: a token's result must be the same bits
 // whichever kernel computes it and however many tokens share the launch
-// (a few tokens: a warp a segment, `matmul_bf16_tc1`, or a warp a 16 whole
-// rows, `matmul_bf16_tc1r`; batches: `matmul_bf16_tc`), and within f32
+// (a few tokens: a warp a segment, `matmul_tc1_bf16`, or a warp a 16 whole
+// rows, `matmul_tc1r_bf16`; batches: `matmul_tc_bf16`), and within f32
 // rounding of the f64 sum of the bf16-rounded products. The emulated MMA's
 // rounding is not the hardware's (see warp_emulator.h), so the bits are
 // compared between the kernels, not with a reference; the GPU conformance
@@ -67,20 +67,20 @@ void run_case(const Case& c, std::mt19937& rng) {
         int chunks = c.cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
         unsigned segs = (unsigned)((chunks + per - 1) / per);
         emu::launch({(unsigned)g.block_start[g.count], 1, 1}, {32 * segs, 1, 1},
-                    [&] { matmul_bf16_tc1(g, c.cols, x.data(), n); });
+                    [&] { matmul_tc1_bf16(g, c.cols, x.data(), n); });
         return out;
     };
     auto rows = [&](int n) {
         MatGroup g = group(n, 16 * TC_ROW_WARPS);
         emu::launch({(unsigned)g.block_start[g.count], 1, 1}, {TC_ROW_WARPS * 32, 1, 1},
-                    [&] { matmul_bf16_tc1r(g, c.cols, x.data(), n); });
+                    [&] { matmul_tc1r_bf16(g, c.cols, x.data(), n); });
         return out;
     };
     auto batch = [&](int n) {
         MatGroup g = group(n, TC_BATCH_ROWS);
         unsigned tiles = (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS);
         emu::launch({(unsigned)g.block_start[g.count], tiles, 1}, {TC_BATCH_WARPS * 32, 1, 1},
-                    [&] { matmul_bf16_tc(g, c.cols, x.data(), n); });
+                    [&] { matmul_tc_bf16(g, c.cols, x.data(), n); });
         return out;
     };
     auto all = batch(BATCH);

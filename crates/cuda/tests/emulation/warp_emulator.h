@@ -386,7 +386,26 @@ typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
 
-inline uint4 ld_stream_u4(const void* p) { return *(const uint4*)p; }
+// A load at an address its width does not divide faults on the GPU (a
+// misaligned address error); here it stops the test.
+inline void expect_aligned(const void* p, size_t width) {
+    if ((uintptr_t)p % width) {
+        fprintf(stderr, "a %zu-byte load at %p: misaligned\n", width, p);
+        abort();
+    }
+}
+template <typename T>
+inline T ld_aligned(const void* p) {
+    expect_aligned(p, sizeof(T));
+    T v;
+    memcpy(&v, p, sizeof(T));
+    return v;
+}
+
+inline uint4 ld_stream_u4(const void* p) { return ld_aligned<uint4>(p); }
+inline u32 tc_ld16(const u8* p) { return ld_aligned<u16>(p); }
+inline u32 tc_ld32(const u8* p) { return ld_aligned<u32>(p); }
+inline uint2 tc_ld64(const u8* p) { return ld_aligned<uint2>(p); }
 inline u32 ld_stream_u32(const void* p) { return *(const u32*)p; }
 inline u32 ld_stream_u16(const void* p) { return *(const u16*)p; }
 inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }

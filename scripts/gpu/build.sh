@@ -3,7 +3,8 @@
 # GPU machine: the release `turbospark` binary and the CUDA crate's test
 # binaries, copied into OUT (default .devcarry/bin), the sm_90 kernels
 # compiled into .devcarry/cache (when NVRTC is here), plus the packed
-# llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing.
+# llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing, and the
+# cached real models' layouts (.devcarry/layout-*.json).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-.devcarry/bin}
@@ -34,4 +35,19 @@ else
     echo "no NVRTC at $NVRTC_LIB (scripts/test.sh installs it): no prebuilt kernel cache"
 fi
 [ -f .devcarry/llama.cpp-cuda.tgz ] || scripts/gpu/pack-llamacpp.sh .devcarry/llama.cpp-cuda.tgz
+# The real models' layouts (no weights; run.sh `like` and `likebench`
+# build random installs from them on the device), from the GGUFs that
+# scripts/fetch-models.sh caches here.
+MODELS=${TURBOSPARK_CACHE:-$HOME/.cache/turbospark}/models
+for gguf in "$MODELS"/*.gguf; do
+    [ -f "$gguf" ] || continue
+    name=$(basename "$gguf" .gguf)
+    layout=.devcarry/layout-$name.json
+    [ -f "$layout" ] && continue
+    tmp=$(mktemp -d)
+    target/release/turbospark convert -q "$gguf" "$tmp/install" &&
+        target/release/turbospark synth --like "$tmp/install" --save-layout "$layout" ||
+        echo "$name: no layout saved"
+    rm -rf "$tmp"
+done
 ls -la "$OUT"

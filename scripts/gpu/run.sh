@@ -26,6 +26,14 @@
 #   like         parity on `synth --like` installs of the three real models
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
+#   likebench    the same installs' speed, fast numerics: pp512 and tg128
+#                with their formats on the tensor cores (the default) and
+#                with only bf16 there (TURBOSPARK_CUDA_BF16=bf16: K-quants
+#                and the other decoded formats on matmul.cu's kernel),
+#                alternated (REPS rounds), after both settings' decode
+#                logits of 24 tokens (a token's bits alone and in a batch
+#                are the same by design on the tensor cores; the two
+#                settings differ by the bf16 roundings)
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
 #                that cannot fit, NVRTC missing with an empty kernel cache
 #                (hidden in a private mount namespace), a GPU memory fault
@@ -211,6 +219,39 @@ rel = np.abs(x - y).max() / np.abs(x).max()
 ga, gb = open(a + ".txt").read().strip(), open(b + ".txt").read().strip()
 print(f"{name:<36} {mode:<6} {rel:12.2e} {'same' if ga == gb else 'DIFFER':>12} {'ok' if rel <= 2e-3 and ga == gb else 'CHECK'}")
 PY
+            done
+        done
+        ;;
+    likebench)
+        stage "likebench: the real models' layouts, decoded formats on the tensor cores or not"
+        for layout in .devcarry/layout-*.json; do
+            name=$(basename "$layout" .json); name=${name#layout-}
+            inst="$WORK/like-$name"
+            [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
+            toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(24)))")
+            for v in TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16; do
+                for way in prefill decode; do
+                    flag=$([ $way = decode ] && echo --decode || true)
+                    env "$v" "$TS" logits --model "$inst" --backend cuda --numerics fast $flag --tokens "$toks" \
+                        --out "$WORK/lb-$name-$v-$way.npy" > /dev/null || echo "$name $v $way: logits failed"
+                done
+            done
+            python3 - "$WORK" "$name" <<'PY'
+import sys, numpy as np
+w, name = sys.argv[1:3]
+get = lambda v, way: np.load(f"{w}/lb-{name}-TURBOSPARK_CUDA_BF16={v}-{way}.npy").astype(np.float64)
+for v in ("tc", "bf16"):
+    p, d = get(v, "prefill"), get(v, "decode")
+    print(f"{name} BF16={v}: decode vs prefill max|Δ|/max {np.abs(p - d).max() / np.abs(p).max():.2e}"
+          f" ({'bit-identical' if p.tobytes() == d.tobytes() else 'differ'})")
+a, b = get("tc", "prefill"), get("bf16", "prefill")
+print(f"{name}: tensor cores vs generic, prefill logits max|Δ|/max {np.abs(a - b).max() / np.abs(b).max():.2e}")
+PY
+            for r in $(seq "$REPS"); do
+                for v in TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16; do
+                    echo "--- $name, $v, round $r"
+                    env "$v" "$TS" bench -m "$inst" --backend cuda -p 512 -n 128 -r 2 --numerics fast
+                done
             done
         done
         ;;

@@ -295,6 +295,19 @@ pub(crate) struct TcSet {
     /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
     /// tokens (`matmul_tc_*`).
     pub batch: CudaFunction,
+    /// Routed experts of this format (`kernels/tcmoe.cu`).
+    pub experts: TcExperts,
+}
+
+/// The routed-expert kernels of one format on the tensor cores
+/// (`kernels/tcmoe.cu`): routes one by one (a block per 16 rows of a
+/// route, a warp per segment) and grouped by expert (a block per
+/// [`TC_BATCH_ROWS`] rows of an expert); the same bits either way.
+pub(crate) struct TcExperts {
+    pub gate_up_few: CudaFunction,
+    pub down_few: CudaFunction,
+    pub gate_up_grouped: CudaFunction,
+    pub down_grouped: CudaFunction,
 }
 
 /// The tensor-core products of the formats that take them.
@@ -312,13 +325,19 @@ impl TcKernels {
         let sets = formats
             .iter()
             .map(|&fmt| {
-                let f = |kind: &str| kernel(m, &format!("matmul_{kind}_{}", fmt.name()));
+                let f = |kind: &str| kernel(m, &format!("{kind}_{}", fmt.name()));
                 Ok((
                     fmt,
                     TcSet {
-                        few: f("tc1")?,
-                        rows: f("tc1r")?,
-                        batch: f("tc")?,
+                        few: f("matmul_tc1")?,
+                        rows: f("matmul_tc1r")?,
+                        batch: f("matmul_tc")?,
+                        experts: TcExperts {
+                            gate_up_few: f("moe_gate_up_tc1")?,
+                            down_few: f("moe_down_tc1")?,
+                            gate_up_grouped: f("moe_gate_up_tc")?,
+                            down_grouped: f("moe_down_tc")?,
+                        },
                     },
                 ))
             })

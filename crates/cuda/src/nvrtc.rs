@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 15] = [
+const SOURCES: [(&str, &str); 16] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -27,6 +27,7 @@ const SOURCES: [(&str, &str); 15] = [
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),
     ("mmq.cu", include_str!("kernels/mmq.cu")),
     ("tcmm.cu", include_str!("kernels/tcmm.cu")),
+    ("tcmoe.cu", include_str!("kernels/tcmoe.cu")),
     ("q8mma.cu", include_str!("kernels/q8mma.cu")),
 ];
 
@@ -338,6 +339,22 @@ mod tests {
             }
     }
 
+    /// Whether `imp` in `text` declares only its shared arrays before it
+    /// waits (tcmoe.cu's kernels).
+    fn waits_after_its_shared_arrays(text: &str, imp: &str) -> bool {
+        let Some(at) = text.find(&format!("void {imp}(")) else {
+            return false;
+        };
+        let body = &text[at..];
+        let body = &body[body.find('{').map_or(0, |b| b + 1)..];
+        let Some(wait) = body.find("KERNEL_ENTRY();") else {
+            return false;
+        };
+        body[..wait].split(';').map(str::trim).all(|stmt| {
+            stmt.is_empty() || stmt.starts_with("__shared__") || stmt.starts_with("constexpr")
+        })
+    }
+
     /// Kernels are launched as programmatic dependents of the kernel before
     /// them (kernels.rs `launch`), which is only sound when every kernel
     /// waits for its predecessor before anything else (common.cuh
@@ -409,6 +426,18 @@ mod tests {
                     || (name.starts_with("moe_down_mma_")
                         && body.starts_with("moe_down_mma_impl<")
                         && mma_down_waits_on_every_path(text));
+                let tc_moe = [
+                    ("moe_gate_up_tc1_", "moe_tc1_impl"),
+                    ("moe_down_tc1_", "moe_tc1_impl"),
+                    ("moe_gate_up_tc_", "moe_tc_grouped_impl"),
+                    ("moe_down_tc_", "moe_tc_grouped_impl"),
+                ]
+                .iter()
+                .any(|&(kernel, imp)| {
+                    name.starts_with(kernel)
+                        && body.starts_with(&format!("{imp}<"))
+                        && waits_after_its_shared_arrays(text, imp)
+                });
                 let q8_mma_early = name.starts_with("matmul1_mma_q8_0_c")
                     && body.starts_with("matmul1_mma_q8_0_impl<")
                     && mma_q8_waits_before_the_token(text);
@@ -449,7 +478,8 @@ mod tests {
                         || down_early
                         || rope_early
                         || q8_mma_early
-                        || tc_early,
+                        || tc_early
+                        || tc_moe,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",
                     &body[..body.len().min(60)]
                 );

@@ -652,6 +652,35 @@ impl CudaStream {
         Ok(())
     }
 
+    /// The tensor-core expert kernels (`kernels/tcmoe.cu`) of `bank`'s
+    /// gate/up and down formats, when its products take them: fast
+    /// numerics, gate and up in one format with such kernels, down in one
+    /// too, rows whole chunks of 32 columns both ways, every matrix and
+    /// row stride aligned as its format's loads need, the input `x` and
+    /// the activations `act` 16-byte aligned.
+    fn tc_experts(
+        &self,
+        bank: &CudaBank,
+        x: u64,
+        act: u64,
+    ) -> Option<(&kernels::TcExperts, &kernels::TcExperts)> {
+        if self.numerics != Numerics::Fast || bank.gate.format != bank.up.format {
+            return None;
+        }
+        let tc = self.k.tc.as_ref()?;
+        let (gu, down) = (tc.get(bank.gate.format)?, tc.get(bank.down.format)?);
+        let aligned = |m: &crate::types::Stacked| {
+            let align = kernels::tc_align(m.format) as u64;
+            m.mem.ptr % align == 0 && m.row_bytes as u64 % align == 0
+        };
+        let fits = bank.hidden % kernels::TC_CHUNK == 0
+            && bank.inter % kernels::TC_CHUNK == 0
+            && [&bank.gate, &bank.up, &bank.down].into_iter().all(aligned)
+            && x % 16 == 0
+            && act % 16 == 0;
+        fits.then_some((&gu.experts, &down.experts))
+    }
+
     fn bank_view(bank: &CudaBank) -> BankView {
         let opt = |m: &Option<DevMem>| m.as_ref().map_or(0, |m| m.ptr);
         BankView {
@@ -2100,6 +2129,59 @@ impl Stream<CudaDevice> for CudaStream {
             let route_args = &mut args![r.aq, r.ad, rp, mask, view, yp];
             let args = if grouped { grouped_args } else { route_args };
             return launch("moe", f, self.raw(), q8_grid(hidden, per), threads, 0, args);
+        }
+        if let Some((gu, down)) = self.tc_experts(bank, xp, act_ptr) {
+            // Fast numerics on the tensor cores (kernels/tcmoe.cu): routes
+            // one by one, or grouped by expert; the same bits either way.
+            let rp = routes.mem.ptr;
+            if grouped {
+                let slots = bank.slots as u32;
+                let rows = |r: usize| (r.div_ceil(kernels::TC_BATCH_ROWS) as u32, slots, 1);
+                let threads = kernels::TC_BATCH_THREADS;
+                let args = &mut args![xp, order, offsets, kk, view, a, act_ptr];
+                launch(
+                    "moe",
+                    &gu.gate_up_grouped,
+                    self.raw(),
+                    rows(inter),
+                    threads,
+                    0,
+                    args,
+                )?;
+                let args = &mut args![act_ptr, order, offsets, view, yp];
+                return launch(
+                    "moe",
+                    &down.down_grouped,
+                    self.raw(),
+                    rows(hidden),
+                    threads,
+                    0,
+                    args,
+                );
+            }
+            let routes_y = (n * k) as u32;
+            let tiles = |r: usize| (r.div_ceil(16) as u32, routes_y, 1);
+            let threads = |cols: usize| (kernels::tc_segments(cols) * 32) as u32;
+            let args = &mut args![xp, rp, kk, mask, view, a, act_ptr];
+            launch(
+                "moe",
+                &gu.gate_up_few,
+                self.raw(),
+                tiles(inter),
+                threads(hidden),
+                0,
+                args,
+            )?;
+            let args = &mut args![act_ptr, rp, mask, view, yp];
+            return launch(
+                "moe",
+                &down.down_few,
+                self.raw(),
+                tiles(hidden),
+                threads(inter),
+                0,
+                args,
+            );
         }
         if !grouped {
             for &(fmt, mode) in passes {

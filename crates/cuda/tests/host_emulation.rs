@@ -82,3 +82,12 @@ fn bf16_tensor_core_products_agree_bit_for_bit() {
 fn decoded_tensor_core_products_agree_bit_for_bit() {
     build_and_run("tc_products");
 }
+
+/// Routed experts on the tensor cores (tcmoe.cu) in the decoded formats
+/// and bf16: route by route, grouped by expert and by the dense kernels,
+/// every activation and output the same bits; masked slots and routes
+/// past the bank write nothing.
+#[test]
+fn tensor_core_experts_agree_bit_for_bit() {
+    build_and_run("tc_experts");
+}

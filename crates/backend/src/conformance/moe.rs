@@ -176,11 +176,15 @@ const TOP_K: usize = 2;
 const TOKENS: usize = 40;
 
 /// Formats of (gate, up, down): mixed, as gpt-oss stores them (MXFP4),
-/// and Q8_0 throughout.
-const FORMAT_SETS: [[QuantFormat; 3]; 3] = [
+/// Q8_0 throughout, and formats that backends may decode onto float
+/// kernels (bf16 experts as safetensors ship them; a 4-bit gate and up
+/// with a 5-bit down, as llama.cpp's mixed quantizations store them).
+const FORMAT_SETS: [[QuantFormat; 3]; 5] = [
     [QuantFormat::Mxfp4, QuantFormat::Q8_0, QuantFormat::F32],
     [QuantFormat::Mxfp4, QuantFormat::Mxfp4, QuantFormat::Mxfp4],
     [QuantFormat::Q8_0, QuantFormat::Q8_0, QuantFormat::Q8_0],
+    [QuantFormat::Bf16, QuantFormat::Bf16, QuantFormat::Bf16],
+    [QuantFormat::Q4_1, QuantFormat::Q4_1, QuantFormat::Q5_0],
 ];
 
 /// One expert's host tensors and their reference-dequantized values.

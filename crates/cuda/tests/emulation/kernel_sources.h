@@ -20,4 +20,5 @@
 #include "../../src/kernels/q8one.cu"
 #include "../../src/kernels/mmq.cu"
 #include "../../src/kernels/tcmm.cu"
+#include "../../src/kernels/tcmoe.cu"
 #include "../../src/kernels/q8mma.cu"

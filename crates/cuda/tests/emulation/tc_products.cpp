@@ -16,36 +16,10 @@
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
-#include "kernel_sources.h"
+#include "tc_formats.h"
 #include "bit_checks.h"
 
-#include <functional>
-#include <random>
-
 namespace {
-
-using Launch = void (*)(MatGroup, int, const float*, int);
-
-struct Format {
-    const char* name;
-    int id;          // F_*
-    int block_elems; // elements a block (1: plain floats)
-    int block_bytes;
-    int align;       // stream.rs `tc_align`
-    Launch few, rows, batch;
-};
-
-#define FORMAT(fmt, F, elems, bytes, align) \
-    Format { #fmt, F, elems, bytes, align, matmul_tc1_##fmt, matmul_tc1r_##fmt, matmul_tc_##fmt }
-
-const Format FORMATS[] = {
-    FORMAT(f32, F_F32, 1, 4, 16),      FORMAT(f16, F_F16, 1, 2, 16),
-    FORMAT(q4_0, F_Q4_0, 32, 18, 2),   FORMAT(q4_1, F_Q4_1, 32, 20, 4),
-    FORMAT(q5_0, F_Q5_0, 32, 22, 2),   FORMAT(q5_1, F_Q5_1, 32, 24, 8),
-    FORMAT(q4_k, F_Q4_K, 256, 144, 8), FORMAT(q5_k, F_Q5_K, 256, 176, 8),
-    FORMAT(q6_k, F_Q6_K, 256, 210, 2),
-};
-const Format BF16 = FORMAT(bf16, F_BF16, 1, 2, 16);
 
 // load_unit and tc_decode8 for a format known at run time.
 template <int F>
@@ -64,48 +38,6 @@ void decode(int f, const u8* row, int u, int cols, float* unit32, int q, float* 
     abort();
 }
 
-// A random half whose value is finite and of the size of a block scale
-// (2^-8 .. 2^-2 in magnitude), either sign.
-uint16_t random_scale(std::mt19937& rng) {
-    uint32_t r = rng();
-    uint32_t exp = 7 + r % 7;  // biased exponent 7..13
-    return (uint16_t)(((r >> 8) & 1) << 15 | exp << 10 | ((r >> 12) & 1023));
-}
-void put16(u8* p, uint16_t v) { memcpy(p, &v, 2); }
-
-// A row of `cols` random weights of the format: random codes, finite
-// scales; plain floats drawn from N(0, 0.1).
-void random_row(const Format& f, int cols, u8* row, std::mt19937& rng) {
-    std::normal_distribution<float> normal(0.0f, 0.1f);
-    if (f.id == F_F32) {
-        for (int i = 0; i < cols; i++) {
-            float v = normal(rng);
-            memcpy(row + 4 * i, &v, 4);
-        }
-        return;
-    }
-    if (f.id == F_F16) {
-        for (int i = 0; i < cols; i++) put16(row + 2 * i, random_scale(rng) ^ (rng() & 0x3ff));
-        return;
-    }
-    int blocks = cols / f.block_elems;
-    for (int b = 0; b < blocks; b++) {
-        u8* p = row + (size_t)b * f.block_bytes;
-        for (int i = 0; i < f.block_bytes; i++) p[i] = (u8)rng();
-        switch (f.id) {
-        case F_Q4_1:
-        case F_Q5_1:
-        case F_Q4_K:
-        case F_Q5_K:
-            put16(p, random_scale(rng));
-            put16(p + 2, random_scale(rng));
-            break;
-        case F_Q6_K: put16(p + 208, random_scale(rng)); break;
-        default: put16(p, random_scale(rng));
-        }
-    }
-}
-
 struct Case {
     int cols;
     int rows;
@@ -116,7 +48,7 @@ void run_case(const Format& f, const Case& c, std::mt19937& rng) {
     const int BATCH = 40, FEW = 5;
     std::string name = std::string(f.name) + ", " + std::to_string(c.rows) + " rows × " +
                        std::to_string(c.cols);
-    size_t row_bytes = (size_t)c.cols / f.block_elems * f.block_bytes;
+    size_t row_bytes = f.row_bytes(c.cols);
     // The matrix at an address `align` divides and no larger power of two
     // (within a 64-byte aligned allocation), so that a load wider than
     // the alignment the format is promised would show.

@@ -17,7 +17,7 @@
 //! - that norm also writes the 8-bit quantization of its output when the
 //!   next op is a fast matmul of it (the quantization the matmul would
 //!   launch itself); for one token's Q8_0 product also in MXFP4's order,
-//!   which the routed experts take when a router product it was (stream.rs
+//!   which the routed experts take when a router product it was (stream/mod.rs
 //!   `routed_q8`);
 //! - matrix-vector products of one quantized input (q, k, v) are one
 //!   `matmul_q8x` launch over a [`MatGroup`], each with the bias add that

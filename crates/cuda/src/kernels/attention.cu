@@ -335,7 +335,7 @@ extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, co
 // with one split, that block at once, its partial kept in shared memory)
 // adds the splits' partials in split order with the sink:
 //   M = max(max_s m_s, sink),  out = Σ_s e^(m_s - M) o_s / (Σ_s e^(m_s - M) l_s + e^(sink - M))
-// The splits' number depends only on the cache (host: stream.rs), so a
+// The splits' number depends only on the cache (host: stream/attention.rs), so a
 // position's bits are the same whether a step is recorded or not.
 #define DEC_WARPS 16
 #define DEC_TILE 32

@@ -162,7 +162,7 @@ __device__ __forceinline__ void norm_weights(const float* w, int dim, int mode, 
 //   multiple of 32: a warp then holds whole 32-element blocks. With `q`,
 //   `q2` (null: none) takes the same codes again in MXFP4's order, their
 //   scales `qd2`: a token's router product reads the natural order, its
-//   MXFP4 routed experts the other (stream.rs `matmul_q8`).
+//   MXFP4 routed experts the other (stream/products.rs `matmul_q8`).
 // wv: this thread's weights, as norm_weights loads them.
 __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* out, int dim,
                                              float eps, int mode, const float* w,

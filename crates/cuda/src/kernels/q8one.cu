@@ -361,7 +361,7 @@ Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 2880)
 Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)
 
 // One token's router product and its routes in one launch (fusion of
-// matmul1_q8x_q8_0, its bias and `route`; stream.rs `route`, opt-in with
+// matmul1_q8x_q8_0, its bias and `route`; stream/moe.rs `route`, opt-in with
 // TURBOSPARK_CUDA_FUSE=1: the separate launches were faster on an H200,
 // BENCHMARKS.md, twelfth session): the product
 // as matmul1's (g holds the router matrix alone, with its bias), then the

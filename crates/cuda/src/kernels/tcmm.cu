@@ -7,7 +7,7 @@
 // [n, cols] rounded to bf16 as it is read. Both roundings are to nearest
 // even (PTX `cvt.rn.bf16x2.f32`); products are summed in f32 by the tensor
 // cores (mma.sync m16n8k16, bf16 · bf16 + f32; sm_80 and later). Columns
-// must be a multiple of 32, rows and x aligned as stream.rs `tc_fits`
+// must be a multiple of 32, rows and x aligned as stream/products.rs `tc_fits`
 // checks; other products keep matmul.cu's kernel.
 //
 // A weight is decoded twice over in the kernels: load_unit reads a block
@@ -48,7 +48,7 @@
 #define TC_BATCH_NT 8    // 8-token tiles of a batch block
 #define TC_BATCH_TOKENS (TC_BATCH_NT * 8)
 
-// Chunks a segment holds for rows `cols` wide (stream.rs mirrors it).
+// Chunks a segment holds for rows `cols` wide (kernels.rs `tc_segments` mirrors it).
 __device__ __forceinline__ int tc_seg_chunks(int cols) {
     int chunks = cols / TC_CHUNK;
     return max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
@@ -82,7 +82,7 @@ __device__ __forceinline__ uint4 tc_load_x8(const float* p) {
 
 // Loads of a block's bytes at the alignment its layout gives them when
 // the row starts at a multiple of 16 bytes (f32, f16, bf16), 8 (Q5_1,
-// Q4_K, Q5_K), 4 (Q4_1) or 2 (Q4_0, Q5_0, Q6_K): stream.rs `tc_align`,
+// Q4_K, Q5_K), 4 (Q4_1) or 2 (Q4_0, Q5_0, Q6_K): kernels.rs `tc_align`,
 // which `tc_fits` checks for the matrix and its row stride.
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation checks the alignment
 __device__ __forceinline__ u32 tc_ld16(const u8* p) { return *(const u16*)p; }

@@ -11,7 +11,7 @@
 // step: a block per 16 rows of a route, a warp per segment) or grouped
 // with the other routes of its expert (a batch: moe.cu's moe_group lists
 // them; a block per TC_BATCH_ROWS rows of an expert, ROUTES routes a
-// pass). The gate and up projections must share a format (stream.rs
+// pass). The gate and up projections must share a format (stream/moe.rs
 // picks); the activation and biases are moe_act_value's and
 // moe_down_value's.
 

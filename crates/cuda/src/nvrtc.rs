@@ -400,10 +400,12 @@ mod tests {
                 // inside `q8_rows_dot1<…, true>` or before returning
                 // (q8dot.cu `moe_down_q8_impl`; likewise q8mma.cu's
                 // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the
-                // bf16 products of a few tokens issue their first weight
-                // loads, then wait, every warp (also one with no chunk),
-                // before reading a token (tcmm.cu `matmul_tc1_impl`,
-                // `matmul_tc1r_impl`); one token's Q8_0 products on the
+                // tensor-core products of a few tokens issue their first
+                // weight loads, then wait, every warp (also one with no
+                // chunk), before reading a token (tcmm.cu
+                // `matmul_tc1_impl`, `matmul_tc1r_impl`; tcmoe.cu's expert
+                // kernels declare their shared arrays, then wait); one
+                // token's Q8_0 products on the
                 // tensor cores issue all their weight loads, then wait,
                 // then stage the token (q8mma.cu `matmul1_mma_q8_0_impl`).
                 let tc_early = [

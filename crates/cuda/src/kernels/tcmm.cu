@@ -7,8 +7,8 @@
 // [n, cols] rounded to bf16 as it is read. Both roundings are to nearest
 // even (PTX `cvt.rn.bf16x2.f32`); products are summed in f32 by the tensor
 // cores (mma.sync m16n8k16, bf16 · bf16 + f32; sm_80 and later). Columns
-// must be a multiple of 32, rows and x aligned as stream/products.rs `tc_fits`
-// checks; other products keep matmul.cu's kernel.
+// must be a multiple of 32, rows and x aligned as stream/products.rs
+// `tc_fits` checks; other products keep matmul.cu's kernel.
 //
 // A weight is decoded twice over in the kernels: load_unit reads a block
 // byte by byte (any alignment) for matmul.cu and the embedding; tc_w8
@@ -48,7 +48,8 @@
 #define TC_BATCH_NT 8    // 8-token tiles of a batch block
 #define TC_BATCH_TOKENS (TC_BATCH_NT * 8)
 
-// Chunks a segment holds for rows `cols` wide (kernels.rs `tc_segments` mirrors it).
+// Chunks a segment holds for rows `cols` wide (kernels.rs `tc_segments`
+// mirrors it).
 __device__ __forceinline__ int tc_seg_chunks(int cols) {
     int chunks = cols / TC_CHUNK;
     return max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
@@ -311,10 +312,10 @@ __device__ __forceinline__ void matmul_tc1_impl(const MatGroup& g, int cols,
 // Up to 8 tokens through many rows (an output head): a warp per 16 rows,
 // walking all their chunks tc_round at a time, the next round's weights
 // loaded while this one's MMAs run, and closing a segment every
-// tc_seg_chunks — the sums of matmul_tc1 in the same order, without
+// tc_seg_chunks — the sums of matmul_tc1_impl in the same order, without
 // the meeting in shared memory, for matrices with rows enough to keep
-// every SM busy with whole rows (fusion.rs `launch_bf16_tc` picks; the
-// bits are the same).
+// every SM busy with whole rows (fusion.rs `launch_tc` picks; the bits are
+// the same).
 // Blocks of TC_ROW_WARPS warps (block_start counts these blocks).
 template <int F>
 __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,

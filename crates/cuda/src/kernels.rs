@@ -2,6 +2,14 @@
 //! parameter structs passed to them by value (each mirrors a struct of
 //! the CUDA source, field for field).
 
+mod tc;
+
+use tc::tc_setting;
+pub(crate) use tc::{
+    tc_align, tc_segments, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS, TC_BATCH_THREADS,
+    TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
+};
+
 use crate::fusion::MatGroup;
 use crate::CudaError;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
@@ -224,202 +232,6 @@ fn wide_kernels(setting: Option<&str>) -> (bool, bool) {
 /// their bits may differ in the last place of the scale, rarely.
 fn vector_norm(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("strided")
-}
-
-/// How a few tokens' tensor-core products are spread over the GPU (the
-/// same bits every way; only speed decides).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TcPick {
-    /// By the rows ([`TcKernels::way`]).
-    BySize,
-    /// A warp a segment (`matmul_tc1_*`) whatever the rows.
-    Segments,
-    /// Whole rows a warp (`matmul_tc1r_*`) whatever the rows.
-    Rows,
-}
-
-/// The weight formats whose products take the tensor cores in fast
-/// numerics (`kernels/tcmm.cu`, weights decoded to bf16): all but the two
-/// whose products take 8-bit activations (Q8_0 and MXFP4, `q8dot.cu`).
-pub(crate) const TC_FORMATS: [QuantFormat; 10] = [
-    QuantFormat::F32,
-    QuantFormat::F16,
-    QuantFormat::Bf16,
-    QuantFormat::Q4_0,
-    QuantFormat::Q4_1,
-    QuantFormat::Q5_0,
-    QuantFormat::Q5_1,
-    QuantFormat::Q4K,
-    QuantFormat::Q5K,
-    QuantFormat::Q6K,
-];
-
-/// Which products take the tensor cores in fast numerics, and how
-/// (`TURBOSPARK_CUDA_BF16`, for A/B measurements: comma-separated words).
-/// `generic` keeps matmul.cu's kernel for every format (f32 activations,
-/// another sum order: `None`); `bf16` keeps it for all but bf16 weights;
-/// `segments` and `rows` force one way of spreading a few tokens'
-/// products, which otherwise is picked by size.
-fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat])> {
-    let words: Vec<&str> = setting
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .collect();
-    if words.contains(&"generic") {
-        return None;
-    }
-    let pick = if words.contains(&"segments") {
-        TcPick::Segments
-    } else if words.contains(&"rows") {
-        TcPick::Rows
-    } else {
-        TcPick::BySize
-    };
-    let formats: &'static [QuantFormat] = if words.contains(&"bf16") {
-        &[QuantFormat::Bf16]
-    } else {
-        &TC_FORMATS
-    };
-    Some((pick, formats))
-}
-
-/// The tensor-core products of one weight format (`kernels/tcmm.cu`).
-pub(crate) struct TcSet {
-    /// Up to [`TC_FEW_TOKENS`] tokens: a block per 16 rows, a warp per
-    /// segment of the columns (`matmul_tc1_*`).
-    pub few: CudaFunction,
-    /// The same sums with a warp per 16 whole rows, [`TC_ROW_WARPS`] a
-    /// block (`matmul_tc1r_*`).
-    pub rows: CudaFunction,
-    /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
-    /// tokens (`matmul_tc_*`).
-    pub batch: CudaFunction,
-    /// Routed experts of this format (`kernels/tcmoe.cu`).
-    pub experts: TcExperts,
-}
-
-/// The routed-expert kernels of one format on the tensor cores
-/// (`kernels/tcmoe.cu`): routes one by one (a block per 16 rows of a
-/// route, a warp per segment) and grouped by expert (a block per
-/// [`TC_BATCH_ROWS`] rows of an expert); the same bits either way.
-pub(crate) struct TcExperts {
-    pub gate_up_few: CudaFunction,
-    pub down_few: CudaFunction,
-    pub gate_up_grouped: CudaFunction,
-    pub down_grouped: CudaFunction,
-}
-
-/// The tensor-core products of the formats that take them.
-pub(crate) struct TcKernels {
-    sets: Vec<(QuantFormat, TcSet)>,
-    pub pick: TcPick,
-}
-
-impl TcKernels {
-    fn load(
-        m: &Arc<CudaModule>,
-        pick: TcPick,
-        formats: &[QuantFormat],
-    ) -> Result<TcKernels, CudaError> {
-        let sets = formats
-            .iter()
-            .map(|&fmt| {
-                let f = |kind: &str| kernel(m, &format!("{kind}_{}", fmt.name()));
-                Ok((
-                    fmt,
-                    TcSet {
-                        few: f("matmul_tc1")?,
-                        rows: f("matmul_tc1r")?,
-                        batch: f("matmul_tc")?,
-                        experts: TcExperts {
-                            gate_up_few: f("moe_gate_up_tc1")?,
-                            down_few: f("moe_down_tc1")?,
-                            gate_up_grouped: f("moe_gate_up_tc")?,
-                            down_grouped: f("moe_down_tc")?,
-                        },
-                    },
-                ))
-            })
-            .collect::<Result<_, CudaError>>()?;
-        Ok(TcKernels { sets, pick })
-    }
-
-    /// The kernels of `fmt`'s products, if they take the tensor cores.
-    pub(crate) fn get(&self, fmt: QuantFormat) -> Option<&TcSet> {
-        self.sets
-            .iter()
-            .find(|(f, _)| *f == fmt)
-            .map(|(_, set)| set)
-    }
-
-    /// How `tiles` 16-row tiles (a group's, all together) are spread
-    /// ([`few_way`]).
-    pub(crate) fn way(&self, tiles: usize) -> FewWay {
-        few_way(self.pick, tiles)
-    }
-}
-
-/// Row bytes a matrix of `fmt` must start at a multiple of (and its row
-/// stride be) for the tensor-core products' loads (tcmm.cu `tc_decode8`):
-/// 16-byte loads of plain floats, a block's widest aligned words else.
-pub(crate) const fn tc_align(fmt: QuantFormat) -> usize {
-    match fmt {
-        QuantFormat::F32 | QuantFormat::F16 | QuantFormat::Bf16 => 16,
-        QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => 8,
-        QuantFormat::Q4_1 => 4,
-        _ => 2,
-    }
-}
-
-/// The kernel a few tokens' tensor-core products take.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum FewWay {
-    /// `matmul_tc1_*`: a warp a segment.
-    Segments,
-    /// `matmul_tc1r_*`: a warp 16 whole rows.
-    Rows,
-}
-
-/// How `tiles` 16-row tiles are spread under `pick`:
-/// by size, whole rows a warp where the tiles are [`TC_ROWS_MIN_TILES`]
-/// or more (an output head), else a warp a segment. (Warps streaming a few
-/// consecutive segments each, tried for a layer's projections, were
-/// slower: BENCHMARKS.md, twenty-fourth session.)
-fn few_way(pick: TcPick, tiles: usize) -> FewWay {
-    match pick {
-        TcPick::Segments => FewWay::Segments,
-        TcPick::Rows => FewWay::Rows,
-        TcPick::BySize if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
-        TcPick::BySize => FewWay::Segments,
-    }
-}
-
-/// Tiles of 16 rows from which a few tokens' tensor-core products take whole
-/// rows a warp: 16 warps an SM of a 132-SM H200, each streaming its rows
-/// (an output head); fewer rows split the columns over the warps instead.
-pub(crate) const TC_ROWS_MIN_TILES: usize = 2112;
-/// Warps of a `matmul_tc1r_*` block (`TC_ROW_WARPS`).
-pub(crate) const TC_ROW_WARPS: usize = 4;
-/// Tokens `matmul_tc1_*` takes at most (one 8-token MMA tile).
-pub(crate) const TC_FEW_TOKENS: usize = 8;
-/// Rows and tokens of a `matmul_tc_*` block, and its threads
-/// (`TC_BATCH_ROWS`, `TC_BATCH_TOKENS`, `TC_BATCH_WARPS` in tcmm.cu).
-pub(crate) const TC_BATCH_ROWS: usize = 128;
-pub(crate) const TC_BATCH_TOKENS: usize = 64;
-pub(crate) const TC_BATCH_THREADS: u32 = 256;
-/// Columns a chunk, fewest chunks a segment and most segments a row
-/// (`TC_CHUNK`, `TC_SEG`, `TC_MAX_SEGS`).
-pub(crate) const TC_CHUNK: usize = 32;
-const TC_SEG: usize = 4;
-const TC_MAX_SEGS: usize = 24;
-
-/// Segments of a row `cols` wide (tcmm.cu `tc_seg_chunks`): the warps of
-/// a `matmul_tc1_*` block.
-pub(crate) fn tc_segments(cols: usize) -> usize {
-    let chunks = cols / TC_CHUNK;
-    let per = TC_SEG.max(chunks.div_ceil(TC_MAX_SEGS));
-    chunks.div_ceil(per)
 }
 
 /// The one-token kernels of a format.
@@ -1195,56 +1007,6 @@ mod tests {
         assert_eq!(wide_kernels(Some("1")), (true, true));
         assert_eq!(wide_kernels(Some(" 0")), (false, false));
         assert_eq!(wide_kernels(Some("experts")), (true, false));
-    }
-
-    /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`, for every
-    /// format but Q8_0 and MXFP4 unless `bf16`, picked by size unless
-    /// `segments` or `rows`.
-    #[test]
-    fn tensor_core_products_follow_the_setting() {
-        let all: &[QuantFormat] = &TC_FORMATS;
-        let bf16: &[QuantFormat] = &[QuantFormat::Bf16];
-        assert_eq!(tc_setting(None), Some((TcPick::BySize, all)));
-        assert_eq!(tc_setting(Some("tc")), Some((TcPick::BySize, all)));
-        assert_eq!(tc_setting(Some(" rows")), Some((TcPick::Rows, all)));
-        assert_eq!(tc_setting(Some("segments")), Some((TcPick::Segments, all)));
-        assert_eq!(tc_setting(Some("bf16, rows")), Some((TcPick::Rows, bf16)));
-        assert_eq!(tc_setting(Some("generic ")), None);
-        assert_eq!(tc_setting(Some("bf16,generic")), None);
-        assert!(!TC_FORMATS.contains(&QuantFormat::Q8_0));
-        assert!(!TC_FORMATS.contains(&QuantFormat::Mxfp4));
-        assert_eq!(TC_FORMATS.len() + 2, QuantFormat::ALL.len());
-    }
-
-    /// Segments of a row: at least 4 chunks each, at most 24 of them, the
-    /// last one holding the rest.
-    #[test]
-    fn tc_segments_cover_the_row() {
-        for (cols, segs) in [
-            (32, 1),
-            (128, 1),
-            (160, 2),
-            (2880, 23),
-            (4096, 22),
-            (4160, 22),
-        ] {
-            assert_eq!(tc_segments(cols), segs, "{cols} columns");
-        }
-    }
-
-    /// By size: an output head whole rows, gpt-oss's projections and
-    /// router a segment a warp; a forced way whatever the size.
-    #[test]
-    fn few_token_tensor_core_products_are_spread_by_size() {
-        use FewWay::*;
-        let by_size = |tiles| few_way(TcPick::BySize, tiles);
-        assert_eq!(by_size(201088 / 16), Rows);
-        assert_eq!(by_size(TC_ROWS_MIN_TILES), Rows);
-        assert_eq!(by_size(TC_ROWS_MIN_TILES - 1), Segments);
-        assert_eq!(by_size(320), Segments);
-        assert_eq!(by_size(2), Segments);
-        assert_eq!(few_way(TcPick::Segments, 20000), Segments);
-        assert_eq!(few_way(TcPick::Rows, 1), Rows);
     }
 
     /// `TURBOSPARK_CUDA_MXFP4`: the tensor-core experts only with `mma`.

@@ -150,8 +150,11 @@ int main() {
     std::mt19937 rng(20261205);
     // 256 columns: one super-block, 8 chunks in two segments; 1280: five
     // super-blocks, 40 chunks in 10 segments. Rows not a multiple of 16.
-    const Case cases[] = {{256, 40, true}, {1280, 24, false}};
+    // And one chunk of 5 rows (formats of 32-element blocks): a row of one
+    // segment, a tile mostly past the rows.
+    const Case cases[] = {{256, 40, true}, {1280, 24, false}, {32, 5, true}};
     for (const Format& f : FORMATS)
-        for (const Case& c : cases) run_case(f, c, rng);
+        for (const Case& c : cases)
+            if (c.cols % (f.block_elems == 256 ? 256 : 32) == 0) run_case(f, c, rng);
     return bits::verdict();
 }

@@ -1,7 +1,8 @@
-//! Bandwidth of the fast (8-bit activation) matrix-vector products of a
-//! decode step on the GPU, shape by shape: the gpt-oss-20b shapes (the
-//! grouped q/k/v rows, the o projection, the router and the output head,
-//! Q8_0; MXFP4 rows of an expert's gate and down widths), one token, the
+//! Bandwidth of the fast-numerics matrix-vector products of a decode step
+//! on the GPU, shape by shape: the gpt-oss-20b shapes (the grouped q/k/v
+//! rows, the o projection, the router and the output head, Q8_0; MXFP4
+//! rows of an expert's gate and down widths) and three of K-quant and
+//! Q4_0 models ([`SHAPES`]), one token, the
 //! product alone in a loop. Each shape is uploaded in enough copies (more
 //! than the 60 MB L2 together) that every call reads its weights from
 //! HBM, as a decode step does; the loop's wall time over the calls gives
@@ -35,14 +36,20 @@ use turbospark_core::arch::Activation;
 use turbospark_core::QuantFormat;
 use turbospark_cuda::{CudaDevice, CudaStream};
 
-/// (name, format, rows, cols)
-const SHAPES: [(&str, QuantFormat, usize, usize); 6] = [
+/// (name, format, rows, cols): gpt-oss-20b's, then a Q4_K_M GGUF's of an
+/// 8B Llama (the ffn's gate rows and its Q6_K down rows) and a Q4_0 square,
+/// whose formats take the tensor cores decoded to bf16 (kernels/tcmm.cu;
+/// `TURBOSPARK_CUDA_BF16=bf16` puts them back on matmul.cu's kernel).
+const SHAPES: [(&str, QuantFormat, usize, usize); 9] = [
     ("q/k/v (grouped rows)", QuantFormat::Q8_0, 5120, 2880),
     ("o projection", QuantFormat::Q8_0, 2880, 4096),
     ("router", QuantFormat::Q8_0, 32, 2880),
     ("output head", QuantFormat::Q8_0, 201088, 2880),
     ("expert gate+up rows", QuantFormat::Mxfp4, 5760, 2880),
     ("expert down rows", QuantFormat::Mxfp4, 2880, 2880),
+    ("8B ffn gate rows", QuantFormat::Q4K, 14336, 4096),
+    ("8B ffn down rows", QuantFormat::Q6K, 4096, 14336),
+    ("4096 square", QuantFormat::Q4_0, 4096, 4096),
 ];
 
 /// Bytes of copies of one shape that together overflow the L2.

@@ -233,24 +233,31 @@ mod tests {
     /// sources are written for.
     #[test]
     fn launch_constants_match_the_kernels_defines() {
-        use crate::kernels as k;
+        use crate::kernels::{self as k, q8, tc};
         let cases = [
             ("MM_WARPS", k::MM_WARPS),
             ("Q8_WARPS", k::Q8_THREADS as usize / 32),
             ("MQ_THREADS", k::MQ_THREADS as usize),
-            ("ONE_WARPS", k::ONE_WARPS),
+            ("ONE_WARPS", q8::ONE_WARPS),
             ("MMA_ROWS", k::MMA_ROWS),
             ("MMA_WARPS", k::MMA_THREADS as usize / 32),
             ("MMA_GU_WARPS", k::MMA_GU_THREADS as usize / 32),
             ("MMA_MAX_CHUNKS", k::MMA_MAX_COLS / 128),
             ("MMA_Q8_WARPS", k::MMA_Q8_WARPS),
-            ("MMA_Q8_MAX_CPW", k::MMA_Q8_MAX_CPW),
+            ("MMA_Q8_MAX_CPW", q8::MMA_Q8_MAX_CPW),
+            ("TC_CHUNK", tc::TC_CHUNK),
+            ("TC_SEG", tc::TC_SEG),
+            ("TC_MAX_SEGS", tc::TC_MAX_SEGS),
+            ("TC_ROW_WARPS", tc::TC_ROW_WARPS),
+            ("TC_BATCH_WARPS", tc::TC_BATCH_THREADS as usize / 32),
+            ("TC_BATCH_NT", tc::TC_BATCH_TOKENS / 8),
         ];
         for (name, value) in cases {
             assert_eq!(defined(name), Some(value), "#define {name}");
         }
         assert_eq!(k::MMA_GU_ROWS, 2 * k::MMA_ROWS, "MMA_GU_ROWS is two tiles");
-        assert_eq!(k::ONE_THREADS as usize, 32 * k::ONE_WARPS);
+        assert_eq!(q8::ONE_THREADS as usize, 32 * q8::ONE_WARPS);
+        assert_eq!(tc::TC_BATCH_ROWS, 16 * tc::TC_BATCH_THREADS as usize / 32);
     }
 
     /// Whether `attention_decode_impl` in `text` waits (`kernel_entry`)

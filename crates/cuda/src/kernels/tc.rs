@@ -193,8 +193,8 @@ pub(crate) const TC_BATCH_THREADS: u32 = 256;
 /// Columns a chunk, fewest chunks a segment and most segments a row
 /// (`TC_CHUNK`, `TC_SEG`, `TC_MAX_SEGS`).
 pub(crate) const TC_CHUNK: usize = 32;
-const TC_SEG: usize = 4;
-const TC_MAX_SEGS: usize = 24;
+pub(crate) const TC_SEG: usize = 4;
+pub(crate) const TC_MAX_SEGS: usize = 24;
 
 /// Segments of a row `cols` wide (tcmm.cu `tc_seg_chunks`): the warps of
 /// a `matmul_tc1_*` block.

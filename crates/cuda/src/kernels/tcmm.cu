@@ -94,9 +94,32 @@ __device__ __forceinline__ uint2 tc_ld64(const u8* p) { return *(const uint2*)p;
 __device__ __forceinline__ uint2 tc_ld64_by16(const u8* p) {
     return make_uint2(tc_ld16(p) | (tc_ld16(p + 2) << 16), tc_ld16(p + 4) | (tc_ld16(p + 6) << 16));
 }
-// Byte j (0..7) of two words.
-__device__ __forceinline__ u32 tc_byte(uint2 v, int j) {
-    return ((j < 4 ? v.x : v.y) >> (8 * (j & 3))) & 0xFF;
+
+// A lane's 8 codes are assembled a word at a time, one code a byte, and
+// each byte turned into an f32 with a byte permute and a subtraction: put
+// under 0x4B, the exponent of 2^23, byte c reads 2^23 + c, and
+// 2^23 + c - (2^23 + bias) is c - bias exactly. The values are those of
+// load_unit's integer-to-float conversions (the emulation test checks).
+
+// The nibbles at bit `shift` (0 or 4) of each byte, one a byte.
+__device__ __forceinline__ uint2 tc_nibbles(uint2 v, int shift) {
+    return make_uint2((v.x >> shift) & 0x0F0F0F0Fu, (v.y >> shift) & 0x0F0F0F0Fu);
+}
+// Codes with `bits` (below the byte's top) shifted to bit `at` of each byte.
+__device__ __forceinline__ uint2 tc_with_bits(uint2 c, uint2 bits, int at) {
+    return make_uint2(c.x | (bits.x << at), c.y | (bits.y << at));
+}
+// Bits 0..7 of v, bit j at the bottom of byte j (a multiply sends bit j
+// of each half to bit 8j: 0x00204081 = 1 + 2^7 + 2^14 + 2^21).
+__device__ __forceinline__ uint2 tc_spread_bits(u32 v) {
+    return make_uint2(((v & 15u) * 0x00204081u) & 0x01010101u,
+                      (((v >> 4) & 15u) * 0x00204081u) & 0x01010101u);
+}
+// Byte j (0..7) of two words minus `bias`, as an f32.
+__device__ __forceinline__ float tc_code_f32(uint2 c, int j, int bias) {
+    u32 word = j < 4 ? c.x : c.y;
+    float v = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7540u | (u32)(j & 3)));
+    return __fsub_rn(v, 8388608.0f + (float)bias);
 }
 
 // Values 8q..8q+7 of unit u (columns 32u..32u+31) of a row in format F,
@@ -123,32 +146,23 @@ __device__ __forceinline__ void tc_decode8(const u8* row, int u, int q, float* w
         const u8* b = row + (i64)u * (F == F_Q4_0 ? 18 : 22);
         float d = f16_to_f32((u16)tc_ld16(b));
         uint2 qs = tc_ld64_by16(b + (F == F_Q4_0 ? 2 : 6) + 8 * (q & 1));
-        u32 qh = F == F_Q5_0 ? tc_ld16(b + 2) | (tc_ld16(b + 4) << 16) : 0;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            u32 c = tc_byte(qs, j);
-            int v = q < 2 ? (int)(c & 15) : (int)(c >> 4);
-            if (F == F_Q4_0) {
-                w[j] = (float)(v - 8) * d;
-            } else {
-                v |= (int)((qh >> (8 * q + j)) & 1) << 4;
-                w[j] = (float)(v - 16) * d;
-            }
+        uint2 c = tc_nibbles(qs, q < 2 ? 0 : 4);
+        if (F == F_Q5_0) {
+            u32 qh = tc_ld16(b + 2) | (tc_ld16(b + 4) << 16);
+            c = tc_with_bits(c, tc_spread_bits(qh >> (8 * q)), 4);
         }
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = tc_code_f32(c, j, F == F_Q4_0 ? 8 : 16) * d;
     } else if (F == F_Q4_1 || F == F_Q5_1) {
         const u8* b = row + (i64)u * (F == F_Q4_1 ? 20 : 24);
         u32 dm = tc_ld32(b);
         float d = f16_to_f32((u16)(dm & 0xFFFF)), m = f16_to_f32((u16)(dm >> 16));
         const u8* p = b + (F == F_Q4_1 ? 4 : 8) + 8 * (q & 1);
         uint2 qs = F == F_Q4_1 ? make_uint2(tc_ld32(p), tc_ld32(p + 4)) : tc_ld64(p);
-        u32 qh = F == F_Q5_1 ? tc_ld32(b + 4) : 0;
+        uint2 c = tc_nibbles(qs, q < 2 ? 0 : 4);
+        if (F == F_Q5_1) c = tc_with_bits(c, tc_spread_bits(tc_ld32(b + 4) >> (8 * q)), 4);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            u32 c = tc_byte(qs, j);
-            int v = q < 2 ? (int)(c & 15) : (int)(c >> 4);
-            if (F == F_Q5_1) v |= (int)((qh >> (8 * q + j)) & 1) << 4;
-            w[j] = __fadd_rn(__fmul_rn((float)v, d), m);
-        }
+        for (int j = 0; j < 8; j++) w[j] = __fadd_rn(__fmul_rn(tc_code_f32(c, j, 0), d), m);
     } else if (F == F_Q4_K || F == F_Q5_K) {
         const u8* b = row + (i64)(u >> 3) * (F == F_Q4_K ? 144 : 176);
         int s = u & 7;
@@ -157,30 +171,28 @@ __device__ __forceinline__ void tc_decode8(const u8* row, int u, int q, float* w
         int sc, mn;
         k4_scale_min(b + 4, s, &sc, &mn);
         float d1 = d * (float)sc, m1 = dmin * (float)mn;
-        uint2 qs = tc_ld64(b + (F == F_Q4_K ? 16 : 48) + 32 * (s >> 1) + 8 * q);
-        uint2 qh = F == F_Q5_K ? tc_ld64(b + 16 + 8 * q) : make_uint2(0, 0);
-        int shift = 4 * (s & 1);
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int v = (int)((tc_byte(qs, j) >> shift) & 15);
-            if (F == F_Q5_K) v |= (int)((tc_byte(qh, j) >> s) & 1) << 4;
-            w[j] = __fsub_rn(__fmul_rn(d1, (float)v), m1);
+        // Sub-block s: the low nibbles of its pair's bytes when s is even,
+        // the high ones when odd (Q5_K: bit s of qh[l] above).
+        uint2 c = tc_nibbles(tc_ld64(b + (F == F_Q4_K ? 16 : 48) + 32 * (s >> 1) + 8 * q), 4 * (s & 1));
+        if (F == F_Q5_K) {
+            uint2 qh = tc_ld64(b + 16 + 8 * q);
+            c = tc_with_bits(c, make_uint2((qh.x >> s) & 0x01010101u, (qh.y >> s) & 0x01010101u), 4);
         }
+#pragma unroll
+        for (int j = 0; j < 8; j++) w[j] = __fsub_rn(__fmul_rn(d1, tc_code_f32(c, j, 0)), m1);
     } else if (F == F_Q6_K) {
         const u8* b = row + (i64)(u >> 3) * 210;
         int s = u & 7, h = s >> 2, k = s & 3;
         float d = f16_to_f32((u16)tc_ld16(b + 208));
         // Elements 0..15 of the quarter take scale 2s, 16..31 scale 2s + 1.
         float dq = d * (float)(signed char)b[192 + 2 * s + (q >> 1)];
-        uint2 ql = tc_ld64_by16(b + 64 * h + 32 * (k & 1) + 8 * q);
+        // Quarter k: the low nibbles of ql for k < 2, the high ones else,
+        // and bits 2k, 2k + 1 of qh above them.
+        uint2 c = tc_nibbles(tc_ld64_by16(b + 64 * h + 32 * (k & 1) + 8 * q), k < 2 ? 0 : 4);
         uint2 qh = tc_ld64_by16(b + 128 + 32 * h + 8 * q);
+        c = tc_with_bits(c, make_uint2((qh.x >> (2 * k)) & 0x03030303u, (qh.y >> (2 * k)) & 0x03030303u), 4);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            u32 c = tc_byte(ql, j);
-            int lo = k < 2 ? (int)(c & 15) : (int)(c >> 4);
-            int hi = (int)((tc_byte(qh, j) >> (2 * k)) & 3);
-            w[j] = dq * (float)((lo | (hi << 4)) - 32);
-        }
+        for (int j = 0; j < 8; j++) w[j] = dq * tc_code_f32(c, j, 32);
     }
 }
 

@@ -208,6 +208,22 @@ pub(crate) fn tc_segments(cols: usize) -> usize {
 mod tests {
     use super::*;
 
+    /// Every row of whole 32-column chunks (whole blocks for the
+    /// K-quants) keeps the alignment its format's loads need, so `tc_fits`
+    /// turns a product away only for a misaligned matrix, never for its
+    /// row stride: the bytes of a chunk, or of a 256-element block, are a
+    /// multiple of it.
+    #[test]
+    fn rows_of_whole_chunks_keep_their_format_alignment() {
+        for fmt in TC_FORMATS {
+            let unit_bytes = match fmt.block_elems() {
+                256 => fmt.block_bytes(),
+                elems => TC_CHUNK / elems * fmt.block_bytes(),
+            };
+            assert_eq!(unit_bytes % tc_align(fmt), 0, "{fmt}: {unit_bytes} bytes");
+        }
+    }
+
     /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`, for every
     /// format but Q8_0 and MXFP4 unless `bf16`, picked by size unless
     /// `segments` or `rows`.

@@ -576,9 +576,11 @@ impl CudaStream {
         )
     }
 
-    /// The gate/up stage of [`Stream::moe_experts`](turbospark_backend::Stream::moe_experts) (the per-route
-    /// `moe_gate_up` kernels of moe.cu) writing its `[n · k, inter]`
-    /// activations into `out` instead of the stream's own buffer.
+    /// The gate/up stage of
+    /// [`Stream::moe_experts`](turbospark_backend::Stream::moe_experts)
+    /// (the per-route `moe_gate_up` kernels of moe.cu) writing its
+    /// `[n · k, inter]` activations into `out` instead of the stream's own
+    /// buffer.
     pub(super) fn enqueue_moe_intermediate(
         &mut self,
         input: MoeInput<'_, CudaDevice>,

@@ -14,7 +14,7 @@ pub(crate) use q8::{
 };
 use tc::tc_setting;
 pub(crate) use tc::{
-    tc_align, tc_segments, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS, TC_BATCH_THREADS,
+    tc_aligned, tc_segments, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS, TC_BATCH_THREADS,
     TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
 };
 

@@ -145,13 +145,20 @@ impl TcKernels {
 /// Row bytes a matrix of `fmt` must start at a multiple of (and its row
 /// stride be) for the tensor-core products' loads (tcmm.cu `tc_decode8`):
 /// 16-byte loads of plain floats, a block's widest aligned words else.
-pub(crate) const fn tc_align(fmt: QuantFormat) -> usize {
+const fn tc_align(fmt: QuantFormat) -> usize {
     match fmt {
         QuantFormat::F32 | QuantFormat::F16 | QuantFormat::Bf16 => 16,
         QuantFormat::Q5_1 | QuantFormat::Q4K | QuantFormat::Q5K => 8,
         QuantFormat::Q4_1 => 4,
         _ => 2,
     }
+}
+
+/// Whether a matrix of `fmt` at `ptr`, its rows `row_bytes` apart, is
+/// aligned as the tensor-core products' loads need ([`tc_align`]).
+pub(crate) fn tc_aligned(fmt: QuantFormat, ptr: u64, row_bytes: usize) -> bool {
+    let align = tc_align(fmt) as u64;
+    ptr % align == 0 && row_bytes as u64 % align == 0
 }
 
 /// The kernel a few tokens' tensor-core products take.

@@ -83,7 +83,7 @@ __device__ __forceinline__ uint4 tc_load_x8(const float* p) {
 
 // Loads of a block's bytes at the alignment its layout gives them when
 // the row starts at a multiple of 16 bytes (f32, f16, bf16), 8 (Q5_1,
-// Q4_K, Q5_K), 4 (Q4_1) or 2 (Q4_0, Q5_0, Q6_K): kernels.rs `tc_align`,
+// Q4_K, Q5_K), 4 (Q4_1) or 2 (Q4_0, Q5_0, Q6_K): kernels/tc.rs `tc_align`,
 // which `tc_fits` checks for the matrix and its row stride.
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation checks the alignment
 __device__ __forceinline__ u32 tc_ld16(const u8* p) { return *(const u16*)p; }

@@ -158,10 +158,8 @@ impl CudaStream {
         }
         let tc = self.k.tc.as_ref()?;
         let (gu, down) = (tc.get(bank.gate.format)?, tc.get(bank.down.format)?);
-        let aligned = |m: &crate::types::Stacked| {
-            let align = kernels::tc_align(m.format) as u64;
-            m.mem.ptr % align == 0 && m.row_bytes as u64 % align == 0
-        };
+        let aligned =
+            |m: &crate::types::Stacked| kernels::tc_aligned(m.format, m.mem.ptr, m.row_bytes);
         let fits = bank.hidden % kernels::TC_CHUNK == 0
             && bank.inter % kernels::TC_CHUNK == 0
             && [&bank.gate, &bank.up, &bank.down].into_iter().all(aligned)

@@ -16,12 +16,10 @@ use turbospark_core::QuantFormat;
 /// Whether a product of `w` (a format with tensor-core kernels) with the
 /// input at `x` fits them (`kernels/tcmm.cu`): rows whole chunks of 32
 /// columns, the matrix and its row stride aligned as the format's loads
-/// need ([`kernels::tc_align`]), the input 16-byte aligned.
+/// need ([`kernels::tc_aligned`]), the input 16-byte aligned.
 fn tc_fits(w: &CudaMatrix, x: u64) -> bool {
-    let align = kernels::tc_align(w.format) as u64;
     w.cols % kernels::TC_CHUNK == 0
-        && w.row_bytes as u64 % align == 0
-        && w.mem.ptr % align == 0
+        && kernels::tc_aligned(w.format, w.mem.ptr, w.row_bytes)
         && x % 16 == 0
 }
 

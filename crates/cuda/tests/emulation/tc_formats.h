@@ -1,6 +1,6 @@
 // The weight formats tcmm.cu and tcmoe.cu decode onto the tensor cores,
 // for the emulation harnesses (tc_products.cpp, tc_experts.cpp): their
-// block shapes, the alignment kernels.rs `tc_align` promises, their
+// block shapes, the alignment kernels/tc.rs `tc_align` promises, their
 // kernels, and random rows of each.
 #pragma once
 
@@ -19,7 +19,7 @@ struct Format {
     int id;          // F_*
     int block_elems; // elements a block (1: plain floats)
     int block_bytes;
-    int align;       // kernels.rs `tc_align`
+    int align;       // kernels/tc.rs `tc_align`
     Launch few, rows, batch;
     GateUpFew gate_up_few;
     DownFew down_few;

@@ -9,7 +9,7 @@
 //     gives the bits of the bf16 kernels run on those values rounded to
 //     bf16 (bf16_products checks the bf16 kernels themselves), so a token's
 //     result is the same alone, among a few or in a batch;
-//   - the matrix sits at the least alignment kernels.rs `tc_align` allows
+//   - the matrix sits at the least alignment kernels/tc.rs `tc_align` allows
 //     for the format, and every load of a block's words checks its address
 //     (warp_emulator.h `ld_aligned`), as the GPU would fault.
 // Exit status 0 when every check passes.

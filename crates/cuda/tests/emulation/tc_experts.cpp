@@ -30,7 +30,6 @@ struct Case {
 };
 
 const int EXPERTS = 5, TOKENS = 7, TOP_K = 3;
-const float SENTINEL = -12345.0f;
 
 // A 16-byte aligned copy of `bytes` at offset `align` past a 64-byte
 // boundary (the least alignment the format is promised).
@@ -93,18 +92,8 @@ void run_case(const Case& c, std::mt19937& rng) {
     // kernel, the activation and biases on top.
     auto dense = [&](const Format& f, const u8* w, size_t row_bytes, int rows, int cols,
                      const float* in, int n) {
-        std::vector<float> out((size_t)n * rows, SENTINEL);
-        MatGroup g = {};
-        g.count = 1;
-        g.w[0] = w;
-        g.out[0] = out.data();
-        g.row_bytes[0] = (i64)row_bytes;
-        g.rows[0] = rows;
-        g.block_start[1] = (rows + TC_BATCH_ROWS - 1) / TC_BATCH_ROWS;
-        unsigned tiles = (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS);
-        emu::launch({(unsigned)g.block_start[1], tiles, 1}, {TC_BATCH_WARPS * 32, 1, 1},
-                    [&] { f.batch(g, cols, in, n); });
-        return out;
+        return tc_product(f.batch, w, row_bytes, rows, cols, nullptr, in, n, TC_BATCH_ROWS,
+                          TC_BATCH_WARPS * 32);
     };
     int n_routes = TOKENS * TOP_K;
     std::vector<float> act_ref((size_t)n_routes * I, SENTINEL), y_ref((size_t)n_routes * H, SENTINEL);

@@ -89,3 +89,28 @@ inline void random_row(const Format& f, int cols, u8* row, std::mt19937& rng) {
         }
     }
 }
+
+// What a kernel leaves in an output it did not write.
+inline const float SENTINEL = -12345.0f;
+
+// One matrix's product (rows × cols, rows `row_bytes` apart, `bias` or
+// null) with `n` inputs by kernel `k` of tcmm.cu, in blocks of
+// `rows_a_block` rows and `threads` threads (and a grid row a 64-input
+// tile for batches); the outputs not written hold SENTINEL.
+inline std::vector<float> tc_product(Launch k, const u8* w, size_t row_bytes, int rows, int cols,
+                                     const float* bias, const float* x, int n, int rows_a_block,
+                                     unsigned threads) {
+    std::vector<float> out((size_t)n * rows, SENTINEL);
+    MatGroup g = {};
+    g.count = 1;
+    g.w[0] = w;
+    g.out[0] = out.data();
+    g.bias[0] = bias;
+    g.row_bytes[0] = (i64)row_bytes;
+    g.rows[0] = rows;
+    g.block_start[1] = (rows + rows_a_block - 1) / rows_a_block;
+    unsigned tiles = n > TC_BATCH_NT ? (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS) : 1;
+    emu::launch({(unsigned)g.block_start[1], tiles, 1}, {threads, 1, 1},
+                [&] { k(g, cols, x, n); });
+    return out;
+}

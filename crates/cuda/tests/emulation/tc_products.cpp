@@ -96,22 +96,10 @@ void run_case(const Format& f, const Case& c, std::mt19937& rng) {
     if (c.bias)
         for (int r = 0; r < c.rows; r++) bias.push_back(normal(rng));
 
-    const float SENTINEL = -12345.0f;
     auto run = [&](const u8* weights, size_t stride, Launch k, int n, int rows_a_block,
                    unsigned threads) {
-        std::vector<float> out((size_t)n * c.rows, SENTINEL);
-        MatGroup g = {};
-        g.count = 1;
-        g.w[0] = weights;
-        g.out[0] = out.data();
-        g.bias[0] = c.bias ? bias.data() : nullptr;
-        g.row_bytes[0] = (i64)stride;
-        g.rows[0] = c.rows;
-        g.block_start[1] = (c.rows + rows_a_block - 1) / rows_a_block;
-        unsigned tiles = n > TC_BATCH_NT ? (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS) : 1;
-        emu::launch({(unsigned)g.block_start[1], tiles, 1}, {threads, 1, 1},
-                    [&] { k(g, c.cols, x.data(), n); });
-        return out;
+        return tc_product(k, weights, stride, c.rows, c.cols, c.bias ? bias.data() : nullptr,
+                          x.data(), n, rows_a_block, threads);
     };
     int chunks = c.cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
     unsigned seg_threads = 32 * (unsigned)((chunks + per - 1) / per);

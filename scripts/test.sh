@@ -67,5 +67,26 @@ install_chromium() {
     export TURBOSPARK_REQUIRE_CHROMIUM=1
 }
 stage "install chromium (apt-get) for the page test" install_chromium
+# The CUDA crate's emulation tests (crates/cuda/tests/host_emulation.rs)
+# build the kernel sources as host C++: install a C++ compiler when apt-get
+# can, else they skip and say why. Once one is there they must run
+# (TURBOSPARK_REQUIRE_CXX).
+install_cxx() {
+    if ! command -v "${CXX:-c++}" >/dev/null; then
+        if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+            echo "no C++ compiler and no apt-get as root: the emulation tests will skip"
+            return 0
+        fi
+        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+                g++ >/dev/null; }; then
+            echo "apt-get could not install g++: the emulation tests will skip"
+            return 0
+        fi
+    fi
+    "${CXX:-c++}" --version | head -1
+    export TURBOSPARK_REQUIRE_CXX=1
+}
+stage "install a C++ compiler (apt-get) for the kernel emulation tests" install_cxx
 stage "cargo test (test-opt profile)" cargo test --workspace --locked --profile test-opt
 echo "all stages passed in ${SECONDS}s"

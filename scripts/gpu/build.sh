@@ -4,7 +4,11 @@
 # binaries, copied into OUT (default .devcarry/bin), the sm_90 kernels
 # compiled into .devcarry/cache (when NVRTC is here), plus the packed
 # llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing, and the
-# cached real models' layouts (.devcarry/layout-*.json).
+# cached real models' layouts (.devcarry/layout-*.json); all of it but
+# llama.cpp packed into .devcarry/pack.tgz, which is what a device call
+# carries (the repository's tracked files already take about 30 of a
+# call's 64 MiB; run.sh unpacks it): carry [".devcarry/pack.tgz"], or
+# also ".devcarry/llama.cpp-cuda.tgz" when the call builds llama.cpp.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-.devcarry/bin}
@@ -50,4 +54,6 @@ for gguf in "$MODELS"/*.gguf; do
         echo "$name: no layout saved"
     rm -rf "$tmp"
 done
-ls -la "$OUT"
+tar czf .devcarry/pack.tgz "$OUT" .devcarry/cache .devcarry/layout-*.json 2>/dev/null ||
+    tar czf .devcarry/pack.tgz "$OUT"
+ls -la "$OUT" .devcarry/pack.tgz

@@ -71,8 +71,10 @@ fn mma1_chunks_a_warp(cols: usize, tiles: usize) -> Option<usize> {
 /// tensor-core kernel (`TURBOSPARK_CUDA_Q8`): only with `mma`. The bits of
 /// q8one.cu's (the host emulation test checks both against a scalar
 /// reference of the sum order); every weight load of a block's 16-row tile
-/// is issued before the wait for the kernel before. Opt-in until measured
-/// on a GPU.
+/// is issued before the wait for the kernel before. Opt-in: on an H200 it
+/// decoded the gpt-oss-shaped model at the same speed as q8one.cu's kernel
+/// (tg128 729.65 / 729.62 against 729.06 / 735.46, alternated;
+/// BENCHMARKS.md, twenty-seventh session).
 fn q8_tensor_cores(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("mma")
 }
@@ -141,7 +143,9 @@ pub(crate) const MMA_MAX_COLS: usize = 8192;
 /// of q8dot.cu's per-route kernels (the host emulation test checks both
 /// against a scalar reference of the sum order), with an MMA forming the
 /// integer sums of 16 rows × 4 blocks where those decode and dot a row's
-/// nibbles lane by lane. Opt-in until measured on a GPU.
+/// nibbles lane by lane. Opt-in: on an H200 the gpt-oss-shaped model
+/// decoded slower with them (tg128 578.36 / 570.80 against 729.06 /
+/// 735.46, alternated; BENCHMARKS.md, twenty-seventh session).
 fn mxfp4_tensor_cores(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("mma")
 }

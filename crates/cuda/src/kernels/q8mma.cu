@@ -53,7 +53,11 @@
 // Instructions (ptxas 13.0, sm_90 SASS, the 2880-wide gate/up kernels):
 // ~150 a chunk of 16 rows × 4 blocks in the loop, ~2.8 a row's block with
 // a warp's set-up and the final sums, against ~4.7 for q8dot.cu's (840,
-// no loop, for a warp's two rows of 90 blocks). Not yet run on a GPU.
+// no loop, for a warp's two rows of 90 blocks). Measured on an H200
+// (BENCHMARKS.md, twenty-seventh session): the same bits as q8dot.cu's and
+// q8one.cu's kernels, but the gpt-oss-shaped model decoded ~21 % slower
+// with these MXFP4 experts and at the same speed with these Q8_0
+// products, so both stay opt-in.
 
 #define MMA_ROWS 16     // rows a tile (an MMA's)
 #define MMA_WARPS 4     // warps of a down block: one tile

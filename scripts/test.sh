@@ -36,27 +36,36 @@ install_nvrtc() {
     export LD_LIBRARY_PATH="$nvrtc_dir/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 }
 stage "install NVRTC 13.0 (pip)" install_nvrtc
+# Installs Debian packages when apt-get can (as root; the package lists
+# updated once a run), else says why the test named by $1 will skip and
+# fails.
+apt_updated=0
+apt_install() {
+    local test=$1
+    shift
+    if ! command -v apt-get >/dev/null; then
+        echo "$* not installed and there is no apt-get: $test will skip"
+        return 1
+    fi
+    if [ "$(id -u)" != 0 ]; then
+        echo "$* not installed and apt-get needs root: $test will skip"
+        return 1
+    fi
+    if [ "$apt_updated" = 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq || { echo "apt-get update failed: $test will skip"; return 1; }
+        apt_updated=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null ||
+        { echo "apt-get could not install $*: $test will skip"; return 1; }
+}
 # The serve test drives the chat page in headless Chromium (Debian's
 # `chromium`; scripts/serve/page_check.py). A fresh CI machine (Debian, root)
 # lacks it: install it when apt-get can, else the page test skips and says
 # why. Once chromium is there the test must run (TURBOSPARK_REQUIRE_CHROMIUM).
 install_chromium() {
     if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
-        if ! command -v apt-get >/dev/null; then
-            echo "chromium is not installed and there is no apt-get: the page test will skip"
-            return 0
-        fi
-        if [ "$(id -u)" != 0 ]; then
-            echo "chromium is not installed and apt-get needs root: the page test will skip"
-            return 0
-        fi
         # Fonts so the saved screenshot shows text rather than boxes.
-        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-                chromium fonts-dejavu-core >/dev/null; }; then
-            echo "apt-get could not install chromium: the page test will skip"
-            return 0
-        fi
+        apt_install "the page test" chromium fonts-dejavu-core || return 0
     fi
     local version
     if ! version=$( (chromium --version || chromium-browser --version) 2>/dev/null); then
@@ -73,16 +82,7 @@ stage "install chromium (apt-get) for the page test" install_chromium
 # (TURBOSPARK_REQUIRE_CXX).
 install_cxx() {
     if ! command -v "${CXX:-c++}" >/dev/null; then
-        if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
-            echo "no C++ compiler and no apt-get as root: the emulation tests will skip"
-            return 0
-        fi
-        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-                g++ >/dev/null; }; then
-            echo "apt-get could not install g++: the emulation tests will skip"
-            return 0
-        fi
+        apt_install "the emulation tests" g++ || return 0
     fi
     "${CXX:-c++}" --version | head -1
     export TURBOSPARK_REQUIRE_CXX=1

@@ -13,8 +13,6 @@ RUN=scripts/gpu/run.sh
 WORK=${WORK:-/tmp/ts-gpu}
 mkdir -p "$WORK"
 t0=$SECONDS
-# build.sh's pack, unpacked once here, before two run.sh start at once.
-[ -x "${BIN:-.devcarry/bin}/turbospark" ] || [ ! -f .devcarry/pack.tgz ] || tar xzf .devcarry/pack.tgz || exit 1
 bash "$RUN" prepare > "$WORK/prepare.log" 2>&1 &
 prep=$!
 bash "$RUN" conformance

@@ -105,9 +105,10 @@ REPS=${REPS:-3}
 DEPTHS=${DEPTHS:-0,512}
 RESIDENT_FORMAT=${RESIDENT_FORMAT:-q8_0}
 TS="$BIN/turbospark"
-# What build.sh packed, unpacked once on the device machine.
+# What build.sh packed, unpacked once on the device machine (under a
+# lock: record.sh starts two run.sh at once).
 if [ ! -x "$TS" ] && [ -f .devcarry/pack.tgz ]; then
-    tar xzf .devcarry/pack.tgz || exit 1
+    ( flock 9 && { [ -x "$TS" ] || tar xzf .devcarry/pack.tgz; } ) 9> .devcarry/unpack.lock || exit 1
 fi
 mkdir -p "$WORK"
 # The kernels build.sh compiled for sm_90, when they travelled with the

@@ -27,13 +27,15 @@
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
 #   likebench    the same installs' speed, fast numerics: pp512 and tg128
-#                with their formats on the tensor cores (the default) and
-#                with only bf16 there (TURBOSPARK_CUDA_BF16=bf16: K-quants
-#                and the other decoded formats on matmul.cu's kernel),
-#                alternated (REPS rounds), after both settings' logits of
-#                24 tokens, by prefill and token by token: how far apart
-#                the two ways are (the attention's order differs between
-#                them) and the two settings (the bf16 roundings)
+#                under each setting of LIKE_SETTINGS (default: formats on
+#                the tensor cores, the default, then only bf16 there,
+#                TURBOSPARK_CUDA_BF16=bf16: K-quants and the other decoded
+#                formats on matmul.cu's kernel; TURBOSPARK_CUDA_KQ=int8 for
+#                kq.cu's Q4_K kernels), alternated (REPS rounds), after each
+#                setting's logits of 24 tokens, by prefill and token by
+#                token: how far apart the two ways are (the attention's
+#                order differs between them) and each setting from the
+#                first (their roundings)
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
 #                that cannot fit, NVRTC missing with an empty kernel cache
 #                (hidden in a private mount namespace), a GPU memory fault
@@ -244,25 +246,29 @@ PY
             inst="$WORK/like-$name"
             [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
             toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(24)))")
-            for v in TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16; do
+            settings=${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16}
+            for v in $settings; do
                 for way in prefill decode; do
                     flag=$([ $way = decode ] && echo --decode || true)
                     env "$v" "$TS" logits --model "$inst" --backend cuda --numerics fast $flag --tokens "$toks" \
                         --out "$WORK/lb-$name-$v-$way.npy" > /dev/null || echo "$name $v $way: logits failed"
                 done
             done
-            python3 - "$WORK" "$name" <<'PY'
+            # shellcheck disable=SC2086
+            python3 - "$WORK" "$name" $settings <<'PY'
 import sys, numpy as np
-w, name = sys.argv[1:3]
-get = lambda v, way: np.load(f"{w}/lb-{name}-TURBOSPARK_CUDA_BF16={v}-{way}.npy").astype(np.float64)
-for v in ("tc", "bf16"):
+w, name, *settings = sys.argv[1:]
+get = lambda v, way: np.load(f"{w}/lb-{name}-{v}-{way}.npy").astype(np.float64)
+for v in settings:
     p, d = get(v, "prefill"), get(v, "decode")
-    print(f"{name} BF16={v}: decode vs prefill max|Δ|/max {np.abs(p - d).max() / np.abs(p).max():.2e}")
-a, b = get("tc", "prefill"), get("bf16", "prefill")
-print(f"{name}: tensor cores vs generic, prefill logits max|Δ|/max {np.abs(a - b).max() / np.abs(b).max():.2e}")
+    print(f"{name} {v}: decode vs prefill max|Δ|/max {np.abs(p - d).max() / np.abs(p).max():.2e}")
+a = get(settings[0], "prefill")
+for v in settings[1:]:
+    b = get(v, "prefill")
+    print(f"{name}: {settings[0]} vs {v}, prefill logits max|Δ|/max {np.abs(a - b).max() / np.abs(b).max():.2e}")
 PY
             for r in $(seq "$REPS"); do
-                for v in TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16; do
+                for v in $settings; do
                     echo "--- $name, $v, round $r"
                     env "$v" "$TS" bench -m "$inst" --backend cuda -p 512 -n 128 -r 2 --numerics fast
                 done
@@ -401,14 +407,16 @@ PY
         # routed experts on the integer tensor cores (TURBOSPARK_CUDA_MXFP4=mma,
         # kernels/q8mma.cu; check_moe compares a token alone with the
         # batch's tensor-core tiles bit for bit), and one token's Q8_0
-        # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise).
+        # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise);
+        # Q4_K products against 8-bit activations (TURBOSPARK_CUDA_KQ=int8,
+        # kernels/kq.cu; check_matmul likewise).
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
-            TURBOSPARK_CUDA_Q8=mma}; do
+            TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=int8}; do
             echo "--- $BIN/cuda-conformance, $v"
             env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -116,9 +116,10 @@ pub(crate) struct Q8Out {
     pub mxfp4_scales: u64,
 }
 
-/// Fast matrix-vector products of one quantized input (`xq`, `xd`, from
-/// the f32 input at `x`); for bf16 weights (tensor cores, any number of
-/// tokens) `x` itself, `xq` and `xd` unused.
+/// Fast matrix-vector products of one input: with `q8`, of its
+/// quantization (`xq`, `xd`, from the f32 input at `x`: Q8_0, MXFP4, and
+/// Q4_K on kq.cu's kernels); else on the tensor cores (tcmm.cu, any
+/// number of tokens) of `x` itself, `xq` and `xd` unused.
 #[derive(Clone, Copy)]
 pub(crate) struct GroupLaunch {
     pub format: QuantFormat,
@@ -126,19 +127,28 @@ pub(crate) struct GroupLaunch {
     pub x: u64,
     pub cols: usize,
     pub n: usize,
+    pub q8: bool,
     pub xq: u64,
     pub xd: u64,
 }
 
 impl GroupLaunch {
     /// Whether a product of `format` weights `cols` wide of the same `n`
-    /// tokens at `x` can join this group: its input, shape and format, and
-    /// room for one more matrix.
-    pub(crate) fn takes(&self, format: QuantFormat, x: u64, n: usize, cols: usize) -> bool {
+    /// tokens at `x` (`q8`: of their quantization) can join this group:
+    /// its input, shape, format and kernels, and room for one more matrix.
+    pub(crate) fn takes(
+        &self,
+        format: QuantFormat,
+        x: u64,
+        n: usize,
+        cols: usize,
+        q8: bool,
+    ) -> bool {
         self.format == format
             && self.x == x
             && self.n == n
             && self.cols == cols
+            && self.q8 == q8
             && self.group.count < MAT_GROUP as i32
     }
 }
@@ -497,8 +507,9 @@ pub(crate) fn launch_pending(
                 ],
             )
         }
-        Pending::Group(g) if k.tc.as_ref().is_some_and(|tc| tc.get(g.format).is_some()) => {
-            launch_tc(k, stream, &g)
+        Pending::Group(g) if !g.q8 => launch_tc(k, stream, &g),
+        Pending::Group(g) if k.kq.as_ref().is_some_and(|kq| kq.get(g.format).is_some()) => {
+            launch_kq_matmul(k, stream, &g)
         }
         Pending::Group(g) => {
             let set = k.q8.get(g.format).ok_or(BackendError::Unsupported {
@@ -541,9 +552,17 @@ pub(crate) fn launch_pending(
             kernels::launch_elementwise("rope", &k.rope_kv, stream, l.threads(), args)
         }
         Pending::Tile(t) => {
-            let set = k.q8.get(t.format).ok_or(BackendError::Unsupported {
-                op: "matmul (8-bit activations of this format)",
-            })?;
+            let kq = k.kq.as_ref().and_then(|kq| kq.get(t.format));
+            let set = k.q8.get(t.format);
+            let f = match (kq, set) {
+                (Some(kq), _) => &kq.tile,
+                (None, Some(set)) => &set.mq_matmul,
+                (None, None) => {
+                    return Err(BackendError::Unsupported {
+                        op: "matmul (8-bit activations of this format)",
+                    })
+                }
+            };
             let grid = (
                 t.rows.div_ceil(kernels::MQ_BM) as u32,
                 t.n.div_ceil(kernels::MQ_BN) as u32,
@@ -552,15 +571,7 @@ pub(crate) fn launch_pending(
             let (rows, cols, rb, nn) =
                 (t.rows as i32, t.cols as i32, t.row_bytes as i64, t.n as i32);
             let args = &mut args![t.w, rows, cols, rb, t.xq, t.xd, nn, t.out, t.bias];
-            launch(
-                "matmul",
-                &set.mq_matmul,
-                stream,
-                grid,
-                kernels::MQ_THREADS,
-                0,
-                args,
-            )
+            launch("matmul", f, stream, grid, kernels::MQ_THREADS, 0, args)
         }
     }
 }
@@ -617,6 +628,28 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
             args,
         )
     }
+}
+
+/// A group of Q4_K products of one quantized input (`kernels/kq.cu`
+/// `kq_matmul_*`): q8dot.cu's matrix-vector grid, a warp a row (the
+/// group's `block_start` counted in its blocks), up to
+/// [`kernels::MM_TOKENS`] tokens a block (one token: `kq_matmul1_*`).
+fn launch_kq_matmul(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
+    let set =
+        k.kq.as_ref()
+            .and_then(|kq| kq.get(g.format))
+            .ok_or(BackendError::Unsupported {
+                op: "matmul (8-bit activations of this format)",
+            })?;
+    let blocks = g.group.block_start[g.group.count as usize] as u32;
+    let (f, tokens) = match g.n {
+        1 => (&set.matmul1, 1),
+        _ => (&set.matmul, kernels::MM_TOKENS),
+    };
+    let grid = (blocks, g.n.div_ceil(tokens) as u32, 1);
+    let (cols, nn) = (g.cols as i32, g.n as i32);
+    let args = &mut args![g.group, cols, g.xq, g.xd, nn];
+    launch("matmul", f, stream, grid, kernels::Q8_THREADS, 0, args)
 }
 
 fn copy_f32(stream: &RawStream, src: u64, dst: u64, len: usize) -> Result<(), BackendError> {

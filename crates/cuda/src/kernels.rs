@@ -2,11 +2,16 @@
 //! parameter structs passed to them by value (each mirrors a struct of
 //! the CUDA source, field for field). The kernel families with settings
 //! and launch shapes of their own live beside it: `q8` (the 8-bit
-//! activation products of Q8_0 and MXFP4) and `tc` (the tensor-core
-//! products of every other format).
+//! activation products of Q8_0 and MXFP4), `tc` (the tensor-core
+//! products of every other format) and `kq` (Q4_K's opt-in 8-bit
+//! activation products).
 
+pub(crate) mod kq;
 pub(crate) mod q8;
 pub(crate) mod tc;
+
+use kq::kq_setting;
+pub(crate) use kq::{kq_fits, KqKernels};
 
 pub(crate) use q8::{
     OneKernel, OneWork, Q8Kernels, Q8Set, MMA_GU_ROWS, MMA_GU_THREADS, MMA_MAX_COLS, MMA_Q8_WARPS,
@@ -104,6 +109,9 @@ pub(crate) struct Kernels {
     /// Tensor-core products in fast numerics (`kernels/tcmm.cu`); none
     /// with `TURBOSPARK_CUDA_BF16=generic` ([`tc_setting`]).
     pub tc: Option<TcKernels>,
+    /// Q4_K products against 8-bit activations (`kernels/kq.cu`); only
+    /// with `TURBOSPARK_CUDA_KQ=int8` ([`kq_setting`]).
+    pub kq: Option<KqKernels>,
     pub adjust_projection: CudaFunction,
     pub rope_kv: CudaFunction,
     pub kv_write_f32: CudaFunction,
@@ -193,6 +201,10 @@ impl Kernels {
             tc: match tc_setting(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref()) {
                 Some((pick, formats)) => Some(TcKernels::load(&m, pick, formats)?),
                 None => None,
+            },
+            kq: match kq_setting(std::env::var("TURBOSPARK_CUDA_KQ").ok().as_deref()) {
+                true => Some(KqKernels::load(&m)?),
+                false => None,
             },
             adjust_projection: f("adjust_projection")?,
             rope_kv: f("rope_kv")?,

@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 16] = [
+const SOURCES: [(&str, &str); 17] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -29,6 +29,7 @@ const SOURCES: [(&str, &str); 16] = [
     ("tcmm.cu", include_str!("kernels/tcmm.cu")),
     ("tcmoe.cu", include_str!("kernels/tcmoe.cu")),
     ("q8mma.cu", include_str!("kernels/q8mma.cu")),
+    ("kq.cu", include_str!("kernels/kq.cu")),
 ];
 
 /// The whole translation unit, with `#line` markers so that compiler
@@ -321,6 +322,21 @@ mod tests {
         )
     }
 
+    /// Whether kq.cu's `kq_row_dot` in `text`, with EARLY, issues only
+    /// weight loads before it waits: every lane waits after the first
+    /// round's weight loads, with no return before, and reads the tokens
+    /// after it through the loads kept after the wait.
+    fn kq_waits_before_the_tokens(text: &str) -> bool {
+        let Some(at) = text.find("void kq_row_dot(") else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        matches!(
+            (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("ld_i4_after_wait(xp)")),
+            (Some(w), Some(x)) if w < x && !body[..w].contains("return")
+        ) && body.contains("ld_f32_after_wait(xd[t] + b)")
+    }
+
     /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it
     /// waits: no return, the tokens read after the wait; in
     /// `matmul_tc1_impl` also a warp with no chunk waits before the
@@ -450,6 +466,9 @@ mod tests {
                 let q8_mma_early = name.starts_with("matmul1_mma_q8_0_c")
                     && body.starts_with("matmul1_mma_q8_0_impl<")
                     && mma_q8_waits_before_the_token(text);
+                let kq_early = name.starts_with("kq_matmul1_")
+                    && body.starts_with("kq_matmul_impl<1, true>(")
+                    && kq_waits_before_the_tokens(text);
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
@@ -487,6 +506,7 @@ mod tests {
                         || down_early
                         || rope_early
                         || q8_mma_early
+                        || kq_early
                         || tc_early
                         || tc_moe,
                     "{file}: kernel {name} does not start with KERNEL_ENTRY(): {:?}",

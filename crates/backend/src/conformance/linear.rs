@@ -143,9 +143,14 @@ const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, Q
 /// whole chunks): 352 columns, 3 segments.
 const CHUNKED_FLOATS: [(QuantFormat, usize); 2] =
     [(QuantFormat::F32, 352), (QuantFormat::F16, 352)];
+/// Q4_K rows of many super-blocks, which backends may take several at a
+/// time (11 and 17 of 256 columns: a last group partial, more than one
+/// round of loads).
+const WIDE_K_QUANTS: [(QuantFormat, usize); 2] =
+    [(QuantFormat::Q4K, 2816), (QuantFormat::Q4K, 4352)];
 
 /// `matmul` of every format (and of wide and narrow rows of some,
-/// [`WIDE_COLS`], [`NARROW_COLS`], [`CHUNKED_FLOATS`])
+/// [`WIDE_COLS`], [`NARROW_COLS`], [`CHUNKED_FLOATS`], [`WIDE_K_QUANTS`])
 /// against the f64 dot of the reference-dequantized rows, within
 /// `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows computed
 /// alone, bit for bit; products of one input issued one after another give
@@ -162,7 +167,8 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
                 .chain(NARROW_COLS.iter())
                 .map(move |&c| (f, c))
         }))
-        .chain(CHUNKED_FLOATS);
+        .chain(CHUNKED_FLOATS)
+        .chain(WIDE_K_QUANTS);
     for (fmt, cols) in shapes {
         let mut rng = Rng(0x5eed ^ u64::from(fmt.ggml_type()) ^ (cols as u64) << 8);
         let t = random_matrix(fmt.name(), fmt, MATMUL_ROWS, cols, &mut rng);

@@ -1,7 +1,8 @@
 //! Matrix products on a [`CudaStream`] (`out[t, o] = Σ_i W[o, i] · x[t, i]`):
 //! in fast numerics 8-bit activations for Q8_0/MXFP4 weights
-//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`) and the tensor
-//! cores for the other formats (`kernels/tcmm.cu`), each held back so
+//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`) and, where
+//! asked for (`TURBOSPARK_CUDA_KQ=int8`), Q4_K weights (`kernels/kq.cu`),
+//! the tensor cores for the other formats (`kernels/tcmm.cu`), each held back so
 //! that the products of one input and the bias add after them join one
 //! launch (`crate::fusion`); matmul.cu's generic kernel otherwise.
 
@@ -24,9 +25,10 @@ fn tc_fits(w: &CudaMatrix, x: u64) -> bool {
 }
 
 impl CudaStream {
-    /// A fast matmul (8-bit activations) of `n` rows of `x` into `out`,
-    /// held back for its bias and the products that share its input (see
-    /// [`crate::fusion`]); a pending norm of `x` quantizes it on the way.
+    /// A fast matmul (8-bit activations: Q8_0, MXFP4, and Q4_K where
+    /// [`Self::kq_takes`]) of `n` rows of `x` into `out`, held back for its
+    /// bias and the products that share its input (see [`crate::fusion`]);
+    /// a pending norm of `x` quantizes it on the way.
     fn matmul_q8(
         &mut self,
         w: &CudaMatrix,
@@ -42,7 +44,9 @@ impl CudaStream {
         let gemv = n < kernels::MMQ_MIN_TOKENS;
         match self.pending.get() {
             Some(Pending::Group(g))
-                if gemv && g.takes(w.format, x, n, w.cols) && self.quantized.get() == Some(key) =>
+                if gemv
+                    && g.takes(w.format, x, n, w.cols, true)
+                    && self.quantized.get() == Some(key) =>
             {
                 let mut g = g;
                 g.group.push(w.mem.ptr, w.rows, w.row_bytes, out);
@@ -85,9 +89,14 @@ impl CudaStream {
             _ => self.flush()?,
         }
         if self.quantized.get() != Some(key) {
+            // Q4_K takes the activations in natural order, as Q8_0 does.
+            let quantizer = match w.format {
+                QuantFormat::Mxfp4 => QuantFormat::Mxfp4,
+                _ => QuantFormat::Q8_0,
+            };
             let set = self
-                .q8_set(w.format)
-                .expect("a fast format (checked by matmul)");
+                .q8_set(quantizer)
+                .expect("fast numerics (checked by matmul)");
             self.quantize(set, x, n * w.cols, r.xq, r.xd)?;
             self.quantized.set(Some(key));
         }
@@ -100,6 +109,7 @@ impl CudaStream {
                 x,
                 cols: w.cols,
                 n,
+                q8: true,
                 xq: r.xq,
                 xd: r.xd,
             })
@@ -135,7 +145,7 @@ impl CudaStream {
         self.bind_holding("matmul")?;
         match self.pending.get() {
             Some(Pending::Group(mut g))
-                if g.takes(w.format, x, n, w.cols)
+                if g.takes(w.format, x, n, w.cols, false)
                     && out != x
                     && !g.group.out[..g.group.count as usize].contains(&x) =>
             {
@@ -150,6 +160,7 @@ impl CudaStream {
                     x,
                     cols: w.cols,
                     n,
+                    q8: false,
                     xq: 0,
                     xd: 0,
                 })));
@@ -157,6 +168,19 @@ impl CudaStream {
         }
         self.forget_quantized_if(out);
         Ok(())
+    }
+
+    /// Whether a fast product of `w` with the input at `x` takes kq.cu's
+    /// integer kernels: asked for (`TURBOSPARK_CUDA_KQ=int8`), a format
+    /// they have, and a matrix they fit ([`kernels::kq_fits`]).
+    fn kq_takes(&self, w: &CudaMatrix, x: u64) -> bool {
+        self.numerics == Numerics::Fast
+            && self
+                .k
+                .kq
+                .as_ref()
+                .is_some_and(|kq| kq.get(w.format).is_some())
+            && kernels::kq_fits(w.format, w.cols, w.mem.ptr, w.row_bytes, x)
     }
 
     /// Forgets the quantized input when `out` overwrites it.
@@ -178,7 +202,7 @@ impl CudaStream {
         if n == 0 || w.rows == 0 {
             return Ok(());
         }
-        if self.q8_set(w.format).is_some() {
+        if self.q8_set(w.format).is_some() || self.kq_takes(w, xp) {
             return self.matmul_q8(w, xp, n, op);
         }
         if self.numerics == Numerics::Fast

@@ -22,3 +22,4 @@
 #include "../../src/kernels/tcmm.cu"
 #include "../../src/kernels/tcmoe.cu"
 #include "../../src/kernels/q8mma.cu"
+#include "../../src/kernels/kq.cu"

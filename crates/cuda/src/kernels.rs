@@ -3,8 +3,8 @@
 //! the CUDA source, field for field). The kernel families with settings
 //! and launch shapes of their own live beside it: `q8` (the 8-bit
 //! activation products of Q8_0 and MXFP4), `tc` (the tensor-core
-//! products of every other format) and `kq` (Q4_K's opt-in 8-bit
-//! activation products).
+//! products of every other format) and `kq` (the opt-in 8-bit activation
+//! products of Q4_K and Q6_K).
 
 pub(crate) mod kq;
 pub(crate) mod q8;
@@ -109,7 +109,7 @@ pub(crate) struct Kernels {
     /// Tensor-core products in fast numerics (`kernels/tcmm.cu`); none
     /// with `TURBOSPARK_CUDA_BF16=generic` ([`tc_setting`]).
     pub tc: Option<TcKernels>,
-    /// Q4_K products against 8-bit activations (`kernels/kq.cu`); only
+    /// Q4_K and Q6_K products against 8-bit activations (`kernels/kq.cu`); only
     /// with `TURBOSPARK_CUDA_KQ=int8` ([`kq_setting`]).
     pub kq: Option<KqKernels>,
     pub adjust_projection: CudaFunction,

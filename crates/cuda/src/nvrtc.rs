@@ -332,7 +332,7 @@ mod tests {
         };
         let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
         matches!(
-            (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("ld_i4_after_wait(xp)")),
+            (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("ld_i4_after_wait(xl)")),
             (Some(w), Some(x)) if w < x && !body[..w].contains("return")
         ) && body.contains("ld_f32_after_wait(xd[t] + b)")
     }
@@ -467,7 +467,7 @@ mod tests {
                     && body.starts_with("matmul1_mma_q8_0_impl<")
                     && mma_q8_waits_before_the_token(text);
                 let kq_early = name.starts_with("kq_matmul1_")
-                    && body.starts_with("kq_matmul_impl<1, true>(")
+                    && body.starts_with("kq_matmul_impl<F, 1, true>(")
                     && kq_waits_before_the_tokens(text);
                 let rope_early = name == "rope_kv"
                     && matches!(

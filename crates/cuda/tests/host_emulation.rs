@@ -98,12 +98,12 @@ fn tensor_core_experts_agree_bit_for_bit() {
     build_and_run("tc_experts");
 }
 
-/// Q4_K products against 8-bit activations (kq.cu, opt-in
-/// `TURBOSPARK_CUDA_KQ=int8`): the matrix-vector kernel (1 to 6 tokens,
+/// Q4_K and Q6_K products against 8-bit activations (kq.cu, opt-in
+/// `TURBOSPARK_CUDA_KQ=int8`): the matrix-vector kernels (1 to 6 tokens,
 /// q/k/v groups with biases) and the integer tensor-core batch kernel give
 /// the bits of a scalar reference of kq.cu's sum order, written from
-/// ggml's Q4_K definition.
+/// ggml's definitions of the formats.
 #[test]
-fn q4_k_integer_products_match_the_reference_order_bit_for_bit() {
+fn k_quant_integer_products_match_the_reference_order_bit_for_bit() {
     build_and_run("kq_products");
 }

@@ -143,11 +143,16 @@ const WIDE_FORMATS: [QuantFormat; 3] = [QuantFormat::Q8_0, QuantFormat::Mxfp4, Q
 /// whole chunks): 352 columns, 3 segments.
 const CHUNKED_FLOATS: [(QuantFormat, usize); 2] =
     [(QuantFormat::F32, 352), (QuantFormat::F16, 352)];
-/// Q4_K rows of many super-blocks, which backends may take several at a
-/// time (11 and 17 of 256 columns: a last group partial, more than one
-/// round of loads).
-const WIDE_K_QUANTS: [(QuantFormat, usize); 2] =
-    [(QuantFormat::Q4K, 2816), (QuantFormat::Q4K, 4352)];
+/// Q4_K and Q6_K rows of many super-blocks, which backends may take
+/// several at a time (11 and 17 of 256 columns: a last group partial,
+/// more than one round of loads; Q6_K rows of 11 start every other one 2
+/// bytes past a 4-byte word).
+const WIDE_K_QUANTS: [(QuantFormat, usize); 4] = [
+    (QuantFormat::Q4K, 2816),
+    (QuantFormat::Q4K, 4352),
+    (QuantFormat::Q6K, 2816),
+    (QuantFormat::Q6K, 4352),
+];
 
 /// `matmul` of every format (and of wide and narrow rows of some,
 /// [`WIDE_COLS`], [`NARROW_COLS`], [`CHUNKED_FLOATS`], [`WIDE_K_QUANTS`])

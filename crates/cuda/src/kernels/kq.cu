@@ -1,34 +1,41 @@
-// Fast numerics (turbospark_backend::Numerics::Fast) for Q4_K weights
-// against 8-bit activations: dense products in integers, opt-in
+// Fast numerics (turbospark_backend::Numerics::Fast) for Q4_K and Q6_K
+// weights against 8-bit activations: dense products in integers, opt-in
 // (`TURBOSPARK_CUDA_KQ=int8`, kernels/kq.rs), where the default decodes
 // the weights to bf16 for the tensor cores (tcmm.cu).
 //
-// Math. A Q4_K super-block covers 256 weights: d and dmin (f16), eight
-// 6-bit (scale, min) pairs (sc_s, m_s) packed in 12 bytes, and 4-bit
-// codes c; weight i of sub-block s (32 weights) is d·sc_s·c_i − dmin·m_s
-// (ggml's dequantize_row_q4_K). The activations are q8dot.cu's, in natural
-// order: per 32-element block b, x_i ≈ dx_b · a_i with a_i in [-127, 127].
-// Block b of a row is sub-block s of its super-block, so
-//   Σ_i w_i x_i ≈ dx · (d · sc · Σ c_i a_i − dmin · m · Σ a_i)
-// where both integer sums are exact. The f32 order, which every kernel
+// Math. A super-block covers 256 weights, 8 sub-blocks of 32 (ggml's
+// dequantize_row_q4_K and dequantize_row_q6_K):
+//   Q4_K: d and dmin (f16), eight 6-bit (scale, min) pairs (sc_s, m_s)
+//         packed in 12 bytes, 4-bit codes c: w = d·sc_s·c − dmin·m_s;
+//   Q6_K: 6-bit codes q (low 4 bits in ql, high 2 in qh), sixteen int8
+//         scales, one per 16 weights, and d (f16): w = d·sc·(q − 32).
+// The activations are q8dot.cu's, in natural order: per 32-element block
+// b, x_i ≈ dx_b · a_i with a_i in [-127, 127]. Block b of a row is
+// sub-block s of its super-block, so
+//   Q4_K: Σ_i w_i x_i ≈ dx · (d · sc · Σ c_i a_i − dmin · m · Σ a_i),
+//   Q6_K: Σ_i w_i x_i ≈ dx · d · (sc_0 · Σ_{i<16} (q_i − 32) a_i
+//                                + sc_1 · Σ_{i≥16} (q_i − 32) a_i),
+// where the integer sums are exact. The f32 order, which every kernel
 // below follows so that a token's result has the same bits alone (a decode
 // step) or in a batch (prefill) — the fast numerics' batch invariance:
-//   - per block, v = (float)(sc · Σ c a) and vm = (float)(m · Σ a), both
-//     exact (|v| ≤ 63 · 32 · 15 · 127 < 2^22, |vm| ≤ 63 · 32 · 127 < 2^18);
+//   - per block, the exact integers as f32 (exact: Q4_K
+//     v = sc · Σ c a, |v| ≤ 63 · 32 · 15 · 127 < 2^22, and vm = m · Σ a,
+//     |vm| ≤ 63 · 32 · 127 < 2^18; Q6_K v = sc_0 · Σ_0 + sc_1 · Σ_1,
+//     |v| ≤ 2 · 128 · 16 · 32 · 127 < 2^24);
 //   - per chunk of Q8_CHUNK consecutive blocks, from p = 0, block by block:
-//       p = fmaf(v, d · dx, p);  p = fmaf(-vm, dmin · dx, p);
+//       Q4_K: p = fmaf(v, d · dx, p);  p = fmaf(-vm, dmin · dx, p);
+//       Q6_K: p = fmaf(v, d · dx, p);
 //   - the row's total, from 0, adds the chunks' parts in order; then the
 //     bias, if any, is added.
-// Rows are whole super-blocks (cols a multiple of 256), their bytes 16-byte
-// aligned (kq.rs `kq_fits`): a super-block is 144 bytes, a 16-byte header
-// (d, dmin, scales) and 8 pieces of 16 code bytes; piece p holds elements
-// 16(p % 2) .. + 15 of sub-blocks 2(p / 2) (low nibbles) and 2(p / 2) + 1
-// (high nibbles).
+// Rows are whole super-blocks (cols a multiple of 256). Q4_K's 144-byte
+// super-blocks load in 16-byte pieces, so its matrices and rows must be
+// 16-byte aligned (kq.rs `kq_fits`); Q6_K's 210-byte ones are only 2-byte
+// aligned and load as aligned words (kq_ld16).
 //
-// tests/emulation (`kq_products`) runs both kernels on the CPU against a
+// tests/emulation (`kq_products`) runs every kernel on the CPU against a
 // scalar reference of this order, bit for bit.
 
-// Scale and min of sub-block s (0..7) from a header's scale words
+// Scale and min of sub-block s (0..7) from a Q4_K header's scale words
 // (bytes 0..3, 4..7, 8..11 of the 12 scale bytes): ggml's get_scale_min_k4.
 __device__ __forceinline__ void kq_scale_min(uint4 hd, int s, int* sc, int* mn) {
     int sh = 8 * (s & 3);
@@ -51,11 +58,149 @@ __device__ __forceinline__ int kq_byte_sum(int4 v, int s) {
 }
 
 // Σ code · a of four words of codes (one code a byte) against four of a.
-__device__ __forceinline__ int kq_dot4(u32 c0, u32 c1, u32 c2, u32 c3, int4 a) {
-    int s = dp4a((int)c0, a.x, 0);
-    s = dp4a((int)c1, a.y, s);
-    s = dp4a((int)c2, a.z, s);
-    return dp4a((int)c3, a.w, s);
+__device__ __forceinline__ int kq_dot4(const u32* c, int4 a) {
+    int s = dp4a((int)c[0], a.x, 0);
+    s = dp4a((int)c[1], a.y, s);
+    s = dp4a((int)c[2], a.z, s);
+    return dp4a((int)c[3], a.w, s);
+}
+
+// 16 bytes at a 2-byte aligned address p (a Q6_K super-block's), from
+// the five aligned words that hold them: word i of the result is bytes
+// 4i .. 4i + 3 of p. (The fifth word lies inside the super-block for
+// every piece read here: ql and qh end at byte 192 of 210.)
+struct KqRaw16 {
+    u32 w[5];
+    int shift;  // 0 or 16 bits
+};
+__device__ __forceinline__ KqRaw16 kq_ld16_raw(const u8* p) {
+    KqRaw16 r;
+    const u8* a = (const u8*)((unsigned long long)p & ~3ull);
+    r.shift = 8 * (int)((unsigned long long)p & 3ull);
+#pragma unroll
+    for (int i = 0; i < 5; i++) r.w[i] = ld_stream_u32(a + 4 * i);
+    return r;
+}
+__device__ __forceinline__ void kq_ld16_words(const KqRaw16& r, u32* out) {
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+        out[i] = (u32)((((unsigned long long)r.w[i + 1] << 32) | r.w[i]) >> r.shift);
+}
+
+// Q6_K's codes of one 16-byte piece of ql and the matching 16 bytes of
+// qh: bytes l of ql hold sub-block j's low 4 bits in their low nibbles and
+// sub-block j + 2's in their high nibbles, bits 2j, 2j + 1 and 2j + 4,
+// 2j + 5 of qh[l] their high 2 bits (j = 0, 1 within a half super-block).
+// Codes 0..63, one a byte.
+__device__ __forceinline__ void kq_q6_codes(const u32* ql, const u32* qh, int j, u32* lo,
+                                            u32* hi) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        lo[i] = (ql[i] & 0x0F0F0F0Fu) | (((qh[i] >> (2 * j)) & 0x03030303u) << 4);
+        hi[i] = ((ql[i] >> 4) & 0x0F0F0F0Fu) | (((qh[i] >> (2 * j + 4)) & 0x03030303u) << 4);
+    }
+}
+
+// Bytes of a super-block.
+template <int F>
+struct KqFormat {
+    static constexpr int bytes = F == F_Q4_K ? 144 : 210;
+};
+
+// What a lane of kq_row_dot loads of a super-block (raw; decoded after
+// the round's loads are all issued).
+template <int F>
+struct KqLaneRaw;
+template <>
+struct KqLaneRaw<F_Q4_K> {
+    uint4 qs, hd;  // the lane's code piece, the header
+};
+template <>
+struct KqLaneRaw<F_Q6_K> {
+    KqRaw16 ql, qh;
+    u32 sc_lo, sc_hi, d;  // the two pieces' scales (bytes), d (f16 bits)
+};
+
+// Where a lane's work sits in a super-block: lane l of a stretch owns
+// sub-block l % 8 of super-block l / 8, and reads 16 elements of two
+// sub-blocks, `lo` and `hi` (ending up with its own one's sums after
+// exchanging halves with lane l ^ partner):
+//   Q4_K: piece p = l % 8 of the codes: elements 16(p % 2) .. of
+//         sub-blocks 2(p / 2) (lo) and 2(p / 2) + 1 (hi); partner 1;
+//   Q6_K: the 16 ql bytes of elements 16e .. of sub-blocks 4h + j (lo)
+//         and 4h + j + 2 (hi), with h = p / 4, j = p % 2, e = p / 2 % 2;
+//         partner 2.
+template <int F>
+struct KqPlace {
+    int lo, hi;   // sub-blocks
+    int offset;   // the elements' first, within a sub-block
+    bool own_hi;  // whether the lane owns `hi`
+    __device__ __forceinline__ KqPlace(int p) {
+        if (F == F_Q4_K) {
+            lo = 2 * (p >> 1);
+            hi = lo + 1;
+            offset = 16 * (p & 1);
+            own_hi = p & 1;
+        } else {
+            int h = p >> 2, j = p & 1, e = (p >> 1) & 1;
+            lo = 4 * h + j;
+            hi = lo + 2;
+            offset = 16 * e;
+            own_hi = e;
+        }
+    }
+    static constexpr int partner = F == F_Q4_K ? 1 : 2;
+};
+
+template <int F>
+__device__ __forceinline__ KqLaneRaw<F> kq_lane_load(const u8* sb, int p) {
+    KqLaneRaw<F> r;
+    if constexpr (F == F_Q4_K) {
+        r.qs = ld_stream_u4(sb + 16 + 16 * p);
+        r.hd = ld_stream_u4(sb);
+    } else {
+        int h = p >> 2, j = p & 1, e = (p >> 1) & 1;
+        r.ql = kq_ld16_raw(sb + 64 * h + 32 * j + 16 * e);
+        r.qh = kq_ld16_raw(sb + 128 + 32 * h + 16 * e);
+        r.sc_lo = ld_stream_u8(sb + 192 + 8 * h + 2 * j + e);
+        r.sc_hi = ld_stream_u8(sb + 192 + 8 * h + 2 * j + 4 + e);
+        r.d = ld_stream_u16(sb + 208);
+    }
+    return r;
+}
+
+// A lane's decoded super-block: the codes of its two pieces, and what
+// its own block's f32 steps take.
+struct KqLane {
+    u32 lo[4], hi[4];
+    int k_lo, k_hi;  // Q6_K: the pieces' scales; Q4_K: the own block's scale, min
+    float d, dmin;
+};
+
+template <int F>
+__device__ __forceinline__ KqLane kq_lane_decode(const KqLaneRaw<F>& r, int p) {
+    KqLane l;
+    if constexpr (F == F_Q4_K) {
+        u32 q[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            l.lo[i] = q[i] & 0x0F0F0F0Fu;
+            l.hi[i] = (q[i] >> 4) & 0x0F0F0F0Fu;
+        }
+        kq_scale_min(r.hd, p, &l.k_lo, &l.k_hi);
+        l.d = f16_to_f32((u16)(r.hd.x & 0xFFFFu));
+        l.dmin = f16_to_f32((u16)(r.hd.x >> 16));
+    } else {
+        u32 ql[4], qh[4];
+        kq_ld16_words(r.ql, ql);
+        kq_ld16_words(r.qh, qh);
+        kq_q6_codes(ql, qh, p & 1, l.lo, l.hi);
+        l.k_lo = (int)(signed char)r.sc_lo;
+        l.k_hi = (int)(signed char)r.sc_hi;
+        l.d = f16_to_f32((u16)r.d);
+        l.dmin = 0.0f;
+    }
+    return l;
 }
 
 // Super-blocks a stretch covers (8 lanes each) and stretches whose loads
@@ -63,35 +208,33 @@ __device__ __forceinline__ int kq_dot4(u32 c0, u32 c1, u32 c2, u32 c3, int4 a) {
 #define KQ_SB_A_STRETCH 4
 #define KQ_UNROLL 4
 
-// A Q4_K row dotted with T tokens' quantized activations (nt of them
-// live) into acc[t], by every lane of a warp (each ends with the totals).
-// Lane l takes piece l % 8 of super-block l / 8 of each stretch and ends
-// up owning block l of it (sub-block l % 8): the two halves of a
-// sub-block's integer sums meet by a shuffle; the chunk's fmaf chain
-// passes from lane to lane (4 lanes a chunk); every lane adds the
-// chunks' parts in order.
+// A row dotted with T tokens' quantized activations (nt of them live)
+// into acc[t], by every lane of a warp (each ends with the totals). Lane
+// l of a stretch owns block l (KqPlace): it forms integer sums over its
+// two pieces, sends its partner the one the partner owns, and adds the
+// one it gets; the chunk's fmaf chain then passes from lane to lane (4
+// lanes a chunk), and every lane adds the chunks' parts in order.
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first round's
 // weight loads are issued, then every lane waits for the kernel before
 // (each row has a super-block, so every warp has a first round), then
 // reads the tokens, which that kernel may have written.
-template <int T, bool EARLY = false>
+template <int F, int T, bool EARLY = false>
 __device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed char* const* xq,
                                            const float* const* xd, int nt, float* acc) {
-    int lane = threadIdx.x & 31, piece = lane & 7, pair = piece >> 1, h = piece & 1;
+    int lane = threadIdx.x & 31, piece = lane & 7;
     int pos = lane & 3;  // the lane's block in its chunk
+    KqPlace<F> at(piece);
     int nsb = cols / 256;
     int stretches = (nsb + KQ_SB_A_STRETCH - 1) / KQ_SB_A_STRETCH;
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = 0.0f;
     for (int s0 = 0; s0 < stretches; s0 += KQ_UNROLL) {
-        uint4 qs[KQ_UNROLL], hd[KQ_UNROLL];
+        KqLaneRaw<F> raw[KQ_UNROLL];
 #pragma unroll
         for (int i = 0; i < KQ_UNROLL; i++) {
-            int sb = (s0 + i) * KQ_SB_A_STRETCH + (lane >> 3);
-            const u8* base = row + (i64)sb * 144;
-            bool valid = sb < nsb;
-            qs[i] = valid ? ld_stream_u4(base + 16 + 16 * piece) : make_uint4(0, 0, 0, 0);
-            hd[i] = valid ? ld_stream_u4(base) : make_uint4(0, 0, 0, 0);
+            // (A super-block past the row's end reads the row's last.)
+            int sb = min((s0 + i) * KQ_SB_A_STRETCH + (lane >> 3), nsb - 1);
+            raw[i] = kq_lane_load<F>(row + (i64)sb * KqFormat<F>::bytes, piece);
         }
         if (EARLY && s0 == 0) KERNEL_ENTRY();
 #pragma unroll
@@ -100,40 +243,46 @@ __device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed
             if (first >= nsb) break;  // uniform over the warp
             int sb = first + (lane >> 3);
             bool valid = sb < nsb;
-            u32 lo[4] = {qs[i].x & 0x0F0F0F0Fu, qs[i].y & 0x0F0F0F0Fu, qs[i].z & 0x0F0F0F0Fu,
-                         qs[i].w & 0x0F0F0F0Fu};
-            u32 hi[4] = {(qs[i].x >> 4) & 0x0F0F0F0Fu, (qs[i].y >> 4) & 0x0F0F0F0Fu,
-                         (qs[i].z >> 4) & 0x0F0F0F0Fu, (qs[i].w >> 4) & 0x0F0F0F0Fu};
-            int sc, mn;
-            kq_scale_min(hd[i], piece, &sc, &mn);
-            float d = f16_to_f32((u16)(hd[i].x & 0xFFFFu)), dmin = f16_to_f32((u16)(hd[i].x >> 16));
+            KqLane w = kq_lane_decode<F>(raw[i], piece);
             i64 b = (i64)sb * 8 + piece;  // the block this lane owns
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
-                // Elements 16h .. 16h + 15 of sub-blocks 2·pair and 2·pair + 1.
-                const signed char* xp = xq[t] + ((i64)sb * 8 + 2 * pair) * 32 + 16 * h;
-                int4 xa = valid ? (EARLY ? ld_i4_after_wait(xp) : *(const int4*)xp)
+                const signed char* xl = xq[t] + ((i64)sb * 8 + at.lo) * 32 + at.offset;
+                const signed char* xh = xq[t] + ((i64)sb * 8 + at.hi) * 32 + at.offset;
+                int4 xa = valid ? (EARLY ? ld_i4_after_wait(xl) : *(const int4*)xl)
                                 : make_int4(0, 0, 0, 0);
-                int4 xb = valid ? (EARLY ? ld_i4_after_wait(xp + 32) : *(const int4*)(xp + 32))
+                int4 xb = valid ? (EARLY ? ld_i4_after_wait(xh) : *(const int4*)xh)
                                 : make_int4(0, 0, 0, 0);
                 float dx = valid ? (EARLY ? ld_f32_after_wait(xd[t] + b) : xd[t][b]) : 0.0f;
-                int i_lo = kq_dot4(lo[0], lo[1], lo[2], lo[3], xa);
-                int i_hi = kq_dot4(hi[0], hi[1], hi[2], hi[3], xb);
+                int i_lo = kq_dot4(w.lo, xa), i_hi = kq_dot4(w.hi, xb);
                 int a_lo = kq_byte_sum(xa, 0), a_hi = kq_byte_sum(xb, 0);
-                // Lane h = 0 owns sub-block 2·pair, h = 1 sub-block 2·pair + 1:
-                // each sends its partner the half the partner owns.
-                int gi = __shfl_xor_sync(FULL_MASK, h ? i_lo : i_hi, 1);
-                int ga = __shfl_xor_sync(FULL_MASK, h ? a_lo : a_hi, 1);
-                int isum = (h ? i_hi : i_lo) + gi, asum = (h ? a_hi : a_lo) + ga;
-                float v = (float)(sc * isum), vm = (float)(mn * asum);
-                float g = d * dx, gm = dmin * dx;
-                // The chunk's chain, lane 4c + pos forming block pos's steps.
-                float p = fmaf(-vm, gm, fmaf(v, g, 0.0f));
+                float p;
+                if constexpr (F == F_Q4_K) {
+                    int gi = __shfl_xor_sync(FULL_MASK, at.own_hi ? i_lo : i_hi, KqPlace<F>::partner);
+                    int ga = __shfl_xor_sync(FULL_MASK, at.own_hi ? a_lo : a_hi, KqPlace<F>::partner);
+                    int isum = (at.own_hi ? i_hi : i_lo) + gi, asum = (at.own_hi ? a_hi : a_lo) + ga;
+                    float v = (float)(w.k_lo * isum), vm = (float)(w.k_hi * asum);
+                    float g = w.d * dx, gm = w.dmin * dx;
+                    // The chunk's chain, lane 4c + pos forming block pos's steps.
+                    p = fmaf(-vm, gm, fmaf(v, g, 0.0f));
 #pragma unroll
-                for (int u = 1; u < Q8_CHUNK; u++) {
-                    float back = __shfl_up_sync(FULL_MASK, p, 1);
-                    if (pos == u) p = fmaf(-vm, gm, fmaf(v, g, back));
+                    for (int u = 1; u < Q8_CHUNK; u++) {
+                        float back = __shfl_up_sync(FULL_MASK, p, 1);
+                        if (pos == u) p = fmaf(-vm, gm, fmaf(v, g, back));
+                    }
+                } else {
+                    // Σ (q − 32) a of each piece, times its scale.
+                    int p_lo = w.k_lo * (i_lo - 32 * a_lo), p_hi = w.k_hi * (i_hi - 32 * a_hi);
+                    int got = __shfl_xor_sync(FULL_MASK, at.own_hi ? p_lo : p_hi, KqPlace<F>::partner);
+                    float v = (float)((at.own_hi ? p_hi : p_lo) + got);
+                    float g = w.d * dx;
+                    p = fmaf(v, g, 0.0f);
+#pragma unroll
+                    for (int u = 1; u < Q8_CHUNK; u++) {
+                        float back = __shfl_up_sync(FULL_MASK, p, 1);
+                        if (pos == u) p = fmaf(v, g, back);
+                    }
                 }
                 // Chunks c = 0 .. 7 of the stretch (two a super-block) in order.
 #pragma unroll
@@ -152,7 +301,7 @@ __device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed
 // block, MM_TOKENS, or 1 for a decode step (fewer registers). EARLY: as
 // kq_row_dot's (the block's matrix and row are read from the parameters,
 // not from memory the kernel before writes).
-template <int T, bool EARLY>
+template <int F, int T, bool EARLY>
 __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* __restrict__ xq,
                                const float* __restrict__ xd, int n) {
     int bx = blockIdx.x;
@@ -175,8 +324,8 @@ __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* _
         ds[t] = xd + (i64)tt * nb;
     }
     float acc[T];
-    kq_row_dot<T, EARLY>(w + (i64)min(row, rows - 1) * row_bytes, cols, qs, ds, min(n - t0, T),
-                         acc);
+    kq_row_dot<F, T, EARLY>(w + (i64)min(row, rows - 1) * row_bytes, cols, qs, ds,
+                            min(n - t0, T), acc);
     if (row < rows && (threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int t = 0; t < T; t++)
@@ -187,12 +336,16 @@ __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* _
 // Batches on the integer tensor cores: mmq.cu's tiles (MQ_BM rows ×
 // MQ_BN tokens a block of MQ_THREADS, a step of Q8_CHUNK blocks — half a
 // super-block — staged in shared memory, the warps' fragments as there),
-// with the codes unpacked to one a byte, and per (row, block) the scale
-// and min, per (token, block) the activations' Σ a beside their scale.
+// with the codes one a byte (Q6_K's as q − 32), and per (row, block) k0,
+// k1 (Q4_K: the scale and min; Q6_K: the scales of elements 0..15 and
+// 16..31), per (token, block) the activations' Σ a (Q4_K) beside their
+// scale. A Q6_K block takes two MMAs, one a 16-element half (the other
+// half's A registers zero: in m16n8k32's A fragment registers 0 and 1
+// hold k < 16, 2 and 3 k ≥ 16).
 struct __align__(16) KqTiles {
     u8 a[MQ_BM][MQ_LD];
-    int sc[MQ_BM][Q8_CHUNK];
-    int mn[MQ_BM][Q8_CHUNK];
+    int k0[MQ_BM][Q8_CHUNK];
+    int k1[MQ_BM][Q8_CHUNK];
     float d[MQ_BM];
     float dmin[MQ_BM];
     u8 b[MQ_BN][MQ_LD];
@@ -200,21 +353,46 @@ struct __align__(16) KqTiles {
     int bsum[MQ_BN][Q8_CHUNK];
 };
 
+// Q6_K codes 0..63 as the bytes of q − 32 (each byte lifted by 128 so
+// that the subtraction borrows from no neighbour, then dropped again).
+__device__ __forceinline__ u32 kq_q6_centred(u32 q) {
+    return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
+}
+
 // Stages blocks b0 .. b0 + Q8_CHUNK (half `b0 / 4 % 2` of super-block
 // b0 / 8) of the tile's rows and tokens; every load is issued before any
 // store.
+template <int F>
 __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
                                          const signed char* const* xrow,
                                          const float* const* xsc, int b0) {
-    static_assert(MQ_BM * 4 == MQ_THREADS, "a thread a 16-byte piece of the rows' codes");
+    static_assert(MQ_BM * 4 == MQ_THREADS, "four threads a row");
     static_assert(MQ_BN * Q8_CHUNK * 2 == 2 * MQ_THREADS, "two pieces of tokens a thread");
     static_assert(MQ_BN * Q8_CHUNK == MQ_THREADS, "a token scale a thread");
     int sb = b0 / 8, half = (b0 / 4) & 1;
-    // Codes: thread i takes piece 4·half + i % 4 of row i / 4.
     int ar = threadIdx.x / 4, ap = threadIdx.x % 4;
-    uint4 qa = ld_stream_u4(arow[ar] + (i64)sb * 144 + 16 + 16 * (4 * half + ap));
-    uint4 hd = make_uint4(0, 0, 0, 0);
-    if (threadIdx.x < MQ_BM) hd = ld_stream_u4(arow[threadIdx.x] + (i64)sb * 144);
+    const u8* blk = arow[ar] + (i64)sb * KqFormat<F>::bytes;
+    // Q4_K: thread ap takes code piece 4·half + ap (elements 16(ap % 2) ..
+    // of local blocks 2(ap / 2) and 2(ap / 2) + 1), thread r < MQ_BM row
+    // r's header. Q6_K: thread ap takes the ql and qh pieces of elements
+    // 16(ap % 2) .. of local blocks ap / 2 and ap / 2 + 2, threads ap = 0
+    // the half's 8 scales and d.
+    uint4 qa = make_uint4(0, 0, 0, 0), hd = make_uint4(0, 0, 0, 0);
+    KqRaw16 ql, qh;
+    u32 sc[4] = {0, 0, 0, 0}, d6 = 0;
+    if constexpr (F == F_Q4_K) {
+        qa = ld_stream_u4(blk + 16 + 16 * (4 * half + ap));
+        if (threadIdx.x < MQ_BM) hd = ld_stream_u4(arow[threadIdx.x] + (i64)sb * KqFormat<F>::bytes);
+    } else {
+        int j = ap >> 1, e = ap & 1;
+        ql = kq_ld16_raw(blk + 64 * half + 32 * j + 16 * e);
+        qh = kq_ld16_raw(blk + 128 + 32 * half + 16 * e);
+        if (ap == 0) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) sc[i] = ld_stream_u16(blk + 192 + 8 * half + 2 * i);
+            d6 = ld_stream_u16(blk + 208);
+        }
+    }
     uint4 rb[2];
     int bt[2], bp[2];
 #pragma unroll
@@ -226,36 +404,60 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
     }
     int st = threadIdx.x / Q8_CHUNK, su = threadIdx.x % Q8_CHUNK;
     float rs = xsc[st][b0 + su];
-    // Piece ap: elements 16(ap % 2) .. of local blocks 2(ap / 2) (low
-    // nibbles) and 2(ap / 2) + 1 (high).
-    u8* lo = &s.a[ar][(2 * (ap >> 1)) * 32 + 16 * (ap & 1)];
-    ((uint4*)lo)[0] = make_uint4(qa.x & 0x0F0F0F0Fu, qa.y & 0x0F0F0F0Fu, qa.z & 0x0F0F0F0Fu,
-                                 qa.w & 0x0F0F0F0Fu);
-    ((uint4*)(lo + 32))[0] =
-        make_uint4((qa.x >> 4) & 0x0F0F0F0Fu, (qa.y >> 4) & 0x0F0F0F0Fu,
-                   (qa.z >> 4) & 0x0F0F0F0Fu, (qa.w >> 4) & 0x0F0F0F0Fu);
-    if (threadIdx.x < MQ_BM) {
+    if constexpr (F == F_Q4_K) {
+        u8* lo = &s.a[ar][(2 * (ap >> 1)) * 32 + 16 * (ap & 1)];
+        ((uint4*)lo)[0] = make_uint4(qa.x & 0x0F0F0F0Fu, qa.y & 0x0F0F0F0Fu, qa.z & 0x0F0F0F0Fu,
+                                     qa.w & 0x0F0F0F0Fu);
+        ((uint4*)(lo + 32))[0] =
+            make_uint4((qa.x >> 4) & 0x0F0F0F0Fu, (qa.y >> 4) & 0x0F0F0F0Fu,
+                       (qa.z >> 4) & 0x0F0F0F0Fu, (qa.w >> 4) & 0x0F0F0F0Fu);
+        if (threadIdx.x < MQ_BM) {
+            int r = threadIdx.x;
 #pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++)
-            kq_scale_min(hd, 4 * half + u, &s.sc[threadIdx.x][u], &s.mn[threadIdx.x][u]);
-        s.d[threadIdx.x] = f16_to_f32((u16)(hd.x & 0xFFFFu));
-        s.dmin[threadIdx.x] = f16_to_f32((u16)(hd.x >> 16));
+            for (int u = 0; u < Q8_CHUNK; u++) kq_scale_min(hd, 4 * half + u, &s.k0[r][u], &s.k1[r][u]);
+            s.d[r] = f16_to_f32((u16)(hd.x & 0xFFFFu));
+            s.dmin[r] = f16_to_f32((u16)(hd.x >> 16));
+        }
+    } else {
+        u32 lw[4], hw[4], lo[4], hi[4];
+        kq_ld16_words(ql, lw);
+        kq_ld16_words(qh, hw);
+        int j = ap >> 1;
+        kq_q6_codes(lw, hw, j, lo, hi);
+        u8* dst = &s.a[ar][j * 32 + 16 * (ap & 1)];
+        ((uint4*)dst)[0] = make_uint4(kq_q6_centred(lo[0]), kq_q6_centred(lo[1]),
+                                      kq_q6_centred(lo[2]), kq_q6_centred(lo[3]));
+        ((uint4*)(dst + 64))[0] = make_uint4(kq_q6_centred(hi[0]), kq_q6_centred(hi[1]),
+                                             kq_q6_centred(hi[2]), kq_q6_centred(hi[3]));
+        if (ap == 0) {
+            // Scale 2u + e of the half is byte e of word u.
+#pragma unroll
+            for (int u = 0; u < Q8_CHUNK; u++) {
+                s.k0[ar][u] = (int)(signed char)(sc[u] & 0xFFu);
+                s.k1[ar][u] = (int)(signed char)(sc[u] >> 8);
+            }
+            s.d[ar] = f16_to_f32((u16)d6);
+            s.dmin[ar] = 0.0f;
+        }
     }
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         ((uint4*)&s.b[bt[j]][0])[bp[j]] = rb[j];
-        // The block's Σ a: this piece's half, and its partner's (the
-        // neighbouring lane holds the other half of the same block).
-        int4 v = make_int4((int)rb[j].x, (int)rb[j].y, (int)rb[j].z, (int)rb[j].w);
-        int part = kq_byte_sum(v, 0);
-        int sum = part + __shfl_xor_sync(FULL_MASK, part, 1);
-        if ((bp[j] & 1) == 0) s.bsum[bt[j]][bp[j] >> 1] = sum;
+        if constexpr (F == F_Q4_K) {
+            // The block's Σ a: this piece's half, and its partner's (the
+            // neighbouring lane holds the other half of the same block).
+            int4 v = make_int4((int)rb[j].x, (int)rb[j].y, (int)rb[j].z, (int)rb[j].w);
+            int part = kq_byte_sum(v, 0);
+            int sum = part + __shfl_xor_sync(FULL_MASK, part, 1);
+            if ((bp[j] & 1) == 0) s.bsum[bt[j]][bp[j] >> 1] = sum;
+        }
     }
     s.bs[st][su] = rs;
 }
 
 // Dense: out[t, o] (+ bias[o], null: none); grid (ceil(rows / MQ_BM),
 // ceil(n / MQ_BN)).
+template <int F>
 __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
                              const signed char* __restrict__ xq, const float* __restrict__ xd,
                              int n, float* __restrict__ out, const float* __restrict__ bias) {
@@ -281,7 +483,7 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
     int nb = cols / 32;
     for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
         __syncthreads();  // the row and token pointers are set; the last step's tiles read
-        kq_stage(s, arow, xrow, xsc, b0);
+        kq_stage<F>(s, arow, xrow, xsc, b0);
         __syncthreads();
         float part[MMQ_MT][MMQ_NT][4];
 #pragma unroll
@@ -293,7 +495,7 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
 #pragma unroll
         for (int u = 0; u < Q8_CHUNK; u++) {
             u32 a[MMQ_MT][4];
-            int sc[MMQ_MT][2], mn[MMQ_MT][2];
+            int k0[MMQ_MT][2], k1[MMQ_MT][2];
             float d[MMQ_MT][2], dmin[MMQ_MT][2];
 #pragma unroll
             for (int mt = 0; mt < MMQ_MT; mt++) {
@@ -306,8 +508,8 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     int r = ra[mt] + g + 8 * e;
-                    sc[mt][e] = s.sc[r][u];
-                    mn[mt][e] = s.mn[r][u];
+                    k0[mt][e] = s.k0[r][u];
+                    k1[mt][e] = s.k1[r][u];
                     d[mt][e] = s.d[r];
                     dmin[mt][e] = s.dmin[r];
                 }
@@ -321,18 +523,32 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     dx[e] = s.bs[tb + 8 * nt + 2 * q + e][u];
-                    as[e] = s.bsum[tb + 8 * nt + 2 * q + e][u];
+                    as[e] = F == F_Q4_K ? s.bsum[tb + 8 * nt + 2 * q + e][u] : 0;
                 }
 #pragma unroll
                 for (int mt = 0; mt < MMQ_MT; mt++) {
-                    int c[4];
-                    mma_s8(c, a[mt], bx);
+                    if constexpr (F == F_Q4_K) {
+                        int c[4];
+                        mma_s8(c, a[mt], bx);
 #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        int r = i >> 1, t = i & 1;
-                        float v = (float)(sc[mt][r] * c[i]), vm = (float)(mn[mt][r] * as[t]);
-                        float p = fmaf(v, d[mt][r] * dx[t], part[mt][nt][i]);
-                        part[mt][nt][i] = fmaf(-vm, dmin[mt][r] * dx[t], p);
+                        for (int i = 0; i < 4; i++) {
+                            int r = i >> 1, t = i & 1;
+                            float v = (float)(k0[mt][r] * c[i]), vm = (float)(k1[mt][r] * as[t]);
+                            float p = fmaf(v, d[mt][r] * dx[t], part[mt][nt][i]);
+                            part[mt][nt][i] = fmaf(-vm, dmin[mt][r] * dx[t], p);
+                        }
+                    } else {
+                        int c0[4], c1[4];
+                        u32 first[4] = {a[mt][0], a[mt][1], 0u, 0u};
+                        u32 second[4] = {0u, 0u, a[mt][2], a[mt][3]};
+                        mma_s8(c0, first, bx);
+                        mma_s8(c1, second, bx);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            int r = i >> 1, t = i & 1;
+                            float v = (float)(k0[mt][r] * c0[i] + k1[mt][r] * c1[i]);
+                            part[mt][nt][i] = fmaf(v, d[mt][r] * dx[t], part[mt][nt][i]);
+                        }
                     }
                 }
             }
@@ -358,20 +574,24 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
             }
 }
 
-extern "C" __global__ void kq_matmul_q4_k(MatGroup g, int cols, const signed char* xq,
-                                          const float* xd, int n) {
-    KERNEL_ENTRY();
-    kq_matmul_impl<MM_TOKENS, false>(g, cols, xq, xd, n);
-}
-// A decode step's: the first weights loaded before the wait.
-extern "C" __global__ void kq_matmul1_q4_k(MatGroup g, int cols, const signed char* xq,
-                                           const float* xd, int n) {
-    kq_matmul_impl<1, true>(g, cols, xq, xd, n);
-}
+// The kernels of format F, named after it: a few tokens, one token (a
+// decode step's: the first weights loaded before the wait), a batch.
+#define KQ_KERNELS(fmt, F)                                                                       \
+    extern "C" __global__ void kq_matmul_##fmt(MatGroup g, int cols, const signed char* xq,      \
+                                               const float* xd, int n) {                         \
+        KERNEL_ENTRY();                                                                          \
+        kq_matmul_impl<F, MM_TOKENS, false>(g, cols, xq, xd, n);                                 \
+    }                                                                                            \
+    extern "C" __global__ void kq_matmul1_##fmt(MatGroup g, int cols, const signed char* xq,     \
+                                                const float* xd, int n) {                        \
+        kq_matmul_impl<F, 1, true>(g, cols, xq, xd, n);                                          \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+        kq_tile_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,     \
+                      const float* xd, int n, float* out, const float* bias) {                   \
+        KERNEL_ENTRY();                                                                          \
+        kq_tile_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out, bias);                         \
+    }
 
-extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)
-    kq_tile_q4_k(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,
-                 const float* xd, int n, float* out, const float* bias) {
-    KERNEL_ENTRY();
-    kq_tile_impl(W, rows, cols, row_bytes, xq, xd, n, out, bias);
-}
+KQ_KERNELS(q4_k, F_Q4_K)
+KQ_KERNELS(q6_k, F_Q6_K)

@@ -1,17 +1,17 @@
-//! Q4_K products against 8-bit activations in fast numerics
+//! Q4_K and Q6_K products against 8-bit activations in fast numerics
 //! (`kernels/kq.cu`): the setting that turns them on, which products fit
 //! them, and their kernels.
 //!
-//! The default decodes Q4_K weights to bf16 for the tensor cores
+//! The default decodes K-quant weights to bf16 for the tensor cores
 //! (`kernels/tcmm.cu`): a decode step's products then spend ~0.4
 //! instructions a weight and a warp on the decoding and on MMAs whose 8
 //! token columns hold one token (an 8B model's Q4_K rows streamed at ~530
-//! GB/s on an H200; BENCHMARKS.md, twenty-seventh session). kq.cu dots the
-//! 4-bit codes with the token's 8-bit codes in integers (dp4a) and applies
-//! a sub-block's scale and min once per 32 weights, as llama.cpp's
-//! matrix-vector kernels do; a batch takes the same integer sums on the
-//! integer tensor cores in the same f32 order, so a token's bits are the
-//! same alone or in a batch. Opt-in until measured on a GPU:
+//! GB/s, its Q6_K rows at ~830, on an H200; BENCHMARKS.md, twenty-seventh
+//! session). kq.cu dots the codes with the token's 8-bit codes in integers
+//! (dp4a) and applies a sub-block's scales once per 16 or 32 weights, as
+//! llama.cpp's matrix-vector kernels do; a batch takes the same integer
+//! sums on the integer tensor cores in the same f32 order, so a token's
+//! bits are the same alone or in a batch. Opt-in until measured on a GPU:
 //! `TURBOSPARK_CUDA_KQ=int8`.
 
 use super::kernel;
@@ -20,9 +20,11 @@ use cudarc::driver::{CudaFunction, CudaModule};
 use std::sync::Arc;
 use turbospark_core::QuantFormat;
 
-/// Columns of a Q4_K super-block and its bytes.
+/// Columns of a K-quant super-block.
 const SUPER_BLOCK: usize = 256;
-const SUPER_BLOCK_BYTES: usize = 144;
+
+/// The formats with kernels in kq.cu.
+const KQ_FORMATS: [QuantFormat; 2] = [QuantFormat::Q4K, QuantFormat::Q6K];
 
 /// The kernels of one format.
 pub(crate) struct KqSet {
@@ -46,17 +48,20 @@ pub(crate) struct KqKernels {
 impl KqKernels {
     pub(super) fn load(m: &Arc<CudaModule>) -> Result<KqKernels, CudaError> {
         let f = |kind: &str, fmt: QuantFormat| kernel(m, &format!("kq_{kind}_{}", fmt.name()));
-        let q4k = QuantFormat::Q4K;
-        Ok(KqKernels {
-            sets: vec![(
-                q4k,
-                KqSet {
-                    matmul: f("matmul", q4k)?,
-                    matmul1: f("matmul1", q4k)?,
-                    tile: f("tile", q4k)?,
-                },
-            )],
-        })
+        let sets = KQ_FORMATS
+            .iter()
+            .map(|&fmt| {
+                Ok((
+                    fmt,
+                    KqSet {
+                        matmul: f("matmul", fmt)?,
+                        matmul1: f("matmul1", fmt)?,
+                        tile: f("tile", fmt)?,
+                    },
+                ))
+            })
+            .collect::<Result<_, CudaError>>()?;
+        Ok(KqKernels { sets })
     }
 
     /// The kernels of `fmt`, if it has them.
@@ -65,7 +70,7 @@ impl KqKernels {
     }
 }
 
-/// Whether Q4_K products take kq.cu's kernels (`TURBOSPARK_CUDA_KQ`): only
+/// Whether Q4_K and Q6_K products take kq.cu's kernels (`TURBOSPARK_CUDA_KQ`): only
 /// with `int8`.
 pub(super) fn kq_setting(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("int8")
@@ -73,16 +78,23 @@ pub(super) fn kq_setting(setting: Option<&str>) -> bool {
 
 /// Whether a product of a matrix of `format` (`cols` wide, at device
 /// address `w`, rows `row_bytes` apart) with the input at `x` fits kq.cu's
-/// kernels: whole super-blocks, whose 16-byte loads need the matrix and its
-/// rows 16-byte aligned, and 16-byte aligned activations.
+/// kernels: a format they have, whole super-blocks in rows of ggml's
+/// layout, 16-byte aligned activations, and the alignment the format's
+/// loads need — Q4_K's 16-byte pieces the matrix and its rows 16-byte
+/// aligned; Q6_K's aligned words the matrix 4-byte aligned (a row may then
+/// start 2 bytes past a word: the kernels read the words around it, which
+/// lie in the matrix).
 pub(crate) fn kq_fits(format: QuantFormat, cols: usize, w: u64, row_bytes: usize, x: u64) -> bool {
-    format == QuantFormat::Q4K
-        && cols > 0
+    let whole = cols > 0
         && cols % SUPER_BLOCK == 0
-        && row_bytes == cols / SUPER_BLOCK * SUPER_BLOCK_BYTES
-        && w % 16 == 0
-        && row_bytes % 16 == 0
-        && x % 16 == 0
+        && row_bytes == cols / SUPER_BLOCK * format.block_bytes()
+        && x % 16 == 0;
+    whole
+        && match format {
+            QuantFormat::Q4K => w % 16 == 0 && row_bytes % 16 == 0,
+            QuantFormat::Q6K => w % 4 == 0,
+            _ => false,
+        }
 }
 
 #[cfg(test)]
@@ -99,10 +111,17 @@ mod tests {
     }
 
     #[test]
-    fn only_aligned_whole_q4_k_super_blocks_fit() {
-        // An 8B model's ffn rows: 4096 columns, 16 super-blocks of 144 bytes.
+    fn only_aligned_whole_k_quant_super_blocks_fit() {
+        // An 8B model's ffn rows: 4096 columns, 16 super-blocks of 144
+        // (Q4_K) or 210 (Q6_K) bytes.
         assert!(kq_fits(QuantFormat::Q4K, 4096, 0x1000, 2304, 0x2000));
-        assert!(!kq_fits(QuantFormat::Q6K, 4096, 0x1000, 3360, 0x2000));
+        assert!(kq_fits(QuantFormat::Q6K, 4096, 0x1000, 3360, 0x2000));
+        // Q6_K rows of 11 super-blocks: every other row starts 2 bytes
+        // past a word, which the kernels read around.
+        assert!(kq_fits(QuantFormat::Q6K, 2816, 0x1004, 2310, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q6K, 2816, 0x1002, 2310, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q5K, 4096, 0x1000, 2816, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q8_0, 4096, 0x1000, 4352, 0x2000));
         assert!(!kq_fits(QuantFormat::Q4K, 4096, 0x1008, 2304, 0x2000));
         assert!(!kq_fits(QuantFormat::Q4K, 4096, 0x1000, 2304, 0x2004));
         assert!(!kq_fits(QuantFormat::Q4K, 4096, 0x1000, 2320, 0x2000));

@@ -406,8 +406,8 @@ inline uint4 ld_stream_u4(const void* p) { return ld_aligned<uint4>(p); }
 inline u32 tc_ld16(const u8* p) { return ld_aligned<u16>(p); }
 inline u32 tc_ld32(const u8* p) { return ld_aligned<u32>(p); }
 inline uint2 tc_ld64(const u8* p) { return ld_aligned<uint2>(p); }
-inline u32 ld_stream_u32(const void* p) { return *(const u32*)p; }
-inline u32 ld_stream_u16(const void* p) { return *(const u16*)p; }
+inline u32 ld_stream_u32(const void* p) { return ld_aligned<u32>(p); }
+inline u32 ld_stream_u16(const void* p) { return ld_aligned<u16>(p); }
 inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
 inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
 inline float ld_f32_after_wait(const float* p) { return *p; }

@@ -325,16 +325,24 @@ mod tests {
     /// Whether kq.cu's `kq_row_dot` in `text`, with EARLY, issues only
     /// weight loads before it waits: every lane waits after the first
     /// round's weight loads, with no return before, and reads the tokens
-    /// after it through the loads kept after the wait.
+    /// after it (`kq_token_load<EARLY>`) through the loads kept after the
+    /// wait.
     fn kq_waits_before_the_tokens(text: &str) -> bool {
         let Some(at) = text.find("void kq_row_dot(") else {
             return false;
         };
         let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let token = text
+            .find("KqToken kq_token_load(")
+            .map(|t| &text[t..text[t..].find("\n}\n").map_or(text.len(), |e| t + e)]);
         matches!(
-            (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("ld_i4_after_wait(xl)")),
+            (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("kq_token_load<EARLY>(")),
             (Some(w), Some(x)) if w < x && !body[..w].contains("return")
-        ) && body.contains("ld_f32_after_wait(xd[t] + b)")
+        ) && token.is_some_and(|t| {
+            t.contains("EARLY ? ld_i4_after_wait(xl)")
+                && t.contains("EARLY ? ld_i4_after_wait(xh)")
+                && t.contains("EARLY ? ld_f32_after_wait(xd + b)")
+        })
     }
 
     /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it

@@ -203,6 +203,29 @@ __device__ __forceinline__ KqLane kq_lane_decode(const KqLaneRaw<F>& r, int p) {
     return l;
 }
 
+// A lane's share of a token for one super-block sb: the 16 codes of each
+// of its two pieces (sub-blocks lo and hi, from element `offset`) and its
+// own block's scale; zeros past the row's end. EARLY: loads kept after
+// the wait (common.cuh).
+struct KqToken {
+    int4 lo, hi;
+    float d;
+};
+template <bool EARLY>
+__device__ __forceinline__ KqToken kq_token_load(const signed char* xq, const float* xd, int sb,
+                                                 int nsb, int piece, int lo, int hi, int offset) {
+    KqToken x = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0), 0.0f};
+    if (sb < nsb) {
+        const signed char* xl = xq + ((i64)sb * 8 + lo) * 32 + offset;
+        const signed char* xh = xq + ((i64)sb * 8 + hi) * 32 + offset;
+        i64 b = (i64)sb * 8 + piece;  // the block the lane owns
+        x.lo = EARLY ? ld_i4_after_wait(xl) : *(const int4*)xl;
+        x.hi = EARLY ? ld_i4_after_wait(xh) : *(const int4*)xh;
+        x.d = EARLY ? ld_f32_after_wait(xd + b) : xd[b];
+    }
+    return x;
+}
+
 // Super-blocks a stretch covers (8 lanes each) and stretches whose loads
 // a warp issues before using any.
 #define KQ_SB_A_STRETCH 4
@@ -213,7 +236,10 @@ __device__ __forceinline__ KqLane kq_lane_decode(const KqLaneRaw<F>& r, int p) {
 // l of a stretch owns block l (KqPlace): it forms integer sums over its
 // two pieces, sends its partner the one the partner owns, and adds the
 // one it gets; the chunk's fmaf chain then passes from lane to lane (4
-// lanes a chunk), and every lane adds the chunks' parts in order.
+// lanes a chunk), and every lane adds the chunks' parts in order. A
+// round's weight loads are all issued before any is used, and with one
+// token its loads too (more tokens read theirs stretch by stretch, to
+// spare registers).
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first round's
 // weight loads are issued, then every lane waits for the kernel before
 // (each row has a super-block, so every warp has a first round), then
@@ -237,24 +263,27 @@ __device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed
             raw[i] = kq_lane_load<F>(row + (i64)sb * KqFormat<F>::bytes, piece);
         }
         if (EARLY && s0 == 0) KERNEL_ENTRY();
+        // One token: its loads for the round too, before any is used.
+        KqToken held[T == 1 ? KQ_UNROLL : 1];
+        if constexpr (T == 1) {
+#pragma unroll
+            for (int i = 0; i < KQ_UNROLL; i++)
+                held[i] = kq_token_load<EARLY>(xq[0], xd[0], (s0 + i) * KQ_SB_A_STRETCH + (lane >> 3),
+                                               nsb, piece, at.lo, at.hi, at.offset);
+        }
 #pragma unroll
         for (int i = 0; i < KQ_UNROLL; i++) {
             int first = (s0 + i) * KQ_SB_A_STRETCH;
             if (first >= nsb) break;  // uniform over the warp
-            int sb = first + (lane >> 3);
-            bool valid = sb < nsb;
             KqLane w = kq_lane_decode<F>(raw[i], piece);
-            i64 b = (i64)sb * 8 + piece;  // the block this lane owns
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
-                const signed char* xl = xq[t] + ((i64)sb * 8 + at.lo) * 32 + at.offset;
-                const signed char* xh = xq[t] + ((i64)sb * 8 + at.hi) * 32 + at.offset;
-                int4 xa = valid ? (EARLY ? ld_i4_after_wait(xl) : *(const int4*)xl)
-                                : make_int4(0, 0, 0, 0);
-                int4 xb = valid ? (EARLY ? ld_i4_after_wait(xh) : *(const int4*)xh)
-                                : make_int4(0, 0, 0, 0);
-                float dx = valid ? (EARLY ? ld_f32_after_wait(xd[t] + b) : xd[t][b]) : 0.0f;
+                KqToken x = T == 1 ? held[i]
+                                   : kq_token_load<EARLY>(xq[t], xd[t], first + (lane >> 3), nsb,
+                                                          piece, at.lo, at.hi, at.offset);
+                int4 xa = x.lo, xb = x.hi;
+                float dx = x.d;
                 int i_lo = kq_dot4(w.lo, xa), i_hi = kq_dot4(w.hi, xb);
                 int a_lo = kq_byte_sum(xa, 0), a_hi = kq_byte_sum(xb, 0);
                 float p;

@@ -11,7 +11,7 @@ pub(crate) mod q8;
 pub(crate) mod tc;
 
 use kq::kq_setting;
-pub(crate) use kq::{kq_fits, KqKernels};
+pub(crate) use kq::{kq_fits, KqKernels, KqSet};
 
 pub(crate) use q8::{
     OneKernel, OneWork, Q8Kernels, Q8Set, MMA_GU_ROWS, MMA_GU_THREADS, MMA_MAX_COLS, MMA_Q8_WARPS,

@@ -322,13 +322,13 @@ mod tests {
         )
     }
 
-    /// Whether kq.cu's `kq_row_dot` in `text`, with EARLY, issues only
+    /// Whether kq.cu's `kq_rows_dot` in `text`, with EARLY, issues only
     /// weight loads before it waits: every lane waits after the first
     /// round's weight loads, with no return before, and reads the tokens
     /// after it (`kq_token_load<EARLY>`) through the loads kept after the
     /// wait.
     fn kq_waits_before_the_tokens(text: &str) -> bool {
-        let Some(at) = text.find("void kq_row_dot(") else {
+        let Some(at) = text.find("void kq_rows_dot(") else {
             return false;
         };
         let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];

@@ -107,3 +107,13 @@ fn tensor_core_experts_agree_bit_for_bit() {
 fn k_quant_integer_products_match_the_reference_order_bit_for_bit() {
     build_and_run("kq_products");
 }
+
+/// Routed experts of Q4_K and Q6_K banks against 8-bit activations (kq.cu,
+/// opt-in `TURBOSPARK_CUDA_KQ=int8`): route by route and grouped by expert
+/// on the integer tensor cores, every activation and output the bits of
+/// the scalar reference with moe.cu's activation and biases; masked slots
+/// and routes past the bank write nothing.
+#[test]
+fn k_quant_integer_experts_match_the_reference_order_bit_for_bit() {
+    build_and_run("kq_experts");
+}

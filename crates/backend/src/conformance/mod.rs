@@ -22,6 +22,7 @@ mod delta_net;
 mod elementwise;
 mod linear;
 mod moe;
+mod moe_k_quants;
 pub mod reference;
 
 use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
@@ -43,6 +44,7 @@ pub use moe::{
     check_moe, check_moe_intermediate, check_pinned_slot_fills, check_route,
     check_router_then_experts,
 };
+pub use moe_k_quants::check_moe_k_quants;
 
 /// How far a backend's results may be from the f64 reference, per op
 /// family, and whether a row's bits may depend on its batch. Each tolerance
@@ -153,6 +155,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_softcap(device, tol)?;
     check_route(device, tol)?;
     check_moe(device, tol)?;
+    check_moe_k_quants(device, tol)?;
     check_moe_intermediate(device, tol)?;
     check_pinned_slot_fills(device)?;
     check_router_then_experts(device)?;

@@ -42,7 +42,7 @@ typedef long long i64;
 // products of a few tokens (tcmm.cu `matmul_bf16_tc1`), and one token's
 // Q8_0 products on the tensor cores (q8mma.cu `matmul1_mma_q8_0_impl`)
 // issue all of theirs, and one token's K-quant products on 8-bit activations
-// (kq.cu `kq_row_dot`, EARLY) their first round's; then they wait.
+// (kq.cu `kq_rows_dot`, EARLY) their first round's; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -107,7 +107,7 @@ struct KqFormat {
     static constexpr int bytes = F == F_Q4_K ? 144 : 210;
 };
 
-// What a lane of kq_row_dot loads of a super-block (raw; decoded after
+// What a lane of kq_rows_dot loads of a super-block (raw; decoded after
 // the round's loads are all issued).
 template <int F>
 struct KqLaneRaw;
@@ -231,93 +231,116 @@ __device__ __forceinline__ KqToken kq_token_load(const signed char* xq, const fl
 #define KQ_SB_A_STRETCH 4
 #define KQ_UNROLL 4
 
-// A row dotted with T tokens' quantized activations (nt of them live)
-// into acc[t], by every lane of a warp (each ends with the totals). Lane
-// l of a stretch owns block l (KqPlace): it forms integer sums over its
-// two pieces, sends its partner the one the partner owns, and adds the
-// one it gets; the chunk's fmaf chain then passes from lane to lane (4
-// lanes a chunk), and every lane adds the chunks' parts in order. A
-// round's weight loads are all issued before any is used, and with one
-// token its loads too (more tokens read theirs stretch by stretch, to
-// spare registers).
+// A lane's block of one row against one token (x, with the Σ a of its
+// two pieces): the integer sums of its pieces, the exchange with its
+// partner, the block's f32 steps; then the chunk's chain, lane 4c + pos
+// forming block pos's steps after the part of the blocks before it. The
+// lane at pos Q8_CHUNK - 1 ends with the chunk's part. Every lane of the
+// warp calls it.
+template <int F>
+__device__ __forceinline__ float kq_chunk_part(const KqLane& w, const KqToken& x, int a_lo,
+                                               int a_hi, const KqPlace<F>& at, int pos) {
+    int i_lo = kq_dot4(w.lo, x.lo), i_hi = kq_dot4(w.hi, x.hi);
+    float p;
+    if constexpr (F == F_Q4_K) {
+        int gi = __shfl_xor_sync(FULL_MASK, at.own_hi ? i_lo : i_hi, KqPlace<F>::partner);
+        int ga = __shfl_xor_sync(FULL_MASK, at.own_hi ? a_lo : a_hi, KqPlace<F>::partner);
+        int isum = (at.own_hi ? i_hi : i_lo) + gi, asum = (at.own_hi ? a_hi : a_lo) + ga;
+        float v = (float)(w.k_lo * isum), vm = (float)(w.k_hi * asum);
+        float g = w.d * x.d, gm = w.dmin * x.d;
+        p = fmaf(-vm, gm, fmaf(v, g, 0.0f));
+#pragma unroll
+        for (int u = 1; u < Q8_CHUNK; u++) {
+            float back = __shfl_up_sync(FULL_MASK, p, 1);
+            if (pos == u) p = fmaf(-vm, gm, fmaf(v, g, back));
+        }
+    } else {
+        // Σ (q − 32) a of each piece, times its scale.
+        int p_lo = w.k_lo * (i_lo - 32 * a_lo), p_hi = w.k_hi * (i_hi - 32 * a_hi);
+        int got = __shfl_xor_sync(FULL_MASK, at.own_hi ? p_lo : p_hi, KqPlace<F>::partner);
+        float v = (float)((at.own_hi ? p_hi : p_lo) + got);
+        float g = w.d * x.d;
+        p = fmaf(v, g, 0.0f);
+#pragma unroll
+        for (int u = 1; u < Q8_CHUNK; u++) {
+            float back = __shfl_up_sync(FULL_MASK, p, 1);
+            if (pos == u) p = fmaf(v, g, back);
+        }
+    }
+    return p;
+}
+
+// R rows (of one format and width) dotted with T tokens' quantized
+// activations (nt of them live) into acc[r][t], by every lane of a warp
+// (each ends with the totals). Lane l of a stretch owns block l
+// (KqPlace): it forms integer sums over its two pieces, sends its partner
+// the one the partner owns, and adds the one it gets; the chunk's fmaf
+// chain then passes from lane to lane (4 lanes a chunk), and every lane
+// adds the chunks' parts in order. A round's weight loads are all issued
+// before any is used, and with one token its loads too (more tokens read
+// theirs stretch by stretch, to spare registers); two rows (a route's
+// gate and up rows) share the token's loads, in rounds of half as many
+// stretches.
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first round's
 // weight loads are issued, then every lane waits for the kernel before
 // (each row has a super-block, so every warp has a first round), then
 // reads the tokens, which that kernel may have written.
-template <int F, int T, bool EARLY = false>
-__device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed char* const* xq,
-                                           const float* const* xd, int nt, float* acc) {
+template <int F, int T, int R, bool EARLY = false>
+__device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
+                                            const signed char* const* xq, const float* const* xd,
+                                            int nt, float (*acc)[T]) {
+    constexpr int UNROLL = KQ_UNROLL / R;
     int lane = threadIdx.x & 31, piece = lane & 7;
     int pos = lane & 3;  // the lane's block in its chunk
     KqPlace<F> at(piece);
     int nsb = cols / 256;
     int stretches = (nsb + KQ_SB_A_STRETCH - 1) / KQ_SB_A_STRETCH;
 #pragma unroll
-    for (int t = 0; t < T; t++) acc[t] = 0.0f;
-    for (int s0 = 0; s0 < stretches; s0 += KQ_UNROLL) {
-        KqLaneRaw<F> raw[KQ_UNROLL];
+    for (int r = 0; r < R; r++)
 #pragma unroll
-        for (int i = 0; i < KQ_UNROLL; i++) {
+        for (int t = 0; t < T; t++) acc[r][t] = 0.0f;
+    for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
+        KqLaneRaw<F> raw[R][UNROLL];
+#pragma unroll
+        for (int i = 0; i < UNROLL; i++) {
             // (A super-block past the row's end reads the row's last.)
             int sb = min((s0 + i) * KQ_SB_A_STRETCH + (lane >> 3), nsb - 1);
-            raw[i] = kq_lane_load<F>(row + (i64)sb * KqFormat<F>::bytes, piece);
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                raw[r][i] = kq_lane_load<F>(rows[r] + (i64)sb * KqFormat<F>::bytes, piece);
         }
         if (EARLY && s0 == 0) KERNEL_ENTRY();
         // One token: its loads for the round too, before any is used.
-        KqToken held[T == 1 ? KQ_UNROLL : 1];
+        KqToken held[T == 1 ? UNROLL : 1];
         if constexpr (T == 1) {
 #pragma unroll
-            for (int i = 0; i < KQ_UNROLL; i++)
+            for (int i = 0; i < UNROLL; i++)
                 held[i] = kq_token_load<EARLY>(xq[0], xd[0], (s0 + i) * KQ_SB_A_STRETCH + (lane >> 3),
                                                nsb, piece, at.lo, at.hi, at.offset);
         }
 #pragma unroll
-        for (int i = 0; i < KQ_UNROLL; i++) {
+        for (int i = 0; i < UNROLL; i++) {
             int first = (s0 + i) * KQ_SB_A_STRETCH;
             if (first >= nsb) break;  // uniform over the warp
-            KqLane w = kq_lane_decode<F>(raw[i], piece);
+            KqLane w[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) w[r] = kq_lane_decode<F>(raw[r][i], piece);
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
                 KqToken x = T == 1 ? held[i]
                                    : kq_token_load<EARLY>(xq[t], xd[t], first + (lane >> 3), nsb,
                                                           piece, at.lo, at.hi, at.offset);
-                int4 xa = x.lo, xb = x.hi;
-                float dx = x.d;
-                int i_lo = kq_dot4(w.lo, xa), i_hi = kq_dot4(w.hi, xb);
-                int a_lo = kq_byte_sum(xa, 0), a_hi = kq_byte_sum(xb, 0);
-                float p;
-                if constexpr (F == F_Q4_K) {
-                    int gi = __shfl_xor_sync(FULL_MASK, at.own_hi ? i_lo : i_hi, KqPlace<F>::partner);
-                    int ga = __shfl_xor_sync(FULL_MASK, at.own_hi ? a_lo : a_hi, KqPlace<F>::partner);
-                    int isum = (at.own_hi ? i_hi : i_lo) + gi, asum = (at.own_hi ? a_hi : a_lo) + ga;
-                    float v = (float)(w.k_lo * isum), vm = (float)(w.k_hi * asum);
-                    float g = w.d * dx, gm = w.dmin * dx;
-                    // The chunk's chain, lane 4c + pos forming block pos's steps.
-                    p = fmaf(-vm, gm, fmaf(v, g, 0.0f));
+                int a_lo = kq_byte_sum(x.lo, 0), a_hi = kq_byte_sum(x.hi, 0);
 #pragma unroll
-                    for (int u = 1; u < Q8_CHUNK; u++) {
-                        float back = __shfl_up_sync(FULL_MASK, p, 1);
-                        if (pos == u) p = fmaf(-vm, gm, fmaf(v, g, back));
+                for (int r = 0; r < R; r++) {
+                    float p = kq_chunk_part<F>(w[r], x, a_lo, a_hi, at, pos);
+                    // Chunks c = 0 .. 7 of the stretch (two a super-block) in order.
+#pragma unroll
+                    for (int c = 0; c < 32 / Q8_CHUNK; c++) {
+                        float part = __shfl_sync(FULL_MASK, p, Q8_CHUNK * c + Q8_CHUNK - 1);
+                        if (first + c / 2 < nsb) acc[r][t] += part;
                     }
-                } else {
-                    // Σ (q − 32) a of each piece, times its scale.
-                    int p_lo = w.k_lo * (i_lo - 32 * a_lo), p_hi = w.k_hi * (i_hi - 32 * a_hi);
-                    int got = __shfl_xor_sync(FULL_MASK, at.own_hi ? p_lo : p_hi, KqPlace<F>::partner);
-                    float v = (float)((at.own_hi ? p_hi : p_lo) + got);
-                    float g = w.d * dx;
-                    p = fmaf(v, g, 0.0f);
-#pragma unroll
-                    for (int u = 1; u < Q8_CHUNK; u++) {
-                        float back = __shfl_up_sync(FULL_MASK, p, 1);
-                        if (pos == u) p = fmaf(v, g, back);
-                    }
-                }
-                // Chunks c = 0 .. 7 of the stretch (two a super-block) in order.
-#pragma unroll
-                for (int c = 0; c < 32 / Q8_CHUNK; c++) {
-                    float part = __shfl_sync(FULL_MASK, p, Q8_CHUNK * c + Q8_CHUNK - 1);
-                    if (first + c / 2 < nsb) acc[t] += part;
                 }
             }
         }
@@ -328,7 +351,7 @@ __device__ __forceinline__ void kq_row_dot(const u8* row, int cols, const signed
 // ceil(n / T)), blocks of Q8_WARPS warps, a warp a row (the q8dot.cu
 // matmul_q8_impl's shape, so MatGroup counts blocks alike). T: tokens a
 // block, MM_TOKENS, or 1 for a decode step (fewer registers). EARLY: as
-// kq_row_dot's (the block's matrix and row are read from the parameters,
+// kq_rows_dot's (the block's matrix and row are read from the parameters,
 // not from memory the kernel before writes).
 template <int F, int T, bool EARLY>
 __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* __restrict__ xq,
@@ -352,13 +375,14 @@ __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* _
         qs[t] = xq + (i64)tt * cols;
         ds[t] = xd + (i64)tt * nb;
     }
-    float acc[T];
-    kq_row_dot<F, T, EARLY>(w + (i64)min(row, rows - 1) * row_bytes, cols, qs, ds,
-                            min(n - t0, T), acc);
+    float acc[1][T];
+    const u8* wr[1] = {w + (i64)min(row, rows - 1) * row_bytes};
+    kq_rows_dot<F, T, 1, EARLY>(wr, cols, qs, ds, min(n - t0, T), acc);
     if (row < rows && (threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int t = 0; t < T; t++)
-            if (t0 + t < n) out[(i64)(t0 + t) * rows + row] = bias ? acc[t] + bias[row] : acc[t];
+            if (t0 + t < n)
+                out[(i64)(t0 + t) * rows + row] = bias ? acc[0][t] + bias[row] : acc[0][t];
     }
 }
 
@@ -484,6 +508,101 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
     s.bs[st][su] = rs;
 }
 
+// The warp's products over all blocks (cols / 32) into acc[mt][nt][i], C
+// element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile
+// nt (shared tokens tb + 8 nt + g for B, + 2q + e for the scales): mmq.cu
+// mq_products's walk, a step of Q8_CHUNK blocks staged at a time, each
+// block's f32 steps in the documented order.
+template <int F>
+__device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, int cols,
+                                            const signed char* const* xrow,
+                                            const float* const* xsc, const int* ra, int tb,
+                                            float (*acc)[MMQ_NT][4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
+    int nb = cols / 32;
+    for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
+        __syncthreads();  // the row and token pointers are set; the last step's tiles read
+        kq_stage<F>(s, arow, xrow, xsc, b0);
+        __syncthreads();
+        float part[MMQ_MT][MMQ_NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
+        // Row tile by row tile (its fragments and scales), then the token
+        // tiles (theirs read again for each row tile, to spare registers).
+#pragma unroll
+        for (int u = 0; u < Q8_CHUNK; u++) {
+#pragma unroll
+            for (int mt = 0; mt < MMQ_MT; mt++) {
+                const u8* p0 = &s.a[ra[mt] + g][u * 32];
+                const u8* p1 = &s.a[ra[mt] + g + 8][u * 32];
+                u32 a[4] = {*(const u32*)(p0 + 4 * q), *(const u32*)(p1 + 4 * q),
+                            *(const u32*)(p0 + 16 + 4 * q), *(const u32*)(p1 + 16 + 4 * q)};
+                int k0[2], k1[2];
+                float d[2], dmin[2];
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int r = ra[mt] + g + 8 * e;
+                    k0[e] = s.k0[r][u];
+                    k1[e] = s.k1[r][u];
+                    d[e] = s.d[r];
+                    dmin[e] = s.dmin[r];
+                }
+#pragma unroll
+                for (int nt = 0; nt < MMQ_NT; nt++) {
+                    const u8* x = &s.b[tb + 8 * nt + g][u * 32];
+                    u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
+                    float dx[2];
+                    int as[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        dx[e] = s.bs[tb + 8 * nt + 2 * q + e][u];
+                        as[e] = F == F_Q4_K ? s.bsum[tb + 8 * nt + 2 * q + e][u] : 0;
+                    }
+                    if constexpr (F == F_Q4_K) {
+                        int c[4];
+                        mma_s8(c, a, bx);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            int r = i >> 1, t = i & 1;
+                            float v = (float)(k0[r] * c[i]), vm = (float)(k1[r] * as[t]);
+                            float p = fmaf(v, d[r] * dx[t], part[mt][nt][i]);
+                            part[mt][nt][i] = fmaf(-vm, dmin[r] * dx[t], p);
+                        }
+                    } else {
+                        int c0[4], c1[4];
+                        u32 first[4] = {a[0], a[1], 0u, 0u};
+                        u32 second[4] = {0u, 0u, a[2], a[3]};
+                        mma_s8(c0, first, bx);
+                        mma_s8(c1, second, bx);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            int r = i >> 1, t = i & 1;
+                            float v = (float)(k0[r] * c0[i] + k1[r] * c1[i]);
+                            part[mt][nt][i] = fmaf(v, d[r] * dx[t], part[mt][nt][i]);
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) acc[mt][nt][i] += part[mt][nt][i];
+    }
+}
+
 // Dense: out[t, o] (+ bias[o], null: none); grid (ceil(rows / MQ_BM),
 // ceil(n / MQ_BN)).
 template <int F>
@@ -503,92 +622,7 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
     int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
     int tb = 8 * MMQ_NT * (warp >> 1);
     float acc[MMQ_MT][MMQ_NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-    int nb = cols / 32;
-    for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
-        __syncthreads();  // the row and token pointers are set; the last step's tiles read
-        kq_stage<F>(s, arow, xrow, xsc, b0);
-        __syncthreads();
-        float part[MMQ_MT][MMQ_NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
-#pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++) {
-            u32 a[MMQ_MT][4];
-            int k0[MMQ_MT][2], k1[MMQ_MT][2];
-            float d[MMQ_MT][2], dmin[MMQ_MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MMQ_MT; mt++) {
-                const u8* p0 = &s.a[ra[mt] + g][u * 32];
-                const u8* p1 = &s.a[ra[mt] + g + 8][u * 32];
-                a[mt][0] = *(const u32*)(p0 + 4 * q);
-                a[mt][1] = *(const u32*)(p1 + 4 * q);
-                a[mt][2] = *(const u32*)(p0 + 16 + 4 * q);
-                a[mt][3] = *(const u32*)(p1 + 16 + 4 * q);
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int r = ra[mt] + g + 8 * e;
-                    k0[mt][e] = s.k0[r][u];
-                    k1[mt][e] = s.k1[r][u];
-                    d[mt][e] = s.d[r];
-                    dmin[mt][e] = s.dmin[r];
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++) {
-                const u8* x = &s.b[tb + 8 * nt + g][u * 32];
-                u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
-                float dx[2];
-                int as[2];
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    dx[e] = s.bs[tb + 8 * nt + 2 * q + e][u];
-                    as[e] = F == F_Q4_K ? s.bsum[tb + 8 * nt + 2 * q + e][u] : 0;
-                }
-#pragma unroll
-                for (int mt = 0; mt < MMQ_MT; mt++) {
-                    if constexpr (F == F_Q4_K) {
-                        int c[4];
-                        mma_s8(c, a[mt], bx);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            int r = i >> 1, t = i & 1;
-                            float v = (float)(k0[mt][r] * c[i]), vm = (float)(k1[mt][r] * as[t]);
-                            float p = fmaf(v, d[mt][r] * dx[t], part[mt][nt][i]);
-                            part[mt][nt][i] = fmaf(-vm, dmin[mt][r] * dx[t], p);
-                        }
-                    } else {
-                        int c0[4], c1[4];
-                        u32 first[4] = {a[mt][0], a[mt][1], 0u, 0u};
-                        u32 second[4] = {0u, 0u, a[mt][2], a[mt][3]};
-                        mma_s8(c0, first, bx);
-                        mma_s8(c1, second, bx);
-#pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            int r = i >> 1, t = i & 1;
-                            float v = (float)(k0[mt][r] * c0[i] + k1[mt][r] * c1[i]);
-                            part[mt][nt][i] = fmaf(v, d[mt][r] * dx[t], part[mt][nt][i]);
-                        }
-                    }
-                }
-            }
-        }
-#pragma unroll
-        for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) acc[mt][nt][i] += part[mt][nt][i];
-    }
+    kq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
@@ -603,8 +637,142 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
             }
 }
 
+// Routed experts (moe.cu's computation, the activation and biases
+// moe_act_value's and moe_down_value's), each product in the order above,
+// so a route has the same bits alone (a decode step) or grouped with its
+// expert's other routes (a batch). Gate and up share a format.
+//
+// Route by route: grid (ceil(rows / Q8_WARPS), routes), a warp a row of
+// the route's expert; the gate/up stage reads token i / k's quantized
+// input (xq, xd: [tokens, hidden]) and writes act [routes, inter], the
+// down stage reads route i's quantized activations (aq, ad: [routes,
+// inter]) and writes y [routes, hidden]. Routes to a masked slot or past
+// the bank write nothing.
+template <int F>
+__device__ void kq_gate_up1_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
+                                 const RouteOut* __restrict__ routes, int k, const SlotMask& only,
+                                 const BankView& b, const MoeAct& a, float* __restrict__ act) {
+    int i = blockIdx.y;
+    u32 slot = routes[i].slot;
+    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
+    i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
+    const u8* rows[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
+    int t = i / k;
+    const signed char* xs[1] = {xq + (i64)t * b.hidden};
+    const float* ds[1] = {xd + (i64)t * (b.hidden / 32)};
+    float acc[2][1];
+    kq_rows_dot<F, 1, 2>(rows, b.hidden, xs, ds, 1, acc);
+    if (row < b.inter && (threadIdx.x & 31) == 0)
+        act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0][0], acc[1][0]);
+}
+
+template <int F>
+__device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
+                              const RouteOut* __restrict__ routes, const SlotMask& only,
+                              const BankView& b, float* __restrict__ y) {
+    int i = blockIdx.y;
+    u32 slot = routes[i].slot;
+    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
+    i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
+    const u8* rows[1] = {b.down + r * b.down_row_bytes};
+    const signed char* xs[1] = {aq + (i64)i * b.inter};
+    const float* ds[1] = {ad + (i64)i * (b.inter / 32)};
+    float acc[1][1];
+    kq_rows_dot<F, 1, 1>(rows, b.inter, xs, ds, 1, acc);
+    if (row < b.hidden && (threadIdx.x & 31) == 0)
+        y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0][0]);
+}
+
+// Grouped by expert on the integer tensor cores (mmq.cu's
+// mq_gate_up_impl / mq_down_impl with kq_products): grid (ceil(inter /
+// 32), slots) for gate/up (a tile's 64 rows: 32 gate rows, then the same
+// 32 up rows), (ceil(hidden / MQ_BM), slots) for down; a block walks its
+// slot's routes (moe.cu's order / offsets) MQ_BN at a time.
+template <int F>
+__device__ void kq_gate_up_tile_impl(const signed char* __restrict__ xq,
+                                     const float* __restrict__ xd, const u32* __restrict__ order,
+                                     const u32* __restrict__ offsets, int k, const BankView& b,
+                                     const MoeAct& a, float* __restrict__ act) {
+    __shared__ KqTiles s;
+    __shared__ const u8* arow[MQ_BM];
+    __shared__ const signed char* xrow[MQ_BN];
+    __shared__ const float* xsc[MQ_BN];
+    int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
+        q = lane & 3;
+    int r0 = blockIdx.x * (MQ_BM / 2);
+    const u8* gate = b.gate + (i64)slot * b.inter * b.gate_row_bytes;
+    const u8* up = b.up + (i64)slot * b.inter * b.up_row_bytes;
+    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS) {
+        int row = min(r0 + (r % (MQ_BM / 2)), b.inter - 1);
+        arow[r] = r < MQ_BM / 2 ? gate + (i64)row * b.gate_row_bytes : up + (i64)row * b.up_row_bytes;
+    }
+    int ra[MMQ_MT] = {16 * (warp & 1), MQ_BM / 2 + 16 * (warp & 1)};
+    int tb = 8 * MMQ_NT * (warp >> 1);
+    u32 end = offsets[slot + 1];
+    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
+        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
+        __syncthreads();  // the previous tile's token rows are no longer read
+        mq_token_rows(tk, xq, xd, b.hidden, k, xrow, xsc);
+        float acc[MMQ_MT][MMQ_NT][4];
+        kq_products<F>(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
+#pragma unroll
+        for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = r0 + 16 * (warp & 1) + g + 8 * (i >> 1);
+                int j = tb + 8 * nt + 2 * q + (i & 1);
+                if (row < b.inter && j < tk.count) {
+                    i64 r = (i64)slot * b.inter + row;
+                    act[(i64)order[c + j] * b.inter + row] =
+                        moe_act_value(b, a, r, acc[0][nt][i], acc[1][nt][i]);
+                }
+            }
+    }
+}
+
+template <int F>
+__device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
+                                  const u32* __restrict__ order, const u32* __restrict__ offsets,
+                                  const BankView& b, float* __restrict__ y) {
+    __shared__ KqTiles s;
+    __shared__ const u8* arow[MQ_BM];
+    __shared__ const signed char* xrow[MQ_BN];
+    __shared__ const float* xsc[MQ_BN];
+    int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
+        q = lane & 3;
+    int r0 = blockIdx.x * MQ_BM;
+    const u8* down = b.down + (i64)slot * b.hidden * b.down_row_bytes;
+    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
+        arow[r] = down + (i64)min(r0 + r, b.hidden - 1) * b.down_row_bytes;
+    int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
+    int tb = 8 * MMQ_NT * (warp >> 1);
+    u32 end = offsets[slot + 1];
+    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
+        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
+        __syncthreads();
+        mq_token_rows(tk, aq, ad, b.inter, 1, xrow, xsc);
+        float acc[MMQ_MT][MMQ_NT][4];
+        kq_products<F>(s, arow, b.inter, xrow, xsc, ra, tb, acc);
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < MMQ_NT; nt++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    int row = r0 + ra[mt] + g + 8 * (i >> 1);
+                    int j = tb + 8 * nt + 2 * q + (i & 1);
+                    if (row < b.hidden && j < tk.count)
+                        y[(i64)order[c + j] * b.hidden + row] =
+                            moe_down_value(b, (i64)slot * b.hidden + row, acc[mt][nt][i]);
+                }
+    }
+}
+
 // The kernels of format F, named after it: a few tokens, one token (a
-// decode step's: the first weights loaded before the wait), a batch.
+// decode step's: the first weights loaded before the wait), a batch; the
+// routed experts route by route and grouped by expert.
 #define KQ_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void kq_matmul_##fmt(MatGroup g, int cols, const signed char* xq,      \
                                                const float* xd, int n) {                         \
@@ -620,6 +788,30 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
                       const float* xd, int n, float* out, const float* bias) {                   \
         KERNEL_ENTRY();                                                                          \
         kq_tile_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out, bias);                         \
+    }                                                                                            \
+    extern "C" __global__ void kq_gate_up1_##fmt(const signed char* xq, const float* xd,         \
+                                                 const RouteOut* routes, int k, SlotMask only,   \
+                                                 BankView b, MoeAct a, float* act) {             \
+        KERNEL_ENTRY();                                                                          \
+        kq_gate_up1_impl<F>(xq, xd, routes, k, only, b, a, act);                                 \
+    }                                                                                            \
+    extern "C" __global__ void kq_down1_##fmt(const signed char* aq, const float* ad,            \
+                                              const RouteOut* routes, SlotMask only, BankView b, \
+                                              float* y) {                                        \
+        KERNEL_ENTRY();                                                                          \
+        kq_down1_impl<F>(aq, ad, routes, only, b, y);                                            \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+        kq_gate_up_tile_##fmt(const signed char* xq, const float* xd, const u32* order,          \
+                              const u32* offsets, int k, BankView b, MoeAct a, float* act) {     \
+        KERNEL_ENTRY();                                                                          \
+        kq_gate_up_tile_impl<F>(xq, xd, order, offsets, k, b, a, act);                           \
+    }                                                                                            \
+    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+        kq_down_tile_##fmt(const signed char* aq, const float* ad, const u32* order,             \
+                           const u32* offsets, BankView b, float* y) {                           \
+        KERNEL_ENTRY();                                                                          \
+        kq_down_tile_impl<F>(aq, ad, order, offsets, b, y);                                      \
     }
 
 KQ_KERNELS(q4_k, F_Q4_K)

@@ -38,6 +38,15 @@ pub(crate) struct KqSet {
     /// Batches: mmq.cu's tiles (`kq_tile_*`, [`super::MQ_BM`] rows ×
     /// [`super::MQ_BN`] tokens a block).
     pub tile: CudaFunction,
+    /// Routed experts of this format: route by route (`kq_gate_up1_*`,
+    /// `kq_down1_*`: a warp a row, [`super::Q8_BLOCK_ROWS`] rows a block,
+    /// grid.y the routes) and grouped by expert on the tensor cores
+    /// (`kq_gate_up_tile_*`: `MQ_BM / 2` rows of gate and of up a block;
+    /// `kq_down_tile_*`: [`super::MQ_BM`] rows; grid.y the slots).
+    pub gate_up1: CudaFunction,
+    pub down1: CudaFunction,
+    pub gate_up_tile: CudaFunction,
+    pub down_tile: CudaFunction,
 }
 
 /// The formats with integer kernels, and theirs.
@@ -57,6 +66,10 @@ impl KqKernels {
                         matmul: f("matmul", fmt)?,
                         matmul1: f("matmul1", fmt)?,
                         tile: f("tile", fmt)?,
+                        gate_up1: f("gate_up1", fmt)?,
+                        down1: f("down1", fmt)?,
+                        gate_up_tile: f("gate_up_tile", fmt)?,
+                        down_tile: f("down_tile", fmt)?,
                     },
                 ))
             })

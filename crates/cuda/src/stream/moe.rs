@@ -168,6 +168,30 @@ impl CudaStream {
         fits.then_some((&gu.experts, &down.experts))
     }
 
+    /// The kernels of a bank whose experts take kq.cu's (fast numerics,
+    /// `TURBOSPARK_CUDA_KQ=int8`, gate and up of one format, every matrix
+    /// in a format kq.cu has and fitting its kernels, [`kernels::kq_fits`]):
+    /// the gate/up format's and the down format's.
+    fn kq_experts(
+        &self,
+        bank: &CudaBank,
+        x: u64,
+        act: u64,
+    ) -> Option<(&kernels::KqSet, &kernels::KqSet)> {
+        if self.numerics != Numerics::Fast || bank.gate.format != bank.up.format {
+            return None;
+        }
+        let kq = self.k.kq.as_ref()?;
+        let (gu, down) = (kq.get(bank.gate.format)?, kq.get(bank.down.format)?);
+        let fits = |m: &crate::types::Stacked, cols: usize, input: u64| {
+            kernels::kq_fits(m.format, cols, m.mem.ptr, m.row_bytes, input)
+        };
+        let all = fits(&bank.gate, bank.hidden, x)
+            && fits(&bank.up, bank.hidden, x)
+            && fits(&bank.down, bank.inter, act);
+        all.then_some((gu, down))
+    }
+
     fn bank_view(bank: &CudaBank) -> BankView {
         let opt = |m: &Option<DevMem>| m.as_ref().map_or(0, |m| m.ptr);
         BankView {
@@ -476,6 +500,55 @@ impl CudaStream {
             let route_args = &mut args![r.aq, r.ad, rp, mask, view, yp];
             let args = if grouped { grouped_args } else { route_args };
             return launch("moe", f, self.raw(), q8_grid(hidden, per), threads, 0, args);
+        }
+        if self.kq_experts(bank, xp, act_ptr).is_some() {
+            // K-quants against 8-bit activations (kernels/kq.cu): routes
+            // one by one, or grouped by expert on the integer tensor cores;
+            // the same bits either way. Both inputs quantized in natural
+            // order, as for Q8_0.
+            let r = self.q8_regions("moe", n * hidden, n * k * inter)?;
+            let (gu, down) = self.kq_experts(bank, xp, act_ptr).expect("checked above");
+            let natural = self
+                .q8_set(QuantFormat::Q8_0)
+                .expect("fast numerics (checked by kq_experts)");
+            self.quantize(natural, xp, n * hidden, r.xq, r.xd)?;
+            let (xq, xd, aq, ad) = (r.xq, r.xd, r.aq, r.ad);
+            if grouped {
+                let slots = bank.slots as u32;
+                let threads = kernels::MQ_THREADS;
+                let grid = ((inter.div_ceil(kernels::MQ_BM / 2)) as u32, slots, 1);
+                let args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
+                launch("moe", &gu.gate_up_tile, self.raw(), grid, threads, 0, args)?;
+                self.quantize(natural, act_ptr, n * k * inter, aq, ad)?;
+                let grid = (hidden.div_ceil(kernels::MQ_BM) as u32, slots, 1);
+                let args = &mut args![aq, ad, order, offsets, view, yp];
+                return launch("moe", &down.down_tile, self.raw(), grid, threads, 0, args);
+            }
+            let routes_y = (n * k) as u32;
+            let rows = |r: usize| (r.div_ceil(kernels::Q8_BLOCK_ROWS) as u32, routes_y, 1);
+            let rp = routes.mem.ptr;
+            let threads = kernels::Q8_THREADS;
+            let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
+            launch(
+                "moe",
+                &gu.gate_up1,
+                self.raw(),
+                rows(inter),
+                threads,
+                0,
+                args,
+            )?;
+            self.quantize(natural, act_ptr, n * k * inter, aq, ad)?;
+            let args = &mut args![aq, ad, rp, mask, view, yp];
+            return launch(
+                "moe",
+                &down.down1,
+                self.raw(),
+                rows(hidden),
+                threads,
+                0,
+                args,
+            );
         }
         if let Some((gu, down)) = self.tc_experts(bank, xp, act_ptr) {
             // Fast numerics on the tensor cores (kernels/tcmoe.cu): routes

@@ -3,8 +3,9 @@
 # GPU machine: the release `turbospark` binary and the CUDA crate's test
 # binaries, copied into OUT (default .devcarry/bin), the sm_90 kernels
 # compiled into .devcarry/cache (when NVRTC is here), plus the packed
-# llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing, and the
-# cached real models' layouts (.devcarry/layout-*.json); all of it but
+# llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing, the
+# cached real models' layouts (.devcarry/layout-*.json) and Q4_K_M layouts
+# of larger models made from them (.devcarry/kquant); all of it but
 # llama.cpp packed into .devcarry/pack.tgz, which is what a device call
 # carries (the repository's tracked files already take about 30 of a
 # call's 64 MiB; run.sh unpacks it): carry [".devcarry/pack.tgz"], or
@@ -54,6 +55,18 @@ for gguf in "$MODELS"/*.gguf; do
         echo "$name: no layout saved"
     rm -rf "$tmp"
 done
-tar czf .devcarry/pack.tgz "$OUT" .devcarry/cache .devcarry/layout-*.json 2>/dev/null ||
+# Q4_K_M layouts of an 8B Llama and a Qwen3-30B-A3B (run.sh `kquant`),
+# from SmolLM2's layout (a llama) and the qwen3moe fixture's.
+mkdir -p .devcarry/kquant
+smol=.devcarry/layout-smollm2-135m-instruct-q4_1.json
+if [ ! -f .devcarry/kquant/layout-qwen3moe30b-q4_k_m.json ] && [ -f "$smol" ]; then
+    tmp=$(mktemp -d)
+    { target/release/turbospark convert -q tests/fixtures/tiny/qwen3moe "$tmp/q3m" &&
+        target/release/turbospark synth --like "$tmp/q3m" --save-layout "$tmp/q3m.json" > /dev/null &&
+        python3 scripts/gpu/kquant_layouts.py "$smol" "$tmp/q3m.json" .devcarry/kquant; } ||
+        echo "no K-quant layouts"
+    rm -rf "$tmp"
+fi
+tar czf .devcarry/pack.tgz "$OUT" .devcarry/cache .devcarry/layout-*.json .devcarry/kquant 2>/dev/null ||
     tar czf .devcarry/pack.tgz "$OUT"
 ls -la "$OUT" .devcarry/pack.tgz

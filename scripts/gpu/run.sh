@@ -36,6 +36,11 @@
 #                token: how far apart the two ways are (the attention's
 #                order differs between them) and each setting from the
 #                first (their roundings)
+#   kquant       likebench's measurement on Q4_K_M layouts of an 8B Llama
+#                and a Qwen3-30B-A3B MoE (scripts/gpu/kquant_layouts.py,
+#                .devcarry/kquant): the tensor cores (the default) against
+#                kq.cu's integer K-quant kernels (TURBOSPARK_CUDA_KQ=int8);
+#                LIKE_SETTINGS as likebench's (synth writes ~5 and ~17 GB)
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
 #                that cannot fit, NVRTC missing with an empty kernel cache
 #                (hidden in a private mount namespace), a GPU memory fault
@@ -130,6 +135,49 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
         break
     fi
 done
+
+# pp512 and tg128 of `synth --like` installs of the layouts given, under
+# each setting of $1 (space-separated VAR=value), alternated REPS rounds,
+# after each setting's logits of 24 tokens by prefill and token by token:
+# how far apart the two ways are (the attention's order differs between
+# them), and each setting from the first (their roundings).
+like_bench() {
+    local settings=$1 layout name inst toks v way flag r
+    shift
+    toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(24)))")
+    for layout in "$@"; do
+        [ -f "$layout" ] || { echo "$layout: no such layout (scripts/gpu/build.sh writes them)"; continue; }
+        name=$(basename "$layout" .json); name=${name#layout-}
+        inst="$WORK/like-$name"
+        [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
+        for v in $settings; do
+            for way in prefill decode; do
+                flag=$([ $way = decode ] && echo --decode || true)
+                env "$v" "$TS" logits --model "$inst" --backend cuda --numerics fast $flag --tokens "$toks" \
+                    --out "$WORK/lb-$name-$v-$way.npy" > /dev/null || echo "$name $v $way: logits failed"
+            done
+        done
+        # shellcheck disable=SC2086
+        python3 - "$WORK" "$name" $settings <<'PY'
+import sys, numpy as np
+w, name, *settings = sys.argv[1:]
+get = lambda v, way: np.load(f"{w}/lb-{name}-{v}-{way}.npy").astype(np.float64)
+for v in settings:
+    p, d = get(v, "prefill"), get(v, "decode")
+    print(f"{name} {v}: decode vs prefill max|Δ|/max {np.abs(p - d).max() / np.abs(p).max():.2e}")
+a = get(settings[0], "prefill")
+for v in settings[1:]:
+    b = get(v, "prefill")
+    print(f"{name}: {settings[0]} vs {v}, prefill logits max|Δ|/max {np.abs(a - b).max() / np.abs(b).max():.2e}")
+PY
+        for r in $(seq "$REPS"); do
+            for v in $settings; do
+                echo "--- $name, $v, round $r"
+                env "$v" "$TS" bench -m "$inst" --backend cuda -p 512 -n 128 -r 2 --numerics fast
+            done
+        done
+    done
+}
 
 build_llamacpp() {
     [ -x "$WORK/lcb/bin/llama-bench" ] && return 0
@@ -241,39 +289,11 @@ PY
         ;;
     likebench)
         stage "likebench: the real models' layouts, decoded formats on the tensor cores or not"
-        for layout in .devcarry/layout-*.json; do
-            name=$(basename "$layout" .json); name=${name#layout-}
-            inst="$WORK/like-$name"
-            [ -d "$inst" ] || "$TS" synth -q --like "$layout" "$inst" || { echo "$name: synth failed"; continue; }
-            toks=$(python3 -c "print(','.join(str(7 + 13 * i) for i in range(24)))")
-            settings=${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16}
-            for v in $settings; do
-                for way in prefill decode; do
-                    flag=$([ $way = decode ] && echo --decode || true)
-                    env "$v" "$TS" logits --model "$inst" --backend cuda --numerics fast $flag --tokens "$toks" \
-                        --out "$WORK/lb-$name-$v-$way.npy" > /dev/null || echo "$name $v $way: logits failed"
-                done
-            done
-            # shellcheck disable=SC2086
-            python3 - "$WORK" "$name" $settings <<'PY'
-import sys, numpy as np
-w, name, *settings = sys.argv[1:]
-get = lambda v, way: np.load(f"{w}/lb-{name}-{v}-{way}.npy").astype(np.float64)
-for v in settings:
-    p, d = get(v, "prefill"), get(v, "decode")
-    print(f"{name} {v}: decode vs prefill max|Δ|/max {np.abs(p - d).max() / np.abs(p).max():.2e}")
-a = get(settings[0], "prefill")
-for v in settings[1:]:
-    b = get(v, "prefill")
-    print(f"{name}: {settings[0]} vs {v}, prefill logits max|Δ|/max {np.abs(a - b).max() / np.abs(b).max():.2e}")
-PY
-            for r in $(seq "$REPS"); do
-                for v in $settings; do
-                    echo "--- $name, $v, round $r"
-                    env "$v" "$TS" bench -m "$inst" --backend cuda -p 512 -n 128 -r 2 --numerics fast
-                done
-            done
-        done
+        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16}" .devcarry/layout-*.json
+        ;;
+    kquant)
+        stage "kquant: Q4_K_M layouts of an 8B Llama and a 30B-A3B Qwen3 MoE, K-quants on the tensor cores or in integers"
+        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_KQ=int8}" .devcarry/kquant/layout-*.json
         ;;
     synth)
         stage "synth: the gpt-oss-20b-shaped model alone"

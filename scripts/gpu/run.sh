@@ -31,7 +31,8 @@
 #                the tensor cores, the default, then only bf16 there,
 #                TURBOSPARK_CUDA_BF16=bf16: K-quants and the other decoded
 #                formats on matmul.cu's kernel; TURBOSPARK_CUDA_KQ=int8 for
-#                kq.cu's Q4_K and Q6_K kernels), alternated (REPS rounds), after each
+#                kq.cu's integer kernels for Q4_K, Q6_K and the legacy
+#                4- and 5-bit formats), alternated (REPS rounds), after each
 #                setting's logits of 24 tokens, by prefill and token by
 #                token: how far apart the two ways are (the attention's
 #                order differs between them) and each setting from the
@@ -428,7 +429,7 @@ PY
         # kernels/q8mma.cu; check_moe compares a token alone with the
         # batch's tensor-core tiles bit for bit), and one token's Q8_0
         # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise);
-        # Q4_K and Q6_K products against 8-bit activations (TURBOSPARK_CUDA_KQ=int8,
+        # K-quant and legacy products against 8-bit activations (TURBOSPARK_CUDA_KQ=int8,
         # kernels/kq.cu; check_matmul likewise).
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).

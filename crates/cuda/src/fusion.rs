@@ -118,7 +118,7 @@ pub(crate) struct Q8Out {
 
 /// Fast matrix-vector products of one input: with `q8`, of its
 /// quantization (`xq`, `xd`, from the f32 input at `x`: Q8_0, MXFP4, and
-/// Q4_K / Q6_K on kq.cu's kernels); else on the tensor cores (tcmm.cu, any
+/// kq.cu's formats on its kernels); else on the tensor cores (tcmm.cu, any
 /// number of tokens) of `x` itself, `xq` and `xd` unused.
 #[derive(Clone, Copy)]
 pub(crate) struct GroupLaunch {
@@ -630,7 +630,7 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
     }
 }
 
-/// A group of K-quant products of one quantized input (`kernels/kq.cu`
+/// A group of products of one quantized input in a kq.cu format (`kernels/kq.cu`
 /// `kq_matmul_*`): q8dot.cu's matrix-vector grid, a warp a row (the
 /// group's `block_start` counted in its blocks), up to
 /// [`kernels::MM_TOKENS`] tokens a block (one token: `kq_matmul1_*`).

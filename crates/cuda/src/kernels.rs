@@ -4,7 +4,7 @@
 //! and launch shapes of their own live beside it: `q8` (the 8-bit
 //! activation products of Q8_0 and MXFP4), `tc` (the tensor-core
 //! products of every other format) and `kq` (the opt-in 8-bit activation
-//! products of Q4_K and Q6_K).
+//! products of the K-quants and legacy 4- and 5-bit formats).
 
 pub(crate) mod kq;
 pub(crate) mod q8;
@@ -109,7 +109,8 @@ pub(crate) struct Kernels {
     /// Tensor-core products in fast numerics (`kernels/tcmm.cu`); none
     /// with `TURBOSPARK_CUDA_BF16=generic` ([`tc_setting`]).
     pub tc: Option<TcKernels>,
-    /// Q4_K and Q6_K products against 8-bit activations (`kernels/kq.cu`); only
+    /// Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 products against 8-bit
+    /// activations (`kernels/kq.cu`); only
     /// with `TURBOSPARK_CUDA_KQ=int8` ([`kq_setting`]).
     pub kq: Option<KqKernels>,
     pub adjust_projection: CudaFunction,

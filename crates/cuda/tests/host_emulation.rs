@@ -98,7 +98,7 @@ fn tensor_core_experts_agree_bit_for_bit() {
     build_and_run("tc_experts");
 }
 
-/// Q4_K and Q6_K products against 8-bit activations (kq.cu, opt-in
+/// Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 products against 8-bit activations (kq.cu, opt-in
 /// `TURBOSPARK_CUDA_KQ=int8`): the matrix-vector kernels (1 to 6 tokens,
 /// q/k/v groups with biases) and the integer tensor-core batch kernel give
 /// the bits of a scalar reference of kq.cu's sum order, written from
@@ -108,7 +108,7 @@ fn k_quant_integer_products_match_the_reference_order_bit_for_bit() {
     build_and_run("kq_products");
 }
 
-/// Routed experts of Q4_K and Q6_K banks against 8-bit activations (kq.cu,
+/// Routed experts of K-quant and legacy banks against 8-bit activations (kq.cu,
 /// opt-in `TURBOSPARK_CUDA_KQ=int8`): route by route and grouped by expert
 /// on the integer tensor cores, every activation and output the bits of
 /// the scalar reference with moe.cu's activation and biases; masked slots

@@ -1,39 +1,51 @@
-// Fast numerics (turbospark_backend::Numerics::Fast) for Q4_K and Q6_K
-// weights against 8-bit activations: dense products in integers, opt-in
+// Fast numerics (turbospark_backend::Numerics::Fast) for Q4_K, Q6_K and
+// the legacy 4- and 5-bit formats (Q4_0, Q4_1, Q5_0, Q5_1) against 8-bit
+// activations: dense products and routed experts in integers, opt-in
 // (`TURBOSPARK_CUDA_KQ=int8`, kernels/kq.rs), where the default decodes
-// the weights to bf16 for the tensor cores (tcmm.cu).
+// the weights to bf16 for the tensor cores (tcmm.cu, tcmoe.cu).
 //
-// Math. A super-block covers 256 weights, 8 sub-blocks of 32 (ggml's
-// dequantize_row_q4_K and dequantize_row_q6_K):
+// Math. ggml's blocks (dequantize_row_q4_K, _q6_K, _q4_0, _q4_1, _q5_0,
+// _q5_1): a K-quant super-block covers 256 weights, 8 sub-blocks of 32;
+// a legacy block 32:
 //   Q4_K: d and dmin (f16), eight 6-bit (scale, min) pairs (sc_s, m_s)
 //         packed in 12 bytes, 4-bit codes c: w = d·sc_s·c − dmin·m_s;
 //   Q6_K: 6-bit codes q (low 4 bits in ql, high 2 in qh), sixteen int8
-//         scales, one per 16 weights, and d (f16): w = d·sc·(q − 32).
+//         scales, one per 16 weights, and d (f16): w = d·sc·(q − 32);
+//   Q4_0, Q5_0: d (f16), 4- or 5-bit codes q: w = d·(q − 8 or 16);
+//   Q4_1, Q5_1: d and m (f16), 4- or 5-bit codes q: w = d·q + m.
 // The activations are q8dot.cu's, in natural order: per 32-element block
-// b, x_i ≈ dx_b · a_i with a_i in [-127, 127]. Block b of a row is
-// sub-block s of its super-block, so
+// b, x_i ≈ dx_b · a_i with a_i in [-127, 127]. Block b of a row is a
+// legacy block or sub-block s of its super-block, so
 //   Q4_K: Σ_i w_i x_i ≈ dx · (d · sc · Σ c_i a_i − dmin · m · Σ a_i),
 //   Q6_K: Σ_i w_i x_i ≈ dx · d · (sc_0 · Σ_{i<16} (q_i − 32) a_i
 //                                + sc_1 · Σ_{i≥16} (q_i − 32) a_i),
+//   Q4_0, Q5_0: Σ_i w_i x_i ≈ dx · d · Σ (q_i − 8 or 16) a_i,
+//   Q4_1, Q5_1: Σ_i w_i x_i ≈ dx · (d · Σ q_i a_i + m · Σ a_i),
 // where the integer sums are exact. The f32 order, which every kernel
 // below follows so that a token's result has the same bits alone (a decode
 // step) or in a batch (prefill) — the fast numerics' batch invariance:
 //   - per block, the exact integers as f32 (exact: Q4_K
 //     v = sc · Σ c a, |v| ≤ 63 · 32 · 15 · 127 < 2^22, and vm = m · Σ a,
 //     |vm| ≤ 63 · 32 · 127 < 2^18; Q6_K v = sc_0 · Σ_0 + sc_1 · Σ_1,
-//     |v| ≤ 2 · 128 · 16 · 32 · 127 < 2^24);
-//   - per chunk of Q8_CHUNK consecutive blocks, from p = 0, block by block:
+//     |v| ≤ 2 · 128 · 16 · 32 · 127 < 2^24; the legacy sums < 2^18);
+//   - per chunk of Q8_CHUNK consecutive blocks (the row's last one maybe
+//     partial), from p = 0, block by block:
 //       Q4_K: p = fmaf(v, d · dx, p);  p = fmaf(-vm, dmin · dx, p);
 //       Q6_K: p = fmaf(v, d · dx, p);
+//       Q4_0, Q5_0: p = fmaf((float)Σ (q − 8 or 16) a, d · dx, p);
+//       Q4_1, Q5_1: p = fmaf((float)Σ q a, d · dx, p);
+//                   p = fmaf((float)Σ a, m · dx, p);
 //   - the row's total, from 0, adds the chunks' parts in order; then the
 //     bias, if any, is added.
-// Rows are whole super-blocks (cols a multiple of 256). Q4_K's 144-byte
+// Rows are whole blocks (cols a multiple of 256 or 32). Q4_K's 144-byte
 // super-blocks load in 16-byte pieces, so its matrices and rows must be
-// 16-byte aligned (kq.rs `kq_fits`); Q6_K's 210-byte ones are only 2-byte
-// aligned and load as aligned words (kq_ld16).
+// 16-byte aligned (kq.rs `kq_fits`); the others load as aligned words
+// from matrices 4-byte aligned (Q6_K's 210-byte, Q4_0's 18-byte and Q5_0's
+// 22-byte blocks may start 2 bytes past a word: kq_ld16_raw,
+// kq_block_load).
 //
-// tests/emulation (`kq_products`) runs every kernel on the CPU against a
-// scalar reference of this order, bit for bit.
+// tests/emulation (`kq_products`, `kq_experts`) runs every kernel on the
+// CPU against a scalar reference of this order, bit for bit.
 
 // Scale and min of sub-block s (0..7) from a Q4_K header's scale words
 // (bytes 0..3, 4..7, 8..11 of the 12 scale bytes): ggml's get_scale_min_k4.
@@ -101,16 +113,64 @@ __device__ __forceinline__ void kq_q6_codes(const u32* ql, const u32* qh, int j,
     }
 }
 
-// Bytes of a super-block.
+// A format's blocks: the legacy formats' blocks hold 32 weights, the
+// K-quants' super-blocks 256; `bytes` a block's. Q4_K, Q4_1 and Q5_1
+// weights have a min (a second f32 step a block); Q4_0's and Q5_0's codes
+// are centred on 8 and 16.
 template <int F>
 struct KqFormat {
-    static constexpr int bytes = F == F_Q4_K ? 144 : 210;
+    static constexpr bool legacy = F == F_Q4_0 || F == F_Q4_1 || F == F_Q5_0 || F == F_Q5_1;
+    static constexpr int bytes = F == F_Q4_K   ? 144
+                                 : F == F_Q6_K ? 210
+                                 : F == F_Q4_0 ? 18
+                                 : F == F_Q4_1 ? 20
+                                 : F == F_Q5_0 ? 22
+                                               : 24;
+    static constexpr int elems = legacy ? 32 : 256;
+    static constexpr bool has_min = F == F_Q4_K || F == F_Q4_1 || F == F_Q5_1;
+    static constexpr int centre = F == F_Q4_0 ? 8 : F == F_Q5_0 ? 16 : 0;
 };
+
+// A legacy block's bytes, from the aligned words that hold them: Q4_1's
+// and Q5_1's blocks (20 and 24 bytes) lie on word boundaries; Q4_0's and
+// Q5_0's (18 and 22) every other one 2 bytes past one (`odd`), whose
+// words then start 2 bytes before the block (in the block before it: a
+// matrix starts on a word), and whose last word is whole; a block on a
+// boundary ends with half a word, read as such (nothing past the block
+// is read).
+struct KqBlockRaw {
+    u32 w[6];
+    bool odd;
+};
+template <int F>
+__device__ __forceinline__ KqBlockRaw kq_block_load(const u8* blk) {
+    constexpr int W = (KqFormat<F>::bytes + 3) / 4;
+    KqBlockRaw r;
+    const u8* a = (const u8*)((unsigned long long)blk & ~3ull);
+    r.odd = ((unsigned long long)blk & 2ull) != 0;
+#pragma unroll
+    for (int i = 0; i < W - 1; i++) r.w[i] = ld_stream_u32(a + 4 * i);
+    if (KqFormat<F>::bytes % 4 == 0)
+        r.w[W - 1] = ld_stream_u32(a + 4 * (W - 1));
+    else
+        r.w[W - 1] = r.odd ? ld_stream_u32(a + 4 * (W - 1)) : ld_stream_u16(a + 4 * (W - 1));
+#pragma unroll
+    for (int i = W; i < 6; i++) r.w[i] = 0;
+    return r;
+}
+
+// The upper half of lo and the lower half of hi, as one word.
+__device__ __forceinline__ u32 kq_funnel16(u32 lo, u32 hi) { return (lo >> 16) | (hi << 16); }
+
+// Bits 0..3 of v, bit j at the bottom of byte j.
+__device__ __forceinline__ u32 kq_spread4(u32 v) { return ((v & 15u) * 0x00204081u) & 0x01010101u; }
 
 // What a lane of kq_rows_dot loads of a super-block (raw; decoded after
 // the round's loads are all issued).
 template <int F>
-struct KqLaneRaw;
+struct KqLaneRaw {
+    KqBlockRaw b;  // the legacy formats: the lane's whole block
+};
 template <>
 struct KqLaneRaw<F_Q4_K> {
     uint4 qs, hd;  // the lane's code piece, the header
@@ -136,7 +196,10 @@ struct KqPlace {
     int offset;   // the elements' first, within a sub-block
     bool own_hi;  // whether the lane owns `hi`
     __device__ __forceinline__ KqPlace(int p) {
-        if (F == F_Q4_K) {
+        if (KqFormat<F>::legacy) {  // (its own whole block: see kq_spot)
+            lo = hi = offset = 0;
+            own_hi = false;
+        } else if (F == F_Q4_K) {
             lo = 2 * (p >> 1);
             hi = lo + 1;
             offset = 16 * (p & 1);
@@ -152,8 +215,9 @@ struct KqPlace {
     static constexpr int partner = F == F_Q4_K ? 1 : 2;
 };
 
+// A K-quant lane's loads of super-block sb (KqPlace's piece p).
 template <int F>
-__device__ __forceinline__ KqLaneRaw<F> kq_lane_load(const u8* sb, int p) {
+__device__ __forceinline__ KqLaneRaw<F> kq_piece_load(const u8* sb, int p) {
     KqLaneRaw<F> r;
     if constexpr (F == F_Q4_K) {
         r.qs = ld_stream_u4(sb + 16 + 16 * p);
@@ -169,18 +233,71 @@ __device__ __forceinline__ KqLaneRaw<F> kq_lane_load(const u8* sb, int p) {
     return r;
 }
 
-// A lane's decoded super-block: the codes of its two pieces, and what
-// its own block's f32 steps take.
+// Lane `lane`'s loads of stretch `s` of a row of nb blocks of 32 weights
+// (a block past the row's end reads the row's last).
+template <int F>
+__device__ __forceinline__ KqLaneRaw<F> kq_lane_load(const u8* row, int s, int lane, int nb) {
+    if constexpr (KqFormat<F>::legacy) {
+        KqLaneRaw<F> r;
+        r.b = kq_block_load<F>(row + (i64)min(32 * s + lane, nb - 1) * KqFormat<F>::bytes);
+        return r;
+    } else {
+        int sb = min(4 * s + (lane >> 3), nb / 8 - 1);
+        return kq_piece_load<F>(row + (i64)sb * KqFormat<F>::bytes, lane & 7);
+    }
+}
+
+// A lane's decoded share of a stretch: the codes of its two pieces, and
+// what its own block's f32 steps take.
 struct KqLane {
     u32 lo[4], hi[4];
-    int k_lo, k_hi;  // Q6_K: the pieces' scales; Q4_K: the own block's scale, min
-    float d, dmin;
+    // Q6_K: the pieces' scales; Q4_K: the own block's scale and min;
+    // legacy: 1 and -1 (min formats) or 0.
+    int k_lo, k_hi;
+    float d, dmin;  // dmin: the min formats' min (Q4_K's dmin, Q4_1's m)
 };
 
 template <int F>
 __device__ __forceinline__ KqLane kq_lane_decode(const KqLaneRaw<F>& r, int p) {
     KqLane l;
-    if constexpr (F == F_Q4_K) {
+    if constexpr (KqFormat<F>::legacy) {
+        // ggml's blocks: d (and m) as f16, Q5's 32 high bits (element j's
+        // bit j), then 16 bytes whose low nibbles are elements 0..15 and
+        // high nibbles 16..31. k_lo = 1 and k_hi = -1 put a min format's
+        // d · Σ q a + m · Σ a in Q4_K's steps.
+        const u32* w = r.b.w;
+        bool odd = r.b.odd;
+        u32 d16, m16 = 0, qh = 0, qs[4];
+        if constexpr (F == F_Q4_0) {
+            d16 = odd ? w[0] >> 16 : w[0] & 0xFFFFu;
+#pragma unroll
+            for (int i = 0; i < 4; i++) qs[i] = odd ? w[i + 1] : kq_funnel16(w[i], w[i + 1]);
+        } else if constexpr (F == F_Q5_0) {
+            d16 = odd ? w[0] >> 16 : w[0] & 0xFFFFu;
+            qh = odd ? w[1] : kq_funnel16(w[0], w[1]);
+#pragma unroll
+            for (int i = 0; i < 4; i++) qs[i] = odd ? w[i + 2] : kq_funnel16(w[i + 1], w[i + 2]);
+        } else {
+            d16 = w[0] & 0xFFFFu;
+            m16 = w[0] >> 16;
+            if (F == F_Q5_1) qh = w[1];
+#pragma unroll
+            for (int i = 0; i < 4; i++) qs[i] = w[i + (F == F_Q5_1 ? 2 : 1)];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            l.lo[i] = qs[i] & 0x0F0F0F0Fu;
+            l.hi[i] = (qs[i] >> 4) & 0x0F0F0F0Fu;
+            if (F == F_Q5_0 || F == F_Q5_1) {
+                l.lo[i] |= kq_spread4(qh >> (4 * i)) << 4;
+                l.hi[i] |= kq_spread4(qh >> (16 + 4 * i)) << 4;
+            }
+        }
+        l.k_lo = 1;
+        l.k_hi = KqFormat<F>::has_min ? -1 : 0;
+        l.d = f16_to_f32((u16)d16);
+        l.dmin = KqFormat<F>::has_min ? f16_to_f32((u16)m16) : 0.0f;
+    } else if constexpr (F == F_Q4_K) {
         u32 q[4] = {r.qs.x, r.qs.y, r.qs.z, r.qs.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -203,22 +320,44 @@ __device__ __forceinline__ KqLane kq_lane_decode(const KqLaneRaw<F>& r, int p) {
     return l;
 }
 
-// A lane's share of a token for one super-block sb: the 16 codes of each
-// of its two pieces (sub-blocks lo and hi, from element `offset`) and its
-// own block's scale; zeros past the row's end. EARLY: loads kept after
-// the wait (common.cuh).
+// Where a lane's token codes for stretch s lie (offsets into a token's
+// codes): its two pieces' 16 codes each, and its own block (its scale);
+// `valid` false past the row's end. K-quants: KqPlace's pieces of
+// super-block 4s + lane / 8; legacy formats: elements 0..15 and 16..31 of
+// block 32s + lane.
+struct KqSpot {
+    i64 lo, hi, own;
+    bool valid;
+};
+template <int F>
+__device__ __forceinline__ KqSpot kq_spot(const KqPlace<F>& at, int s, int lane, int nb) {
+    KqSpot x;
+    if constexpr (KqFormat<F>::legacy) {
+        i64 b = 32 * (i64)s + lane;
+        x = {b * 32, b * 32 + 16, b, b < nb};
+    } else {
+        i64 sb = 4 * (i64)s + (lane >> 3);
+        x = {(sb * 8 + at.lo) * 32 + at.offset, (sb * 8 + at.hi) * 32 + at.offset,
+             sb * 8 + (lane & 7), sb < nb / 8};
+    }
+    return x;
+}
+
+// A lane's share of a token for one stretch (at `spot`): the 16 codes of
+// each of its two pieces and its own block's scale; zeros past the row's
+// end. EARLY: loads kept after the wait (common.cuh).
 struct KqToken {
     int4 lo, hi;
     float d;
 };
 template <bool EARLY>
-__device__ __forceinline__ KqToken kq_token_load(const signed char* xq, const float* xd, int sb,
-                                                 int nsb, int piece, int lo, int hi, int offset) {
+__device__ __forceinline__ KqToken kq_token_load(const signed char* xq, const float* xd,
+                                                 const KqSpot& spot) {
     KqToken x = {make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0), 0.0f};
-    if (sb < nsb) {
-        const signed char* xl = xq + ((i64)sb * 8 + lo) * 32 + offset;
-        const signed char* xh = xq + ((i64)sb * 8 + hi) * 32 + offset;
-        i64 b = (i64)sb * 8 + piece;  // the block the lane owns
+    if (spot.valid) {
+        const signed char* xl = xq + spot.lo;
+        const signed char* xh = xq + spot.hi;
+        i64 b = spot.own;
         x.lo = EARLY ? ld_i4_after_wait(xl) : *(const int4*)xl;
         x.hi = EARLY ? ld_i4_after_wait(xh) : *(const int4*)xh;
         x.d = EARLY ? ld_f32_after_wait(xd + b) : xd[b];
@@ -242,10 +381,17 @@ __device__ __forceinline__ float kq_chunk_part(const KqLane& w, const KqToken& x
                                                int a_hi, const KqPlace<F>& at, int pos) {
     int i_lo = kq_dot4(w.lo, x.lo), i_hi = kq_dot4(w.hi, x.hi);
     float p;
-    if constexpr (F == F_Q4_K) {
-        int gi = __shfl_xor_sync(FULL_MASK, at.own_hi ? i_lo : i_hi, KqPlace<F>::partner);
-        int ga = __shfl_xor_sync(FULL_MASK, at.own_hi ? a_lo : a_hi, KqPlace<F>::partner);
-        int isum = (at.own_hi ? i_hi : i_lo) + gi, asum = (at.own_hi ? a_hi : a_lo) + ga;
+    if constexpr (KqFormat<F>::has_min) {
+        int isum, asum;
+        if constexpr (F == F_Q4_K) {
+            int gi = __shfl_xor_sync(FULL_MASK, at.own_hi ? i_lo : i_hi, KqPlace<F>::partner);
+            int ga = __shfl_xor_sync(FULL_MASK, at.own_hi ? a_lo : a_hi, KqPlace<F>::partner);
+            isum = (at.own_hi ? i_hi : i_lo) + gi;
+            asum = (at.own_hi ? a_hi : a_lo) + ga;
+        } else {  // the lane's own block
+            isum = i_lo + i_hi;
+            asum = a_lo + a_hi;
+        }
         float v = (float)(w.k_lo * isum), vm = (float)(w.k_hi * asum);
         float g = w.d * x.d, gm = w.dmin * x.d;
         p = fmaf(-vm, gm, fmaf(v, g, 0.0f));
@@ -255,10 +401,15 @@ __device__ __forceinline__ float kq_chunk_part(const KqLane& w, const KqToken& x
             if (pos == u) p = fmaf(-vm, gm, fmaf(v, g, back));
         }
     } else {
-        // Σ (q − 32) a of each piece, times its scale.
-        int p_lo = w.k_lo * (i_lo - 32 * a_lo), p_hi = w.k_hi * (i_hi - 32 * a_hi);
-        int got = __shfl_xor_sync(FULL_MASK, at.own_hi ? p_lo : p_hi, KqPlace<F>::partner);
-        float v = (float)((at.own_hi ? p_hi : p_lo) + got);
+        float v;
+        if constexpr (F == F_Q6_K) {
+            // Σ (q − 32) a of each piece, times its scale.
+            int p_lo = w.k_lo * (i_lo - 32 * a_lo), p_hi = w.k_hi * (i_hi - 32 * a_hi);
+            int got = __shfl_xor_sync(FULL_MASK, at.own_hi ? p_lo : p_hi, KqPlace<F>::partner);
+            v = (float)((at.own_hi ? p_hi : p_lo) + got);
+        } else {  // Q4_0, Q5_0: Σ (q − centre) a of the lane's own block
+            v = (float)(i_lo + i_hi - KqFormat<F>::centre * (a_lo + a_hi));
+        }
         float g = w.d * x.d;
         p = fmaf(v, g, 0.0f);
 #pragma unroll
@@ -293,8 +444,8 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
     int lane = threadIdx.x & 31, piece = lane & 7;
     int pos = lane & 3;  // the lane's block in its chunk
     KqPlace<F> at(piece);
-    int nsb = cols / 256;
-    int stretches = (nsb + KQ_SB_A_STRETCH - 1) / KQ_SB_A_STRETCH;
+    int nb = cols / 32;
+    int stretches = (nb + 31) / 32;  // 32 blocks of 32 weights a stretch
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -302,26 +453,21 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
     for (int s0 = 0; s0 < stretches; s0 += UNROLL) {
         KqLaneRaw<F> raw[R][UNROLL];
 #pragma unroll
-        for (int i = 0; i < UNROLL; i++) {
-            // (A super-block past the row's end reads the row's last.)
-            int sb = min((s0 + i) * KQ_SB_A_STRETCH + (lane >> 3), nsb - 1);
+        for (int i = 0; i < UNROLL; i++)
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                raw[r][i] = kq_lane_load<F>(rows[r] + (i64)sb * KqFormat<F>::bytes, piece);
-        }
+            for (int r = 0; r < R; r++) raw[r][i] = kq_lane_load<F>(rows[r], s0 + i, lane, nb);
         if (EARLY && s0 == 0) KERNEL_ENTRY();
         // One token: its loads for the round too, before any is used.
         KqToken held[T == 1 ? UNROLL : 1];
         if constexpr (T == 1) {
 #pragma unroll
             for (int i = 0; i < UNROLL; i++)
-                held[i] = kq_token_load<EARLY>(xq[0], xd[0], (s0 + i) * KQ_SB_A_STRETCH + (lane >> 3),
-                                               nsb, piece, at.lo, at.hi, at.offset);
+                held[i] = kq_token_load<EARLY>(xq[0], xd[0], kq_spot<F>(at, s0 + i, lane, nb));
         }
 #pragma unroll
         for (int i = 0; i < UNROLL; i++) {
-            int first = (s0 + i) * KQ_SB_A_STRETCH;
-            if (first >= nsb) break;  // uniform over the warp
+            int first = 32 * (s0 + i);  // the stretch's first block
+            if (first >= nb) break;     // uniform over the warp
             KqLane w[R];
 #pragma unroll
             for (int r = 0; r < R; r++) w[r] = kq_lane_decode<F>(raw[r][i], piece);
@@ -329,17 +475,19 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
             for (int t = 0; t < T; t++) {
                 if (t >= nt) break;
                 KqToken x = T == 1 ? held[i]
-                                   : kq_token_load<EARLY>(xq[t], xd[t], first + (lane >> 3), nsb,
-                                                          piece, at.lo, at.hi, at.offset);
+                                   : kq_token_load<EARLY>(xq[t], xd[t], kq_spot<F>(at, s0 + i, lane, nb));
                 int a_lo = kq_byte_sum(x.lo, 0), a_hi = kq_byte_sum(x.hi, 0);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     float p = kq_chunk_part<F>(w[r], x, a_lo, a_hi, at, pos);
-                    // Chunks c = 0 .. 7 of the stretch (two a super-block) in order.
+                    // Chunks c = 0 .. 7 of the stretch in order (a partial
+                    // chunk's part is its last lane's: the lanes past the
+                    // row's end added 0 · 0).
+                    int left = nb - first;
 #pragma unroll
                     for (int c = 0; c < 32 / Q8_CHUNK; c++) {
                         float part = __shfl_sync(FULL_MASK, p, Q8_CHUNK * c + Q8_CHUNK - 1);
-                        if (first + c / 2 < nsb) acc[r][t] += part;
+                        if (Q8_CHUNK * c < left) acc[r][t] += part;
                     }
                 }
             }
@@ -389,9 +537,11 @@ __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* _
 // Batches on the integer tensor cores: mmq.cu's tiles (MQ_BM rows ×
 // MQ_BN tokens a block of MQ_THREADS, a step of Q8_CHUNK blocks — half a
 // super-block — staged in shared memory, the warps' fragments as there),
-// with the codes one a byte (Q6_K's as q − 32), and per (row, block) k0,
-// k1 (Q4_K: the scale and min; Q6_K: the scales of elements 0..15 and
-// 16..31), per (token, block) the activations' Σ a (Q4_K) beside their
+// with the codes one a byte (Q6_K's as q − 32, Q4_0's and Q5_0's as
+// q − 8 and q − 16), and per (row, block) k0, k1 (Q4_K: the scale and min;
+// Q6_K: the scales of elements 0..15 and 16..31; legacy: 1 and -1 for the
+// min formats) and d, dmin (K-quants: the super-block's, in column 0),
+// per (token, block) the activations' Σ a (the min formats) beside their
 // scale. A Q6_K block takes two MMAs, one a 16-element half (the other
 // half's A registers zero: in m16n8k32's A fragment registers 0 and 1
 // hold k < 16, 2 and 3 k ≥ 16).
@@ -399,8 +549,8 @@ struct __align__(16) KqTiles {
     u8 a[MQ_BM][MQ_LD];
     int k0[MQ_BM][Q8_CHUNK];
     int k1[MQ_BM][Q8_CHUNK];
-    float d[MQ_BM];
-    float dmin[MQ_BM];
+    float d[MQ_BM][Q8_CHUNK];
+    float dmin[MQ_BM][Q8_CHUNK];
     u8 b[MQ_BN][MQ_LD];
     float bs[MQ_BN][Q8_CHUNK];
     int bsum[MQ_BN][Q8_CHUNK];
@@ -412,19 +562,24 @@ __device__ __forceinline__ u32 kq_q6_centred(u32 q) {
     return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
 }
 
-// Stages blocks b0 .. b0 + Q8_CHUNK (half `b0 / 4 % 2` of super-block
-// b0 / 8) of the tile's rows and tokens; every load is issued before any
-// store.
+// Stages blocks b0 .. b0 + nu (nu ≤ Q8_CHUNK; K-quants: half `b0 / 4 %
+// 2` of super-block b0 / 8, nu = Q8_CHUNK) of the tile's rows and tokens;
+// every load is issued before any store.
 template <int F>
 __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
                                          const signed char* const* xrow,
-                                         const float* const* xsc, int b0) {
+                                         const float* const* xsc, int b0, int nu) {
     static_assert(MQ_BM * 4 == MQ_THREADS, "four threads a row");
     static_assert(MQ_BN * Q8_CHUNK * 2 == 2 * MQ_THREADS, "two pieces of tokens a thread");
     static_assert(MQ_BN * Q8_CHUNK == MQ_THREADS, "a token scale a thread");
     int sb = b0 / 8, half = (b0 / 4) & 1;
     int ar = threadIdx.x / 4, ap = threadIdx.x % 4;
     const u8* blk = arow[ar] + (i64)sb * KqFormat<F>::bytes;
+    // Legacy formats: thread ap takes block b0 + ap of the row, whole.
+    KqBlockRaw lb;
+    if constexpr (KqFormat<F>::legacy) {
+        if (ap < nu) lb = kq_block_load<F>(arow[ar] + (i64)(b0 + ap) * KqFormat<F>::bytes);
+    }
     // Q4_K: thread ap takes code piece 4·half + ap (elements 16(ap % 2) ..
     // of local blocks 2(ap / 2) and 2(ap / 2) + 1), thread r < MQ_BM row
     // r's header. Q6_K: thread ap takes the ql and qh pieces of elements
@@ -436,7 +591,7 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
     if constexpr (F == F_Q4_K) {
         qa = ld_stream_u4(blk + 16 + 16 * (4 * half + ap));
         if (threadIdx.x < MQ_BM) hd = ld_stream_u4(arow[threadIdx.x] + (i64)sb * KqFormat<F>::bytes);
-    } else {
+    } else if constexpr (F == F_Q6_K) {
         int j = ap >> 1, e = ap & 1;
         ql = kq_ld16_raw(blk + 64 * half + 32 * j + 16 * e);
         qh = kq_ld16_raw(blk + 128 + 32 * half + 16 * e);
@@ -453,11 +608,35 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
         int i = threadIdx.x + j * MQ_THREADS;
         bt[j] = i / (Q8_CHUNK * 2);
         bp[j] = i % (Q8_CHUNK * 2);
-        rb[j] = ((const uint4*)(xrow[bt[j]] + (i64)(b0 + (bp[j] >> 1)) * 32))[bp[j] & 1];
+        rb[j] = (bp[j] >> 1) < nu
+                    ? ((const uint4*)(xrow[bt[j]] + (i64)(b0 + (bp[j] >> 1)) * 32))[bp[j] & 1]
+                    : make_uint4(0, 0, 0, 0);
     }
     int st = threadIdx.x / Q8_CHUNK, su = threadIdx.x % Q8_CHUNK;
-    float rs = xsc[st][b0 + su];
-    if constexpr (F == F_Q4_K) {
+    float rs = su < nu ? xsc[st][b0 + su] : 0.0f;
+    if constexpr (KqFormat<F>::legacy) {
+        if (ap < nu) {
+            KqLaneRaw<F> r;
+            r.b = lb;
+            KqLane l = kq_lane_decode<F>(r, 0);
+            // Q4_0's and Q5_0's codes as q − centre (each byte lifted by
+            // 128, so that no subtraction borrows from its neighbour).
+            constexpr u32 c = 0x01010101u * KqFormat<F>::centre;
+            u32 v[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                v[i] = c ? ((l.lo[i] | 0x80808080u) - c) ^ 0x80808080u : l.lo[i];
+                v[i + 4] = c ? ((l.hi[i] | 0x80808080u) - c) ^ 0x80808080u : l.hi[i];
+            }
+            u8* dst = &s.a[ar][ap * 32];
+            ((uint4*)dst)[0] = make_uint4(v[0], v[1], v[2], v[3]);
+            ((uint4*)dst)[1] = make_uint4(v[4], v[5], v[6], v[7]);
+            s.k0[ar][ap] = l.k_lo;
+            s.k1[ar][ap] = l.k_hi;
+            s.d[ar][ap] = l.d;
+            s.dmin[ar][ap] = l.dmin;
+        }
+    } else if constexpr (F == F_Q4_K) {
         u8* lo = &s.a[ar][(2 * (ap >> 1)) * 32 + 16 * (ap & 1)];
         ((uint4*)lo)[0] = make_uint4(qa.x & 0x0F0F0F0Fu, qa.y & 0x0F0F0F0Fu, qa.z & 0x0F0F0F0Fu,
                                      qa.w & 0x0F0F0F0Fu);
@@ -468,8 +647,8 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
             int r = threadIdx.x;
 #pragma unroll
             for (int u = 0; u < Q8_CHUNK; u++) kq_scale_min(hd, 4 * half + u, &s.k0[r][u], &s.k1[r][u]);
-            s.d[r] = f16_to_f32((u16)(hd.x & 0xFFFFu));
-            s.dmin[r] = f16_to_f32((u16)(hd.x >> 16));
+            s.d[r][0] = f16_to_f32((u16)(hd.x & 0xFFFFu));
+            s.dmin[r][0] = f16_to_f32((u16)(hd.x >> 16));
         }
     } else {
         u32 lw[4], hw[4], lo[4], hi[4];
@@ -489,14 +668,14 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
                 s.k0[ar][u] = (int)(signed char)(sc[u] & 0xFFu);
                 s.k1[ar][u] = (int)(signed char)(sc[u] >> 8);
             }
-            s.d[ar] = f16_to_f32((u16)d6);
-            s.dmin[ar] = 0.0f;
+            s.d[ar][0] = f16_to_f32((u16)d6);
+            s.dmin[ar][0] = 0.0f;
         }
     }
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         ((uint4*)&s.b[bt[j]][0])[bp[j]] = rb[j];
-        if constexpr (F == F_Q4_K) {
+        if constexpr (KqFormat<F>::has_min) {
             // The block's Σ a: this piece's half, and its partner's (the
             // neighbouring lane holds the other half of the same block).
             int4 v = make_int4((int)rb[j].x, (int)rb[j].y, (int)rb[j].z, (int)rb[j].w);
@@ -527,8 +706,10 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
             for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
     int nb = cols / 32;
     for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
+        // (K-quant rows are whole super-blocks: every step whole.)
+        int nu = KqFormat<F>::legacy ? min(Q8_CHUNK, nb - b0) : Q8_CHUNK;
         __syncthreads();  // the row and token pointers are set; the last step's tiles read
-        kq_stage<F>(s, arow, xrow, xsc, b0);
+        kq_stage<F>(s, arow, xrow, xsc, b0, nu);
         __syncthreads();
         float part[MMQ_MT][MMQ_NT][4];
 #pragma unroll
@@ -541,6 +722,7 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
         // tiles (theirs read again for each row tile, to spare registers).
 #pragma unroll
         for (int u = 0; u < Q8_CHUNK; u++) {
+            if (u >= nu) break;  // uniform over the block
 #pragma unroll
             for (int mt = 0; mt < MMQ_MT; mt++) {
                 const u8* p0 = &s.a[ra[mt] + g][u * 32];
@@ -554,8 +736,9 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
                     int r = ra[mt] + g + 8 * e;
                     k0[e] = s.k0[r][u];
                     k1[e] = s.k1[r][u];
-                    d[e] = s.d[r];
-                    dmin[e] = s.dmin[r];
+                    // (A K-quant step lies in one super-block: one d.)
+                    d[e] = s.d[r][KqFormat<F>::legacy ? u : 0];
+                    dmin[e] = s.dmin[r][KqFormat<F>::legacy ? u : 0];
                 }
 #pragma unroll
                 for (int nt = 0; nt < MMQ_NT; nt++) {
@@ -566,9 +749,9 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         dx[e] = s.bs[tb + 8 * nt + 2 * q + e][u];
-                        as[e] = F == F_Q4_K ? s.bsum[tb + 8 * nt + 2 * q + e][u] : 0;
+                        as[e] = KqFormat<F>::has_min ? s.bsum[tb + 8 * nt + 2 * q + e][u] : 0;
                     }
-                    if constexpr (F == F_Q4_K) {
+                    if constexpr (KqFormat<F>::has_min) {
                         int c[4];
                         mma_s8(c, a, bx);
 #pragma unroll
@@ -577,6 +760,14 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
                             float v = (float)(k0[r] * c[i]), vm = (float)(k1[r] * as[t]);
                             float p = fmaf(v, d[r] * dx[t], part[mt][nt][i]);
                             part[mt][nt][i] = fmaf(-vm, dmin[r] * dx[t], p);
+                        }
+                    } else if constexpr (F != F_Q6_K) {  // Q4_0, Q5_0: codes centred
+                        int c[4];
+                        mma_s8(c, a, bx);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            int r = i >> 1, t = i & 1;
+                            part[mt][nt][i] = fmaf((float)c[i], d[r] * dx[t], part[mt][nt][i]);
                         }
                     } else {
                         int c0[4], c1[4];
@@ -814,5 +1005,9 @@ __device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const floa
         kq_down_tile_impl<F>(aq, ad, order, offsets, b, y);                                      \
     }
 
+KQ_KERNELS(q4_0, F_Q4_0)
+KQ_KERNELS(q4_1, F_Q4_1)
+KQ_KERNELS(q5_0, F_Q5_0)
+KQ_KERNELS(q5_1, F_Q5_1)
 KQ_KERNELS(q4_k, F_Q4_K)
 KQ_KERNELS(q6_k, F_Q6_K)

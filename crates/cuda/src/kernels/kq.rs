@@ -1,18 +1,19 @@
-//! Q4_K and Q6_K products against 8-bit activations in fast numerics
+//! Products of Q4_K, Q6_K and the legacy 4- and 5-bit formats (Q4_0,
+//! Q4_1, Q5_0, Q5_1) against 8-bit activations in fast numerics
 //! (`kernels/kq.cu`): the setting that turns them on, which products fit
 //! them, and their kernels.
 //!
-//! The default decodes K-quant weights to bf16 for the tensor cores
+//! The default decodes these weights to bf16 for the tensor cores
 //! (`kernels/tcmm.cu`): a decode step's products then spend ~0.4
 //! instructions a weight and a warp on the decoding and on MMAs whose 8
 //! token columns hold one token (an 8B model's Q4_K rows streamed at ~530
-//! GB/s, its Q6_K rows at ~830, on an H200; BENCHMARKS.md, twenty-seventh
-//! session). kq.cu dots the codes with the token's 8-bit codes in integers
-//! (dp4a) and applies a sub-block's scales once per 16 or 32 weights, as
-//! llama.cpp's matrix-vector kernels do; a batch takes the same integer
-//! sums on the integer tensor cores in the same f32 order, so a token's
-//! bits are the same alone or in a batch. Opt-in until measured on a GPU:
-//! `TURBOSPARK_CUDA_KQ=int8`.
+//! GB/s, its Q6_K rows at ~830, a Q4_0 square at ~500, on an H200;
+//! BENCHMARKS.md, twenty-seventh session). kq.cu dots the codes with the
+//! token's 8-bit codes in integers (dp4a) and applies a block's scales
+//! once per 16 or 32 weights, as llama.cpp's matrix-vector kernels do; a
+//! batch takes the same integer sums on the integer tensor cores in the
+//! same f32 order, so a token's bits are the same alone or in a batch.
+//! Opt-in until measured on a GPU: `TURBOSPARK_CUDA_KQ=int8`.
 
 use super::kernel;
 use crate::CudaError;
@@ -20,11 +21,15 @@ use cudarc::driver::{CudaFunction, CudaModule};
 use std::sync::Arc;
 use turbospark_core::QuantFormat;
 
-/// Columns of a K-quant super-block.
-const SUPER_BLOCK: usize = 256;
-
 /// The formats with kernels in kq.cu.
-const KQ_FORMATS: [QuantFormat; 2] = [QuantFormat::Q4K, QuantFormat::Q6K];
+const KQ_FORMATS: [QuantFormat; 6] = [
+    QuantFormat::Q4_0,
+    QuantFormat::Q4_1,
+    QuantFormat::Q5_0,
+    QuantFormat::Q5_1,
+    QuantFormat::Q4K,
+    QuantFormat::Q6K,
+];
 
 /// The kernels of one format.
 pub(crate) struct KqSet {
@@ -83,7 +88,8 @@ impl KqKernels {
     }
 }
 
-/// Whether Q4_K and Q6_K products take kq.cu's kernels (`TURBOSPARK_CUDA_KQ`): only
+/// Whether the products of kq.cu's formats take its kernels
+/// (`TURBOSPARK_CUDA_KQ`): only
 /// with `int8`.
 pub(super) fn kq_setting(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("int8")
@@ -91,22 +97,23 @@ pub(super) fn kq_setting(setting: Option<&str>) -> bool {
 
 /// Whether a product of a matrix of `format` (`cols` wide, at device
 /// address `w`, rows `row_bytes` apart) with the input at `x` fits kq.cu's
-/// kernels: a format they have, whole super-blocks in rows of ggml's
-/// layout, 16-byte aligned activations, and the alignment the format's
-/// loads need — Q4_K's 16-byte pieces the matrix and its rows 16-byte
-/// aligned; Q6_K's aligned words the matrix 4-byte aligned (a row may then
-/// start 2 bytes past a word: the kernels read the words around it, which
-/// lie in the matrix).
+/// kernels: a format they have, whole blocks in rows of ggml's layout,
+/// 16-byte aligned activations, and the alignment the format's loads
+/// need — Q4_K's 16-byte pieces the matrix and its rows 16-byte aligned;
+/// the others' aligned words the matrix 4-byte aligned (a Q6_K, Q4_0 or
+/// Q5_0 block may then start 2 bytes past a word: the kernels read the
+/// words around it, which lie in the matrix).
 pub(crate) fn kq_fits(format: QuantFormat, cols: usize, w: u64, row_bytes: usize, x: u64) -> bool {
-    let whole = cols > 0
-        && cols % SUPER_BLOCK == 0
-        && row_bytes == cols / SUPER_BLOCK * format.block_bytes()
+    let elems = format.block_elems();
+    let whole = KQ_FORMATS.contains(&format)
+        && cols > 0
+        && cols % elems == 0
+        && row_bytes == cols / elems * format.block_bytes()
         && x % 16 == 0;
     whole
         && match format {
             QuantFormat::Q4K => w % 16 == 0 && row_bytes % 16 == 0,
-            QuantFormat::Q6K => w % 4 == 0,
-            _ => false,
+            _ => w % 4 == 0,
         }
 }
 
@@ -121,6 +128,19 @@ mod tests {
         assert!(!kq_setting(None));
         assert!(!kq_setting(Some("")));
         assert!(!kq_setting(Some("bf16")));
+    }
+
+    #[test]
+    fn legacy_rows_fit_on_a_word_boundary() {
+        // SmolLM2's 576-wide Q4_1 rows (18 blocks of 20 bytes), Qwen2.5's
+        // 896-wide Q5_0 rows (28 blocks of 22 bytes: every other block 2
+        // bytes past a word, which the kernels read around).
+        assert!(kq_fits(QuantFormat::Q4_1, 576, 0x1000, 360, 0x2000));
+        assert!(kq_fits(QuantFormat::Q5_0, 896, 0x1004, 616, 0x2000));
+        assert!(kq_fits(QuantFormat::Q4_0, 160, 0x1000, 90, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q4_0, 160, 0x1002, 90, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q5_1, 100, 0x1000, 75, 0x2000));
+        assert!(!kq_fits(QuantFormat::Q4_1, 576, 0x1000, 360, 0x2008));
     }
 
     #[test]

@@ -502,7 +502,7 @@ impl CudaStream {
             return launch("moe", f, self.raw(), q8_grid(hidden, per), threads, 0, args);
         }
         if self.kq_experts(bank, xp, act_ptr).is_some() {
-            // K-quants against 8-bit activations (kernels/kq.cu): routes
+            // kq.cu's formats against 8-bit activations: routes
             // one by one, or grouped by expert on the integer tensor cores;
             // the same bits either way. Both inputs quantized in natural
             // order, as for Q8_0.

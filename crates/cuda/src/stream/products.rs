@@ -1,8 +1,8 @@
 //! Matrix products on a [`CudaStream`] (`out[t, o] = Σ_i W[o, i] · x[t, i]`):
 //! in fast numerics 8-bit activations for Q8_0/MXFP4 weights
 //! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`) and, where
-//! asked for (`TURBOSPARK_CUDA_KQ=int8`), Q4_K and Q6_K weights
-//! (`kernels/kq.cu`),
+//! asked for (`TURBOSPARK_CUDA_KQ=int8`), Q4_K, Q6_K and the legacy 4- and
+//! 5-bit formats (`kernels/kq.cu`),
 //! the tensor cores for the other formats (`kernels/tcmm.cu`), each held back so
 //! that the products of one input and the bias add after them join one
 //! launch (`crate::fusion`); matmul.cu's generic kernel otherwise.
@@ -26,7 +26,7 @@ fn tc_fits(w: &CudaMatrix, x: u64) -> bool {
 }
 
 impl CudaStream {
-    /// A fast matmul (8-bit activations: Q8_0, MXFP4, and K-quants where
+    /// A fast matmul (8-bit activations: Q8_0, MXFP4, and kq.cu's formats where
     /// [`Self::kq_takes`]) of `n` rows of `x` into `out`, held back for its
     /// bias and the products that share its input (see [`crate::fusion`]);
     /// a pending norm of `x` quantizes it on the way.
@@ -90,7 +90,7 @@ impl CudaStream {
             _ => self.flush()?,
         }
         if self.quantized.get() != Some(key) {
-            // K-quants take the activations in natural order, as Q8_0 does.
+            // kq.cu's formats take the activations in natural order, as Q8_0 does.
             let quantizer = match w.format {
                 QuantFormat::Mxfp4 => QuantFormat::Mxfp4,
                 _ => QuantFormat::Q8_0,

@@ -1,4 +1,4 @@
-// Routed experts of Q4_K and Q6_K banks against 8-bit activations (kq.cu,
+// Routed experts of K-quant and legacy banks against 8-bit activations (kq.cu,
 // fast numerics with TURBOSPARK_CUDA_KQ=int8) run on the CPU through
 // warp_emulator.h. Every product must give the bits of kq_reference.h's
 // scalar reference of kq.cu's order, with moe.cu's activation and biases
@@ -37,10 +37,10 @@ struct Case {
     MoeAct act;
 };
 
-std::string format_name(int f) { return f == F_Q4_K ? "Q4_K" : "Q6_K"; }
+using kqref::format_name;
 
 void run_case(const Case& c, std::mt19937& rng) {
-    std::string name = format_name(c.gate_up) + " gate/up, " + format_name(c.down) + " down, " +
+    std::string name = std::string(format_name(c.gate_up)) + " gate/up, " + format_name(c.down) + " down, " +
                        std::to_string(c.hidden) + " → " + std::to_string(c.inter) +
                        (c.biases ? ", biases" : "") + ", activation " + std::to_string(c.act.act);
     int H = c.hidden, I = c.inter;
@@ -115,7 +115,7 @@ void run_case(const Case& c, std::mt19937& rng) {
 
     const signed char* xs = (const signed char*)xq;
     const signed char* as = (const signed char*)aq;
-    bool q4_gu = c.gate_up == F_Q4_K, q4_d = c.down == F_Q4_K;
+    kqref::Kernels kg = kqref::kernels_of(c.gate_up), kd = kqref::kernels_of(c.down);
     // Route by route: `n` routes from route `first`, under `mask`.
     auto few = [&](int first, int n, SlotMask mask) {
         std::vector<float> act((size_t)n * I, SENTINEL), y((size_t)n * H, SENTINEL);
@@ -127,12 +127,10 @@ void run_case(const Case& c, std::mt19937& rng) {
         const signed char* a0 = as + (size_t)first * I;
         const float* e0 = ad.data() + (size_t)first * I / 32;
         emu::launch({(unsigned)((I + Q8_WARPS - 1) / Q8_WARPS), (unsigned)n, 1}, {Q8_WARPS * 32, 1, 1}, [&] {
-            auto k = q4_gu ? kq_gate_up1_q4_k : kq_gate_up1_q6_k;
-            k(x0, d0, rp, TOP_K, mask, b, c.act, act.data());
+            kg.gate_up1(x0, d0, rp, TOP_K, mask, b, c.act, act.data());
         });
         emu::launch({(unsigned)((H + Q8_WARPS - 1) / Q8_WARPS), (unsigned)n, 1}, {Q8_WARPS * 32, 1, 1}, [&] {
-            auto k = q4_d ? kq_down1_q4_k : kq_down1_q6_k;
-            k(a0, e0, rp, mask, b, y.data());
+            kd.down1(a0, e0, rp, mask, b, y.data());
         });
         return std::make_pair(act, y);
     };
@@ -148,12 +146,10 @@ void run_case(const Case& c, std::mt19937& rng) {
         offsets[EXPERTS] = (u32)order.size();
         std::vector<float> act((size_t)n_routes * I, SENTINEL), y((size_t)n_routes * H, SENTINEL);
         emu::launch({(unsigned)((I + MQ_BM / 2 - 1) / (MQ_BM / 2)), EXPERTS, 1}, {MQ_THREADS, 1, 1}, [&] {
-            auto k = q4_gu ? kq_gate_up_tile_q4_k : kq_gate_up_tile_q6_k;
-            k(xs, xd.data(), order.data(), offsets.data(), TOP_K, b, c.act, act.data());
+            kg.gate_up_tile(xs, xd.data(), order.data(), offsets.data(), TOP_K, b, c.act, act.data());
         });
         emu::launch({(unsigned)((H + MQ_BM - 1) / MQ_BM), EXPERTS, 1}, {MQ_THREADS, 1, 1}, [&] {
-            auto k = q4_d ? kq_down_tile_q4_k : kq_down_tile_q6_k;
-            k(as, ad.data(), order.data(), offsets.data(), b, y.data());
+            kd.down_tile(as, ad.data(), order.data(), offsets.data(), b, y.data());
         });
         return std::make_pair(act, y);
     };
@@ -196,6 +192,11 @@ int main() {
         {F_Q4_K, F_Q6_K, 512, 256, false, swiglu},
         // The other way round, with biases and gpt-oss's clamped GLU.
         {F_Q6_K, F_Q4_K, 768, 512, true, clamped},
+        // Legacy formats at the conformance suite's widths (10 and 5
+        // blocks: partial chunks), as llama.cpp's mixed quantizations
+        // store them.
+        {F_Q4_1, F_Q5_0, 320, 160, true, swiglu},
+        {F_Q5_1, F_Q4_0, 160, 320, false, clamped},
     };
     for (const Case& c : cases) run_case(c, rng);
     return bits::verdict();

@@ -1,21 +1,15 @@
-// Q4_K and Q6_K products against 8-bit activations (kq.cu, fast numerics
-// with TURBOSPARK_CUDA_KQ=int8) run on the CPU through warp_emulator.h,
-// against a scalar reference of kq.cu's documented order, written here
-// from ggml's definitions (dequantize_row_q4_K, get_scale_min_k4,
-// dequantize_row_q6_K), not from the kernels' helpers. Per 32-element
-// block (sub-block s of its super-block), with a the token's codes and dx
-// their scale:
-//   Q4_K: v = (float)(sc · Σ c a), vm = (float)(m · Σ a);
-//         p = fmaf(v, d · dx, p), then p = fmaf(-vm, dmin · dx, p);
-//   Q6_K: v = (float)(sc_0 · Σ_{i<16} (q − 32) a + sc_1 · Σ_{i≥16} (q − 32) a);
-//         p = fmaf(v, d · dx, p);
-// p from 0 per chunk of 4 blocks, the row's total the chunks' parts added
-// in order from 0, then the bias. Every kernel must give the reference's
-// bits for every token: the matrix-vector kernels (a decode step, a few
-// tokens) and the batch kernel on the integer tensor cores, so a token's
-// result is the same alone or in a batch. Q6_K rows of an odd number of
-// super-blocks start every other row 2 bytes past a 4-byte boundary, as
-// on the GPU. Exit status 0 when every output matches.
+// kq.cu's products against 8-bit activations (fast numerics with
+// TURBOSPARK_CUDA_KQ=int8: Q4_K, Q6_K and the legacy Q4_0, Q4_1, Q5_0,
+// Q5_1) run on the CPU through warp_emulator.h, against the scalar
+// reference of kq_reference.h (kq.cu's documented order, the formats
+// decoded from ggml's definitions, not from the kernels' helpers), then
+// the bias. Every kernel must give the reference's bits for every token:
+// the matrix-vector kernels (a decode step, a few tokens) and the batch
+// kernel on the integer tensor cores, so a token's result is the same
+// alone or in a batch. Rows of an odd number of Q4_0, Q5_0 or Q6_K blocks
+// start every other row 2 bytes past a 4-byte boundary, as on the GPU;
+// rows of legacy formats end in partial chunks. Exit status 0 when every
+// output matches.
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
 
@@ -91,10 +85,8 @@ void run_case(const Case& c, std::mt19937& rng) {
             unsigned ty = (unsigned)(one ? n : (n + MM_TOKENS - 1) / MM_TOKENS);
             for (size_t m = 0; m < mats.size(); m++) std::fill(out[m].begin(), out[m].end(), SENTINEL);
             emu::launch({(unsigned)g.block_start[g.count], ty, 1}, {Q8_WARPS * 32, 1, 1}, [&] {
-                bool q4 = c.fmt == F_Q4_K;
-                auto kernel = one ? (q4 ? kq_matmul1_q4_k : kq_matmul1_q6_k)
-                                  : (q4 ? kq_matmul_q4_k : kq_matmul_q6_k);
-                kernel(g, cols, xq, d.data(), n);
+                kqref::Kernels k = kqref::kernels_of(c.fmt);
+                (one ? k.matmul1 : k.matmul)(g, cols, xq, d.data(), n);
             });
             for (size_t m = 0; m < mats.size(); m++)
                 bits::expect_same(c.name + (one ? ": kq_matmul1, " : ": kq_matmul, ") +
@@ -110,9 +102,8 @@ void run_case(const Case& c, std::mt19937& rng) {
             dim3 grid = {(unsigned)((rows + MQ_BM - 1) / MQ_BM), (unsigned)((n + MQ_BN - 1) / MQ_BN), 1};
             const float* b = c.biases[m] ? biases[m].data() : nullptr;
             emu::launch(grid, {MQ_THREADS, 1, 1}, [&] {
-                auto kernel = c.fmt == F_Q4_K ? kq_tile_q4_k : kq_tile_q6_k;
-                kernel(mats[m].bytes(), rows, cols, (i64)mats[m].row_bytes, xq, d.data(), n,
-                       out.data(), b);
+                kqref::kernels_of(c.fmt).tile(mats[m].bytes(), rows, cols, (i64)mats[m].row_bytes, xq,
+                                              d.data(), n, out.data(), b);
             });
             bits::expect_same(c.name + ": kq_tile, " + std::to_string(n) + " tokens, matrix " +
                                   std::to_string(m),
@@ -127,7 +118,7 @@ int main() {
     std::mt19937 rng(20261205);
     std::vector<Case> cases;
     for (int fmt : {F_Q4_K, F_Q6_K}) {
-        std::string f = fmt == F_Q4_K ? "Q4_K" : "Q6_K";
+        std::string f = kqref::format_name(fmt);
         // One super-block a row (a stretch mostly idle), a q/k/v-like
         // group with biases, rows not multiples of a block's.
         cases.push_back({f + ", 256 wide, q/k/v", fmt, 256, {13, 5, 6}, {true, true, true}});
@@ -139,6 +130,16 @@ int main() {
         cases.push_back({f + ", 4096 wide", fmt, 4096, {9, 4}, {false, true}});
         // 17 super-blocks: a second round of loads.
         cases.push_back({f + ", 4352 wide", fmt, 4352, {5}, {true}});
+    }
+    for (int fmt : {F_Q4_0, F_Q4_1, F_Q5_0, F_Q5_1}) {
+        std::string f = kqref::format_name(fmt);
+        // 5 blocks: one chunk and a partial one (odd rows of Q4_0 and Q5_0
+        // 2 bytes off a word), a q/k/v-like group.
+        cases.push_back({f + ", 160 wide, q/k/v", fmt, 160, {13, 5, 6}, {true, false, true}});
+        // 33 blocks: a second stretch of one block; rows past a tile's 64.
+        cases.push_back({f + ", 1056 wide", fmt, 1056, {67}, {true}});
+        // 129 blocks: a second round of loads.
+        cases.push_back({f + ", 4128 wide", fmt, 4128, {6, 3}, {false, true}});
     }
     for (const Case& c : cases) run_case(c, rng);
     return bits::verdict();

@@ -1,14 +1,19 @@
-// The scalar reference of kq.cu's Q4_K and Q6_K products, for the
-// emulation tests (kq_products.cpp, kq_experts.cpp): rows in ggml's
-// layout, their decoding written from ggml's definitions
-// (dequantize_row_q4_K, get_scale_min_k4, dequantize_row_q6_K) rather
-// than from the kernels' helpers, and the documented f32 order:
+// The scalar reference of kq.cu's products, for the emulation tests
+// (kq_products.cpp, kq_experts.cpp): rows in ggml's layout, their decoding
+// written from ggml's definitions (dequantize_row_q4_0 / q4_1 / q5_0 /
+// q5_1, dequantize_row_q4_K with get_scale_min_k4, dequantize_row_q6_K)
+// rather than from the kernels' helpers, and the documented f32 order,
+// per 32-element block with a the token's codes and dx their scale:
 //   Q4_K: v = (float)(sc · Σ c a), vm = (float)(m · Σ a);
 //         p = fmaf(v, d · dx, p), then p = fmaf(-vm, dmin · dx, p);
 //   Q6_K: v = (float)(sc_0 · Σ_{i<16} (q − 32) a + sc_1 · Σ_{i≥16} (q − 32) a);
 //         p = fmaf(v, d · dx, p);
-// p from 0 per chunk of 4 blocks, the row's total the chunks' parts added
-// in order from 0.
+//   Q4_0, Q5_0: v = (float)Σ (q − 8 or 16) a; p = fmaf(v, d · dx, p);
+//   Q4_1, Q5_1: p = fmaf((float)Σ q a, d · dx, p), then
+//         p = fmaf((float)Σ a, m · dx, p);
+// p from 0 per chunk of 4 blocks (the last one maybe partial), the row's
+// total the chunks' parts added in order from 0. The kernels of each
+// format are listed in `kernels_of`.
 #pragma once
 
 #include "kernel_sources.h"
@@ -28,19 +33,44 @@ float half_value(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
-// Rows of F_Q4_K or F_Q6_K in ggml's layout, 144 · cols / 256 or
-// 210 · cols / 256 bytes apart:
-//   Q4_K super-block: d, dmin (f16); 12 scale bytes; 128 code bytes;
-//   Q6_K super-block: ql[128], qh[64], scales[16] (int8), d (f16).
+// A format's block: its weights and bytes.
+inline int block_elems(int fmt) { return fmt == F_Q4_K || fmt == F_Q6_K ? 256 : 32; }
+inline int block_bytes(int fmt) {
+    switch (fmt) {
+    case F_Q4_0: return 18;
+    case F_Q4_1: return 20;
+    case F_Q5_0: return 22;
+    case F_Q5_1: return 24;
+    case F_Q4_K: return 144;
+    default: return 210;  // F_Q6_K
+    }
+}
+inline const char* format_name(int fmt) {
+    switch (fmt) {
+    case F_Q4_0: return "Q4_0";
+    case F_Q4_1: return "Q4_1";
+    case F_Q5_0: return "Q5_0";
+    case F_Q5_1: return "Q5_1";
+    case F_Q4_K: return "Q4_K";
+    default: return "Q6_K";
+    }
+}
+
+// Rows of one format in ggml's layout, rows block_bytes · cols /
+// block_elems bytes apart (so a Q4_0 or Q5_0 or Q6_K row of an odd number
+// of blocks puts every other row 2 bytes past a word, as on the GPU):
+//   Q4_0: d (f16), qs[16];  Q4_1: d, m (f16), qs[16];
+//   Q5_0: d, qh (u32), qs[16];  Q5_1: d, m, qh, qs[16];
+//   Q4_K: d, dmin (f16); 12 scale bytes; 128 code bytes;
+//   Q6_K: ql[128], qh[64], scales[16] (int8), d (f16).
 struct Rows {
     int fmt = F_Q4_K, count = 0, cols = 0;
     size_t row_bytes = 0;
     std::vector<uint64_t> storage;  // 8-byte aligned bytes
-    static int sb_bytes(int fmt) { return fmt == F_Q4_K ? 144 : 210; }
     uint8_t* bytes() { return (uint8_t*)storage.data(); }
     const uint8_t* bytes() const { return (const uint8_t*)storage.data(); }
-    const uint8_t* block(size_t r, int sb) const {
-        return bytes() + r * row_bytes + (size_t)sb_bytes(fmt) * sb;
+    const uint8_t* block(size_t r, int blk) const {
+        return bytes() + r * row_bytes + (size_t)block_bytes(fmt) * blk;
     }
 
     // ggml get_scale_min_k4 for sub-block j of q (the 12 scale bytes).
@@ -77,6 +107,26 @@ struct Rows {
         *q = (low | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
         *scale = sc[l / 16 + 2 * k];
     }
+    // The legacy formats: element j (0..31) of block b's code q (0..15 or
+    // 0..31), as dequantize_row_q4_0 … q5_1 read it: the low nibble of
+    // qs[j] for j < 16, the high nibble of qs[j − 16] else, and for Q5 bit
+    // j of qh above it.
+    int code_legacy(size_t r, int b, int j) const {
+        const uint8_t* blk = block(r, b);
+        int qs_at = fmt == F_Q4_0 ? 2 : fmt == F_Q4_1 ? 4 : fmt == F_Q5_0 ? 6 : 8;
+        const uint8_t* qs = blk + qs_at;
+        int q = j < 16 ? qs[j] & 15 : qs[j - 16] >> 4;
+        if (fmt == F_Q5_0 || fmt == F_Q5_1) {
+            const uint8_t* h = blk + (fmt == F_Q5_0 ? 2 : 4);
+            uint32_t qh = h[0] | (h[1] << 8) | (h[2] << 16) | ((uint32_t)h[3] << 24);
+            q |= ((qh >> j) & 1) << 4;
+        }
+        return q;
+    }
+    float half_at(size_t r, int b, int at) const {
+        const uint8_t* p = block(r, b) + at;
+        return half_value((uint16_t)(p[0] | (p[1] << 8)));
+    }
 };
 
 Rows random_rows(std::mt19937& rng, int fmt, int count, int cols) {
@@ -84,22 +134,29 @@ Rows random_rows(std::mt19937& rng, int fmt, int count, int cols) {
     m.fmt = fmt;
     m.count = count;
     m.cols = cols;
-    int sbb = Rows::sb_bytes(fmt);
-    m.row_bytes = (size_t)sbb * (cols / 256);
+    int bb = block_bytes(fmt), blocks = cols / block_elems(fmt);
+    m.row_bytes = (size_t)bb * blocks;
     m.storage.assign((m.row_bytes * count + 7) / 8 + 2, 0);
-    std::uniform_int_distribution<int> byte(0, 255);
-    // d and dmin: positive halves of magnitude 2^-12 .. 2^-5.
+    std::uniform_int_distribution<int> byte(0, 255), sign(0, 1);
+    // Scales: positive halves of magnitude 2^-12 .. 2^-5; mins either sign.
     std::uniform_int_distribution<int> exp(3, 10), mant(0, 1023);
+    auto half = [&](bool either) {
+        return (uint16_t)(((either && sign(rng)) << 15) | (exp(rng) << 10) | mant(rng));
+    };
     uint8_t* p = m.bytes();
     for (int r = 0; r < count; r++)
-        for (int sb = 0; sb < cols / 256; sb++) {
-            uint8_t* b = p + r * m.row_bytes + (size_t)sbb * sb;
-            for (int i = 0; i < sbb; i++) b[i] = (uint8_t)byte(rng);
-            for (int k = 0; k < (fmt == F_Q4_K ? 2 : 1); k++) {
-                uint16_t h = (uint16_t)((exp(rng) << 10) | mant(rng));
-                int at = fmt == F_Q4_K ? 2 * k : 208;
-                b[at] = (uint8_t)h;
-                b[at + 1] = (uint8_t)(h >> 8);
+        for (int b = 0; b < blocks; b++) {
+            uint8_t* blk = p + r * m.row_bytes + (size_t)bb * b;
+            for (int i = 0; i < bb; i++) blk[i] = (uint8_t)byte(rng);
+            auto put = [&](int at, uint16_t h) {
+                blk[at] = (uint8_t)h;
+                blk[at + 1] = (uint8_t)(h >> 8);
+            };
+            if (fmt == F_Q6_K) {
+                put(208, half(false));
+            } else {
+                put(0, half(false));
+                if (fmt == F_Q4_K || fmt == F_Q4_1 || fmt == F_Q5_1) put(2, half(fmt != F_Q4_K));
             }
         }
     return m;
@@ -111,39 +168,71 @@ float reference_dot(const Rows& m, size_t r, const int8_t* q, const float* d) {
     float total = 0.0f;
     for (int c = 0; c * 4 < nb; c++) {
         float p = 0.0f;
-        for (int u = 0; u < 4; u++) {
-            int b = 4 * c + u, sb = b / 8, s = b % 8;
-            const uint8_t* blk = m.block(r, sb);
+        for (int u = 0; u < 4 && 4 * c + u < nb; u++) {
+            int b = 4 * c + u;
+            const int8_t* a = q + 32 * b;
+            int sum = 0;
+            for (int e = 0; e < 32; e++) sum += a[e];
             if (m.fmt == F_Q4_K) {
-                float dd = half_value((uint16_t)(blk[0] | (blk[1] << 8)));
-                float dmin = half_value((uint16_t)(blk[2] | (blk[3] << 8)));
-                int sc, mn;
+                int sb = b / 8, s = b % 8;
+                const uint8_t* blk = m.block(r, sb);
+                int sc, mn, dot = 0;
                 Rows::scale_min(blk + 4, s, &sc, &mn);
-                int dot = 0, sum = 0;
-                for (int e = 0; e < 32; e++) {
-                    dot += m.code4(r, sb, 32 * s + e) * q[32 * b + e];
-                    sum += q[32 * b + e];
-                }
-                p = std::fmaf((float)(sc * dot), dd * d[b], p);
-                p = std::fmaf(-(float)(mn * sum), dmin * d[b], p);
-            } else {
-                float dd = half_value((uint16_t)(blk[208] | (blk[209] << 8)));
-                int v = 0;
+                for (int e = 0; e < 32; e++) dot += m.code4(r, sb, 32 * s + e) * a[e];
+                p = std::fmaf((float)(sc * dot), m.half_at(r, sb, 0) * d[b], p);
+                p = std::fmaf(-(float)(mn * sum), m.half_at(r, sb, 2) * d[b], p);
+            } else if (m.fmt == F_Q6_K) {
+                int sb = b / 8, s = b % 8, v = 0;
                 for (int h = 0; h < 2; h++) {
-                    int sum = 0, scale = 0;
+                    int part = 0, scale = 0;
                     for (int e = 16 * h; e < 16 * h + 16; e++) {
                         int code;
                         m.code6(r, sb, 32 * s + e, &code, &scale);
-                        sum += code * q[32 * b + e];
+                        part += code * a[e];
                     }
-                    v += scale * sum;
+                    v += scale * part;
                 }
-                p = std::fmaf((float)v, dd * d[b], p);
+                p = std::fmaf((float)v, m.half_at(r, sb, 208) * d[b], p);
+            } else {
+                int dot = 0;
+                for (int e = 0; e < 32; e++) dot += m.code_legacy(r, b, e) * a[e];
+                float dd = m.half_at(r, b, 0) * d[b];
+                if (m.fmt == F_Q4_0 || m.fmt == F_Q5_0) {
+                    int centre = m.fmt == F_Q4_0 ? 8 : 16;
+                    p = std::fmaf((float)(dot - centre * sum), dd, p);
+                } else {
+                    p = std::fmaf((float)dot, dd, p);
+                    p = std::fmaf((float)sum, m.half_at(r, b, 2) * d[b], p);
+                }
             }
         }
         total += p;
     }
     return total;
+}
+
+// The kq.cu kernels of a format.
+struct Kernels {
+    decltype(&kq_matmul_q4_k) matmul;
+    decltype(&kq_matmul1_q4_k) matmul1;
+    decltype(&kq_tile_q4_k) tile;
+    decltype(&kq_gate_up1_q4_k) gate_up1;
+    decltype(&kq_down1_q4_k) down1;
+    decltype(&kq_gate_up_tile_q4_k) gate_up_tile;
+    decltype(&kq_down_tile_q4_k) down_tile;
+};
+inline Kernels kernels_of(int fmt) {
+#define KQ_OF(f) {kq_matmul_##f, kq_matmul1_##f, kq_tile_##f, kq_gate_up1_##f, kq_down1_##f, \
+                  kq_gate_up_tile_##f, kq_down_tile_##f}
+    switch (fmt) {
+    case F_Q4_0: return KQ_OF(q4_0);
+    case F_Q4_1: return KQ_OF(q4_1);
+    case F_Q5_0: return KQ_OF(q5_0);
+    case F_Q5_1: return KQ_OF(q5_1);
+    case F_Q4_K: return KQ_OF(q4_k);
+    default: return KQ_OF(q6_k);
+    }
+#undef KQ_OF
 }
 
 }  // namespace kqref

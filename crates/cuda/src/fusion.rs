@@ -630,8 +630,8 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
     }
 }
 
-/// A group of products of one quantized input in a kq.cu format (`kernels/kq.cu`
-/// `kq_matmul_*`): q8dot.cu's matrix-vector grid, a warp a row (the
+/// A group of products of one quantized input in a kq.cu format
+/// (`kernels/kq.cu` `kq_matmul_*`): q8dot.cu's matrix-vector grid, a warp a row (the
 /// group's `block_start` counted in its blocks), up to
 /// [`kernels::MM_TOKENS`] tokens a block (one token: `kq_matmul1_*`).
 fn launch_kq_matmul(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {

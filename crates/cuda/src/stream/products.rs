@@ -1,11 +1,11 @@
 //! Matrix products on a [`CudaStream`] (`out[t, o] = Σ_i W[o, i] · x[t, i]`):
 //! in fast numerics 8-bit activations for Q8_0/MXFP4 weights
-//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`) and, where
-//! asked for (`TURBOSPARK_CUDA_KQ=int8`), Q4_K, Q6_K and the legacy 4- and
-//! 5-bit formats (`kernels/kq.cu`),
-//! the tensor cores for the other formats (`kernels/tcmm.cu`), each held back so
-//! that the products of one input and the bias add after them join one
-//! launch (`crate::fusion`); matmul.cu's generic kernel otherwise.
+//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`), and where asked
+//! for (`TURBOSPARK_CUDA_KQ=int8`) for Q4_K, Q6_K and the legacy 4- and
+//! 5-bit formats (`kernels/kq.cu`); the tensor cores for the other formats
+//! (`kernels/tcmm.cu`); each held back so that the products of one input
+//! and the bias add after them join one launch (`crate::fusion`);
+//! matmul.cu's generic kernel otherwise.
 
 use super::moe::RoutedQ8;
 use super::{CudaStream, Q8Regions};
@@ -26,8 +26,8 @@ fn tc_fits(w: &CudaMatrix, x: u64) -> bool {
 }
 
 impl CudaStream {
-    /// A fast matmul (8-bit activations: Q8_0, MXFP4, and kq.cu's formats where
-    /// [`Self::kq_takes`]) of `n` rows of `x` into `out`, held back for its
+    /// A fast matmul (8-bit activations: Q8_0, MXFP4, and kq.cu's formats
+    /// where [`Self::kq_takes`]) of `n` rows of `x` into `out`, held back for its
     /// bias and the products that share its input (see [`crate::fusion`]);
     /// a pending norm of `x` quantizes it on the way.
     fn matmul_q8(

@@ -441,11 +441,17 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
                                             const signed char* const* xq, const float* const* xd,
                                             int nt, float (*acc)[T]) {
     constexpr int UNROLL = KQ_UNROLL / R;
+    constexpr int SLOTS = UNROLL * (32 / Q8_CHUNK);  // chunk parts of a round, a row
+    // One token: a round's chunk parts meet in shared memory, and lane r
+    // adds row r's in order (a warp of a block of Q8_WARPS).
+    __shared__ __align__(16) float parts_of_warp[T == 1 ? Q8_WARPS : 1][R][SLOTS];
+    float(*parts)[SLOTS] = parts_of_warp[T == 1 ? threadIdx.x >> 5 : 0];
     int lane = threadIdx.x & 31, piece = lane & 7;
     int pos = lane & 3;  // the lane's block in its chunk
     KqPlace<F> at(piece);
     int nb = cols / 32;
     int stretches = (nb + 31) / 32;  // 32 blocks of 32 weights a stretch
+    float total = 0.0f;              // one token: lane r < R's row r's
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -480,18 +486,42 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
 #pragma unroll
                 for (int r = 0; r < R; r++) {
                     float p = kq_chunk_part<F>(w[r], x, a_lo, a_hi, at, pos);
-                    // Chunks c = 0 .. 7 of the stretch in order (a partial
-                    // chunk's part is its last lane's: the lanes past the
-                    // row's end added 0 · 0).
-                    int left = nb - first;
+                    // Chunks c = 0 .. 7 of the stretch in order. A partial
+                    // chunk's part is its last lane's (the lanes past the
+                    // row's end added 0 · 0); a chunk past the end is ±0,
+                    // which leaves the total as it is (it starts at +0
+                    // and never becomes -0).
+                    if constexpr (T == 1) {
+                        if (pos == Q8_CHUNK - 1) parts[r][i * (32 / Q8_CHUNK) + lane / Q8_CHUNK] = p;
+                    } else {
 #pragma unroll
-                    for (int c = 0; c < 32 / Q8_CHUNK; c++) {
-                        float part = __shfl_sync(FULL_MASK, p, Q8_CHUNK * c + Q8_CHUNK - 1);
-                        if (Q8_CHUNK * c < left) acc[r][t] += part;
+                        for (int c = 0; c < 32 / Q8_CHUNK; c++)
+                            acc[r][t] += __shfl_sync(FULL_MASK, p, Q8_CHUNK * c + Q8_CHUNK - 1);
                     }
                 }
             }
         }
+        if constexpr (T == 1) {
+            int used = min(UNROLL, stretches - s0) * (32 / Q8_CHUNK);  // uniform
+            __syncwarp();
+            if (lane < R) {
+                const float4* mine = (const float4*)parts[lane];
+#pragma unroll
+                for (int j = 0; j < SLOTS / 4; j++) {
+                    if (4 * j >= used) break;
+                    float4 v = mine[j];
+                    total += v.x;
+                    total += v.y;
+                    total += v.z;
+                    total += v.w;
+                }
+            }
+            __syncwarp();
+        }
+    }
+    if constexpr (T == 1) {
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][0] = __shfl_sync(FULL_MASK, total, r);
     }
 }
 

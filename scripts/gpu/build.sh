@@ -59,7 +59,8 @@ done
 # from SmolLM2's layout (a llama) and the qwen3moe fixture's.
 mkdir -p .devcarry/kquant
 smol=.devcarry/layout-smollm2-135m-instruct-q4_1.json
-if [ ! -f .devcarry/kquant/layout-qwen3moe30b-q4_k_m.json ] && [ -f "$smol" ]; then
+kq_last=.devcarry/kquant/layout-qwen3moe30b-q4_k_m.json
+if [ -f "$smol" ] && { [ ! -f "$kq_last" ] || [ scripts/gpu/kquant_layouts.py -nt "$kq_last" ]; }; then
     tmp=$(mktemp -d)
     { target/release/turbospark convert -q tests/fixtures/tiny/qwen3moe "$tmp/q3m" &&
         target/release/turbospark synth --like "$tmp/q3m" --save-layout "$tmp/q3m.json" > /dev/null &&

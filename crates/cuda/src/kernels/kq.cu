@@ -165,8 +165,8 @@ __device__ __forceinline__ u32 kq_funnel16(u32 lo, u32 hi) { return (lo >> 16) |
 // Bits 0..3 of v, bit j at the bottom of byte j.
 __device__ __forceinline__ u32 kq_spread4(u32 v) { return ((v & 15u) * 0x00204081u) & 0x01010101u; }
 
-// What a lane of kq_rows_dot loads of a super-block (raw; decoded after
-// the round's loads are all issued).
+// What a lane of kq_rows_dot loads of a stretch (raw; decoded after the
+// round's loads are all issued).
 template <int F>
 struct KqLaneRaw {
     KqBlockRaw b;  // the legacy formats: the lane's whole block
@@ -181,8 +181,8 @@ struct KqLaneRaw<F_Q6_K> {
     u32 sc_lo, sc_hi, d;  // the two pieces' scales (bytes), d (f16 bits)
 };
 
-// Where a lane's work sits in a super-block: lane l of a stretch owns
-// sub-block l % 8 of super-block l / 8, and reads 16 elements of two
+// Where a K-quant lane's work sits in a super-block: lane l of a stretch
+// owns sub-block l % 8 of super-block l / 8, and reads 16 elements of two
 // sub-blocks, `lo` and `hi` (ending up with its own one's sums after
 // exchanging halves with lane l ^ partner):
 //   Q4_K: piece p = l % 8 of the codes: elements 16(p % 2) .. of

@@ -345,6 +345,21 @@ mod tests {
         })
     }
 
+    /// Whether kq.cu's per-route `imp` in `text` waits on every path: its
+    /// one return (a skipped route's) waits first, and the products go through
+    /// `kq_rows_dot<F, 1, rows, true>` (which waits after its first
+    /// round's weight loads, [`kq_waits_before_the_tokens`]).
+    fn kq_route_waits_on_every_path(text: &str, imp: &str, rows: usize) -> bool {
+        let Some(at) = text.find(&format!("void {imp}(")) else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        compact.contains("KERNEL_ENTRY();return;}")
+            && compact.contains(&format!("kq_rows_dot<F,1,{rows},true>("))
+            && compact.matches("return;").count() == 1
+    }
+
     /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it
     /// waits: no return, the tokens read after the wait; in
     /// `matmul_tc1_impl` also a warp with no chunk waits before the
@@ -474,8 +489,14 @@ mod tests {
                 let q8_mma_early = name.starts_with("matmul1_mma_q8_0_c")
                     && body.starts_with("matmul1_mma_q8_0_impl<")
                     && mma_q8_waits_before_the_token(text);
-                let kq_early = name.starts_with("kq_matmul1_")
-                    && body.starts_with("kq_matmul_impl<F, 1, true>(")
+                let kq_early = ((name.starts_with("kq_matmul1_")
+                    && body.starts_with("kq_matmul_impl<F, 1, true>("))
+                    || (name.starts_with("kq_gate_up1_")
+                        && body.starts_with("kq_gate_up1_impl<F>(")
+                        && kq_route_waits_on_every_path(text, "kq_gate_up1_impl", 2))
+                    || (name.starts_with("kq_down1_")
+                        && body.starts_with("kq_down1_impl<F>(")
+                        && kq_route_waits_on_every_path(text, "kq_down1_impl", 1)))
                     && kq_waits_before_the_tokens(text);
                 let rope_early = name == "rope_kv"
                     && matches!(

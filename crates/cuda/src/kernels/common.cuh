@@ -41,8 +41,12 @@ typedef long long i64;
 // them waited for it) and issue their first weight loads, as do the bf16
 // products of a few tokens (tcmm.cu `matmul_bf16_tc1`), and one token's
 // Q8_0 products on the tensor cores (q8mma.cu `matmul1_mma_q8_0_impl`)
-// issue all of theirs, and one token's K-quant products on 8-bit activations
-// (kq.cu `kq_rows_dot`, EARLY) their first round's; then they wait.
+// issue all of theirs, and one token's products on 8-bit activations in
+// kq.cu's formats (`kq_rows_dot`, EARLY: `kq_matmul1_*`, and the routed
+// experts' `kq_gate_up1_*` and `kq_down1_*`, which read their route's
+// slot first: stream/moe.rs launches a quantization before each, so the
+// routing finished before the launch before them began) their first
+// round's; then they wait.
 __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

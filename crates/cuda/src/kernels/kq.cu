@@ -869,13 +869,22 @@ __device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 r
 // down stage reads route i's quantized activations (aq, ad: [routes,
 // inter]) and writes y [routes, hidden]. Routes to a masked slot or past
 // the bank write nothing.
+// Each stage reads its route's slot and issues its first weight loads
+// before it waits for the kernel before it (EARLY): stream/moe.rs
+// launches a quantization before each stage, so the routing (and the
+// gate/up stage, for the down stage's activations' quantization) finished
+// before the launch before this one began (common.cuh), and nothing the
+// kernels before write is read before the wait.
 template <int F>
 __device__ void kq_gate_up1_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                  const RouteOut* __restrict__ routes, int k, const SlotMask& only,
                                  const BankView& b, const MoeAct& a, float* __restrict__ act) {
     int i = blockIdx.y;
-    u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    u32 slot = __ldcg(&routes[i].slot);
+    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+        KERNEL_ENTRY();
+        return;
+    }
     int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
     i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
     const u8* rows[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
@@ -883,7 +892,7 @@ __device__ void kq_gate_up1_impl(const signed char* __restrict__ xq, const float
     const signed char* xs[1] = {xq + (i64)t * b.hidden};
     const float* ds[1] = {xd + (i64)t * (b.hidden / 32)};
     float acc[2][1];
-    kq_rows_dot<F, 1, 2>(rows, b.hidden, xs, ds, 1, acc);
+    kq_rows_dot<F, 1, 2, true>(rows, b.hidden, xs, ds, 1, acc);
     if (row < b.inter && (threadIdx.x & 31) == 0)
         act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0][0], acc[1][0]);
 }
@@ -893,15 +902,18 @@ __device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* _
                               const RouteOut* __restrict__ routes, const SlotMask& only,
                               const BankView& b, float* __restrict__ y) {
     int i = blockIdx.y;
-    u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    u32 slot = __ldcg(&routes[i].slot);
+    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+        KERNEL_ENTRY();
+        return;
+    }
     int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
     i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
     const u8* rows[1] = {b.down + r * b.down_row_bytes};
     const signed char* xs[1] = {aq + (i64)i * b.inter};
     const float* ds[1] = {ad + (i64)i * (b.inter / 32)};
     float acc[1][1];
-    kq_rows_dot<F, 1, 1>(rows, b.inter, xs, ds, 1, acc);
+    kq_rows_dot<F, 1, 1, true>(rows, b.inter, xs, ds, 1, acc);
     if (row < b.hidden && (threadIdx.x & 31) == 0)
         y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0][0]);
 }
@@ -993,7 +1005,7 @@ __device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const floa
 
 // The kernels of format F, named after it: a few tokens, one token (a
 // decode step's: the first weights loaded before the wait), a batch; the
-// routed experts route by route and grouped by expert.
+// routed experts route by route (also EARLY) and grouped by expert.
 #define KQ_KERNELS(fmt, F)                                                                       \
     extern "C" __global__ void kq_matmul_##fmt(MatGroup g, int cols, const signed char* xq,      \
                                                const float* xd, int n) {                         \
@@ -1013,13 +1025,11 @@ __device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const floa
     extern "C" __global__ void kq_gate_up1_##fmt(const signed char* xq, const float* xd,         \
                                                  const RouteOut* routes, int k, SlotMask only,   \
                                                  BankView b, MoeAct a, float* act) {             \
-        KERNEL_ENTRY();                                                                          \
         kq_gate_up1_impl<F>(xq, xd, routes, k, only, b, a, act);                                 \
     }                                                                                            \
     extern "C" __global__ void kq_down1_##fmt(const signed char* aq, const float* ad,            \
                                               const RouteOut* routes, SlotMask only, BankView b, \
                                               float* y) {                                        \
-        KERNEL_ENTRY();                                                                          \
         kq_down1_impl<F>(aq, ad, routes, only, b, y);                                            \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \

@@ -365,9 +365,9 @@ __device__ __forceinline__ KqToken kq_token_load(const signed char* xq, const fl
     return x;
 }
 
-// Super-blocks a stretch covers (8 lanes each) and stretches whose loads
-// a warp issues before using any.
-#define KQ_SB_A_STRETCH 4
+// Stretches (32 blocks of 32 weights: 4 K-quant super-blocks, 8 lanes
+// each, or 32 legacy blocks, a lane each) whose loads a warp issues
+// before using any, for one row (two rows: half as many).
 #define KQ_UNROLL 4
 
 // A lane's block of one row against one token (x, with the Σ a of its

@@ -758,6 +758,37 @@ mod tests {
         assert_eq!((h.w, h.out, h.rows, h.count), (g.w, g.out, g.rows, g.count));
     }
 
+    /// Products of one input join a group only on the same kernels: a
+    /// matrix kq.cu cannot take (its alignment) must not join a group of
+    /// products that read the input's quantization, nor the other way
+    /// round; and a group holds MAT_GROUP matrices at most.
+    #[test]
+    fn a_group_takes_products_of_its_input_shape_and_kernels_only() {
+        let group = |q8: bool| GroupLaunch {
+            format: QuantFormat::Q4K,
+            group: MatGroup::one(1, 64, 2304, 10),
+            x: 0x1000,
+            cols: 4096,
+            n: 1,
+            q8,
+            xq: if q8 { 0x2000 } else { 0 },
+            xd: if q8 { 0x3000 } else { 0 },
+        };
+        let (int8, bf16) = (group(true), group(false));
+        assert!(int8.takes(QuantFormat::Q4K, 0x1000, 1, 4096, true));
+        assert!(!int8.takes(QuantFormat::Q4K, 0x1000, 1, 4096, false));
+        assert!(bf16.takes(QuantFormat::Q4K, 0x1000, 1, 4096, false));
+        assert!(!bf16.takes(QuantFormat::Q4K, 0x1000, 1, 4096, true));
+        assert!(!int8.takes(QuantFormat::Q6K, 0x1000, 1, 4096, true));
+        assert!(!int8.takes(QuantFormat::Q4K, 0x1004, 1, 4096, true));
+        assert!(!int8.takes(QuantFormat::Q4K, 0x1000, 2, 4096, true));
+        assert!(!int8.takes(QuantFormat::Q4K, 0x1000, 1, 2048, true));
+        let mut full = int8;
+        full.group.push(2, 64, 2304, 20);
+        full.group.push(3, 64, 2304, 30);
+        assert!(!full.takes(QuantFormat::Q4K, 0x1000, 1, 4096, true));
+    }
+
     #[test]
     fn a_layers_ropes_and_cache_writes_join_one_launch() {
         let mut l = q_and_k();

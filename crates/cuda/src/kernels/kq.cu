@@ -534,15 +534,8 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
 template <int F, int T, bool EARLY>
 __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* __restrict__ xq,
                                const float* __restrict__ xd, int n) {
-    int bx = blockIdx.x;
-    bool m1 = g.count > 1 && bx >= g.block_start[1], m2 = g.count > 2 && bx >= g.block_start[2];
-    const u8* w = m2 ? g.w[2] : m1 ? g.w[1] : g.w[0];
-    float* out = m2 ? g.out[2] : m1 ? g.out[1] : g.out[0];
-    const float* bias = m2 ? g.bias[2] : m1 ? g.bias[1] : g.bias[0];
-    i64 row_bytes = m2 ? g.row_bytes[2] : m1 ? g.row_bytes[1] : g.row_bytes[0];
-    int rows = m2 ? g.rows[2] : m1 ? g.rows[1] : g.rows[0];
-    int start = m2 ? g.block_start[2] : m1 ? g.block_start[1] : 0;
-    int row = (bx - start) * Q8_WARPS + (threadIdx.x >> 5);
+    TcMember m = tc_member(g, blockIdx.x);  // the block's matrix (tcmm.cu)
+    int row = (blockIdx.x - m.first_block) * Q8_WARPS + (threadIdx.x >> 5);
     int t0 = blockIdx.y * T;
     int nb = cols / 32;
     const signed char* qs[T];
@@ -554,13 +547,13 @@ __device__ void kq_matmul_impl(const MatGroup& g, int cols, const signed char* _
         ds[t] = xd + (i64)tt * nb;
     }
     float acc[1][T];
-    const u8* wr[1] = {w + (i64)min(row, rows - 1) * row_bytes};
+    const u8* wr[1] = {m.row(row)};
     kq_rows_dot<F, T, 1, EARLY>(wr, cols, qs, ds, min(n - t0, T), acc);
-    if (row < rows && (threadIdx.x & 31) == 0) {
+    if (row < m.rows && (threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int t = 0; t < T; t++)
             if (t0 + t < n)
-                out[(i64)(t0 + t) * rows + row] = bias ? acc[0][t] + bias[row] : acc[0][t];
+                m.out[(i64)(t0 + t) * m.rows + row] = m.bias ? acc[0][t] + m.bias[row] : acc[0][t];
     }
 }
 
@@ -824,39 +817,19 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
     }
 }
 
-// Dense: out[t, o] (+ bias[o], null: none); grid (ceil(rows / MQ_BM),
-// ceil(n / MQ_BN)).
+// kq_products as mmq.cu's tiles take it (mq_matmul_impl: the dense batch
+// kernel; mq_gate_up_impl, mq_down_impl: the routed experts grouped by
+// expert).
 template <int F>
-__device__ void kq_tile_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
-                             const signed char* __restrict__ xq, const float* __restrict__ xd,
-                             int n, float* __restrict__ out, const float* __restrict__ bias) {
-    __shared__ KqTiles s;
-    __shared__ const u8* arow[MQ_BM];
-    __shared__ const signed char* xrow[MQ_BN];
-    __shared__ const float* xsc[MQ_BN];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    int r0 = blockIdx.x * MQ_BM;
-    MmqTokens tk = {nullptr, (u32)(blockIdx.y * MQ_BN), min(MQ_BN, n - (int)blockIdx.y * MQ_BN)};
-    mq_token_rows(tk, xq, xd, cols, 1, xrow, xsc);
-    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
-        arow[r] = W + (i64)min(r0 + r, rows - 1) * row_bytes;
-    int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
-    int tb = 8 * MMQ_NT * (warp >> 1);
-    float acc[MMQ_MT][MMQ_NT][4];
-    kq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
-#pragma unroll
-    for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = r0 + ra[mt] + g + 8 * (i >> 1);
-                int j = tb + 8 * nt + 2 * q + (i & 1);
-                if (row < rows && j < tk.count)
-                    out[(i64)(tk.first + j) * rows + row] =
-                        bias ? acc[mt][nt][i] + bias[row] : acc[mt][nt][i];
-            }
-}
+struct KqProducts {
+    using Tiles = KqTiles;
+    __device__ __forceinline__ static void products(Tiles& s, const u8* const* arow, int cols,
+                                                    const signed char* const* xrow,
+                                                    const float* const* xsc, const int* ra, int tb,
+                                                    float (*acc)[MMQ_NT][4]) {
+        kq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
+    }
+};
 
 // Routed experts (moe.cu's computation, the activation and biases
 // moe_act_value's and moe_down_value's), each product in the order above,
@@ -918,91 +891,6 @@ __device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* _
         y[(i64)i * b.hidden + row] = moe_down_value(b, r, acc[0][0]);
 }
 
-// Grouped by expert on the integer tensor cores (mmq.cu's
-// mq_gate_up_impl / mq_down_impl with kq_products): grid (ceil(inter /
-// 32), slots) for gate/up (a tile's 64 rows: 32 gate rows, then the same
-// 32 up rows), (ceil(hidden / MQ_BM), slots) for down; a block walks its
-// slot's routes (moe.cu's order / offsets) MQ_BN at a time.
-template <int F>
-__device__ void kq_gate_up_tile_impl(const signed char* __restrict__ xq,
-                                     const float* __restrict__ xd, const u32* __restrict__ order,
-                                     const u32* __restrict__ offsets, int k, const BankView& b,
-                                     const MoeAct& a, float* __restrict__ act) {
-    __shared__ KqTiles s;
-    __shared__ const u8* arow[MQ_BM];
-    __shared__ const signed char* xrow[MQ_BN];
-    __shared__ const float* xsc[MQ_BN];
-    int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
-        q = lane & 3;
-    int r0 = blockIdx.x * (MQ_BM / 2);
-    const u8* gate = b.gate + (i64)slot * b.inter * b.gate_row_bytes;
-    const u8* up = b.up + (i64)slot * b.inter * b.up_row_bytes;
-    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS) {
-        int row = min(r0 + (r % (MQ_BM / 2)), b.inter - 1);
-        arow[r] = r < MQ_BM / 2 ? gate + (i64)row * b.gate_row_bytes : up + (i64)row * b.up_row_bytes;
-    }
-    int ra[MMQ_MT] = {16 * (warp & 1), MQ_BM / 2 + 16 * (warp & 1)};
-    int tb = 8 * MMQ_NT * (warp >> 1);
-    u32 end = offsets[slot + 1];
-    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
-        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
-        __syncthreads();  // the previous tile's token rows are no longer read
-        mq_token_rows(tk, xq, xd, b.hidden, k, xrow, xsc);
-        float acc[MMQ_MT][MMQ_NT][4];
-        kq_products<F>(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
-#pragma unroll
-        for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = r0 + 16 * (warp & 1) + g + 8 * (i >> 1);
-                int j = tb + 8 * nt + 2 * q + (i & 1);
-                if (row < b.inter && j < tk.count) {
-                    i64 r = (i64)slot * b.inter + row;
-                    act[(i64)order[c + j] * b.inter + row] =
-                        moe_act_value(b, a, r, acc[0][nt][i], acc[1][nt][i]);
-                }
-            }
-    }
-}
-
-template <int F>
-__device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
-                                  const u32* __restrict__ order, const u32* __restrict__ offsets,
-                                  const BankView& b, float* __restrict__ y) {
-    __shared__ KqTiles s;
-    __shared__ const u8* arow[MQ_BM];
-    __shared__ const signed char* xrow[MQ_BN];
-    __shared__ const float* xsc[MQ_BN];
-    int slot = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2,
-        q = lane & 3;
-    int r0 = blockIdx.x * MQ_BM;
-    const u8* down = b.down + (i64)slot * b.hidden * b.down_row_bytes;
-    for (int r = threadIdx.x; r < MQ_BM; r += MQ_THREADS)
-        arow[r] = down + (i64)min(r0 + r, b.hidden - 1) * b.down_row_bytes;
-    int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
-    int tb = 8 * MMQ_NT * (warp >> 1);
-    u32 end = offsets[slot + 1];
-    for (u32 c = offsets[slot]; c < end; c += MQ_BN) {
-        MmqTokens tk = {order, c, (int)min((u32)MQ_BN, end - c)};
-        __syncthreads();
-        mq_token_rows(tk, aq, ad, b.inter, 1, xrow, xsc);
-        float acc[MMQ_MT][MMQ_NT][4];
-        kq_products<F>(s, arow, b.inter, xrow, xsc, ra, tb, acc);
-#pragma unroll
-        for (int mt = 0; mt < MMQ_MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    int row = r0 + ra[mt] + g + 8 * (i >> 1);
-                    int j = tb + 8 * nt + 2 * q + (i & 1);
-                    if (row < b.hidden && j < tk.count)
-                        y[(i64)order[c + j] * b.hidden + row] =
-                            moe_down_value(b, (i64)slot * b.hidden + row, acc[mt][nt][i]);
-                }
-    }
-}
-
 // The kernels of format F, named after it: a few tokens, one token (a
 // decode step's: the first weights loaded before the wait), a batch; the
 // routed experts route by route (also EARLY) and grouped by expert.
@@ -1020,7 +908,7 @@ __device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const floa
         kq_tile_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,     \
                       const float* xd, int n, float* out, const float* bias) {                   \
         KERNEL_ENTRY();                                                                          \
-        kq_tile_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out, bias);                         \
+        mq_matmul_impl<KqProducts<F>>(W, rows, cols, row_bytes, xq, xd, n, out, bias);           \
     }                                                                                            \
     extern "C" __global__ void kq_gate_up1_##fmt(const signed char* xq, const float* xd,         \
                                                  const RouteOut* routes, int k, SlotMask only,   \
@@ -1036,13 +924,13 @@ __device__ void kq_down_tile_impl(const signed char* __restrict__ aq, const floa
         kq_gate_up_tile_##fmt(const signed char* xq, const float* xd, const u32* order,          \
                               const u32* offsets, int k, BankView b, MoeAct a, float* act) {     \
         KERNEL_ENTRY();                                                                          \
-        kq_gate_up_tile_impl<F>(xq, xd, order, offsets, k, b, a, act);                           \
+        mq_gate_up_impl<KqProducts<F>>(xq, xd, order, offsets, k, b, a, act);                    \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
         kq_down_tile_##fmt(const signed char* aq, const float* ad, const u32* order,             \
                            const u32* offsets, BankView b, float* y) {                           \
         KERNEL_ENTRY();                                                                          \
-        kq_down_tile_impl<F>(aq, ad, order, offsets, b, y);                                      \
+        mq_down_impl<KqProducts<F>>(aq, ad, order, offsets, b, y);                               \
     }
 
 KQ_KERNELS(q4_0, F_Q4_0)

@@ -247,13 +247,28 @@ __device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed 
     }
 }
 
+// The tiles below take their products from a policy P: its shared tiles
+// (P::Tiles) and the warp's products over a row's blocks (P::products,
+// mq_products's signature). mmq.cu's own, Q8_0 and MXFP4: MqProducts;
+// kq.cu's formats bring theirs (KqProducts).
+template <int F>
+struct MqProducts {
+    using Tiles = MqTiles;
+    __device__ __forceinline__ static void products(Tiles& s, const u8* const* arow, int cols,
+                                                    const signed char* const* xrow,
+                                                    const float* const* xsc, const int* ra, int tb,
+                                                    float (*acc)[MMQ_NT][4]) {
+        mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
+    }
+};
+
 // Dense: out[t, o] (+ bias[o], null: none); grid (ceil(rows / MQ_BM),
 // ceil(n / MQ_BN)).
-template <int F>
+template <class P>
 __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 row_bytes,
                                const signed char* __restrict__ xq, const float* __restrict__ xd,
                                int n, float* __restrict__ out, const float* __restrict__ bias) {
-    __shared__ MqTiles s;
+    __shared__ typename P::Tiles s;
     __shared__ const u8* arow[MQ_BM];
     __shared__ const signed char* xrow[MQ_BN];
     __shared__ const float* xsc[MQ_BN];
@@ -267,7 +282,7 @@ __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64
     int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
     int tb = 8 * MMQ_NT * (warp >> 1);
     float acc[MMQ_MT][MMQ_NT][4];
-    mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
+    P::products(s, arow, cols, xrow, xsc, ra, tb, acc);
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
@@ -284,11 +299,11 @@ __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64
 // Routed experts grouped by slot: grid (ceil(inter / 32), slots) for
 // gate/up, (ceil(hidden / MQ_BM), slots) for down; a block walks its
 // slot's routes MQ_BN at a time.
-template <int F>
+template <class P>
 __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                 const u32* __restrict__ order, const u32* __restrict__ offsets,
                                 int k, BankView b, MoeAct a, float* __restrict__ act) {
-    __shared__ MqTiles s;
+    __shared__ typename P::Tiles s;
     __shared__ const u8* arow[MQ_BM];
     __shared__ const signed char* xrow[MQ_BN];
     __shared__ const float* xsc[MQ_BN];
@@ -310,7 +325,7 @@ __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float*
         mq_token_rows(tk, xq, xd, b.hidden, k, xrow, xsc);
         __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        mq_products<F>(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
+        P::products(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
 #pragma unroll
         for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
@@ -326,11 +341,11 @@ __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float*
     }
 }
 
-template <int F>
+template <class P>
 __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __restrict__ ad,
                              const u32* __restrict__ order, const u32* __restrict__ offsets,
                              BankView b, float* __restrict__ y) {
-    __shared__ MqTiles s;
+    __shared__ typename P::Tiles s;
     __shared__ const u8* arow[MQ_BM];
     __shared__ const signed char* xrow[MQ_BN];
     __shared__ const float* xsc[MQ_BN];
@@ -349,7 +364,7 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
         mq_token_rows(tk, aq, ad, b.inter, 1, xrow, xsc);
         __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        mq_products<F>(s, arow, b.inter, xrow, xsc, ra, tb, acc);
+        P::products(s, arow, b.inter, xrow, xsc, ra, tb, acc);
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
@@ -371,19 +386,19 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
         mq_matmul_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,  \
                         const float* xd, int n, float* out, const float* bias) {                \
         KERNEL_ENTRY();                                                                         \
-        mq_matmul_impl<F>(W, rows, cols, row_bytes, xq, xd, n, out, bias);                      \
+        mq_matmul_impl<MqProducts<F>>(W, rows, cols, row_bytes, xq, xd, n, out, bias);          \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                     \
         mq_gate_up_##fmt(const signed char* xq, const float* xd, const u32* order,              \
                          const u32* offsets, int k, BankView b, MoeAct a, float* act) {         \
         KERNEL_ENTRY();                                                                         \
-        mq_gate_up_impl<F>(xq, xd, order, offsets, k, b, a, act);                               \
+        mq_gate_up_impl<MqProducts<F>>(xq, xd, order, offsets, k, b, a, act);                   \
     }                                                                                           \
     extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                     \
         mq_down_##fmt(const signed char* aq, const float* ad, const u32* order,                 \
                       const u32* offsets, BankView b, float* y) {                               \
         KERNEL_ENTRY();                                                                         \
-        mq_down_impl<F>(aq, ad, order, offsets, b, y);                                          \
+        mq_down_impl<MqProducts<F>>(aq, ad, order, offsets, b, y);                              \
     }
 
 MQ_KERNELS(q8_0, F_Q8_0)

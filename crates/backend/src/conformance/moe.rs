@@ -302,6 +302,83 @@ fn expert_ref(e: &Expert, act: Activation, x: &[f32], weight: f64) -> Vec<(f64, 
         .collect()
 }
 
+/// `moe` of the first `n` tokens of `input` (a whole batch, whose outputs
+/// were `got`), for each `n` of `ns`: with `tol.batch_invariant`, the bits
+/// those tokens have in the batch.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn first_tokens_as_in_batch<D: Device>(
+    h: &mut Harness<'_, D>,
+    scratch: &mut MoeScratch<D::Buf>,
+    input: MoeInput<'_, D>,
+    got: &[f32],
+    ns: &[usize],
+    tol: &Tolerances,
+    op: &'static str,
+    case: &str,
+) -> Result<(), ConformanceError> {
+    let hidden = input.bank.hidden();
+    for &n in ns {
+        let part = MoeInput {
+            n_tokens: n,
+            ..input
+        };
+        let mut o = h.zeros(n * hidden)?;
+        h.st.moe(part, scratch, &mut o).at(op, case)?;
+        if tol.batch_invariant && h.get(&o, n * hidden)?[..] != got[..n * hidden] {
+            return Err(property(
+                op,
+                case,
+                format!("the first {n} tokens alone differ from the whole batch"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `moe` of each token of `input` (a whole batch of `x` routed by
+/// `routes`, whose outputs were `got`) alone: with `tol.batch_invariant`,
+/// the bits it has in the batch. The rows, in token order.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn each_token_as_in_batch<D: Device>(
+    h: &mut Harness<'_, D>,
+    scratch: &mut MoeScratch<D::Buf>,
+    input: MoeInput<'_, D>,
+    routes: &[Route],
+    x: &[f32],
+    got: &[f32],
+    tol: &Tolerances,
+    op: &'static str,
+    case: &str,
+) -> Result<Vec<f32>, ConformanceError> {
+    let (n, hidden) = (input.n_tokens, input.bank.hidden());
+    let k = routes.len() / n;
+    let mut rows = Vec::with_capacity(n * hidden);
+    let mut one = h.dev.alloc_routes(1, k).at(op, case)?;
+    for t in 0..n {
+        h.st.write_routes(&mut one, &routes[t * k..(t + 1) * k])
+            .at(op, case)?;
+        let x1 = h.buf(&x[t * hidden..(t + 1) * hidden])?;
+        let mut o1 = h.zeros(hidden)?;
+        let alone = MoeInput {
+            x: &x1,
+            n_tokens: 1,
+            routes: &one,
+            ..input
+        };
+        h.st.moe(alone, scratch, &mut o1).at(op, case)?;
+        let row = h.get(&o1, hidden)?;
+        if tol.batch_invariant && row[..] != got[t * hidden..(t + 1) * hidden] {
+            return Err(property(
+                op,
+                case,
+                format!("token {t} alone differs from the batch"),
+            ));
+        }
+        rows.extend(row);
+    }
+    Ok(rows)
+}
+
 /// Fills slot `slot` with `expert` through [`Stream::fill_slot_rows`] in
 /// uneven pieces, last projection first, then the biases.
 fn fill_in_pieces<D: Device>(
@@ -397,21 +474,16 @@ fn check_moe_formats<D: Device>(
 
         // Smaller batches (the backends' other batched paths) give the
         // bits of the same tokens in the whole batch.
-        for n in [2, 7, 16, 24] {
-            let part = MoeInput {
-                n_tokens: n,
-                ..input
-            };
-            let mut o = h.zeros(n * HIDDEN)?;
-            h.st.moe(part, &mut scratch, &mut o).at(OP, &case)?;
-            if tol.batch_invariant && h.get(&o, n * HIDDEN)?[..] != got[..n * HIDDEN] {
-                return Err(property(
-                    OP,
-                    &case,
-                    format!("the first {n} tokens alone differ from the whole batch"),
-                ));
-            }
-        }
+        first_tokens_as_in_batch(
+            &mut h,
+            &mut scratch,
+            input,
+            &got,
+            &[2, 7, 16, 24],
+            tol,
+            OP,
+            &case,
+        )?;
 
         // The split: odd slots first, then even ones, then the sum.
         for parity in [1, 0] {
@@ -431,31 +503,17 @@ fn check_moe_formats<D: Device>(
         }
 
         // Each token alone.
-        let mut alone = Vec::with_capacity(TOKENS * HIDDEN);
-        let mut one = dev.alloc_routes(1, TOP_K).at(OP, &case)?;
-        for t in 0..TOKENS {
-            h.st.write_routes(&mut one, &routes[t * TOP_K..(t + 1) * TOP_K])
-                .at(OP, &case)?;
-            let x1 = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
-            let mut o1 = h.zeros(HIDDEN)?;
-            let input = MoeInput {
-                x: &x1,
-                n_tokens: 1,
-                routes: &one,
-                bank: &bank,
-                activation: act,
-            };
-            h.st.moe(input, &mut scratch, &mut o1).at(OP, &case)?;
-            let row = h.get(&o1, HIDDEN)?;
-            if tol.batch_invariant && row[..] != got[t * HIDDEN..(t + 1) * HIDDEN] {
-                return Err(property(
-                    OP,
-                    &case,
-                    format!("token {t} alone differs from the batch"),
-                ));
-            }
-            alone.extend(row);
-        }
+        let alone = each_token_as_in_batch(
+            &mut h,
+            &mut scratch,
+            input,
+            &routes,
+            &x,
+            &got,
+            tol,
+            OP,
+            &case,
+        )?;
 
         // A slot bank refilled with the routed experts gives the same bits.
         let mut one_slot = dev.alloc_routes(1, TOP_K).at(OP, &case)?;

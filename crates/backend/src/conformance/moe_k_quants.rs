@@ -5,7 +5,8 @@
 //! hold.
 
 use super::data::{dequantized, random_matrix, Rng};
-use super::{compare, property, reference, ConformanceError, Context, Harness, Tolerances};
+use super::moe::{each_token_as_in_batch, first_tokens_as_in_batch};
+use super::{compare, reference, ConformanceError, Context, Harness, Tolerances};
 use crate::{Device, ExpertWeights, Limits, MoeInput, MoeScratch, Route, Stream};
 use turbospark_core::arch::Activation;
 use turbospark_core::QuantFormat;
@@ -112,42 +113,26 @@ pub fn check_moe_k_quants<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Co
 
     // The first few tokens together, and each token alone, give the bits
     // they have in the batch.
-    for n in [1, 3, 16] {
-        let part = MoeInput {
-            n_tokens: n,
-            ..input
-        };
-        let mut o = h.zeros(n * HIDDEN)?;
-        h.st.moe(part, &mut scratch, &mut o).at(OP, &case)?;
-        if tol.batch_invariant && h.get(&o, n * HIDDEN)?[..] != got[..n * HIDDEN] {
-            return Err(property(
-                OP,
-                &case,
-                format!("the first {n} tokens alone differ from the whole batch"),
-            ));
-        }
-    }
-    let mut one = dev.alloc_routes(1, TOP_K).at(OP, &case)?;
-    for t in 0..TOKENS {
-        h.st.write_routes(&mut one, &routes[t * TOP_K..(t + 1) * TOP_K])
-            .at(OP, &case)?;
-        let x1 = h.buf(&x[t * HIDDEN..(t + 1) * HIDDEN])?;
-        let mut o1 = h.zeros(HIDDEN)?;
-        let alone = MoeInput {
-            x: &x1,
-            n_tokens: 1,
-            routes: &one,
-            bank: &bank,
-            activation: act,
-        };
-        h.st.moe(alone, &mut scratch, &mut o1).at(OP, &case)?;
-        if tol.batch_invariant && h.get(&o1, HIDDEN)?[..] != got[t * HIDDEN..(t + 1) * HIDDEN] {
-            return Err(property(
-                OP,
-                &case,
-                format!("token {t} alone differs from the batch"),
-            ));
-        }
-    }
+    first_tokens_as_in_batch(
+        &mut h,
+        &mut scratch,
+        input,
+        &got,
+        &[1, 3, 16],
+        tol,
+        OP,
+        &case,
+    )?;
+    each_token_as_in_batch(
+        &mut h,
+        &mut scratch,
+        input,
+        &routes,
+        &x,
+        &got,
+        tol,
+        OP,
+        &case,
+    )?;
     Ok(())
 }

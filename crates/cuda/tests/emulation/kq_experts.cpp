@@ -17,6 +17,7 @@
 
 #include "kq_reference.h"
 #include "bit_checks.h"
+#include "expert_order.h"
 
 #include <algorithm>
 #include <string>
@@ -136,14 +137,9 @@ void run_case(const Case& c, std::mt19937& rng) {
     };
     // Grouped by expert, as moe_group lists them.
     auto grouped = [&](SlotMask mask) {
-        std::vector<u32> order, offsets(EXPERTS + 1, 0);
-        for (int s = 0; s < EXPERTS; s++) {
-            offsets[s] = (u32)order.size();
-            if (mask.on && !((mask.bits[0] >> s) & 1)) continue;
-            for (int i = 0; i < n_routes; i++)
-                if (routes[i].slot == (u32)s) order.push_back((u32)i);
-        }
-        offsets[EXPERTS] = (u32)order.size();
+        ExpertOrder g = expert_order(routes, EXPERTS, mask);
+        const std::vector<u32>& order = g.order;
+        const std::vector<u32>& offsets = g.offsets;
         std::vector<float> act((size_t)n_routes * I, SENTINEL), y((size_t)n_routes * H, SENTINEL);
         emu::launch({(unsigned)((I + MQ_BM / 2 - 1) / (MQ_BM / 2)), EXPERTS, 1}, {MQ_THREADS, 1, 1}, [&] {
             kg.gate_up_tile(xs, xd.data(), order.data(), offsets.data(), TOP_K, b, c.act, act.data());

@@ -16,6 +16,7 @@
 
 #include "kernel_sources.h"
 #include "bit_checks.h"
+#include "expert_order.h"
 
 #include <cstdint>
 #include <ctime>
@@ -291,13 +292,9 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {
-        std::vector<uint32_t> order, offsets(c.slots + 1, 0);
-        for (int s = 0; s < c.slots; s++) {
-            offsets[s] = (uint32_t)order.size();
-            for (int i = 0; i < nr; i++)
-                if (routes[i].slot == (uint32_t)s) order.push_back((uint32_t)i);
-        }
-        offsets[c.slots] = (uint32_t)order.size();
+        ExpertOrder g = expert_order(routes, c.slots);
+        const std::vector<u32>& order = g.order;
+        const std::vector<u32>& offsets = g.offsets;
         auto act = fresh(want_act.size()), y = fresh(want_y.size());
         dim3 threads = {MQ_THREADS, 1, 1};
         unsigned slots = (unsigned)c.slots;

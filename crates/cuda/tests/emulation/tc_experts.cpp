@@ -16,6 +16,7 @@
 
 #include "tc_formats.h"
 #include "bit_checks.h"
+#include "expert_order.h"
 
 #include <algorithm>
 
@@ -144,14 +145,9 @@ void run_case(const Case& c, std::mt19937& rng) {
     };
     // Grouped by expert, as moe_group lists them.
     auto grouped = [&](SlotMask mask) {
-        std::vector<u32> order, offsets(EXPERTS + 1, 0);
-        for (int s = 0; s < EXPERTS; s++) {
-            offsets[s] = (u32)order.size();
-            if (mask.on && !((mask.bits[0] >> s) & 1)) continue;
-            for (int i = 0; i < n_routes; i++)
-                if (routes[i].slot == (u32)s) order.push_back((u32)i);
-        }
-        offsets[EXPERTS] = (u32)order.size();
+        ExpertOrder g = expert_order(routes, EXPERTS, mask);
+        const std::vector<u32>& order = g.order;
+        const std::vector<u32>& offsets = g.offsets;
         std::vector<float> act((size_t)n_routes * I, SENTINEL), y((size_t)n_routes * H, SENTINEL);
         emu::launch({(unsigned)((I + TC_BATCH_ROWS - 1) / TC_BATCH_ROWS), EXPERTS, 1},
                     {TC_BATCH_WARPS * 32, 1, 1}, [&] {

@@ -743,7 +743,11 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
                 for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
         // Row tile by row tile (its fragments and scales), then the token
         // tiles (theirs read again for each row tile, to spare registers).
-#pragma unroll
+        // The blocks of a step one at a time (not unrolled): unrolled,
+        // ptxas 13.0 (sm_90, 128 registers at MQ_MIN_BLOCKS) hoisted their
+        // shared-memory reads and spilled 16-144 bytes a thread in every
+        // tile but Q4_0's and Q5_0's; this way none spills (96-128).
+#pragma unroll 1
         for (int u = 0; u < Q8_CHUNK; u++) {
             if (u >= nu) break;  // uniform over the block
 #pragma unroll

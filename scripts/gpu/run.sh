@@ -67,6 +67,11 @@
 #                floor (examples/decode_products.rs); again with each
 #                setting of PRODUCTS_ALT (default: the one-token kernels
 #                off, then dependent launch off)
+#   stagesync    a chain of 24 one-token products, one launch a step (PDL
+#                graph) against one persistent kernel meeting at a grid
+#                barrier a step, with and without the next step's weight
+#                loads issued before the barrier; the floors of both
+#                (examples/stage_sync.rs; REPLAYS, default 50)
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
 #                delta rule) while the conformance tests matching RACE_TESTS
@@ -682,6 +687,10 @@ PY
             echo "--- $alt"
             env "$alt" "$BIN/decode_products" "${CALLS:-300}"
         done
+        ;;
+    stagesync)
+        stage "stagesync: a step boundary, dependent launches against one persistent kernel"
+        "$BIN/stage_sync" "${REPLAYS:-50}"
         ;;
     *) echo "unknown stage $s" ;;
     esac

@@ -1,0 +1,439 @@
+//! What a step boundary of a decode chain costs, launched one kernel a
+//! step (programmatic dependent launches in a CUDA graph, as the engine's
+//! decode step runs) against one persistent kernel whose blocks meet at a
+//! grid-wide barrier between steps, with and without each warp issuing its
+//! next step's weight loads before the barrier — the question a decode
+//! "megakernel" rests on (BENCHMARKS.md, twenty-ninth session).
+//!
+//! Each run is a chain of `STEPS` matrix-vector products of one token, each
+//! over its own matrix (together past the L2, so every step reads HBM),
+//! rows × 2880 8-bit codes with a scale a 32-code block (the kernels of
+//! `stage_sync.cu`, a simplified Q8_0 product, the same in every variant).
+//! Printed: µs a step and GB/s of weight bytes, per variant, for
+//! q/k/v-sized (5120 rows), expert-down-sized (2880) and small (512)
+//! steps; then the floors — an empty dependent launch and a bare barrier.
+//! Every variant's outputs are checked against a host reference before
+//! its time is printed. Prints "skipped" without a GPU.
+//!
+//! `cargo run --release -p turbospark-cuda --example stage_sync [REPLAYS]`
+//! (`scripts/gpu/run.sh stagesync` on the device).
+
+use std::ffi::c_void;
+use std::time::Instant;
+
+use cudarc::driver::{result, sys, CudaContext, CudaFunction};
+
+const SOURCE: &str = include_str!("stage_sync.cu");
+/// Columns of every row (stage_sync.cu COLS).
+const COLS: usize = 2880;
+/// Warps a block (stage_sync.cu WARPS).
+const WARPS: usize = 4;
+/// Steps a chain.
+const STEPS: usize = 24;
+/// Rows a step, per run.
+const ROWS: [usize; 3] = [5120, 2880, 512];
+
+type Error = Box<dyn std::error::Error>;
+
+fn main() -> Result<(), Error> {
+    let replays: usize = match std::env::args().nth(1) {
+        Some(a) => a.parse()?,
+        None => 50,
+    };
+    // SAFETY: only looks for the driver library (as CudaDevice::new does).
+    if !unsafe { sys::is_culib_present() } {
+        println!("skipped: no NVIDIA driver (libcuda.so)");
+        return Ok(());
+    }
+    let ctx = match CudaContext::new(0) {
+        Ok(c) => c,
+        Err(e) => {
+            println!("skipped: no GPU ({e})");
+            return Ok(());
+        }
+    };
+    let major =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+    let minor =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+    let sms =
+        ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+    let cubin = turbospark_cuda::nvrtc::compile_source(SOURCE.to_string(), major, minor)?;
+    let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
+    let k = Kernels {
+        chain_step: module.load_function("chain_step")?,
+        chain_empty: module.load_function("chain_empty")?,
+        plain: module.load_function("persistent_plain")?,
+        prefetch: module.load_function("persistent_prefetch")?,
+        barriers: module.load_function("persistent_barriers")?,
+    };
+    let stream = ctx.new_stream()?;
+    let s = stream.cu_stream();
+    let threads = (WARPS * 32) as u32;
+    let resident_plain = k
+        .plain
+        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+    let resident = k
+        .prefetch
+        .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+    println!(
+        "sm_{major}{minor}, {sms} SMs; {STEPS} steps a chain of rows × {COLS} 8-bit codes; \
+         persistent grids of blocks of {WARPS} warps, at most {resident_plain} an SM \
+         (prefetch: {resident}) by occupancy; {replays} replays"
+    );
+
+    let max_rows = ROWS[0];
+    let mut rng = 0x5eed_u64;
+    let mut mats = Vec::new();
+    for _ in 0..STEPS {
+        let codes: Vec<i8> = (0..max_rows * COLS)
+            .map(|_| (next(&mut rng) % 255) as i8)
+            .collect();
+        let scales: Vec<f32> = (0..max_rows * COLS / 32)
+            .map(|_| 1e-3 * (1 + next(&mut rng) % 1000) as f32)
+            .collect();
+        mats.push((upload(&codes)?, upload(&scales)?, codes, scales));
+    }
+    let xq: Vec<i8> = (0..COLS).map(|_| (next(&mut rng) % 255) as i8).collect();
+    let xd: Vec<f32> = (0..COLS / 32)
+        .map(|_| 1e-2 * (1 + next(&mut rng) % 100) as f32)
+        .collect();
+    let (xq_d, xd_d) = (upload(&xq)?, upload(&xd)?);
+    let w_ptrs: Vec<u64> = mats.iter().map(|m| m.0).collect();
+    let d_ptrs: Vec<u64> = mats.iter().map(|m| m.1).collect();
+    let (w_arr, d_arr) = (upload(&w_ptrs)?, upload(&d_ptrs)?);
+    let y = upload(&vec![0f32; STEPS * max_rows])?;
+    let counters = upload(&[0u32; 2])?;
+    let (arrived, stuck) = (counters, counters + 4);
+
+    println!(
+        "{:<34} {:>6} {:>10} {:>9} {:>9}",
+        "variant", "rows", "MB a step", "us/step", "GB/s"
+    );
+    for rows in ROWS {
+        let bytes = rows * (COLS + COLS / 32 * 4);
+        let want: Vec<Vec<(f64, f64)>> = mats
+            .iter()
+            .map(|m| reference(&m.2, &m.3, rows, &xq, &xd))
+            .collect();
+        let report = |name: &str, us: f64| {
+            println!(
+                "{:<34} {:>6} {:>10.2} {:>9.2} {:>9.0}",
+                name,
+                rows,
+                bytes as f64 / 1e6,
+                us,
+                bytes as f64 / us / 1e3
+            )
+        };
+        // One launch a step, recorded as a graph, with and without
+        // programmatic dependence.
+        for pdl in [true, false] {
+            zero(y, STEPS * max_rows)?;
+            let graph = record(s, |s| {
+                for (i, m) in mats.iter().enumerate() {
+                    let (mut w, mut d, mut r, mut xq, mut xd) = (m.0, m.1, rows as i32, xq_d, xd_d);
+                    let mut out = y + (i * rows * 4) as u64;
+                    let args = &mut [
+                        ptr(&mut w),
+                        ptr(&mut d),
+                        ptr(&mut r),
+                        ptr(&mut xq),
+                        ptr(&mut xd),
+                        ptr(&mut out),
+                    ];
+                    let grid = rows.div_ceil(WARPS) as u32;
+                    launch(
+                        &k.chain_step,
+                        s,
+                        grid,
+                        threads,
+                        args,
+                        if pdl { Attr::Dependent } else { Attr::None },
+                    )?;
+                }
+                Ok(())
+            })?;
+            let us = replay(s, graph, replays)? / STEPS as f64;
+            check(y, rows, &want)?;
+            report(
+                if pdl {
+                    "a launch a step (PDL graph)"
+                } else {
+                    "a launch a step (graph, no PDL)"
+                },
+                us,
+            );
+        }
+        // One persistent launch, blocks meeting at a barrier a step.
+        for (name, f, per_sm) in [
+            ("persistent, barrier", &k.plain, resident_plain),
+            ("persistent, barrier", &k.plain, resident),
+            ("persistent, barrier, prefetch", &k.prefetch, resident),
+            (
+                "persistent, barrier, prefetch",
+                &k.prefetch,
+                resident.div_ceil(2),
+            ),
+        ] {
+            zero(y, STEPS * max_rows)?;
+            let grid = sms * per_sm;
+            let mut steps = Steps {
+                w: w_arr,
+                d: d_arr,
+                steps: STEPS as i32,
+                rows: rows as i32,
+            };
+            let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
+            let mut run = |s: sys::CUstream| -> Result<(), Error> {
+                // SAFETY: `arrived` is a valid device word of this context.
+                unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
+                let args = &mut [
+                    ptr(&mut steps),
+                    ptr(&mut xq),
+                    ptr(&mut xd),
+                    ptr(&mut out),
+                    ptr(&mut a),
+                    ptr(&mut st),
+                ];
+                launch(f, s, grid, threads, args, Attr::Cooperative)
+            };
+            run(s)?;
+            sync(s)?;
+            check_stuck(stuck)?;
+            let start = Instant::now();
+            for _ in 0..replays {
+                run(s)?;
+            }
+            sync(s)?;
+            let us = start.elapsed().as_secs_f64() * 1e6 / (replays * STEPS) as f64;
+            check_stuck(stuck)?;
+            check(y, rows, &want)?;
+            report(&format!("{name} ({per_sm}/SM)"), us);
+        }
+    }
+
+    // The floors: an empty dependent launch, a bare barrier.
+    let graph = record(s, |s| {
+        for _ in 0..STEPS {
+            launch(&k.chain_empty, s, sms, threads, &mut [], Attr::Dependent)?;
+        }
+        Ok(())
+    })?;
+    let us = replay(s, graph, replays * 4)? / STEPS as f64;
+    println!("floor: an empty dependent launch ({sms} blocks): {us:.2} us");
+    for per_sm in [1, resident] {
+        let (mut n, mut a, mut st) = (STEPS as i32, arrived, stuck);
+        let grid = sms * per_sm;
+        let mut run = |s: sys::CUstream| -> Result<(), Error> {
+            // SAFETY: as above.
+            unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
+            let args = &mut [ptr(&mut n), ptr(&mut a), ptr(&mut st)];
+            launch(&k.barriers, s, grid, threads, args, Attr::Cooperative)
+        };
+        run(s)?;
+        sync(s)?;
+        check_stuck(stuck)?;
+        let start = Instant::now();
+        for _ in 0..replays * 4 {
+            run(s)?;
+        }
+        sync(s)?;
+        check_stuck(stuck)?;
+        let us = start.elapsed().as_secs_f64() * 1e6 / (replays * 4 * STEPS) as f64;
+        println!("floor: a grid barrier ({grid} blocks, {per_sm}/SM; launch included): {us:.2} us");
+    }
+    Ok(())
+}
+
+struct Kernels {
+    chain_step: CudaFunction,
+    chain_empty: CudaFunction,
+    plain: CudaFunction,
+    prefetch: CudaFunction,
+    barriers: CudaFunction,
+}
+
+/// stage_sync.cu `Steps`, passed by value.
+#[repr(C)]
+struct Steps {
+    w: u64,
+    d: u64,
+    steps: i32,
+    rows: i32,
+}
+
+enum Attr {
+    None,
+    Dependent,
+    Cooperative,
+}
+
+fn ptr<T>(v: &mut T) -> *mut c_void {
+    v as *mut T as *mut c_void
+}
+
+/// Launches `f` (1-D grid and block) with `args` pointing at its
+/// parameters in order.
+fn launch(
+    f: &CudaFunction,
+    s: sys::CUstream,
+    grid: u32,
+    block: u32,
+    args: &mut [*mut c_void],
+    attr: Attr,
+) -> Result<(), Error> {
+    let mut a = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    match attr {
+        Attr::None => {}
+        Attr::Dependent => a.value.programmaticStreamSerializationAllowed = 1,
+        Attr::Cooperative => {
+            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            a.value.cooperative = 1;
+        }
+    }
+    let config = sys::CUlaunchConfig {
+        gridDimX: grid,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: s,
+        attrs: &mut a,
+        numAttrs: if matches!(attr, Attr::None) { 0 } else { 1 },
+    };
+    // SAFETY: `args` point at live values of the kernel's parameter types
+    // in its order (each call site above builds them from locals that
+    // outlive this call); `config` and `a` live until it returns.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()?;
+    Ok(())
+}
+
+/// `body`'s launches on `s` recorded as a graph (instantiated).
+fn record(
+    s: sys::CUstream,
+    body: impl FnOnce(sys::CUstream) -> Result<(), Error>,
+) -> Result<sys::CUgraphExec, Error> {
+    // SAFETY: a valid stream; capture ends below.
+    unsafe {
+        result::stream::begin_capture(
+            s,
+            sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+        )
+    }?;
+    let recorded = body(s);
+    // SAFETY: the stream is capturing.
+    let graph = unsafe { result::stream::end_capture(s) }?;
+    recorded?;
+    // SAFETY: `graph` was just captured; destroyed once instantiated.
+    let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+    let _ = unsafe { result::graph::destroy(graph) };
+    Ok(exec?)
+}
+
+/// µs a replay of `graph` over `n` replays (after one to warm up).
+fn replay(s: sys::CUstream, graph: sys::CUgraphExec, n: usize) -> Result<f64, Error> {
+    // SAFETY: a valid exec and stream.
+    unsafe { result::graph::launch(graph, s) }?;
+    sync(s)?;
+    let start = Instant::now();
+    for _ in 0..n {
+        // SAFETY: as above.
+        unsafe { result::graph::launch(graph, s) }?;
+    }
+    sync(s)?;
+    let us = start.elapsed().as_secs_f64() * 1e6 / n as f64;
+    // SAFETY: not used again.
+    let _ = unsafe { result::graph::exec_destroy(graph) };
+    Ok(us)
+}
+
+fn sync(s: sys::CUstream) -> Result<(), Error> {
+    // SAFETY: a valid stream.
+    unsafe { result::stream::synchronize(s) }?;
+    Ok(())
+}
+
+fn upload<T>(v: &[T]) -> Result<u64, Error> {
+    // SAFETY: a fresh allocation of the slice's size, filled from it; kept
+    // for the process's life.
+    unsafe {
+        let p = result::malloc_sync(std::mem::size_of_val(v).max(4))?;
+        result::memcpy_htod_sync(p, v)?;
+        Ok(p)
+    }
+}
+
+fn zero(p: u64, floats: usize) -> Result<(), Error> {
+    // SAFETY: `p` covers `floats` words (allocated above).
+    unsafe { result::memset_d8_sync(p, 0, floats * 4) }?;
+    Ok(())
+}
+
+fn check_stuck(stuck: u64) -> Result<(), Error> {
+    let mut v = [0u32];
+    // SAFETY: `stuck` is one device word.
+    unsafe { result::memcpy_dtoh_sync(&mut v, stuck) }?;
+    if v[0] != 0 {
+        return Err("a grid barrier timed out: not every block was resident".into());
+    }
+    Ok(())
+}
+
+/// Every step's outputs (`[STEPS, rows]` at `y`) against the host
+/// reference: within 1e-5 of the row's Σ |terms| (the kernels sum 180 f32
+/// terms in another order).
+fn check(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
+    let mut got = vec![0f32; want.len() * rows];
+    // SAFETY: `y` holds STEPS × the largest rows floats.
+    unsafe { result::memcpy_dtoh_sync(&mut got, y) }?;
+    for (k, w) in want.iter().enumerate() {
+        for (r, &(e, size)) in w.iter().enumerate() {
+            let g = got[k * rows + r] as f64;
+            if (g - e).abs() > 1e-5 * size {
+                return Err(format!("step {k} row {r}: {g}, the reference {e}").into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// y[row] = Σ_b dw_b · dx_b · Σ_{i in b} w_i x_i in f64, with the sum of
+/// the terms' magnitudes.
+fn reference(codes: &[i8], scales: &[f32], rows: usize, xq: &[i8], xd: &[f32]) -> Vec<(f64, f64)> {
+    (0..rows)
+        .map(|r| {
+            (0..COLS / 32)
+                .map(|b| {
+                    let s: i64 = (0..32)
+                        .map(|i| codes[r * COLS + b * 32 + i] as i64 * xq[b * 32 + i] as i64)
+                        .sum();
+                    let t = s as f64 * scales[r * COLS / 32 + b] as f64 * xd[b] as f64;
+                    (t, t.abs())
+                })
+                .fold((0.0, 0.0), |(a, m), (t, u)| (a + t, m + u))
+        })
+        .collect()
+}
+
+/// xorshift64.
+fn next(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}

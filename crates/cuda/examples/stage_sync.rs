@@ -52,6 +52,8 @@ fn main() -> Result<(), Error> {
             return Ok(());
         }
     };
+    // The raw driver calls below act on the thread's current context.
+    ctx.bind_to_thread()?;
     let major =
         ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
     let minor =

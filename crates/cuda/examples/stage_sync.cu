@@ -109,13 +109,39 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 8)
     if (row < rows && (threadIdx.x & 31) == 0) y[row] = v;
 }
 
+// A small step, as a decode layer's norms and routing are between its
+// products: one block of WARPS warps sums a step's `rows` outputs (thread
+// t the outputs t, t + WARPS·32, ... in order, then the warps' sums by
+// shuffles and in warp order) into *sum.
+__device__ __forceinline__ void tiny_sum(const float* y, int rows, float* sum) {
+    __shared__ float part[WARPS];
+    float v = 0.0f;
+    for (int i = threadIdx.x; i < rows; i += WARPS * 32) v += y[i];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < WARPS; w++) t += part[w];
+        *sum = t;
+    }
+}
+
+// The small step as its own launch (one block), after the product step.
+extern "C" __global__ void __launch_bounds__(WARPS * 32)
+    chain_tiny(const float* y, int rows, float* sum) {
+    wait_for_previous();
+    tiny_sum(y, rows, sum);
+}
+
 // A launch that does nothing but wait for the one before: the floor of a
 // dependent launch.
 extern "C" __global__ void chain_empty() { wait_for_previous(); }
 
 // Every block of the grid arrives, then waits until all have: `arrived`
-// counts arrivals over the whole launch (zeroed before it), so the barrier
-// after step s waits for (s + 1) · gridDim.x. A wait longer than ~2 s
+// counts arrivals over the whole launch (zeroed before it), so the n-th
+// barrier (from 1) waits for n · gridDim.x. A wait longer than ~2 s
 // (the blocks were not all resident: cooperative launch should have
 // refused) sets *stuck and gives up, as does every later wait that sees
 // it set, so the launch ends instead of hanging.
@@ -139,19 +165,23 @@ __device__ __forceinline__ void grid_barrier(u32* arrived, u32 target, u32* stuc
     __syncthreads();
 }
 
-// The matrices of the steps (device arrays of `steps` pointers).
+// The matrices of the steps (device arrays of `steps` pointers); with
+// `tiny` set, a small step after each product step writes sums[k].
 struct Steps {
     const signed char* const* w;
     const float* const* d;
+    float* sums;
     int steps;
     int rows;
+    int tiny;
 };
 
 // All steps in one cooperative launch: the grid's warps take a step's rows
-// grid-stride, write them, and meet at the barrier. PREFETCH: before
-// arriving, each warp loads its first row of the next step (weights depend
-// on nothing a step writes), and uses those registers after the barrier.
-// y: [steps, rows].
+// grid-stride, write them, and meet at the barrier; with `tiny`, block 0
+// then sums them (tiny_sum) while the others wait at a second barrier.
+// PREFETCH: before arriving, each warp loads its first row of the next
+// step (weights depend on nothing a step writes), and uses those
+// registers after the barrier(s). y: [steps, rows].
 template <bool PREFETCH>
 __device__ void persistent_steps(Steps s, const signed char* xq, const float* xd, float* y,
                                  u32* arrived, u32* stuck) {
@@ -161,6 +191,7 @@ __device__ void persistent_steps(Steps s, const signed char* xq, const float* xd
     // PREFETCH), then its others.
     RowLoads head;
     bool held = false;
+    u32 barriers = 0;
     for (int k = 0; k < s.steps; k++) {
         const signed char* w = s.w[k];
         const float* d = s.d[k];
@@ -178,7 +209,11 @@ __device__ void persistent_steps(Steps s, const signed char* xq, const float* xd
         }
         held = PREFETCH && k + 1 < s.steps && first < s.rows;
         if (held) load_row(s.w[k + 1], s.d[k + 1], first, head);
-        if (k + 1 < s.steps) grid_barrier(arrived, (u32)(k + 1) * gridDim.x, stuck);
+        if (s.tiny) {
+            grid_barrier(arrived, ++barriers * gridDim.x, stuck);
+            if (blockIdx.x == 0) tiny_sum(out, s.rows, s.sums + k);
+        }
+        if (k + 1 < s.steps) grid_barrier(arrived, ++barriers * gridDim.x, stuck);
     }
 }
 

@@ -9,7 +9,10 @@
 //! over its own matrix (together past the L2, so every step reads HBM),
 //! rows × 2880 8-bit codes with a scale a 32-code block (the kernels of
 //! `stage_sync.cu`, a simplified Q8_0 product, the same in every variant).
-//! Printed: µs a step and GB/s of weight bytes, per variant, for
+//! Each chain runs again with a small step after every product (one block
+//! sums its outputs: a decode layer's norms and routing sit between its
+//! products like that). Printed: µs a step (a product, or a product and
+//! its small step) and GB/s of weight bytes, per variant, for
 //! q/k/v-sized (5120 rows), expert-down-sized (2880) and small (512)
 //! steps; then the floors — an empty dependent launch and a bare barrier.
 //! Every variant's outputs are checked against a host reference before
@@ -64,6 +67,7 @@ fn main() -> Result<(), Error> {
     let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
     let k = Kernels {
         chain_step: module.load_function("chain_step")?,
+        chain_tiny: module.load_function("chain_tiny")?,
         chain_empty: module.load_function("chain_empty")?,
         plain: module.load_function("persistent_plain")?,
         prefetch: module.load_function("persistent_prefetch")?,
@@ -108,9 +112,11 @@ fn main() -> Result<(), Error> {
     let counters = upload(&[0u32; 2])?;
     let (arrived, stuck) = (counters, counters + 4);
 
+    let sums = upload(&[0f32; STEPS])?;
+
     println!(
-        "{:<34} {:>6} {:>10} {:>9} {:>9}",
-        "variant", "rows", "MB a step", "us/step", "GB/s"
+        "{:<44} {:>6} {:>10} {:>9} {:>9}",
+        "variant (+ small: a one-block step after each)", "rows", "MB a step", "us/step", "GB/s"
     );
     for rows in ROWS {
         let bytes = rows * (COLS + COLS / 32 * 4);
@@ -118,9 +124,10 @@ fn main() -> Result<(), Error> {
             .iter()
             .map(|m| reference(&m.2, &m.3, rows, &xq, &xd))
             .collect();
-        let report = |name: &str, us: f64| {
+        let report = |name: &str, tiny: bool, us: f64| {
+            let name = format!("{name}{}", if tiny { " + small" } else { "" });
             println!(
-                "{:<34} {:>6} {:>10.2} {:>9.2} {:>9.0}",
+                "{:<44} {:>6} {:>10.2} {:>9.2} {:>9.0}",
                 name,
                 rows,
                 bytes as f64 / 1e6,
@@ -128,90 +135,100 @@ fn main() -> Result<(), Error> {
                 bytes as f64 / us / 1e3
             )
         };
-        // One launch a step, recorded as a graph, with and without
-        // programmatic dependence.
-        for pdl in [true, false] {
-            zero(y, STEPS * max_rows)?;
-            let graph = record(s, |s| {
-                for (i, m) in mats.iter().enumerate() {
-                    let (mut w, mut d, mut r, mut xq, mut xd) = (m.0, m.1, rows as i32, xq_d, xd_d);
-                    let mut out = y + (i * rows * 4) as u64;
-                    let args = &mut [
-                        ptr(&mut w),
-                        ptr(&mut d),
-                        ptr(&mut r),
-                        ptr(&mut xq),
-                        ptr(&mut xd),
-                        ptr(&mut out),
-                    ];
-                    let grid = rows.div_ceil(WARPS) as u32;
-                    launch(
-                        &k.chain_step,
-                        s,
-                        grid,
-                        threads,
-                        args,
-                        if pdl { Attr::Dependent } else { Attr::None },
-                    )?;
+        for tiny in [false, true] {
+            // One launch a step (and one for each small step), recorded as
+            // a graph, with and without programmatic dependence.
+            for pdl in [true, false] {
+                zero(y, STEPS * max_rows)?;
+                zero(sums, STEPS)?;
+                let attr = || if pdl { Attr::Dependent } else { Attr::None };
+                let graph = record(s, |s| {
+                    for (i, m) in mats.iter().enumerate() {
+                        let (mut w, mut d, mut r, mut xq, mut xd) =
+                            (m.0, m.1, rows as i32, xq_d, xd_d);
+                        let mut out = y + (i * rows * 4) as u64;
+                        let args = &mut [
+                            ptr(&mut w),
+                            ptr(&mut d),
+                            ptr(&mut r),
+                            ptr(&mut xq),
+                            ptr(&mut xd),
+                            ptr(&mut out),
+                        ];
+                        let grid = rows.div_ceil(WARPS) as u32;
+                        launch(&k.chain_step, s, grid, threads, args, attr())?;
+                        if tiny {
+                            let mut sum = sums + (i * 4) as u64;
+                            let args = &mut [ptr(&mut out), ptr(&mut r), ptr(&mut sum)];
+                            launch(&k.chain_tiny, s, 1, threads, args, attr())?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                let us = replay(s, graph, replays)? / STEPS as f64;
+                check(y, rows, &want)?;
+                if tiny {
+                    check_sums(sums, &want)?;
                 }
-                Ok(())
-            })?;
-            let us = replay(s, graph, replays)? / STEPS as f64;
-            check(y, rows, &want)?;
-            report(
-                if pdl {
+                let name = if pdl {
                     "a launch a step (PDL graph)"
                 } else {
                     "a launch a step (graph, no PDL)"
-                },
-                us,
-            );
-        }
-        // One persistent launch, blocks meeting at a barrier a step.
-        for (name, f, per_sm) in [
-            ("persistent, barrier", &k.plain, resident_plain),
-            ("persistent, barrier", &k.plain, resident),
-            ("persistent, barrier, prefetch", &k.prefetch, resident),
-            (
-                "persistent, barrier, prefetch",
-                &k.prefetch,
-                resident.div_ceil(2),
-            ),
-        ] {
-            zero(y, STEPS * max_rows)?;
-            let grid = sms * per_sm;
-            let mut steps = Steps {
-                w: w_arr,
-                d: d_arr,
-                steps: STEPS as i32,
-                rows: rows as i32,
-            };
-            let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
-            let mut run = |s: sys::CUstream| -> Result<(), Error> {
-                // SAFETY: `arrived` is a valid device word of this context.
-                unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
-                let args = &mut [
-                    ptr(&mut steps),
-                    ptr(&mut xq),
-                    ptr(&mut xd),
-                    ptr(&mut out),
-                    ptr(&mut a),
-                    ptr(&mut st),
-                ];
-                launch(f, s, grid, threads, args, Attr::Cooperative)
-            };
-            run(s)?;
-            sync(s)?;
-            check_stuck(stuck)?;
-            let start = Instant::now();
-            for _ in 0..replays {
-                run(s)?;
+                };
+                report(name, tiny, us);
             }
-            sync(s)?;
-            let us = start.elapsed().as_secs_f64() * 1e6 / (replays * STEPS) as f64;
-            check_stuck(stuck)?;
-            check(y, rows, &want)?;
-            report(&format!("{name} ({per_sm}/SM)"), us);
+            // One persistent launch, blocks meeting at a barrier a step.
+            for (name, f, per_sm) in [
+                ("persistent, barrier", &k.plain, resident_plain),
+                ("persistent, barrier", &k.plain, resident),
+                ("persistent, barrier, prefetch", &k.prefetch, resident),
+                (
+                    "persistent, barrier, prefetch",
+                    &k.prefetch,
+                    resident.div_ceil(2),
+                ),
+            ] {
+                zero(y, STEPS * max_rows)?;
+                zero(sums, STEPS)?;
+                let grid = sms * per_sm;
+                let mut steps = Steps {
+                    w: w_arr,
+                    d: d_arr,
+                    sums,
+                    steps: STEPS as i32,
+                    rows: rows as i32,
+                    tiny: tiny as i32,
+                };
+                let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
+                let mut run = |s: sys::CUstream| -> Result<(), Error> {
+                    // SAFETY: `arrived` is a valid device word of this context.
+                    unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
+                    let args = &mut [
+                        ptr(&mut steps),
+                        ptr(&mut xq),
+                        ptr(&mut xd),
+                        ptr(&mut out),
+                        ptr(&mut a),
+                        ptr(&mut st),
+                    ];
+                    launch(f, s, grid, threads, args, Attr::Cooperative)
+                };
+                run(s)?;
+                sync(s)?;
+                check_stuck(stuck)?;
+                let start = Instant::now();
+                for _ in 0..replays {
+                    run(s)?;
+                }
+                sync(s)?;
+                let us = start.elapsed().as_secs_f64() * 1e6 / (replays * STEPS) as f64;
+                check_stuck(stuck)?;
+                check(y, rows, &want)?;
+                if tiny {
+                    check_sums(sums, &want)?;
+                }
+                report(&format!("{name} ({per_sm}/SM)"), tiny, us);
+            }
         }
     }
 
@@ -250,6 +267,7 @@ fn main() -> Result<(), Error> {
 
 struct Kernels {
     chain_step: CudaFunction,
+    chain_tiny: CudaFunction,
     chain_empty: CudaFunction,
     plain: CudaFunction,
     prefetch: CudaFunction,
@@ -261,8 +279,10 @@ struct Kernels {
 struct Steps {
     w: u64,
     d: u64,
+    sums: u64,
     steps: i32,
     rows: i32,
+    tiny: i32,
 }
 
 enum Attr {
@@ -409,6 +429,21 @@ fn check(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
             if (g - e).abs() > 1e-5 * size {
                 return Err(format!("step {k} row {r}: {g}, the reference {e}").into());
             }
+        }
+    }
+    Ok(())
+}
+
+/// The small steps' sums (`[STEPS]` at `sums`) against the sums of the
+/// reference rows: within 1e-4 of the rows' Σ |terms|.
+fn check_sums(sums: u64, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
+    let mut got = vec![0f32; want.len()];
+    // SAFETY: `sums` holds STEPS floats.
+    unsafe { result::memcpy_dtoh_sync(&mut got, sums) }?;
+    for (k, w) in want.iter().enumerate() {
+        let (e, size) = w.iter().fold((0.0, 0.0), |(a, m), &(t, u)| (a + t, m + u));
+        if (got[k] as f64 - e).abs() > 1e-4 * size {
+            return Err(format!("small step {k}: {}, the reference {e}", got[k]).into());
         }
     }
     Ok(())

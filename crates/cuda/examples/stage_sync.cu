@@ -116,7 +116,8 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 8)
 __device__ __forceinline__ void tiny_sum(const float* y, int rows, float* sum) {
     __shared__ float part[WARPS];
     float v = 0.0f;
-    for (int i = threadIdx.x; i < rows; i += WARPS * 32) v += y[i];
+    // (From the L2: other SMs wrote them in this launch.)
+    for (int i = threadIdx.x; i < rows; i += WARPS * 32) v += __ldcg(y + i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;

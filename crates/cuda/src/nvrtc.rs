@@ -290,6 +290,22 @@ mod tests {
             && dot_waits
     }
 
+    /// Whether q8dot.cu's `moe_gate_up_q8_impl` in `text` waits on every
+    /// path in its early form: the skipped route's return, and in
+    /// `q8_rows_dot1<…, EARLY>` after the first round's weight loads.
+    fn gate_up_waits_on_every_path(text: &str) -> bool {
+        let Some(at) = text.find("void moe_gate_up_q8_impl(") else {
+            return false;
+        };
+        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
+        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
+        compact.contains("if(EARLY)KERNEL_ENTRY();return;}")
+            && compact.matches("return;").count() == 1
+            && compact.contains("q8_rows_dot1<F,2,EARLY>(")
+            && dot_waits
+    }
+
     /// Whether q8mma.cu's `moe_down_mma_impl` in `text` waits on every
     /// path: the skipped route's return, and in `mma_rows_parts<true, …>`
     /// every warp (one with no chunk too) after its first round's weight
@@ -444,7 +460,8 @@ mod tests {
                 // `rope_kv`); the routed experts' per-route down products
                 // read their route's slot and first weights, then wait
                 // inside `q8_rows_dot1<…, true>` or before returning
-                // (q8dot.cu `moe_down_q8_impl`; likewise q8mma.cu's
+                // (q8dot.cu `moe_down_q8_impl`, and `moe_gate_up_q8_impl`
+                // in its early form; likewise q8mma.cu's
                 // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the
                 // tensor-core products of a few tokens issue their first
                 // weight loads, then wait, every warp (also one with no
@@ -471,6 +488,9 @@ mod tests {
                 let down_early = (name.starts_with("moe_down_q8x_")
                     && body.starts_with("moe_down_q8_impl<")
                     && down_waits_on_every_path(text))
+                    || (name.starts_with("moe_gate_up_early_q8x_")
+                        && body.starts_with("moe_gate_up_q8_impl<F, W, true>(")
+                        && gate_up_waits_on_every_path(text))
                     || (name.starts_with("moe_down_mma_")
                         && body.starts_with("moe_down_mma_impl<")
                         && mma_down_waits_on_every_path(text));

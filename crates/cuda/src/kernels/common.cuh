@@ -38,7 +38,10 @@ typedef long long i64;
 // values' rows into the L2, and the routed experts' per-route down
 // products (q8dot.cu `moe_down_q8_impl`, q8mma.cu `moe_down_mma_impl`)
 // read their route's slot (the gate/up launch between the routing and
-// them waited for it) and issue their first weight loads, as do the bf16
+// them waited for it) and issue their first weight loads, as do, in their
+// early form (`moe_gate_up_early_q8x_*`, launched only after the
+// quantization of the experts' input, which waited for the routing), the
+// per-route gate/up products, and the bf16
 // products of a few tokens (tcmm.cu `matmul_bf16_tc1`), and one token's
 // Q8_0 products on the tensor cores (q8mma.cu `matmul1_mma_q8_0_impl`)
 // issue all of theirs, and one token's products on 8-bit activations in

@@ -82,32 +82,40 @@ fn q8_tensor_cores(setting: Option<&str>) -> bool {
 /// A pair of per-route gate/up and down kernels for rows of any width and,
 /// where compiled, for rows [`WIDE_WIDTH`] wide (the width a compile-time
 /// constant, `_w2880`: none with `TURBOSPARK_CUDA_WIDE=0`, see
-/// [`wide_kernels`]).
+/// [`wide_kernels`]); where asked for, the gate/up kernels' early form
+/// (see [`early_gate_up`]).
 pub(crate) struct RouteKernels {
     gate_up: CudaFunction,
     down: CudaFunction,
     wide: Option<(CudaFunction, CudaFunction)>,
+    /// The early gate/up kernels: any width, and [`WIDE_WIDTH`] where
+    /// `wide` is compiled.
+    early: Option<(CudaFunction, Option<CudaFunction>)>,
 }
 
 impl RouteKernels {
     /// `{gate_up}` and `{down}`, and with `wide` also `{gate_up}_w2880`
-    /// and `{down}_w2880`.
+    /// and `{down}_w2880`; with `early`, the gate/up kernels named
+    /// `{early}` (and `{early}_w2880`).
     fn load(
         m: &Arc<CudaModule>,
         gate_up: &str,
         down: &str,
         wide: bool,
+        early: Option<&str>,
     ) -> Result<RouteKernels, CudaError> {
         let f = |name: String| kernel(m, &name);
+        let at_width = |name: &str| f(format!("{name}_w{WIDE_WIDTH}"));
         Ok(RouteKernels {
             gate_up: f(gate_up.to_string())?,
             down: f(down.to_string())?,
             wide: match wide {
-                true => Some((
-                    f(format!("{gate_up}_w{WIDE_WIDTH}"))?,
-                    f(format!("{down}_w{WIDE_WIDTH}"))?,
-                )),
+                true => Some((at_width(gate_up)?, at_width(down)?)),
                 false => None,
+            },
+            early: match early {
+                Some(e) => Some((f(e.to_string())?, wide.then(|| at_width(e)).transpose()?)),
+                None => None,
             },
         })
     }
@@ -118,6 +126,18 @@ impl RouteKernels {
             Some((g, _)) if hidden == WIDE_WIDTH => g,
             _ => &self.gate_up,
         }
+    }
+
+    /// The early gate/up kernel for rows `hidden` wide, where loaded: it
+    /// reads its route and issues its first weight loads before it waits
+    /// for the launch before it, so the caller must launch it only after a
+    /// launch that follows the routing (q8dot.cu `moe_gate_up_q8_impl`).
+    pub(crate) fn gate_up_early_for(&self, hidden: usize) -> Option<&CudaFunction> {
+        let (any, wide) = self.early.as_ref()?;
+        Some(match wide {
+            Some(w) if hidden == WIDE_WIDTH => w,
+            _ => any,
+        })
     }
 
     /// The down kernel for rows `inter` wide.
@@ -168,6 +188,16 @@ impl OneSet {
             .map(|(_, k)| k)
             .or(self.matmul.as_ref())
     }
+}
+
+/// Whether the per-route gate/up products of one token read their route
+/// and issue their first weight loads before waiting for the launch
+/// before them, where a launch stands between the routing and them
+/// (`TURBOSPARK_CUDA_GATE_UP`): only with `early`. The down products have
+/// done so since the sixteenth session (BENCHMARKS.md); the same bits
+/// either way. Opt-in until measured on a GPU.
+fn early_gate_up(setting: Option<&str>) -> bool {
+    setting.map(str::trim) == Some("early")
 }
 
 /// Which kernels compiled for one width are used where they fit
@@ -406,6 +436,9 @@ impl Q8Set {
                 &format!("moe_gate_up_q8x_{n}"),
                 &format!("moe_down_q8x_{n}"),
                 fmt == QuantFormat::Mxfp4 && wide.0,
+                early_gate_up(std::env::var("TURBOSPARK_CUDA_GATE_UP").ok().as_deref())
+                    .then(|| format!("moe_gate_up_early_q8x_{n}"))
+                    .as_deref(),
             )?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
@@ -424,6 +457,7 @@ impl Q8Set {
                         &format!("moe_gate_up_mma_{n}"),
                         &format!("moe_down_mma_{n}"),
                         wide.0,
+                        None,
                     )?)
                 }
                 _ => None,
@@ -486,6 +520,15 @@ mod tests {
             assert_eq!(one_kind(setting, Q8_0), q8, "{setting:?}, Q8_0");
             assert_eq!(one_kind(setting, Mxfp4), mx, "{setting:?}, MXFP4");
         }
+    }
+
+    /// `TURBOSPARK_CUDA_GATE_UP`: the early gate/up kernels only with `early`.
+    #[test]
+    fn early_gate_up_follows_the_setting() {
+        assert!(early_gate_up(Some("early")));
+        assert!(early_gate_up(Some(" early ")));
+        assert!(!early_gate_up(None));
+        assert!(!early_gate_up(Some("wait")));
     }
 
     /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.

@@ -549,7 +549,15 @@ __device__ void matmul_q8_impl(const MatGroup& g, int cols, const signed char* _
 // down, whose input is the activations `act` quantized (aq, ad).
 // WIDTH: the rows' width (`hidden`) known when compiled (0: read from the
 // bank; see Q8_WIDE_KERNELS below).
-template <int F, int WIDTH = 0>
+//
+// EARLY (called before KERNEL_ENTRY; every thread waits in it, on every
+// path): as moe_down_q8_impl below, the route's slot and the first round
+// of its gate and up rows' weights are read before the wait, the token's
+// codes after it. The host launches it only where a launch stands between
+// the routing and this one — the quantization of the experts' input
+// (stream/moe.rs) — so the routes were written before that launch passed
+// its own wait and let this one start.
+template <int F, int WIDTH = 0, bool EARLY = false>
 __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const float* __restrict__ xd,
                                     const RouteOut* __restrict__ routes, int k, SlotMask only,
                                     BankView b, MoeAct a, float* __restrict__ act) {
@@ -557,15 +565,18 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.inter;
-    u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
+    u32 slot = EARLY ? __ldcg(&routes[i].slot) : routes[i].slot;
+    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+        if (EARLY) KERNEL_ENTRY();
+        return;
+    }
     // The route's token (0 for a decode step's routes: no division there,
     // ~30 instructions of each warp's set-up).
     int t = i < k ? 0 : i / k, nb = b.hidden / 32;
     i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
     const u8* wr[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
     float acc[2];
-    q8_rows_dot1<F, 2>(wr, b.hidden, xq + (i64)t * b.hidden, xd + (i64)t * nb, acc);
+    q8_rows_dot1<F, 2, EARLY>(wr, b.hidden, xq + (i64)t * b.hidden, xd + (i64)t * nb, acc);
     if (live && q8_writer()) {
         act[(i64)i * b.inter + row] = moe_act_value(b, a, r, acc[0], acc[1]);
     }
@@ -686,15 +697,25 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 #define Q8_DOWN_BOUNDS_q8_0
 #define Q8_GATE_UP_BOUNDS_mxfp4 __launch_bounds__(Q8_WARPS * 32, 7)
 #define Q8_GATE_UP_BOUNDS_q8_0
+#define Q8_GATE_UP_EARLY_BOUNDS_mxfp4 Q8_GATE_UP_BOUNDS_mxfp4
+#define Q8_GATE_UP_EARLY_BOUNDS_mxfp4_w2880 __launch_bounds__(Q8_WARPS * 32, 8)
+#define Q8_GATE_UP_EARLY_BOUNDS_q8_0
 // The per-route kernels of format F, named with TAIL after the format's
-// name; W: the rows' width when compiled for one (Q8_WIDE_KERNELS below),
-// else 0.
+// name (`moe_gate_up_early_q8x_*`: the gate/up's EARLY form, see
+// moe_gate_up_q8_impl); W: the rows' width when compiled for one
+// (Q8_WIDE_KERNELS below), else 0.
 #define Q8_ROUTE_KERNELS(fmt, F, TAIL, W)                                                        \
     extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##TAIL(              \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
         BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
+    }                                                                                            \
+    extern "C" __global__ void Q8_GATE_UP_EARLY_BOUNDS_##fmt##TAIL                              \
+        moe_gate_up_early_q8x_##fmt##TAIL(                                                       \
+        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
+        BankView b, MoeAct a, float* act) {                                                      \
+        moe_gate_up_q8_impl<F, W, true>(xq, xd, routes, k, only, b, a, act);                     \
     }                                                                                            \
     extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                   \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \

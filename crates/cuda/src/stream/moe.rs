@@ -479,10 +479,18 @@ impl CudaStream {
                     args,
                 );
             }
+            // Route by route, the gate/up launch may read its route and
+            // first weights before its wait (TURBOSPARK_CUDA_GATE_UP=early)
+            // where the quantization above stands between the routing and
+            // it (not when the router's launch made the input).
+            let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {
+                (None, Some(early)) => early,
+                _ => gate.route.gate_up_for(hidden),
+            };
             let (f, per, threads) = pick(
                 &gate.mq_gate_up,
                 &gate.gate_up_grouped,
-                gate.route.gate_up_for(hidden),
+                route_gate_up,
                 kernels::MQ_BM / 2,
             );
             let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];

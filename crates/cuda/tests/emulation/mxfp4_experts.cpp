@@ -266,6 +266,13 @@ void run_case(const Case& c, std::mt19937& rng) {
                                             act.data());
             });
             bits::expect_same(c.name + ": q8dot.cu gate/up, 2880 when compiled", act, want_act);
+            act = fresh(want_act.size());
+            emu::launch({(unsigned)c.inter / Q8_BLOCK_ROWS, routes_n, 1}, threads, [&] {
+                moe_gate_up_early_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank,
+                                                  act_fn, act.data());
+            });
+            bits::expect_same(c.name + ": q8dot.cu gate/up, early, 2880 when compiled", act,
+                              want_act);
         }
         if (c.inter == 2880) {
             auto y = fresh(want_y.size());
@@ -289,6 +296,13 @@ void run_case(const Case& c, std::mt19937& rng) {
                     });
         bits::expect_same(c.name + ": q8dot.cu gate/up", act, want_act);
         bits::expect_same(c.name + ": q8dot.cu down", y, want_y);
+        act = fresh(want_act.size());
+        emu::launch({(unsigned)(c.inter + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1}, threads,
+                    [&] {
+                        moe_gate_up_early_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank,
+                                                    act_fn, act.data());
+                    });
+        bits::expect_same(c.name + ": q8dot.cu gate/up, early", act, want_act);
     }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {

@@ -128,6 +128,11 @@ impl RouteKernels {
         }
     }
 
+    /// Whether the early gate/up kernels were loaded (see [`early_gate_up`]).
+    pub(crate) fn has_early(&self) -> bool {
+        self.early.is_some()
+    }
+
     /// The early gate/up kernel for rows `hidden` wide, where loaded: it
     /// reads its route and issues its first weight loads before it waits
     /// for the launch before it, so the caller must launch it only after a
@@ -195,7 +200,9 @@ impl OneSet {
 /// before them, where a launch stands between the routing and them
 /// (`TURBOSPARK_CUDA_GATE_UP`): only with `early`. The down products have
 /// done so since the sixteenth session (BENCHMARKS.md); the same bits
-/// either way. Opt-in until measured on a GPU.
+/// either way. The launch between is the experts' input quantization, so
+/// with this setting the ffn norm no longer writes it beside the router's
+/// input (stream/products.rs). Opt-in until measured on a GPU.
 fn early_gate_up(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("early")
 }

@@ -168,6 +168,15 @@ impl CudaStream {
         fits.then_some((&gu.experts, &down.experts))
     }
 
+    /// Whether one token's MXFP4 gate/up products start early
+    /// (`TURBOSPARK_CUDA_GATE_UP=early`, kernels/q8.rs `early_gate_up`):
+    /// they then need a launch between the routing and them, the
+    /// quantization of their input.
+    pub(super) fn early_gate_up(&self) -> bool {
+        self.q8_set(QuantFormat::Mxfp4)
+            .is_some_and(|s| s.route.has_early())
+    }
+
     /// The kernels of a bank whose experts take kq.cu's (fast numerics,
     /// `TURBOSPARK_CUDA_KQ=int8`, gate and up of one format, every matrix
     /// in a format kq.cu has and fitting its kernels, [`kernels::kq_fits`]):

@@ -66,16 +66,20 @@ impl CudaStream {
                 // One token's Q8_0 product may be a router, whose MXFP4
                 // routed experts then read the same codes in their order:
                 // the norm writes both (the experts' own quantization
-                // launch saved).
+                // launch saved) — unless the experts' gate/up products
+                // are to start early (TURBOSPARK_CUDA_GATE_UP=early), which
+                // needs that launch between the routing and them.
                 let both = Q8Regions::new(nl.dim, 0);
-                let mxfp4 =
-                    (n == 1 && w.format == QuantFormat::Q8_0 && both.bytes <= self.routed_x.bytes)
-                        .then(|| RoutedQ8 {
-                            x,
-                            values: nl.dim,
-                            xq: self.routed_x.ptr,
-                            xd: self.routed_x.ptr + both.xd,
-                        });
+                let mxfp4 = (n == 1
+                    && w.format == QuantFormat::Q8_0
+                    && both.bytes <= self.routed_x.bytes
+                    && !self.early_gate_up())
+                .then(|| RoutedQ8 {
+                    x,
+                    values: nl.dim,
+                    xq: self.routed_x.ptr,
+                    xd: self.routed_x.ptr + both.xd,
+                });
                 let q = Q8Out {
                     codes: r.xq,
                     scales: r.xd,

@@ -632,12 +632,13 @@ PY
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against those with
         # both joins (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
-        # alternated (REPS rounds).
+        # alternated (REPS rounds). A variant may be several settings joined
+        # by commas (A=1,B=2).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
         for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
-            env "$v" "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
+            env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
                 --out "$WORK/bits-$v.npy" > /dev/null || echo "logits $v failed"
         done
         python3 - "$WORK" $VARIANTS <<'PY'
@@ -652,7 +653,7 @@ PY
         for r in $(seq "$REPS"); do
             for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
                 echo "--- $v, round $r"
-                env "$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r 2 --numerics fast
+                env ${v//,/ } "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r 2 --numerics fast
             done
         done
         ;;

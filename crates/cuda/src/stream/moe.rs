@@ -84,7 +84,8 @@ impl CudaStream {
     /// The router product `g` (pending) and the routing of its logits in
     /// one launch (`router1_q8x_q8_0`), which also quantizes the product's
     /// input in MXFP4's order for the MoE call that follows when its width
-    /// fits `routed_x` and the norm before the product has not done so.
+    /// fits `routed_x`, the norm before the product has not done so, and
+    /// the gate/up products do not start early ([`Self::early_gate_up`]).
     fn route_fused(
         &mut self,
         g: GroupLaunch,
@@ -103,7 +104,9 @@ impl CudaStream {
         self.pending.set(None);
         self.quantized.set(None);
         let r = Q8Regions::new(g.cols, 0);
-        let premade = g.cols % 32 == 0 && r.bytes <= self.routed_x.bytes;
+        // (Not when the gate/up products start early: they need the
+        // experts' own quantization launch after the routing.)
+        let premade = g.cols % 32 == 0 && r.bytes <= self.routed_x.bytes && !self.early_gate_up();
         let (mq, md) = if premade && made.is_none() {
             (self.routed_x.ptr, self.routed_x.ptr + r.xd)
         } else {

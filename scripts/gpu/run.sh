@@ -437,16 +437,18 @@ PY
         # K-quant and legacy products against 8-bit activations (TURBOSPARK_CUDA_KQ=int8,
         # kernels/kq.cu; check_matmul likewise); one token's per-route
         # gate/up products reading their route and first weights before
-        # their wait (TURBOSPARK_CUDA_GATE_UP=early).
+        # their wait (TURBOSPARK_CUDA_GATE_UP=early), also with the router's
+        # join (a setting may join several with commas).
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
-            TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=int8 TURBOSPARK_CUDA_GATE_UP=early}; do
+            TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=int8 TURBOSPARK_CUDA_GATE_UP=early \
+            TURBOSPARK_CUDA_FUSE=1,TURBOSPARK_CUDA_GATE_UP=early}; do
             echo "--- $BIN/cuda-conformance, $v"
-            env "$v" "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
+            env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done
         ;;
     fixtures)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Layouts of K-quant models too large to fetch, for `turbospark synth --like`.
 
-The GPU's Q4_K / Q6_K products (kernels/kq.cu, TURBOSPARK_CUDA_KQ=int8)
+The GPU's Q4_K / Q6_K products (kernels/kq.cu; TURBOSPARK_CUDA_KQ=tc for the tensor cores)
 matter on models whose rows are multiples of 256 wide; the real models this
 project can fetch (SmolLM2-135M, Gemma 3 270M, Qwen2.5-0.5B) are 576, 640 and
 896 wide, so their GGUFs hold few K-quant tensors (llama.cpp falls back to

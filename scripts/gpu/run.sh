@@ -27,20 +27,19 @@
 #                (layouts saved here with --save-layout as
 #                .devcarry/layout-*.json): CUDA vs CPU logits, exact and fast
 #   likebench    the same installs' speed, fast numerics: pp512 and tg128
-#                under each setting of LIKE_SETTINGS (default: formats on
-#                the tensor cores, the default, then only bf16 there,
-#                TURBOSPARK_CUDA_BF16=bf16: K-quants and the other decoded
-#                formats on matmul.cu's kernel; TURBOSPARK_CUDA_KQ=int8 for
-#                kq.cu's integer kernels for Q4_K, Q6_K and the legacy
-#                4- and 5-bit formats), alternated (REPS rounds), after each
+#                under each setting of LIKE_SETTINGS (default: the default,
+#                kq.cu's integer kernels for Q4_K, Q6_K and the legacy 4-
+#                and 5-bit formats, then those formats decoded for the
+#                tensor cores, TURBOSPARK_CUDA_KQ=tc; TURBOSPARK_CUDA_BF16=bf16
+#                puts the decoded formats on matmul.cu's kernel), alternated (REPS rounds), after each
 #                setting's logits of 24 tokens, by prefill and token by
 #                token: how far apart the two ways are (the attention's
 #                order differs between them) and each setting from the
 #                first (their roundings)
 #   kquant       likebench's measurement on Q4_K_M layouts of an 8B Llama
 #                and a Qwen3-30B-A3B MoE (scripts/gpu/kquant_layouts.py,
-#                .devcarry/kquant): the tensor cores (the default) against
-#                kq.cu's integer K-quant kernels (TURBOSPARK_CUDA_KQ=int8);
+#                .devcarry/kquant): kq.cu's integer K-quant kernels (the
+#                default) against the tensor cores (TURBOSPARK_CUDA_KQ=tc);
 #                LIKE_SETTINGS as likebench's (synth writes ~5 and ~17 GB)
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
 #                that cannot fit, NVRTC missing with an empty kernel cache
@@ -295,11 +294,11 @@ PY
         ;;
     likebench)
         stage "likebench: the real models' layouts, decoded formats on the tensor cores or not"
-        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_BF16=bf16}" .devcarry/layout-*.json
+        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_KQ=int8 TURBOSPARK_CUDA_KQ=tc}" .devcarry/layout-*.json
         ;;
     kquant)
         stage "kquant: Q4_K_M layouts of an 8B Llama and a 30B-A3B Qwen3 MoE, K-quants on the tensor cores or in integers"
-        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_BF16=tc TURBOSPARK_CUDA_KQ=int8}" .devcarry/kquant/layout-*.json
+        like_bench "${LIKE_SETTINGS:-TURBOSPARK_CUDA_KQ=int8 TURBOSPARK_CUDA_KQ=tc}" .devcarry/kquant/layout-*.json
         ;;
     synth)
         stage "synth: the gpt-oss-20b-shaped model alone"
@@ -434,19 +433,18 @@ PY
         # kernels/q8mma.cu; check_moe compares a token alone with the
         # batch's tensor-core tiles bit for bit), and one token's Q8_0
         # products there (TURBOSPARK_CUDA_Q8=mma; check_matmul likewise);
-        # K-quant and legacy products against 8-bit activations (TURBOSPARK_CUDA_KQ=int8,
-        # kernels/kq.cu; check_matmul likewise); one token's per-route
-        # gate/up products reading their route and first weights before
-        # their wait (TURBOSPARK_CUDA_GATE_UP=early), also with the router's
-        # join (a setting may join several with commas).
+        # K-quant and legacy products decoded for the tensor cores rather
+        # than against 8-bit activations (TURBOSPARK_CUDA_KQ=tc); one token's
+        # per-route gate/up products waiting before they read their route
+        # (TURBOSPARK_CUDA_GATE_UP=wait; `FUSE=1` runs the early ones with
+        # the router's join). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
-            TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=int8 TURBOSPARK_CUDA_GATE_UP=early \
-            TURBOSPARK_CUDA_FUSE=1,TURBOSPARK_CUDA_GATE_UP=early}; do
+            TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -12,8 +12,8 @@ activations; matches HF transformers), `llama-cpp` (ggml's CPU arithmetic: 8-bit
 activations, integer block dots, f16 KV cache and attention operands; reproduces llama.cpp's \
 tokens) or `fast` (8-bit activations with f32 scales, integer block dots, f32 attention; the \
 fastest, at least as faithful to exact as llama.cpp's; with `--backend cuda`: 8-bit activations \
-for Q8_0/MXFP4 weights, the other formats' weights and activations rounded to bf16 on the tensor \
-cores, an f16 KV cache)";
+for Q8_0, MXFP4, Q4_K, Q6_K and Q4_0/Q4_1/Q5_0/Q5_1 weights, the other formats' weights and \
+activations rounded to bf16 on the tensor cores, an f16 KV cache)";
 
 /// `--numerics` values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

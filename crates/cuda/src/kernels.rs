@@ -110,7 +110,7 @@ pub(crate) struct Kernels {
     /// with `TURBOSPARK_CUDA_BF16=generic` ([`tc_setting`]).
     pub tc: Option<TcKernels>,
     /// Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 products against 8-bit
-    /// activations (`kernels/kq.cu`); only with `TURBOSPARK_CUDA_KQ=int8`
+    /// activations (`kernels/kq.cu`); none with `TURBOSPARK_CUDA_KQ=tc`
     /// ([`kq_setting`]).
     pub kq: Option<KqKernels>,
     pub adjust_projection: CudaFunction,

@@ -98,8 +98,8 @@ fn tensor_core_experts_agree_bit_for_bit() {
     build_and_run("tc_experts");
 }
 
-/// Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 products against 8-bit activations (kq.cu, opt-in
-/// `TURBOSPARK_CUDA_KQ=int8`): the matrix-vector kernels (1 to 6 tokens,
+/// Q4_K, Q6_K, Q4_0, Q4_1, Q5_0 and Q5_1 products against 8-bit activations (kq.cu, the
+/// default; `TURBOSPARK_CUDA_KQ=tc` decodes them for the tensor cores): the matrix-vector kernels (1 to 6 tokens,
 /// q/k/v groups with biases) and the integer tensor-core batch kernel give
 /// the bits of a scalar reference of kq.cu's sum order, written from
 /// ggml's definitions of the formats.
@@ -109,7 +109,7 @@ fn k_quant_integer_products_match_the_reference_order_bit_for_bit() {
 }
 
 /// Routed experts of K-quant and legacy banks against 8-bit activations (kq.cu,
-/// opt-in `TURBOSPARK_CUDA_KQ=int8`): route by route and grouped by expert
+/// the default): route by route and grouped by expert
 /// on the integer tensor cores, every activation and output the bits of
 /// the scalar reference with moe.cu's activation and biases; masked slots
 /// and routes past the bank write nothing.

@@ -13,7 +13,8 @@
 //! once per 16 or 32 weights, as llama.cpp's matrix-vector kernels do; a
 //! batch takes the same integer sums on the integer tensor cores in the
 //! same f32 order, so a token's bits are the same alone or in a batch.
-//! Opt-in until measured on a GPU: `TURBOSPARK_CUDA_KQ=int8`.
+//! The default since the twenty-ninth session measured it
+//! (`TURBOSPARK_CUDA_KQ=tc` keeps the tensor cores).
 
 use super::kernel;
 use crate::CudaError;
@@ -89,10 +90,14 @@ impl KqKernels {
 }
 
 /// Whether the products of kq.cu's formats take its kernels
-/// (`TURBOSPARK_CUDA_KQ`): only
-/// with `int8`.
+/// (`TURBOSPARK_CUDA_KQ`): yes unless `tc` (their weights then decoded to
+/// bf16 for the tensor cores, as before the twenty-ninth session). On an
+/// H100 the integer kernels decoded an 8B Q4_K_M layout 2.95× as fast
+/// (tg128 129.1 → 380.5 tok/s), a Qwen3-30B-A3B one 1.49×, the real
+/// models' layouts 1.35–1.65×; prefill 0.89–1.45× (BENCHMARKS.md,
+/// twenty-ninth session).
 pub(super) fn kq_setting(setting: Option<&str>) -> bool {
-    setting.map(str::trim) == Some("int8")
+    setting.map(str::trim) != Some("tc")
 }
 
 /// Whether a product of a matrix of `format` (`cols` wide, at device
@@ -122,12 +127,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_int8_turns_the_kernels_on() {
+    fn only_tc_turns_the_kernels_off() {
         assert!(kq_setting(Some("int8")));
         assert!(kq_setting(Some(" int8 ")));
-        assert!(!kq_setting(None));
-        assert!(!kq_setting(Some("")));
-        assert!(!kq_setting(Some("bf16")));
+        assert!(kq_setting(None));
+        assert!(kq_setting(Some("")));
+        assert!(!kq_setting(Some("tc")));
+        assert!(!kq_setting(Some(" tc")));
     }
 
     #[test]

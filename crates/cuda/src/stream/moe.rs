@@ -1,10 +1,10 @@
 //! Routing and routed experts on a [`CudaStream`] (HF `MixtralSparseMoeBlock`
 //! / `GptOssMLP`): the router's top-k (`kernels/route.cu`, or joined to a
 //! one-token Q8_0 router product), then every selected expert of a batch
-//! in one launch per stage — 8-bit activations for Q8_0/MXFP4 banks,
-//! the tensor cores for the other formats in fast numerics, moe.cu's
-//! generic kernels otherwise — and the weighted sum of the routes'
-//! outputs.
+//! in one launch per stage — 8-bit activations for Q8_0/MXFP4 banks and
+//! (`kernels/kq.cu`) the K-quant and legacy 4/5-bit ones, the tensor cores
+//! for the other formats in fast numerics, moe.cu's generic kernels
+//! otherwise — and the weighted sum of the routes' outputs.
 
 use super::{shape, CudaStream, Q8Regions};
 use crate::fusion::{self, GroupLaunch, Pending};
@@ -171,8 +171,8 @@ impl CudaStream {
         fits.then_some((&gu.experts, &down.experts))
     }
 
-    /// Whether one token's MXFP4 gate/up products start early
-    /// (`TURBOSPARK_CUDA_GATE_UP=early`, kernels/q8.rs `early_gate_up`):
+    /// Whether one token's MXFP4 gate/up products start early (unless
+    /// `TURBOSPARK_CUDA_GATE_UP=wait`, kernels/q8.rs `early_gate_up`):
     /// they then need a launch between the routing and them, the
     /// quantization of their input.
     pub(super) fn early_gate_up(&self) -> bool {
@@ -181,7 +181,7 @@ impl CudaStream {
     }
 
     /// The kernels of a bank whose experts take kq.cu's (fast numerics,
-    /// `TURBOSPARK_CUDA_KQ=int8`, gate and up of one format, every matrix
+    /// not `TURBOSPARK_CUDA_KQ=tc`, gate and up of one format, every matrix
     /// in a format kq.cu has and fitting its kernels, [`kernels::kq_fits`]):
     /// the gate/up format's and the down format's.
     fn kq_experts(
@@ -492,7 +492,7 @@ impl CudaStream {
                 );
             }
             // Route by route, the gate/up launch may read its route and
-            // first weights before its wait (TURBOSPARK_CUDA_GATE_UP=early)
+            // first weights before its wait (unless TURBOSPARK_CUDA_GATE_UP=wait)
             // where the quantization above stands between the routing and
             // it (not when the router's launch made the input).
             let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {

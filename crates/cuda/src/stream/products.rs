@@ -1,7 +1,7 @@
 //! Matrix products on a [`CudaStream`] (`out[t, o] = Σ_i W[o, i] · x[t, i]`):
 //! in fast numerics 8-bit activations for Q8_0/MXFP4 weights
-//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`), and where asked
-//! for (`TURBOSPARK_CUDA_KQ=int8`) for Q4_K, Q6_K and the legacy 4- and
+//! (`kernels/q8dot.cu`, `q8one.cu`, `mmq.cu`, `q8mma.cu`), and (unless
+//! `TURBOSPARK_CUDA_KQ=tc`) for Q4_K, Q6_K and the legacy 4- and
 //! 5-bit formats (`kernels/kq.cu`); the tensor cores for the other formats
 //! (`kernels/tcmm.cu`); each held back so that the products of one input
 //! and the bias add after them join one launch (`crate::fusion`);
@@ -66,9 +66,9 @@ impl CudaStream {
                 // One token's Q8_0 product may be a router, whose MXFP4
                 // routed experts then read the same codes in their order:
                 // the norm writes both (the experts' own quantization
-                // launch saved) — unless the experts' gate/up products
-                // are to start early (TURBOSPARK_CUDA_GATE_UP=early), which
-                // needs that launch between the routing and them.
+                // launch saved) only with TURBOSPARK_CUDA_GATE_UP=wait;
+                // otherwise the gate/up products start early, which needs
+                // that launch between the routing and them.
                 let both = Q8Regions::new(nl.dim, 0);
                 let mxfp4 = (n == 1
                     && w.format == QuantFormat::Q8_0
@@ -176,7 +176,7 @@ impl CudaStream {
     }
 
     /// Whether a fast product of `w` with the input at `x` takes kq.cu's
-    /// integer kernels: asked for (`TURBOSPARK_CUDA_KQ=int8`), a format
+    /// integer kernels: loaded (not `TURBOSPARK_CUDA_KQ=tc`), a format
     /// they have, and a matrix they fit ([`kernels::kq_fits`]).
     fn kq_takes(&self, w: &CudaMatrix, x: u64) -> bool {
         self.numerics == Numerics::Fast

@@ -156,16 +156,8 @@ void run_case(const Case& c, std::mt19937& rng) {
     auto expect = [&](const std::string& what,
                       const std::pair<std::vector<float>, std::vector<float>>& got, int first, int n,
                       const SlotMask& mask) {
-        std::vector<float> act(act_ref.begin() + (size_t)first * I, act_ref.begin() + (size_t)(first + n) * I);
-        std::vector<float> y(y_ref.begin() + (size_t)first * H, y_ref.begin() + (size_t)(first + n) * H);
-        for (int i = 0; i < n; i++)
-            if (mask.on && routes[first + i].slot < (u32)EXPERTS &&
-                !((mask.bits[0] >> routes[first + i].slot) & 1)) {
-                std::fill(act.begin() + (size_t)i * I, act.begin() + (size_t)(i + 1) * I, SENTINEL);
-                std::fill(y.begin() + (size_t)i * H, y.begin() + (size_t)(i + 1) * H, SENTINEL);
-            }
-        bits::expect_same(name + ": " + what + ", activations", got.first, act);
-        bits::expect_same(name + ": " + what + ", outputs", got.second, y);
+        expect_route_rows(name + ": " + what, got, act_ref, y_ref, routes, first, n, I, H, EXPERTS,
+                          mask, SENTINEL);
     };
     // (Route by route over the first 12 tokens' routes, which reach every
     // slot and past the bank: the emulator runs a thread at a time.)

@@ -13,39 +13,15 @@
 // token's codes (dp4a), scales it by dw · dx, and the warp adds its lanes'
 // sums by shuffles. y[row] = Σ_b dw_b · dx_b · Σ_{i in b} w_i x_i.
 //
-// Compiled at run time by NVRTC with the engine's kernels' options (sm_90
-// for `griddepcontrol`; on older GPUs the chain runs without dependence).
-
-typedef unsigned int u32;
-typedef long long i64;
+// Compiled at run time by NVRTC after the engine's common.cuh, whose
+// KERNEL_ENTRY (`griddepcontrol` on sm_90; on older GPUs the chain runs
+// without dependence) and weight-stream loads it uses.
 
 #define COLS 2880
 #define BLOCKS_A_ROW (COLS / 32)
 #define PIECES (COLS / 16)
 #define PER_LANE ((PIECES + 31) / 32)
 #define WARPS 4
-#define FULL 0xFFFFFFFFu
-
-__device__ __forceinline__ void wait_for_previous() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ uint4 ld_stream(const void* p) {
-    uint4 v;
-    asm volatile("ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float ld_stream_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cs.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
-}
 
 // One row's weights as a lane holds them.
 struct RowLoads {
@@ -62,8 +38,8 @@ __device__ __forceinline__ void load_row(const signed char* w, const float* d, i
     for (int j = 0; j < PER_LANE; j++) {
         int p = lane + 32 * j;
         bool in = p < PIECES;
-        r.w[j] = in ? ld_stream(codes + 16 * p) : make_uint4(0, 0, 0, 0);
-        r.d[j] = in ? ld_stream_f32(scales + p / 2) : 0.0f;
+        r.w[j] = in ? ld_stream_u4(codes + 16 * p) : make_uint4(0, 0, 0, 0);
+        r.d[j] = in ? __uint_as_float(ld_stream_u32(scales + p / 2)) : 0.0f;
     }
 }
 
@@ -91,7 +67,7 @@ __device__ __forceinline__ float row_dot(const RowLoads& r, const signed char* x
         }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
     return v;
 }
 
@@ -104,7 +80,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, 8)
     int row = blockIdx.x * WARPS + (threadIdx.x >> 5);
     RowLoads r;
     load_row(w, d, min(row, rows - 1), r);
-    wait_for_previous();
+    KERNEL_ENTRY();
     float v = row_dot(r, xq, xd);
     if (row < rows && (threadIdx.x & 31) == 0) y[row] = v;
 }
@@ -119,7 +95,7 @@ __device__ __forceinline__ void tiny_sum(const float* y, int rows, float* sum) {
     // (From the L2: other SMs wrote them in this launch.)
     for (int i = threadIdx.x; i < rows; i += WARPS * 32) v += __ldcg(y + i);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -132,13 +108,13 @@ __device__ __forceinline__ void tiny_sum(const float* y, int rows, float* sum) {
 // The small step as its own launch (one block), after the product step.
 extern "C" __global__ void __launch_bounds__(WARPS * 32)
     chain_tiny(const float* y, int rows, float* sum) {
-    wait_for_previous();
+    KERNEL_ENTRY();
     tiny_sum(y, rows, sum);
 }
 
 // A launch that does nothing but wait for the one before: the floor of a
 // dependent launch.
-extern "C" __global__ void chain_empty() { wait_for_previous(); }
+extern "C" __global__ void chain_empty() { KERNEL_ENTRY(); }
 
 // Every block of the grid arrives, then waits until all have: `arrived`
 // counts arrivals over the whole launch (zeroed before it), so the n-th

@@ -26,7 +26,12 @@ use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaContext, CudaFunction};
 
-const SOURCE: &str = include_str!("stage_sync.cu");
+/// The experiment's kernels after the engine's shared helpers
+/// (`KERNEL_ENTRY`, the weight-stream loads).
+const SOURCE: &str = concat!(
+    include_str!("../src/kernels/common.cuh"),
+    include_str!("stage_sync.cu")
+);
 /// Columns of every row (stage_sync.cu COLS).
 const COLS: usize = 2880;
 /// Warps a block (stage_sync.cu WARPS).

@@ -55,8 +55,12 @@ fn the_stage_sync_experiment_compiles_for_sm80_and_sm90() {
         eprintln!("skipped: NVRTC (libnvrtc.so.13) not found; scripts/test.sh installs it");
         return;
     }
-    // examples/stage_sync.rs compiles it on the GPU's machine.
-    let src = include_str!("../examples/stage_sync.cu");
+    // examples/stage_sync.rs compiles it, after common.cuh, on the GPU's
+    // machine.
+    let src = concat!(
+        include_str!("../src/kernels/common.cuh"),
+        include_str!("../examples/stage_sync.cu")
+    );
     for (major, minor) in [(8, 0), (9, 0)] {
         match turbospark_cuda::nvrtc::compile_source(src.to_string(), major, minor) {
             Ok(cubin) => assert_eq!(&cubin[..4], b"\x7fELF", "sm_{major}{minor}: not a CUBIN"),

@@ -426,9 +426,10 @@ PY
         # vector layout would be taken (TURBOSPARK_CUDA_NORM=strided); slot
         # fills copied on the session's stream rather than beside it
         # (TURBOSPARK_CUDA_COPY_STREAM=0); a few tokens' bf16 products with
-        # whole rows a warp and with a warp a segment, whatever the rows
-        # (TURBOSPARK_CUDA_BF16=rows, =segments; check_matmul compares a
-        # token alone with the batch kernel's bits); one token's MXFP4
+        # whole rows a warp and with a warp a segment, whatever the rows,
+        # and streamed through shared memory (TURBOSPARK_CUDA_BF16=rows,
+        # =segments, =stream; check_matmul compares a token alone with the
+        # batch kernel's bits); one token's MXFP4
         # routed experts on the integer tensor cores (TURBOSPARK_CUDA_MXFP4=mma,
         # kernels/q8mma.cu; check_moe compares a token alone with the
         # batch's tensor-core tiles bit for bit), and one token's Q8_0
@@ -443,7 +444,8 @@ PY
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
-            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_MXFP4=mma \
+            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream \
+            TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"

@@ -1,7 +1,8 @@
 //! Bandwidth of the fast-numerics matrix-vector products of a decode step
 //! on the GPU, shape by shape: the gpt-oss-20b shapes (the grouped q/k/v
-//! rows, the o projection, the router and the output head, Q8_0; MXFP4
-//! rows of an expert's gate and down widths) and three of K-quant and
+//! rows, the o projection, the router and the output head, Q8_0; the
+//! projections and router again in bf16; MXFP4 rows of an expert's gate
+//! and down widths) and three of K-quant and
 //! Q4_0 models ([`SHAPES`]), one token, the
 //! product alone in a loop. Each shape is uploaded in enough copies (more
 //! than the 60 MB L2 together) that every call reads its weights from
@@ -36,14 +37,19 @@ use turbospark_core::arch::Activation;
 use turbospark_core::QuantFormat;
 use turbospark_cuda::{CudaDevice, CudaStream};
 
-/// (name, format, rows, cols): gpt-oss-20b's, then a Q4_K_M GGUF's of an
+/// (name, format, rows, cols): gpt-oss-20b's (its layer's projections
+/// and router also in bf16, gpt-oss's own format, which take the tensor
+/// cores: kernels/tcmm.cu), then a Q4_K_M GGUF's of an
 /// 8B Llama (the ffn's gate rows and its Q6_K down rows) and a Q4_0 square,
 /// whose formats take the tensor cores decoded to bf16 (kernels/tcmm.cu;
 /// `TURBOSPARK_CUDA_BF16=bf16` puts them back on matmul.cu's kernel).
-const SHAPES: [(&str, QuantFormat, usize, usize); 9] = [
+const SHAPES: [(&str, QuantFormat, usize, usize); 12] = [
     ("q/k/v (grouped rows)", QuantFormat::Q8_0, 5120, 2880),
     ("o projection", QuantFormat::Q8_0, 2880, 4096),
     ("router", QuantFormat::Q8_0, 32, 2880),
+    ("q/k/v, bf16", QuantFormat::Bf16, 5120, 2880),
+    ("o projection, bf16", QuantFormat::Bf16, 2880, 4096),
+    ("router, bf16", QuantFormat::Bf16, 32, 2880),
     ("output head", QuantFormat::Q8_0, 201088, 2880),
     ("expert gate+up rows", QuantFormat::Mxfp4, 5760, 2880),
     ("expert down rows", QuantFormat::Mxfp4, 2880, 2880),

@@ -592,7 +592,29 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
     let few = g.n <= kernels::TC_FEW_TOKENS;
     let tiles = g.group.tiles(16);
     let (cols, nn) = (g.cols as i32, g.n as i32);
-    let way = tc.way(tiles);
+    let way = tc.way(set, tiles, g.cols);
+    if few && way == kernels::FewWay::Streamed {
+        // A block an SM (its rings take most of the shared memory), each
+        // walking the group's tiles `tiles` apart from its own.
+        let group = g.group.in_blocks_of(16);
+        let streamed = set.streamed.as_ref().ok_or(BackendError::Unsupported {
+            op: "matmul (streamed tensor-core products of this format)",
+        })?;
+        let grid = (tiles as u32).min(tc.sms);
+        let tiles = tiles as i32;
+        let args = &mut args![group, cols, g.x, nn, tiles];
+        let threads = (kernels::tc_segments(g.cols) * 32) as u32;
+        let smem = kernels::tc_stream_smem(g.cols) as u32;
+        return launch(
+            "matmul",
+            streamed,
+            stream,
+            (grid, 1, 1),
+            threads,
+            smem,
+            args,
+        );
+    }
     if few && way == kernels::FewWay::Rows {
         let group = g.group.in_blocks_of(16 * kernels::TC_ROW_WARPS);
         let blocks = group.block_start[group.count as usize] as u32;

@@ -19,8 +19,8 @@ pub(crate) use q8::{
 };
 use tc::tc_setting;
 pub(crate) use tc::{
-    tc_aligned, tc_segments, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS, TC_BATCH_THREADS,
-    TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
+    tc_aligned, tc_segments, tc_stream_smem, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS,
+    TC_BATCH_THREADS, TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
 };
 
 use crate::CudaError;
@@ -200,7 +200,9 @@ impl Kernels {
                 false => None,
             },
             tc: match tc_setting(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref()) {
-                Some((pick, formats)) => Some(TcKernels::load(&m, pick, formats)?),
+                Some((pick, formats)) => {
+                    Some(TcKernels::load(&m, pick, formats, sms, optin as usize)?)
+                }
                 None => None,
             },
             kq: match kq_setting(std::env::var("TURBOSPARK_CUDA_KQ").ok().as_deref()) {

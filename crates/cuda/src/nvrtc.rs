@@ -466,7 +466,8 @@ mod tests {
                 // tensor-core products of a few tokens issue their first
                 // weight loads, then wait, every warp (also one with no
                 // chunk), before reading a token (tcmm.cu
-                // `matmul_tc1_impl`, `matmul_tc1r_impl`; tcmoe.cu's expert
+                // `matmul_tc1_impl`, `matmul_tc1r_impl`, `matmul_tc1s_impl`,
+                // whose loads are copies into shared memory; tcmoe.cu's expert
                 // kernels declare their shared arrays, then wait); one
                 // token's Q8_0 products on the
                 // tensor cores issue all their weight loads, then wait,
@@ -474,6 +475,7 @@ mod tests {
                 let tc_early = [
                     ("matmul_tc1_", "matmul_tc1_impl"),
                     ("matmul_tc1r_", "matmul_tc1r_impl"),
+                    ("matmul_tc1s_", "matmul_tc1s_impl"),
                     ("matmul_tc_", "matmul_tc_impl"),
                 ]
                 .iter()

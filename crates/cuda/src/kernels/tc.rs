@@ -4,7 +4,7 @@
 //! `#define`s fix, and the kernels of each format.
 
 use super::{kernel, CudaError};
-use cudarc::driver::{CudaFunction, CudaModule};
+use cudarc::driver::{sys, CudaFunction, CudaModule};
 use std::sync::Arc;
 use turbospark_core::QuantFormat;
 
@@ -14,7 +14,11 @@ use turbospark_core::QuantFormat;
 pub(crate) enum TcPick {
     /// By the rows ([`TcKernels::way`]).
     BySize,
-    /// A warp a segment (`matmul_tc1_*`) whatever the rows.
+    /// By the rows, a layer's projections streamed through shared memory
+    /// where the format allows (`matmul_tc1s_*`; opt-in until measured).
+    Streamed,
+    /// A warp a segment, a block a tile (`matmul_tc1_*`) whatever the
+    /// rows.
     Segments,
     /// Whole rows a warp (`matmul_tc1r_*`) whatever the rows.
     Rows,
@@ -41,7 +45,8 @@ pub(crate) const TC_FORMATS: [QuantFormat; 10] = [
 /// `generic` keeps matmul.cu's kernel for every format (f32 activations,
 /// another sum order: `None`); `bf16` keeps it for all but bf16 weights;
 /// `segments` and `rows` force one way of spreading a few tokens'
-/// products, which otherwise is picked by size.
+/// products, which otherwise is picked by size; `stream` streams the
+/// smaller ones' bf16 weights through shared memory.
 pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat])> {
     let words: Vec<&str> = setting
         .unwrap_or_default()
@@ -55,6 +60,8 @@ pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [Qua
         TcPick::Segments
     } else if words.contains(&"rows") {
         TcPick::Rows
+    } else if words.contains(&"stream") {
+        TcPick::Streamed
     } else {
         TcPick::BySize
     };
@@ -77,6 +84,10 @@ pub(crate) struct TcSet {
     /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
     /// tokens (`matmul_tc_*`).
     pub batch: CudaFunction,
+    /// bf16 only: `few`'s sums with a block an SM walking the tiles, each
+    /// warp's weights streamed through its ring of shared memory
+    /// (`matmul_tc1s_bf16`).
+    pub streamed: Option<CudaFunction>,
     /// Routed experts of this format (`kernels/tcmoe.cu`).
     pub experts: TcExperts,
 }
@@ -96,6 +107,10 @@ pub(crate) struct TcExperts {
 pub(crate) struct TcKernels {
     sets: Vec<(QuantFormat, TcSet)>,
     pub pick: TcPick,
+    /// The GPU's multiprocessors (a streamed launch's blocks, at most).
+    pub sms: u32,
+    /// Shared memory a block may opt in to (bytes).
+    smem_optin: usize,
 }
 
 impl TcKernels {
@@ -103,6 +118,8 @@ impl TcKernels {
         m: &Arc<CudaModule>,
         pick: TcPick,
         formats: &[QuantFormat],
+        sms: u32,
+        smem_optin: usize,
     ) -> Result<TcKernels, CudaError> {
         let sets = formats
             .iter()
@@ -114,6 +131,18 @@ impl TcKernels {
                         few: f("matmul_tc1")?,
                         rows: f("matmul_tc1r")?,
                         batch: f("matmul_tc")?,
+                        streamed: match fmt {
+                            QuantFormat::Bf16 => {
+                                let k = f("matmul_tc1s")?;
+                                k.set_attribute(
+                                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    smem_optin.saturating_sub(TC_STREAM_STATIC_SMEM) as i32,
+                                )
+                                .map_err(CudaError::driver("raising a kernel's shared memory"))?;
+                                Some(k)
+                            }
+                            _ => None,
+                        },
                         experts: TcExperts {
                             gate_up_few: f("moe_gate_up_tc1")?,
                             down_few: f("moe_down_tc1")?,
@@ -124,7 +153,12 @@ impl TcKernels {
                 ))
             })
             .collect::<Result<_, CudaError>>()?;
-        Ok(TcKernels { sets, pick })
+        Ok(TcKernels {
+            sets,
+            pick,
+            sms,
+            smem_optin,
+        })
     }
 
     /// The kernels of `fmt`'s products, if they take the tensor cores.
@@ -135,10 +169,20 @@ impl TcKernels {
             .map(|(_, set)| set)
     }
 
-    /// How `tiles` 16-row tiles (a group's, all together) are spread
-    /// ([`few_way`]).
-    pub(crate) fn way(&self, tiles: usize) -> FewWay {
-        few_way(self.pick, tiles)
+    /// How `tiles` 16-row tiles (a group's, all together) of rows `cols`
+    /// wide in `set`'s format are spread ([`few_way`]; streamed only where
+    /// the format has that kernel and its rings fit the shared memory).
+    pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize) -> FewWay {
+        match few_way(self.pick, tiles) {
+            FewWay::Streamed
+                if set.streamed.is_none()
+                    || !tc_streams(cols)
+                    || tc_stream_smem(cols) + TC_STREAM_STATIC_SMEM > self.smem_optin =>
+            {
+                FewWay::Segments
+            }
+            way => way,
+        }
     }
 }
 
@@ -166,22 +210,51 @@ pub(crate) fn tc_aligned(fmt: QuantFormat, ptr: u64, row_bytes: usize) -> bool {
 pub(crate) enum FewWay {
     /// `matmul_tc1_*`: a warp a segment.
     Segments,
+    /// `matmul_tc1s_*`: a warp a segment, a block an SM over the tiles,
+    /// the weights streamed through shared memory.
+    Streamed,
     /// `matmul_tc1r_*`: a warp 16 whole rows.
     Rows,
 }
 
 /// How `tiles` 16-row tiles are spread under `pick`:
 /// by size, whole rows a warp where the tiles are [`TC_ROWS_MIN_TILES`]
-/// or more (an output head), else a warp a segment. (Warps streaming a few
-/// consecutive segments each, tried for a layer's projections, were
+/// or more (an output head), else a warp a segment (under
+/// [`TcPick::Streamed`] streamed through shared memory where the format
+/// allows: [`TcKernels::way`]). (Warps streaming a few consecutive
+/// segments each through registers, tried for a layer's projections, were
 /// slower: BENCHMARKS.md, twenty-fourth session.)
 fn few_way(pick: TcPick, tiles: usize) -> FewWay {
     match pick {
         TcPick::Segments => FewWay::Segments,
         TcPick::Rows => FewWay::Rows,
-        TcPick::BySize if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
+        TcPick::BySize | TcPick::Streamed if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
         TcPick::BySize => FewWay::Segments,
+        TcPick::Streamed => FewWay::Streamed,
     }
+}
+
+/// Chunks a warp of `matmul_tc1s_*` keeps in flight (`TC_RING`), and the
+/// most chunks a segment it takes (`TC_STREAM_PMAX`).
+pub(crate) const TC_RING: usize = 8;
+pub(crate) const TC_STREAM_MAX_PER: usize = 8;
+/// Bytes of a chunk's weights for a warp (16 bytes of two rows a lane).
+const TC_RING_SLOT: usize = 1024;
+/// `matmul_tc1s_*`'s static shared memory: the segments' sums
+/// (`parts[TC_MAX_SEGS][16][8]` f32).
+const TC_STREAM_STATIC_SMEM: usize = TC_MAX_SEGS * 16 * 8 * 4;
+
+/// Whether rows `cols` wide have segments short enough for
+/// `matmul_tc1s_*` (its token values are held a chunk a register set).
+pub(crate) fn tc_streams(cols: usize) -> bool {
+    let chunks = cols / TC_CHUNK;
+    TC_SEG.max(chunks.div_ceil(TC_MAX_SEGS)) <= TC_STREAM_MAX_PER
+}
+
+/// Dynamic shared memory of a `matmul_tc1s_*` launch over rows `cols`
+/// wide: each warp's (segment's) ring.
+pub(crate) fn tc_stream_smem(cols: usize) -> usize {
+    tc_segments(cols) * TC_RING * TC_RING_SLOT
 }
 
 /// Tiles of 16 rows from which a few tokens' tensor-core products take whole
@@ -242,6 +315,7 @@ mod tests {
         assert_eq!(tc_setting(Some("tc")), Some((TcPick::BySize, all)));
         assert_eq!(tc_setting(Some(" rows")), Some((TcPick::Rows, all)));
         assert_eq!(tc_setting(Some("segments")), Some((TcPick::Segments, all)));
+        assert_eq!(tc_setting(Some("stream")), Some((TcPick::Streamed, all)));
         assert_eq!(tc_setting(Some("bf16, rows")), Some((TcPick::Rows, bf16)));
         assert_eq!(tc_setting(Some("generic ")), None);
         assert_eq!(tc_setting(Some("bf16,generic")), None);
@@ -267,17 +341,40 @@ mod tests {
     }
 
     /// By size: an output head whole rows, gpt-oss's projections and
-    /// router a segment a warp; a forced way whatever the size.
+    /// router a segment a warp (streamed under `stream`); a forced way
+    /// whatever the size.
     #[test]
     fn few_token_tensor_core_products_are_spread_by_size() {
         use FewWay::*;
-        let by_size = |tiles| few_way(TcPick::BySize, tiles);
-        assert_eq!(by_size(201088 / 16), Rows);
-        assert_eq!(by_size(TC_ROWS_MIN_TILES), Rows);
-        assert_eq!(by_size(TC_ROWS_MIN_TILES - 1), Segments);
-        assert_eq!(by_size(320), Segments);
-        assert_eq!(by_size(2), Segments);
+        for (pick, small) in [(TcPick::BySize, Segments), (TcPick::Streamed, Streamed)] {
+            let by_size = |tiles| few_way(pick, tiles);
+            assert_eq!(by_size(201088 / 16), Rows);
+            assert_eq!(by_size(TC_ROWS_MIN_TILES), Rows);
+            assert_eq!(by_size(TC_ROWS_MIN_TILES - 1), small);
+            assert_eq!(by_size(320), small);
+            assert_eq!(by_size(2), small);
+        }
         assert_eq!(few_way(TcPick::Segments, 20000), Segments);
         assert_eq!(few_way(TcPick::Rows, 1), Rows);
+    }
+
+    /// The streamed kernel's rings: gpt-oss's 2880- and 4096-wide rows
+    /// fit an H100's or H200's 227 KB a block (23 and 22 warps of 8 KB,
+    /// with the 12 KB of segment sums); rows whose segments pass
+    /// TC_STREAM_MAX_PER chunks keep the block-a-tile kernel.
+    #[test]
+    fn streamed_rings_fit_the_shared_memory() {
+        let optin = 227 * 1024;
+        assert_eq!(tc_stream_smem(2880), 23 * 8 * 1024);
+        assert_eq!(tc_stream_smem(4096), 22 * 8 * 1024);
+        for cols in [2880, 4096, 4160, 6144] {
+            assert!(tc_streams(cols), "{cols} columns");
+            assert!(
+                tc_stream_smem(cols) + TC_STREAM_STATIC_SMEM <= optin,
+                "{cols} columns"
+            );
+        }
+        assert!(!tc_streams(6176));
+        assert!(!tc_streams(14336));
     }
 }

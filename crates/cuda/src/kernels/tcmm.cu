@@ -393,6 +393,126 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
     }
 }
 
+// Up to 8 tokens through a layer's bf16 projections (q/k/v, o, a
+// router: fewer rows than an output head), streamed through shared
+// memory: the sums of matmul_tc1_impl in the same order (a warp a
+// segment, the segments meeting in shared memory and added in order), but
+// a block per SM walks the tiles blockIdx.x, blockIdx.x + gridDim.x, …,
+// and each warp keeps TC_RING chunks of its segment's weights in flight
+// (`cp.async`, 16 bytes a lane a row, into its own ring of shared memory
+// that only it reads), across tiles. matmul_tc1 holds a tile's weights in
+// registers, one block an SM (80 registers × 23 warps), so ~2.4 waves of
+// blocks each wait a memory round trip before their first MMA; here every
+// SM has ~184 KB of weights requested from the start (before the wait for
+// the kernel before: nothing writes weights) and asks for the next as
+// each chunk is consumed. The token's values of the warp's segment are
+// the same for every tile: read once, after the wait.
+// Dynamic shared memory: blockDim.x / 32 warps × TC_RING × 1 KB
+// (kernels/tc.rs `tc_stream_smem`). Taken under TURBOSPARK_CUDA_BF16=stream.
+#define TC_RING 8          // chunks in flight a warp
+#define TC_STREAM_PMAX 8   // chunks a segment at most (tc.rs TC_STREAM_MAX_PER)
+
+#ifndef TURBOSPARK_HOST_EMULATION
+// 16 bytes from global to shared memory, asynchronously, kept in the L2
+// evict-first (as ld_stream_u4's weights).
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src, unsigned long long policy) {
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(src),
+                 "l"(policy)
+                 : "memory");
+}
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's groups are pending: every group
+// but the last N committed has landed.
+template <int N>
+__device__ __forceinline__ void tc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ unsigned long long tc_evict_first() {
+    unsigned long long p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+#endif
+
+// Where unit u of a warp's stream (tile u / cnt of the block's, chunk
+// c0 + u % cnt) is read from, for lane group (gr, q): rows gr and gr + 8.
+template <int F>
+__device__ __forceinline__ void tc_stream_issue(const MatGroup& g, int u, int units, int cnt,
+                                                int c0, int gr, int q, uint4* ring, int lane,
+                                                unsigned long long policy) {
+    if (u < units) {
+        int tile = blockIdx.x + (u / cnt) * gridDim.x, k = c0 + u % cnt;
+        TcMember m = tc_member(g, tile);
+        int r0 = (tile - m.first_block) * 16;
+        uint4* slot = ring + (u % TC_RING) * 64;
+        tc_cp16(slot + lane, tc_lane_row<F>(m.row(r0 + gr), q) + (i64)k * (TC_CHUNK * 2), policy);
+        tc_cp16(slot + 32 + lane, tc_lane_row<F>(m.row(r0 + gr + 8), q) + (i64)k * (TC_CHUNK * 2),
+                policy);
+    }
+    tc_cp_commit();  // (an empty group past the last unit keeps the count)
+}
+
+template <int F>
+__device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
+                                                 const float* __restrict__ x, int n, int tiles) {
+#ifndef TURBOSPARK_HOST_EMULATION
+    extern __shared__ __align__(16) uint4 tc_rings[];
+#else  // (the emulator's shared memory: a block's statics, the most any launch takes)
+    __shared__ uint4 tc_rings[TC_MAX_SEGS * TC_RING * 64];
+#endif
+    __shared__ float parts[TC_MAX_SEGS][16][8];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int gr = lane >> 2, q = lane & 3;
+    int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
+    int c0 = warp * per, cnt = min(c0 + per, chunks) - c0;
+    int my_tiles = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
+    int units = my_tiles * cnt;
+    uint4* ring = tc_rings + warp * (TC_RING * 64);
+    unsigned long long policy = tc_evict_first();
+#pragma unroll
+    for (int u = 0; u < TC_RING; u++) tc_stream_issue<F>(g, u, units, cnt, c0, gr, q, ring, lane, policy);
+    KERNEL_ENTRY();
+    const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
+    bool token = gr < n;
+    uint4 xv[TC_STREAM_PMAX];
+#pragma unroll
+    for (int i = 0; i < TC_STREAM_PMAX; i++)
+        if (i < cnt) xv[i] = token ? tc_load_x8(xt + (c0 + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
+    int segs = (chunks + per - 1) / per;
+    int u = 0;
+    for (int t = 0; t < my_tiles; t++) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < TC_STREAM_PMAX; i++) {
+            if (i < cnt) {
+                tc_cp_wait<TC_RING - 1>();  // unit u has landed (this lane's own copies)
+                const uint4* slot = ring + (u % TC_RING) * 64;
+                tc_chunk(c, slot[lane], slot[32 + lane], xv[i]);
+                // The MMA has taken the slot's values: refill it.
+                tc_stream_issue<F>(g, u + TC_RING, units, cnt, c0, gr, q, ring, lane, policy);
+                u++;
+            }
+        }
+        parts[warp][gr][2 * q] = c[0];
+        parts[warp][gr][2 * q + 1] = c[1];
+        parts[warp][gr + 8][2 * q] = c[2];
+        parts[warp][gr + 8][2 * q + 1] = c[3];
+        __syncthreads();
+        int tile = blockIdx.x + t * gridDim.x;
+        TcMember m = tc_member(g, tile);
+        int r0 = (tile - m.first_block) * 16;
+        for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
+            int row = i >> 3, tk = i & 7;
+            float total = 0.0f;
+            for (int s = 0; s < segs; s++) total += parts[s][row][tk];
+            int o = r0 + row;
+            if (o < m.rows && tk < n) m.out[(i64)tk * m.rows + o] = m.bias ? total + m.bias[o] : total;
+        }
+        __syncthreads();  // (parts is the next tile's)
+    }
+}
+
 // Batches: a block per TC_BATCH_ROWS rows of a member (block_start counts
 // these blocks) × TC_BATCH_TOKENS tokens (grid.y); warp w takes rows 16w
 // .. 16w + 15 of the block for every token tile, walking all the chunks
@@ -476,6 +596,14 @@ __device__ __forceinline__ void matmul_tc_impl(const MatGroup& g, int cols,
         matmul_tc_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {              \
         matmul_tc_impl<F>(g, cols, x, n);                                                        \
     }
+
+// bf16 weights' streamed few-token kernel (matmul_tc1s_impl: the
+// weights are copied to shared memory as they are, so only the formats
+// whose bytes are their bf16 values).
+extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
+    matmul_tc1s_bf16(MatGroup g, int cols, const float* __restrict__ x, int n, int tiles) {
+    matmul_tc1s_impl<F_BF16>(g, cols, x, n, tiles);
+}
 
 TC_KERNELS(f32, F_F32)
 TC_KERNELS(f16, F_F16)

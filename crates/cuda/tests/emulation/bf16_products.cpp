@@ -1,8 +1,10 @@
 // bf16 products on the tensor cores (tcmm.cu, fast numerics) run on the
 // CPU through warp_emulator.h: a token's result must be the same bits
 // whichever kernel computes it and however many tokens share the launch
-// (a few tokens: a warp a segment, `matmul_tc1_bf16`, or a warp a 16 whole
-// rows, `matmul_tc1r_bf16`; batches: `matmul_tc_bf16`), and within f32
+// (a few tokens: a warp a segment, `matmul_tc1_bf16`, the same streamed
+// through shared memory by a few blocks walking the tiles,
+// `matmul_tc1s_bf16`, or a warp a 16 whole rows, `matmul_tc1r_bf16`;
+// batches: `matmul_tc_bf16`), and within f32
 // rounding of the f64 sum of the bf16-rounded products. The emulated MMA's
 // rounding is not the hardware's (see warp_emulator.h), so the bits are
 // compared between the kernels, not with a reference; the GPU conformance
@@ -76,6 +78,18 @@ void run_case(const Case& c, std::mt19937& rng) {
                     [&] { matmul_tc1r_bf16(g, c.cols, x.data(), n); });
         return out;
     };
+    // Streamed through shared memory: `blocks` blocks walking the tiles
+    // (fewer than the tiles, so that blocks take several, each warp's ring
+    // wrapping across them).
+    auto streamed = [&](int n, unsigned blocks) {
+        MatGroup g = group(n, 16);
+        int tiles = g.block_start[g.count];
+        int chunks = c.cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
+        unsigned segs = (unsigned)((chunks + per - 1) / per);
+        emu::launch({std::min(blocks, (unsigned)tiles), 1, 1}, {32 * segs, 1, 1},
+                    [&] { matmul_tc1s_bf16(g, c.cols, x.data(), n, tiles); });
+        return out;
+    };
     auto batch = [&](int n) {
         MatGroup g = group(n, TC_BATCH_ROWS);
         unsigned tiles = (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS);
@@ -120,6 +134,11 @@ void run_case(const Case& c, std::mt19937& rng) {
     same(std::to_string(FEW) + " tokens by segments", few(FEW), FEW);
     same("a token by whole rows", rows(1), 1);
     same(std::to_string(FEW) + " tokens by whole rows", rows(FEW), FEW);
+    for (unsigned blocks : {1u, 2u, 3u, 132u}) {
+        std::string by = " streamed, " + std::to_string(blocks) + " blocks";
+        same("a token" + by, streamed(1, blocks), 1);
+        same(std::to_string(FEW) + " tokens" + by, streamed(FEW, blocks), FEW);
+    }
 }
 
 }  // namespace

@@ -34,7 +34,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <ucontext.h>
 #include <vector>
@@ -412,6 +414,41 @@ inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
 inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
 inline float ld_f32_after_wait(const float* p) { return *p; }
 inline void prefetch_l2(const void*) {}
+
+// PTX `cp.async` (16 bytes, global to shared), `cp.async.commit_group`
+// and `cp.async.wait_group N`: a thread's copies land only when a wait
+// leaves at most N of its groups pending, so a kernel that reads its
+// shared memory before waiting for the group that fills it reads what was
+// there before.
+namespace emu {
+struct CpGroups {
+    std::vector<std::pair<void*, const void*>> open;
+    std::deque<std::vector<std::pair<void*, const void*>>> pending;
+};
+inline CpGroups& cp_groups() {
+    static std::map<unsigned, CpGroups> groups;
+    return groups[threadIdx.x];
+}
+}  // namespace emu
+inline unsigned long long tc_evict_first() { return 0; }
+inline void tc_cp16(void* dst, const void* src, unsigned long long) {
+    expect_aligned(dst, 16);
+    expect_aligned(src, 16);
+    emu::cp_groups().open.push_back({dst, src});
+}
+inline void tc_cp_commit() {
+    emu::CpGroups& g = emu::cp_groups();
+    g.pending.push_back(std::move(g.open));
+    g.open.clear();
+}
+template <int N>
+inline void tc_cp_wait() {
+    emu::CpGroups& g = emu::cp_groups();
+    while (g.pending.size() > (size_t)N) {
+        for (auto& c : g.pending.front()) memcpy(c.first, c.second, 16);
+        g.pending.pop_front();
+    }
+}
 
 // PTX `cvt.f32.f16`: an IEEE half's value (every half is a float exactly).
 inline float f16_to_f32(u16 h) {

@@ -200,9 +200,14 @@ impl Kernels {
                 false => None,
             },
             tc: match tc_setting(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref()) {
-                Some((pick, formats)) => {
-                    Some(TcKernels::load(&m, pick, formats, sms, optin as usize)?)
-                }
+                Some((pick, formats, route_join)) => Some(TcKernels::load(
+                    &m,
+                    pick,
+                    formats,
+                    route_join,
+                    sms,
+                    optin as usize,
+                )?),
                 None => None,
             },
             kq: match kq_setting(std::env::var("TURBOSPARK_CUDA_KQ").ok().as_deref()) {

@@ -467,7 +467,8 @@ mod tests {
                 // weight loads, then wait, every warp (also one with no
                 // chunk), before reading a token (tcmm.cu
                 // `matmul_tc1_impl`, `matmul_tc1r_impl`, `matmul_tc1s_impl`,
-                // whose loads are copies into shared memory; tcmoe.cu's expert
+                // whose loads are copies into shared memory, also under
+                // `router_tc1s_bf16`'s routing; tcmoe.cu's expert
                 // kernels declare their shared arrays, then wait); one
                 // token's Q8_0 products on the
                 // tensor cores issue all their weight loads, then wait,
@@ -476,6 +477,7 @@ mod tests {
                     ("matmul_tc1_", "matmul_tc1_impl"),
                     ("matmul_tc1r_", "matmul_tc1r_impl"),
                     ("matmul_tc1s_", "matmul_tc1s_impl"),
+                    ("router_tc1s_", "matmul_tc1s_impl"),
                     ("matmul_tc_", "matmul_tc_impl"),
                 ]
                 .iter()

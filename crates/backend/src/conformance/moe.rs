@@ -917,8 +917,9 @@ pub fn check_moe_intermediate<D: Device>(
 
 /// A token's router product, its bias, its routing and its routed experts
 /// issued one after another — the decode step's order, which a backend may
-/// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in the
-/// product's launch and quantizes the experts' input there) — give the
+/// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in a Q8_0
+/// product's launch and quantizes the experts' input there; with
+/// `TURBOSPARK_CUDA_BF16=stream,route`, in a bf16 product's) — give the
 /// same logits, routes and output bits as the same ops with a copy of the
 /// logits between product and routing and another between routing and
 /// experts, which nothing fuses across. Also when a logit is NaN (a bias
@@ -933,8 +934,17 @@ pub fn check_moe_intermediate<D: Device>(
 pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceError> {
     const OP: &str = "route after the router product";
     let mut rng = Rng(41);
-    let router = random_matrix("ffn_gate_inp", QuantFormat::Q8_0, EXPERTS, HIDDEN, &mut rng);
-    let router = dev.upload_matrix(&router).at(OP, "upload")?;
+    // A Q8_0 router (8-bit activations) and a bf16 one (gpt-oss's own
+    // format; the CUDA backend can route in its product's launch too).
+    let routers = [QuantFormat::Q8_0, QuantFormat::Bf16].map(|f| {
+        let m = random_matrix("ffn_gate_inp", f, EXPERTS, HIDDEN, &mut rng);
+        dev.upload_matrix(&m).at(OP, "upload")
+    });
+    let [q8_router, bf16_router] = routers;
+    let routers = [
+        (QuantFormat::Q8_0, q8_router?),
+        (QuantFormat::Bf16, bf16_router?),
+    ];
     let bias = rng.scaled(EXPERTS, 0.5);
     let mut nan_bias = bias.clone();
     nan_bias[2] = f32::NAN;
@@ -948,15 +958,21 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
     let norm_w = dev
         .upload_vector(&f32_tensor("ffn_norm", vec![HIDDEN], &norm_w))
         .at(OP, "upload")?;
-    for formats in FORMAT_SETS {
-        let case = format!("{}/{}/{}", formats[0], formats[1], formats[2]);
+    for (formats, (router_format, router)) in FORMAT_SETS
+        .iter()
+        .flat_map(|f| routers.iter().map(move |r| (f, r)))
+    {
+        let case = format!(
+            "{}/{}/{}, {router_format} router",
+            formats[0], formats[1], formats[2]
+        );
         let MoeCase {
             bank,
             mut h,
             mut scratch,
             x,
             ..
-        } = moe_case(dev, OP, formats, &mut rng)?;
+        } = moe_case(dev, OP, *formats, &mut rng)?;
         for t in 0..7 {
             // Tokens 3..6: the input normed from a residual stream; token
             // 6: a NaN logit.
@@ -982,7 +998,7 @@ pub fn check_router_then_experts<D: Device>(dev: &D) -> Result<(), ConformanceEr
                 let mut out = h.zeros(HIDDEN)?;
                 let mut out_copy = h.zeros(HIDDEN)?;
                 let mut next = h.zeros(HIDDEN)?;
-                h.st.matmul(&router, &xt, 1, &mut logits).at(OP, &case)?;
+                h.st.matmul(router, &xt, 1, &mut logits).at(OP, &case)?;
                 h.st.add_bias(&mut logits, bias, 1).at(OP, &case)?;
                 let routed = if split {
                     h.st.copy(&logits, 0, &mut copied, 0, EXPERTS)

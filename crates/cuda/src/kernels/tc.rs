@@ -46,8 +46,9 @@ pub(crate) const TC_FORMATS: [QuantFormat; 10] = [
 /// another sum order: `None`); `bf16` keeps it for all but bf16 weights;
 /// `segments` and `rows` force one way of spreading a few tokens'
 /// products, which otherwise is picked by size; `stream` streams the
-/// smaller ones' bf16 weights through shared memory.
-pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat])> {
+/// smaller ones' bf16 weights through shared memory, and with `route` a
+/// token's bf16 router product joins its routing (the third value).
+pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat], bool)> {
     let words: Vec<&str> = setting
         .unwrap_or_default()
         .split(',')
@@ -70,7 +71,11 @@ pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [Qua
     } else {
         &TC_FORMATS
     };
-    Some((pick, formats))
+    Some((
+        pick,
+        formats,
+        pick == TcPick::Streamed && words.contains(&"route"),
+    ))
 }
 
 /// The tensor-core products of one weight format (`kernels/tcmm.cu`).
@@ -88,6 +93,9 @@ pub(crate) struct TcSet {
     /// warp's weights streamed through its ring of shared memory
     /// (`matmul_tc1s_bf16`).
     pub streamed: Option<CudaFunction>,
+    /// bf16 only: a token's router product so (one block) and its routing
+    /// in one launch (`router_tc1s_bf16`).
+    pub router_streamed: Option<CudaFunction>,
     /// Routed experts of this format (`kernels/tcmoe.cu`).
     pub experts: TcExperts,
 }
@@ -107,6 +115,9 @@ pub(crate) struct TcExperts {
 pub(crate) struct TcKernels {
     sets: Vec<(QuantFormat, TcSet)>,
     pub pick: TcPick,
+    /// Whether a token's bf16 router product and its routing take one
+    /// launch (`router_tc1s_bf16`; opt-in until measured).
+    pub route_join: bool,
     /// The GPU's multiprocessors (a streamed launch's blocks, at most).
     pub sms: u32,
     /// Shared memory a block may opt in to (bytes).
@@ -118,9 +129,19 @@ impl TcKernels {
         m: &Arc<CudaModule>,
         pick: TcPick,
         formats: &[QuantFormat],
+        route_join: bool,
         sms: u32,
         smem_optin: usize,
     ) -> Result<TcKernels, CudaError> {
+        // A streamed kernel's rings take most of a block's shared memory.
+        let streaming = |k: CudaFunction| -> Result<CudaFunction, CudaError> {
+            k.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem_optin.saturating_sub(TC_STREAM_STATIC_SMEM) as i32,
+            )
+            .map_err(CudaError::driver("raising a kernel's shared memory"))?;
+            Ok(k)
+        };
         let sets = formats
             .iter()
             .map(|&fmt| {
@@ -132,15 +153,11 @@ impl TcKernels {
                         rows: f("matmul_tc1r")?,
                         batch: f("matmul_tc")?,
                         streamed: match fmt {
-                            QuantFormat::Bf16 => {
-                                let k = f("matmul_tc1s")?;
-                                k.set_attribute(
-                                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    smem_optin.saturating_sub(TC_STREAM_STATIC_SMEM) as i32,
-                                )
-                                .map_err(CudaError::driver("raising a kernel's shared memory"))?;
-                                Some(k)
-                            }
+                            QuantFormat::Bf16 => Some(streaming(f("matmul_tc1s")?)?),
+                            _ => None,
+                        },
+                        router_streamed: match fmt {
+                            QuantFormat::Bf16 => Some(streaming(f("router_tc1s")?)?),
                             _ => None,
                         },
                         experts: TcExperts {
@@ -156,6 +173,7 @@ impl TcKernels {
         Ok(TcKernels {
             sets,
             pick,
+            route_join,
             sms,
             smem_optin,
         })
@@ -169,18 +187,17 @@ impl TcKernels {
             .map(|(_, set)| set)
     }
 
+    /// Whether rows `cols` wide fit `matmul_tc1s_*`'s segments and rings.
+    pub(crate) fn streams(&self, cols: usize) -> bool {
+        tc_streams(cols) && tc_stream_smem(cols) + TC_STREAM_STATIC_SMEM <= self.smem_optin
+    }
+
     /// How `tiles` 16-row tiles (a group's, all together) of rows `cols`
     /// wide in `set`'s format are spread ([`few_way`]; streamed only where
     /// the format has that kernel and its rings fit the shared memory).
     pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize) -> FewWay {
         match few_way(self.pick, tiles) {
-            FewWay::Streamed
-                if set.streamed.is_none()
-                    || !tc_streams(cols)
-                    || tc_stream_smem(cols) + TC_STREAM_STATIC_SMEM > self.smem_optin =>
-            {
-                FewWay::Segments
-            }
+            FewWay::Streamed if set.streamed.is_none() || !self.streams(cols) => FewWay::Segments,
             way => way,
         }
     }
@@ -311,12 +328,29 @@ mod tests {
     fn tensor_core_products_follow_the_setting() {
         let all: &[QuantFormat] = &TC_FORMATS;
         let bf16: &[QuantFormat] = &[QuantFormat::Bf16];
-        assert_eq!(tc_setting(None), Some((TcPick::BySize, all)));
-        assert_eq!(tc_setting(Some("tc")), Some((TcPick::BySize, all)));
-        assert_eq!(tc_setting(Some(" rows")), Some((TcPick::Rows, all)));
-        assert_eq!(tc_setting(Some("segments")), Some((TcPick::Segments, all)));
-        assert_eq!(tc_setting(Some("stream")), Some((TcPick::Streamed, all)));
-        assert_eq!(tc_setting(Some("bf16, rows")), Some((TcPick::Rows, bf16)));
+        assert_eq!(tc_setting(None), Some((TcPick::BySize, all, false)));
+        assert_eq!(tc_setting(Some("tc")), Some((TcPick::BySize, all, false)));
+        assert_eq!(tc_setting(Some(" rows")), Some((TcPick::Rows, all, false)));
+        assert_eq!(
+            tc_setting(Some("segments")),
+            Some((TcPick::Segments, all, false))
+        );
+        assert_eq!(
+            tc_setting(Some("stream")),
+            Some((TcPick::Streamed, all, false))
+        );
+        assert_eq!(
+            tc_setting(Some("stream,route")),
+            Some((TcPick::Streamed, all, true))
+        );
+        assert_eq!(
+            tc_setting(Some("rows,route")),
+            Some((TcPick::Rows, all, false))
+        );
+        assert_eq!(
+            tc_setting(Some("bf16, rows")),
+            Some((TcPick::Rows, bf16, false))
+        );
         assert_eq!(tc_setting(Some("generic ")), None);
         assert_eq!(tc_setting(Some("bf16,generic")), None);
         assert!(!TC_FORMATS.contains(&QuantFormat::Q8_0));

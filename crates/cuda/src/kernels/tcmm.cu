@@ -605,6 +605,20 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
     matmul_tc1s_impl<F_BF16>(g, cols, x, n, tiles);
 }
 
+// A token's bf16 router product and its routing in one launch of one
+// block: the block walks every tile of the router's rows as
+// matmul_tc1s_impl does (the same sums, its bias added), then its first
+// warp routes the token from the logits it wrote, as `route` does
+// (route.cu route_token) — no ticket, the block is the launch. (Taken
+// under TURBOSPARK_CUDA_BF16=stream,route: stream/moe.rs.)
+extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
+    router_tc1s_bf16(MatGroup g, int cols, const float* __restrict__ x, int tiles, RouterParams p,
+                     const float* correction, const float* expert_scale, RouteOut* out) {
+    matmul_tc1s_impl<F_BF16>(g, cols, x, 1, tiles);
+    // (Its last barrier follows the logits' stores: visible to the block.)
+    if (threadIdx.x < 32) route_token(g.out[0], 0, p, correction, expert_scale, out);
+}
+
 TC_KERNELS(f32, F_F32)
 TC_KERNELS(f16, F_F16)
 TC_KERNELS(bf16, F_BF16)

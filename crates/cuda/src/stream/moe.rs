@@ -71,6 +71,61 @@ impl CudaStream {
         }
     }
 
+    /// The pending one-token bf16 router product that `route` can join
+    /// under `TURBOSPARK_CUDA_BF16=stream,route`: one matrix alone (with
+    /// its bias) writing `logits`, rows that fit the streamed kernel.
+    fn joinable_bf16_router(
+        &self,
+        logits: u64,
+        n_tokens: usize,
+        experts: usize,
+    ) -> Option<(GroupLaunch, &cudarc::driver::CudaFunction)> {
+        let tc = self.k.tc.as_ref().filter(|tc| tc.route_join)?;
+        let f = tc.get(QuantFormat::Bf16)?.router_streamed.as_ref()?;
+        match self.pending.get() {
+            Some(Pending::Group(g))
+                if n_tokens == 1
+                    && g.n == 1
+                    && g.group.count == 1
+                    && g.group.out[0] == logits
+                    && g.group.rows[0] as usize == experts
+                    && g.format == QuantFormat::Bf16
+                    && !g.q8
+                    && tc.streams(g.cols) =>
+            {
+                Some((g, f))
+            }
+            _ => None,
+        }
+    }
+
+    /// The bf16 router product `g` (pending) and the routing of its logits
+    /// in one launch of one block (`router_tc1s_bf16`).
+    fn route_bf16_joined(
+        &self,
+        (g, f): (GroupLaunch, &cudarc::driver::CudaFunction),
+        p: kernels::RouterParams,
+        correction: u64,
+        expert_scale: u64,
+        out: u64,
+    ) -> Result<(), BackendError> {
+        // The product and the routing write only the logits and the
+        // routes: a quantization of the MoE input made before stays valid.
+        let routed = self.routed_q8.get();
+        self.bind_holding("route")?;
+        self.pending.set(None);
+        self.quantized.set(None);
+        let tiles = g.group.tiles(16) as i32;
+        let group = g.group.in_blocks_of(16);
+        let cols = g.cols as i32;
+        let args = &mut args![group, cols, g.x, tiles, p, correction, expert_scale, out];
+        let threads = (kernels::tc_segments(g.cols) * 32) as u32;
+        let smem = kernels::tc_stream_smem(g.cols) as u32;
+        launch("route", f, self.raw(), (1, 1, 1), threads, smem, args)?;
+        self.routed_q8.set(routed);
+        Ok(())
+    }
+
     fn router_kernel(&self) -> Option<&kernels::OneKernel> {
         self.k
             .q8
@@ -288,6 +343,9 @@ impl CudaStream {
         out.max_slot = (e - 1) as u32;
         if let Some(g) = self.fusable_router(lp, n_tokens, e) {
             return self.route_fused(g, p, cp, sp, out.mem.ptr);
+        }
+        if let Some(joined) = self.joinable_bf16_router(lp, n_tokens, e) {
+            return self.route_bf16_joined(joined, p, cp, sp, out.mem.ptr);
         }
         // The routing writes only the routes: a quantization of the MoE
         // input made before it stays valid.

@@ -4,7 +4,8 @@
 // (a few tokens: a warp a segment, `matmul_tc1_bf16`, the same streamed
 // through shared memory by a few blocks walking the tiles,
 // `matmul_tc1s_bf16`, or a warp a 16 whole rows, `matmul_tc1r_bf16`;
-// batches: `matmul_tc_bf16`), and within f32
+// batches: `matmul_tc_bf16`; a router's with its routing,
+// `router_tc1s_bf16`, against `route` after the product), and within f32
 // rounding of the f64 sum of the bf16-rounded products. The emulated MMA's
 // rounding is not the hardware's (see warp_emulator.h), so the bits are
 // compared between the kernels, not with a reference; the GPU conformance
@@ -141,6 +142,60 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
 }
 
+// A token's bf16 router product with its routing in one block
+// (`router_tc1s_bf16`) against the streamed product and `route`'s launch:
+// the same logits and routes, bit for bit (gpt-oss's router: 32 experts,
+// top 4, softmax over the chosen).
+void router_join(std::mt19937& rng) {
+    const int EXPERTS = 32, COLS = 2880, TOP_K = 4;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> w((size_t)EXPERTS * COLS);
+    for (auto& v : w) v = bf16_bits(normal(rng) * 0.05f);
+    std::vector<float> bias(EXPERTS), x(COLS);
+    for (auto& v : bias) v = normal(rng) * 0.5f;
+    for (auto& v : x) v = normal(rng);
+    RouterParams p = {1, EXPERTS, TOP_K, 0, 0, 0, 1.0f};  // R_TOPK_SOFTMAX
+    auto run = [&](bool joined, std::vector<float>& logits, std::vector<RouteOut>& routes) {
+        logits.assign(EXPERTS, -12345.0f);
+        routes.assign(TOP_K, RouteOut{0xffffffffu, -1.0f});
+        MatGroup g = {};
+        g.count = 1;
+        g.w[0] = (const u8*)w.data();
+        g.out[0] = logits.data();
+        g.bias[0] = bias.data();
+        g.row_bytes[0] = (i64)COLS * 2;
+        g.rows[0] = EXPERTS;
+        g.block_start[1] = EXPERTS / 16;
+        int tiles = EXPERTS / 16;
+        unsigned threads = 32 * 23;  // 90 chunks: 23 segments
+        if (joined) {
+            emu::launch({1, 1, 1}, {threads, 1, 1}, [&] {
+                router_tc1s_bf16(g, COLS, x.data(), tiles, p, nullptr, nullptr, routes.data());
+            });
+        } else {
+            emu::launch({(unsigned)tiles, 1, 1}, {threads, 1, 1},
+                        [&] { matmul_tc1s_bf16(g, COLS, x.data(), 1, tiles); });
+            emu::launch({1, 1, 1}, {32, 1, 1},
+                        [&] { route(logits.data(), 1, p, nullptr, nullptr, routes.data()); });
+        }
+    };
+    std::vector<float> la, lb;
+    std::vector<RouteOut> ra, rb;
+    run(false, la, ra);
+    run(true, lb, rb);
+    bits::expect_same("router joined with its routing: logits", lb, la);
+    std::vector<float> wa, wb;
+    bool slots = true;
+    for (int r = 0; r < TOP_K; r++) {
+        slots = slots && ra[r].slot == rb[r].slot && ra[r].slot < (u32)EXPERTS;
+        wa.push_back(ra[r].weight);
+        wb.push_back(rb[r].weight);
+    }
+    printf("%s router joined with its routing: the same %d experts\n", slots ? "ok  " : "FAIL", TOP_K);
+    if (!slots) bits::failures++;
+    bits::expect_same("router joined with its routing: weights", wb, wa);
+}
+
 }  // namespace
 
 int main() {
@@ -155,5 +210,6 @@ int main() {
         {"96 wide", 96, {70}, {true}},
     };
     for (const Case& c : cases) run_case(c, rng);
+    router_join(rng);
     return bits::verdict();
 }

@@ -597,9 +597,13 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
         // A block an SM (its rings take most of the shared memory), each
         // walking the group's tiles `tiles` apart from its own.
         let group = g.group.in_blocks_of(16);
-        let streamed = set.streamed.as_ref().ok_or(BackendError::Unsupported {
-            op: "matmul (streamed tensor-core products of this format)",
-        })?;
+        let streamed = &set
+            .streamed
+            .as_ref()
+            .ok_or(BackendError::Unsupported {
+                op: "matmul (streamed tensor-core products of this format)",
+            })?
+            .f;
         let grid = (tiles as u32).min(tc.sms);
         let tiles = tiles as i32;
         let args = &mut args![group, cols, g.x, nn, tiles];

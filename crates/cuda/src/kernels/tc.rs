@@ -92,10 +92,10 @@ pub(crate) struct TcSet {
     /// bf16 only: `few`'s sums with a block an SM walking the tiles, each
     /// warp's weights streamed through its ring of shared memory
     /// (`matmul_tc1s_bf16`).
-    pub streamed: Option<CudaFunction>,
+    pub streamed: Option<TcStreamed>,
     /// bf16 only: a token's router product so (one block) and its routing
     /// in one launch (`router_tc1s_bf16`).
-    pub router_streamed: Option<CudaFunction>,
+    pub router_streamed: Option<TcStreamed>,
     /// Routed experts of this format (`kernels/tcmoe.cu`).
     pub experts: TcExperts,
 }
@@ -111,6 +111,40 @@ pub(crate) struct TcExperts {
     pub down_grouped: CudaFunction,
 }
 
+/// A kernel streaming its weights through shared memory (tcmm.cu
+/// `matmul_tc1s_impl`), and the dynamic shared memory a block of it may
+/// take on this GPU (the opt-in amount less its static arrays).
+pub(crate) struct TcStreamed {
+    pub f: CudaFunction,
+    max_dynamic: usize,
+}
+
+impl TcStreamed {
+    /// Raises `f`'s dynamic shared memory to what the GPU allows it; `None`
+    /// where that is too little for any ring.
+    fn new(f: CudaFunction, smem_optin: usize) -> Result<Option<TcStreamed>, CudaError> {
+        let fixed = f
+            .shared_size_bytes()
+            .map_err(CudaError::driver("reading a kernel's shared memory"))?;
+        let max_dynamic = smem_optin.saturating_sub(fixed.max(0) as usize);
+        if max_dynamic < TC_RING * TC_RING_SLOT {
+            return Ok(None);
+        }
+        f.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            max_dynamic as i32,
+        )
+        .map_err(CudaError::driver("raising a kernel's shared memory"))?;
+        Ok(Some(TcStreamed { f, max_dynamic }))
+    }
+
+    /// Whether rows `cols` wide fit its segments and, on this GPU, its
+    /// rings ([`tc_stream_smem`]).
+    pub(crate) fn fits(&self, cols: usize) -> bool {
+        tc_streams(cols) && tc_stream_smem(cols) <= self.max_dynamic
+    }
+}
+
 /// The tensor-core products of the formats that take them.
 pub(crate) struct TcKernels {
     sets: Vec<(QuantFormat, TcSet)>,
@@ -120,8 +154,6 @@ pub(crate) struct TcKernels {
     pub route_join: bool,
     /// The GPU's multiprocessors (a streamed launch's blocks, at most).
     pub sms: u32,
-    /// Shared memory a block may opt in to (bytes).
-    smem_optin: usize,
 }
 
 impl TcKernels {
@@ -133,15 +165,6 @@ impl TcKernels {
         sms: u32,
         smem_optin: usize,
     ) -> Result<TcKernels, CudaError> {
-        // A streamed kernel's rings take most of a block's shared memory.
-        let streaming = |k: CudaFunction| -> Result<CudaFunction, CudaError> {
-            k.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                smem_optin.saturating_sub(TC_STREAM_STATIC_SMEM) as i32,
-            )
-            .map_err(CudaError::driver("raising a kernel's shared memory"))?;
-            Ok(k)
-        };
         let sets = formats
             .iter()
             .map(|&fmt| {
@@ -153,11 +176,11 @@ impl TcKernels {
                         rows: f("matmul_tc1r")?,
                         batch: f("matmul_tc")?,
                         streamed: match fmt {
-                            QuantFormat::Bf16 => Some(streaming(f("matmul_tc1s")?)?),
+                            QuantFormat::Bf16 => TcStreamed::new(f("matmul_tc1s")?, smem_optin)?,
                             _ => None,
                         },
                         router_streamed: match fmt {
-                            QuantFormat::Bf16 => Some(streaming(f("router_tc1s")?)?),
+                            QuantFormat::Bf16 => TcStreamed::new(f("router_tc1s")?, smem_optin)?,
                             _ => None,
                         },
                         experts: TcExperts {
@@ -175,7 +198,6 @@ impl TcKernels {
             pick,
             route_join,
             sms,
-            smem_optin,
         })
     }
 
@@ -187,17 +209,14 @@ impl TcKernels {
             .map(|(_, set)| set)
     }
 
-    /// Whether rows `cols` wide fit `matmul_tc1s_*`'s segments and rings.
-    pub(crate) fn streams(&self, cols: usize) -> bool {
-        tc_streams(cols) && tc_stream_smem(cols) + TC_STREAM_STATIC_SMEM <= self.smem_optin
-    }
-
     /// How `tiles` 16-row tiles (a group's, all together) of rows `cols`
     /// wide in `set`'s format are spread ([`few_way`]; streamed only where
     /// the format has that kernel and its rings fit the shared memory).
     pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize) -> FewWay {
         match few_way(self.pick, tiles) {
-            FewWay::Streamed if set.streamed.is_none() || !self.streams(cols) => FewWay::Segments,
+            FewWay::Streamed if !set.streamed.as_ref().is_some_and(|s| s.fits(cols)) => {
+                FewWay::Segments
+            }
             way => way,
         }
     }
@@ -257,9 +276,6 @@ pub(crate) const TC_RING: usize = 8;
 pub(crate) const TC_STREAM_MAX_PER: usize = 8;
 /// Bytes of a chunk's weights for a warp (16 bytes of two rows a lane).
 const TC_RING_SLOT: usize = 1024;
-/// `matmul_tc1s_*`'s static shared memory: the segments' sums
-/// (`parts[TC_MAX_SEGS][16][8]` f32).
-const TC_STREAM_STATIC_SMEM: usize = TC_MAX_SEGS * 16 * 8 * 4;
 
 /// Whether rows `cols` wide have segments short enough for
 /// `matmul_tc1s_*` (its token values are held a chunk a register set).
@@ -394,10 +410,12 @@ mod tests {
 
     /// The streamed kernel's rings: gpt-oss's 2880- and 4096-wide rows
     /// fit an H100's or H200's 227 KB a block (23 and 22 warps of 8 KB,
-    /// with the 12 KB of segment sums); rows whose segments pass
-    /// TC_STREAM_MAX_PER chunks keep the block-a-tile kernel.
+    /// with the 12 KB of segment sums, `parts[TC_MAX_SEGS][16][8]` f32);
+    /// rows whose segments pass TC_STREAM_MAX_PER chunks keep the
+    /// block-a-tile kernel.
     #[test]
     fn streamed_rings_fit_the_shared_memory() {
+        const TC_STREAM_STATIC_SMEM: usize = TC_MAX_SEGS * 16 * 8 * 4;
         let optin = 227 * 1024;
         assert_eq!(tc_stream_smem(2880), 23 * 8 * 1024);
         assert_eq!(tc_stream_smem(4096), 22 * 8 * 1024);

@@ -81,7 +81,7 @@ impl CudaStream {
         experts: usize,
     ) -> Option<(GroupLaunch, &cudarc::driver::CudaFunction)> {
         let tc = self.k.tc.as_ref().filter(|tc| tc.route_join)?;
-        let f = tc.get(QuantFormat::Bf16)?.router_streamed.as_ref()?;
+        let joined = tc.get(QuantFormat::Bf16)?.router_streamed.as_ref()?;
         match self.pending.get() {
             Some(Pending::Group(g))
                 if n_tokens == 1
@@ -91,9 +91,9 @@ impl CudaStream {
                     && g.group.rows[0] as usize == experts
                     && g.format == QuantFormat::Bf16
                     && !g.q8
-                    && tc.streams(g.cols) =>
+                    && joined.fits(g.cols) =>
             {
-                Some((g, f))
+                Some((g, &joined.f))
             }
             _ => None,
         }

@@ -428,7 +428,7 @@ PY
         # (TURBOSPARK_CUDA_COPY_STREAM=0); a few tokens' bf16 products with
         # whole rows a warp and with a warp a segment, whatever the rows,
         # and streamed through shared memory, with a bf16 router's routing
-        # in its launch (TURBOSPARK_CUDA_BF16=rows, =segments, =stream,route;
+        # in its launch (TURBOSPARK_CUDA_BF16=rows, =segments, =stream+route;
         # check_matmul compares a token alone with the batch kernel's bits,
         # check_router_then_experts the joined routing with `route`'s);
         # one token's MXFP4
@@ -446,7 +446,7 @@ PY
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \
-            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream,route \
+            TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream+route \
             TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait}; do
             echo "--- $BIN/cuda-conformance, $v"

@@ -919,7 +919,7 @@ pub fn check_moe_intermediate<D: Device>(
 /// issued one after another — the decode step's order, which a backend may
 /// fuse (the CUDA backend, with `TURBOSPARK_CUDA_FUSE=1`, routes in a Q8_0
 /// product's launch and quantizes the experts' input there; with
-/// `TURBOSPARK_CUDA_BF16=stream,route`, in a bf16 product's) — give the
+/// `TURBOSPARK_CUDA_BF16=stream+route`, in a bf16 product's) — give the
 /// same logits, routes and output bits as the same ops with a copy of the
 /// logits between product and routing and another between routing and
 /// experts, which nothing fuses across. Also when a logit is NaN (a bias

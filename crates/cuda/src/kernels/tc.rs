@@ -51,7 +51,7 @@ pub(crate) const TC_FORMATS: [QuantFormat; 10] = [
 pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat], bool)> {
     let words: Vec<&str> = setting
         .unwrap_or_default()
-        .split(',')
+        .split([',', '+'])
         .map(str::trim)
         .collect();
     if words.contains(&"generic") {
@@ -356,7 +356,7 @@ mod tests {
             Some((TcPick::Streamed, all, false))
         );
         assert_eq!(
-            tc_setting(Some("stream,route")),
+            tc_setting(Some("stream+route")),
             Some((TcPick::Streamed, all, true))
         );
         assert_eq!(

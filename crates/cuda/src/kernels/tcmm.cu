@@ -413,13 +413,13 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
 #define TC_STREAM_PMAX 8   // chunks a segment at most (tc.rs TC_STREAM_MAX_PER)
 
 #ifndef TURBOSPARK_HOST_EMULATION
-// 16 bytes from global to shared memory, asynchronously, kept in the L2
-// evict-first (as ld_stream_u4's weights).
-__device__ __forceinline__ void tc_cp16(void* dst, const void* src, unsigned long long policy) {
+// 16 bytes from global to shared memory, asynchronously, past the L1.
+// (With an evict-first `.L2::cache_hint`, ptxas 13.0 for sm_90 encoded the
+// policy in an odd uniform register and the H100 stopped at the first
+// copy with an illegal instruction: twenty-ninth/thirtieth session.)
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src) {
     u32 s = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(s), "l"(src),
-                 "l"(policy)
-                 : "memory");
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
 }
 __device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 // Waits until at most N of this thread's groups are pending: every group
@@ -428,27 +428,20 @@ template <int N>
 __device__ __forceinline__ void tc_cp_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-__device__ __forceinline__ unsigned long long tc_evict_first() {
-    unsigned long long p;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
 #endif
 
 // Where unit u of a warp's stream (tile u / cnt of the block's, chunk
 // c0 + u % cnt) is read from, for lane group (gr, q): rows gr and gr + 8.
 template <int F>
 __device__ __forceinline__ void tc_stream_issue(const MatGroup& g, int u, int units, int cnt,
-                                                int c0, int gr, int q, uint4* ring, int lane,
-                                                unsigned long long policy) {
+                                                int c0, int gr, int q, uint4* ring, int lane) {
     if (u < units) {
         int tile = blockIdx.x + (u / cnt) * gridDim.x, k = c0 + u % cnt;
         TcMember m = tc_member(g, tile);
         int r0 = (tile - m.first_block) * 16;
         uint4* slot = ring + (u % TC_RING) * 64;
-        tc_cp16(slot + lane, tc_lane_row<F>(m.row(r0 + gr), q) + (i64)k * (TC_CHUNK * 2), policy);
-        tc_cp16(slot + 32 + lane, tc_lane_row<F>(m.row(r0 + gr + 8), q) + (i64)k * (TC_CHUNK * 2),
-                policy);
+        tc_cp16(slot + lane, tc_lane_row<F>(m.row(r0 + gr), q) + (i64)k * (TC_CHUNK * 2));
+        tc_cp16(slot + 32 + lane, tc_lane_row<F>(m.row(r0 + gr + 8), q) + (i64)k * (TC_CHUNK * 2));
     }
     tc_cp_commit();  // (an empty group past the last unit keeps the count)
 }
@@ -469,9 +462,8 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
     int my_tiles = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     int units = my_tiles * cnt;
     uint4* ring = tc_rings + warp * (TC_RING * 64);
-    unsigned long long policy = tc_evict_first();
 #pragma unroll
-    for (int u = 0; u < TC_RING; u++) tc_stream_issue<F>(g, u, units, cnt, c0, gr, q, ring, lane, policy);
+    for (int u = 0; u < TC_RING; u++) tc_stream_issue<F>(g, u, units, cnt, c0, gr, q, ring, lane);
     KERNEL_ENTRY();
     const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
     bool token = gr < n;
@@ -490,7 +482,7 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
                 const uint4* slot = ring + (u % TC_RING) * 64;
                 tc_chunk(c, slot[lane], slot[32 + lane], xv[i]);
                 // The MMA has taken the slot's values: refill it.
-                tc_stream_issue<F>(g, u + TC_RING, units, cnt, c0, gr, q, ring, lane, policy);
+                tc_stream_issue<F>(g, u + TC_RING, units, cnt, c0, gr, q, ring, lane);
                 u++;
             }
         }
@@ -610,7 +602,7 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
 // matmul_tc1s_impl does (the same sums, its bias added), then its first
 // warp routes the token from the logits it wrote, as `route` does
 // (route.cu route_token) — no ticket, the block is the launch. (Taken
-// under TURBOSPARK_CUDA_BF16=stream,route: stream/moe.rs.)
+// under TURBOSPARK_CUDA_BF16=stream+route: stream/moe.rs.)
 extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
     router_tc1s_bf16(MatGroup g, int cols, const float* __restrict__ x, int tiles, RouterParams p,
                      const float* correction, const float* expert_scale, RouteOut* out) {

@@ -72,7 +72,7 @@ impl CudaStream {
     }
 
     /// The pending one-token bf16 router product that `route` can join
-    /// under `TURBOSPARK_CUDA_BF16=stream,route`: one matrix alone (with
+    /// under `TURBOSPARK_CUDA_BF16=stream+route`: one matrix alone (with
     /// its bias) writing `logits`, rows that fit the streamed kernel.
     fn joinable_bf16_router(
         &self,

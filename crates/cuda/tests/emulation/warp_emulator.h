@@ -430,8 +430,7 @@ inline CpGroups& cp_groups() {
     return groups[threadIdx.x];
 }
 }  // namespace emu
-inline unsigned long long tc_evict_first() { return 0; }
-inline void tc_cp16(void* dst, const void* src, unsigned long long) {
+inline void tc_cp16(void* dst, const void* src) {
     expect_aligned(dst, 16);
     expect_aligned(src, 16);
     emu::cp_groups().open.push_back({dst, src});

@@ -93,8 +93,8 @@ pub(crate) struct TcSet {
     /// warp's weights streamed through its ring of shared memory
     /// (`matmul_tc1s_bf16`).
     pub streamed: Option<TcStreamed>,
-    /// bf16 only: a token's router product so (one block) and its routing
-    /// in one launch (`router_tc1s_bf16`).
+    /// bf16 only: a token's router product streamed so by one block, and
+    /// its routing in the same launch (`router_tc1s_bf16`).
     pub router_streamed: Option<TcStreamed>,
     /// Routed experts of this format (`kernels/tcmoe.cu`).
     pub experts: TcExperts,
@@ -175,12 +175,17 @@ impl TcKernels {
                         few: f("matmul_tc1")?,
                         rows: f("matmul_tc1r")?,
                         batch: f("matmul_tc")?,
+                        // (Set up only when asked for: opt-in kernels.)
                         streamed: match fmt {
-                            QuantFormat::Bf16 => TcStreamed::new(f("matmul_tc1s")?, smem_optin)?,
+                            QuantFormat::Bf16 if pick == TcPick::Streamed => {
+                                TcStreamed::new(f("matmul_tc1s")?, smem_optin)?
+                            }
                             _ => None,
                         },
                         router_streamed: match fmt {
-                            QuantFormat::Bf16 => TcStreamed::new(f("router_tc1s")?, smem_optin)?,
+                            QuantFormat::Bf16 if route_join => {
+                                TcStreamed::new(f("router_tc1s")?, smem_optin)?
+                            }
                             _ => None,
                         },
                         experts: TcExperts {

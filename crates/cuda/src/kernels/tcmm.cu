@@ -416,7 +416,7 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
 // 16 bytes from global to shared memory, asynchronously, past the L1.
 // (With an evict-first `.L2::cache_hint`, ptxas 13.0 for sm_90 encoded the
 // policy in an odd uniform register and the H100 stopped at the first
-// copy with an illegal instruction: twenty-ninth/thirtieth session.)
+// copy with an illegal instruction: BENCHMARKS.md, thirtieth session.)
 __device__ __forceinline__ void tc_cp16(void* dst, const void* src) {
     u32 s = (u32)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");

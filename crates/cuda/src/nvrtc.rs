@@ -261,6 +261,19 @@ mod tests {
         assert_eq!(tc::TC_BATCH_ROWS, 16 * tc::TC_BATCH_THREADS as usize / 32);
     }
 
+    /// The text of the function `head` (e.g. `"void moe_down_q8_impl("`)
+    /// opens in `text`: from there to its closing brace (the first
+    /// unindented `}`), or to the end of `text`.
+    fn function_text<'a>(text: &'a str, head: &str) -> Option<&'a str> {
+        let at = text.find(head)?;
+        Some(&text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)])
+    }
+
+    /// `s` without its whitespace.
+    fn compact(s: &str) -> String {
+        s.chars().filter(|c| !c.is_whitespace()).collect()
+    }
+
     /// Whether `attention_decode_impl` in `text` waits (`kernel_entry`)
     /// before it first reads the queries (and before its first barrier).
     fn waits_before_reading_q(text: &str) -> bool {
@@ -279,11 +292,10 @@ mod tests {
     /// (`q8_rows_dot1<…, true>`, which waits between the weight and the
     /// activation loads).
     fn down_waits_on_every_path(text: &str) -> bool {
-        let Some(at) = text.find("void moe_down_q8_impl(") else {
+        let Some(body) = function_text(text, "void moe_down_q8_impl(") else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
-        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let compact = compact(body);
         let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
         compact.contains("KERNEL_ENTRY();return;}")
             && compact.contains("q8_rows_dot1<F,1,true>(")
@@ -294,11 +306,10 @@ mod tests {
     /// path in its early form: the skipped route's return, and in
     /// `q8_rows_dot1<…, EARLY>` after the first round's weight loads.
     fn gate_up_waits_on_every_path(text: &str) -> bool {
-        let Some(at) = text.find("void moe_gate_up_q8_impl(") else {
+        let Some(body) = function_text(text, "void moe_gate_up_q8_impl(") else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
-        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let compact = compact(body);
         let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
         compact.contains("if(EARLY)KERNEL_ENTRY();return;}")
             && compact.matches("return;").count() == 1
@@ -311,11 +322,10 @@ mod tests {
     /// every warp (one with no chunk too) after its first round's weight
     /// loads and before it stages the token.
     fn mma_down_waits_on_every_path(text: &str) -> bool {
-        let Some(at) = text.find("void moe_down_mma_impl(") else {
+        let Some(body) = function_text(text, "void moe_down_mma_impl(") else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
-        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let compact = compact(body);
         compact.contains("KERNEL_ENTRY();return;}")
             && compact.contains("mma_rows_parts<true,")
             && matches!(
@@ -328,10 +338,9 @@ mod tests {
     /// weight loads before it waits: no return, and the token staged
     /// after the wait.
     fn mma_q8_waits_before_the_token(text: &str) -> bool {
-        let Some(at) = text.find("void matmul1_mma_q8_0_impl(") else {
+        let Some(body) = function_text(text, "void matmul1_mma_q8_0_impl(") else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
         matches!(
             (body.find("KERNEL_ENTRY();"), body.find("mma_stage_token<")),
             (Some(w), Some(x)) if w < x && !body[..w].contains("return")
@@ -344,13 +353,10 @@ mod tests {
     /// after it (`kq_token_load<EARLY>`) through the loads kept after the
     /// wait.
     fn kq_waits_before_the_tokens(text: &str) -> bool {
-        let Some(at) = text.find("void kq_rows_dot(") else {
+        let Some(body) = function_text(text, "void kq_rows_dot(") else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
-        let token = text
-            .find("KqToken kq_token_load(")
-            .map(|t| &text[t..text[t..].find("\n}\n").map_or(text.len(), |e| t + e)]);
+        let token = function_text(text, "KqToken kq_token_load(");
         matches!(
             (body.find("if (EARLY && s0 == 0) KERNEL_ENTRY();"), body.find("kq_token_load<EARLY>(")),
             (Some(w), Some(x)) if w < x && !body[..w].contains("return")
@@ -366,11 +372,10 @@ mod tests {
     /// `kq_rows_dot<F, 1, rows, true>` (which waits after its first
     /// round's weight loads, [`kq_waits_before_the_tokens`]).
     fn kq_route_waits_on_every_path(text: &str, imp: &str, rows: usize) -> bool {
-        let Some(at) = text.find(&format!("void {imp}(")) else {
+        let Some(body) = function_text(text, &format!("void {imp}(")) else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
-        let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+        let compact = compact(body);
         compact.contains("KERNEL_ENTRY();return;}")
             && compact.contains(&format!("kq_rows_dot<F,1,{rows},true>("))
             && compact.matches("return;").count() == 1
@@ -379,12 +384,11 @@ mod tests {
     /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it
     /// waits: no return, the tokens read after the wait; in
     /// `matmul_tc1_impl` also a warp with no chunk waits before the
-    /// block's barrier; `matmul_tc_impl` waits first.
+    /// block's barrier (in `tc_tile_totals`); `matmul_tc_impl` waits first.
     fn tc_waits_before_the_tokens(text: &str, imp: &str) -> bool {
-        let Some(at) = text.find(&format!("void {imp}(")) else {
+        let Some(body) = function_text(text, &format!("void {imp}(")) else {
             return false;
         };
-        let body = &text[at..text[at..].find("\n}\n").map_or(text.len(), |e| at + e)];
         let body = &body[body.find('{').map_or(0, |b| b + 1)..];
         let waits_first = matches!(
             (body.find("KERNEL_ENTRY();"), body.find("tc_load_x8(")),
@@ -393,7 +397,7 @@ mod tests {
         waits_first
             && match imp {
                 "matmul_tc1_impl" => matches!(
-                    (body.find("if (!waited) KERNEL_ENTRY();"), body.find("__syncthreads();")),
+                    (body.find("if (!waited) KERNEL_ENTRY();"), body.find("tc_tile_totals(")),
                     (Some(late), Some(sync)) if late < sync
                 ),
                 "matmul_tc_impl" => body.trim_start().starts_with("KERNEL_ENTRY();"),
@@ -542,7 +546,7 @@ mod tests {
                             .and_then(|args| args.split(',').nth(early_at))
                             .is_some_and(|early| early.trim() == "true")
                     });
-                let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+                let compact = compact(body);
                 let norm_early = (name == "rms_norm"
                     && compact.starts_with(
                         "floatwv[NORM_PER];norm_weights(w,dim,mode,wv);KERNEL_ENTRY();",

@@ -260,6 +260,28 @@ __device__ __forceinline__ TcMember tc_member(const MatGroup& g, int bx) {
     return m;
 }
 
+// A 16-row tile's segment sums meeting in shared memory (`parts`, a warp
+// a segment: c is this warp's MMA accumulator) and the rows' totals: from
+// 0, the segments added in order, then the bias; written for the tile's
+// rows (from r0 of member m) and n tokens, whatever the block's threads.
+__device__ __forceinline__ void tc_tile_totals(float (*parts)[16][8], const float* c, int segs,
+                                               const TcMember& m, int r0, int n) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int gr = lane >> 2, q = lane & 3;
+    parts[warp][gr][2 * q] = c[0];
+    parts[warp][gr][2 * q + 1] = c[1];
+    parts[warp][gr + 8][2 * q] = c[2];
+    parts[warp][gr + 8][2 * q + 1] = c[3];
+    __syncthreads();
+    for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
+        int row = i >> 3, t = i & 7;
+        float total = 0.0f;
+        for (int s = 0; s < segs; s++) total += parts[s][row][t];
+        int o = r0 + row;
+        if (o < m.rows && t < n) m.out[(i64)t * m.rows + o] = m.bias ? total + m.bias[o] : total;
+    }
+}
+
 // Up to 8 tokens (a decode step, small batches): a block per 16 rows of a
 // member (block_start counts these blocks), a warp per segment of the
 // row's chunks (blockDim.x = 32 · segments); the segments' sums meet in
@@ -304,21 +326,8 @@ __device__ __forceinline__ void matmul_tc1_impl(const MatGroup& g, int cols,
             if (r + i < c1) tc_chunk(c, ra[i], rb[i], xv[i]);
     }
     if (!waited) KERNEL_ENTRY();  // (a warp past the last chunk)
-    parts[warp][gr][2 * q] = c[0];
-    parts[warp][gr][2 * q + 1] = c[1];
-    parts[warp][gr + 8][2 * q] = c[2];
-    parts[warp][gr + 8][2 * q + 1] = c[3];
-    __syncthreads();
-    // The 16 rows × 8 tokens of the tile, whatever the block's threads
-    // (a row of 12 chunks or fewer is 1-3 segments: 32-96 threads).
-    int segs = (chunks + per - 1) / per;
-    for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
-        int row = i >> 3, t = i & 7;
-        float total = 0.0f;
-        for (int s = 0; s < segs; s++) total += parts[s][row][t];
-        int o = r0 + row;
-        if (o < m.rows && t < n) m.out[(i64)t * m.rows + o] = m.bias ? total + m.bias[o] : total;
-    }
+    // (A row of 12 chunks or fewer is 1-3 segments: 32-96 threads.)
+    tc_tile_totals(parts, c, (chunks + per - 1) / per, m, r0, n);
 }
 
 // Up to 8 tokens through many rows (an output head): a warp per 16 rows,
@@ -486,21 +495,9 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
                 u++;
             }
         }
-        parts[warp][gr][2 * q] = c[0];
-        parts[warp][gr][2 * q + 1] = c[1];
-        parts[warp][gr + 8][2 * q] = c[2];
-        parts[warp][gr + 8][2 * q + 1] = c[3];
-        __syncthreads();
         int tile = blockIdx.x + t * gridDim.x;
         TcMember m = tc_member(g, tile);
-        int r0 = (tile - m.first_block) * 16;
-        for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
-            int row = i >> 3, tk = i & 7;
-            float total = 0.0f;
-            for (int s = 0; s < segs; s++) total += parts[s][row][tk];
-            int o = r0 + row;
-            if (o < m.rows && tk < n) m.out[(i64)tk * m.rows + o] = m.bias ? total + m.bias[o] : total;
-        }
+        tc_tile_totals(parts, c, segs, m, (tile - m.first_block) * 16, n);
         __syncthreads();  // (parts is the next tile's)
     }
 }

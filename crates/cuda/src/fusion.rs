@@ -594,10 +594,9 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
     let (cols, nn) = (g.cols as i32, g.n as i32);
     let way = tc.way(set, tiles, g.cols);
     if few && way == kernels::FewWay::Streamed {
-        // A block an SM (its registers take most of the SM's), each
-        // walking the group's 8-row tiles `grid` apart from its own.
-        let tiles = g.group.tiles(kernels::TC_STREAM_ROWS);
-        let group = g.group.in_blocks_of(kernels::TC_STREAM_ROWS);
+        // A block an SM (its rings take most of the shared memory), each
+        // walking the group's tiles `tiles` apart from its own.
+        let group = g.group.in_blocks_of(16);
         let streamed = &set
             .streamed
             .as_ref()

@@ -279,11 +279,8 @@ fn few_way(pick: TcPick, tiles: usize) -> FewWay {
 /// most chunks a segment it takes (`TC_STREAM_PMAX`).
 pub(crate) const TC_RING: usize = 8;
 pub(crate) const TC_STREAM_MAX_PER: usize = 8;
-/// Bytes of a chunk's weights for a warp (16 bytes of one row a lane).
-const TC_RING_SLOT: usize = 512;
-/// Rows of a `matmul_tc1s_*` tile (`TC_STREAM_ROWS`: the MMA's other 8
-/// are zeros, so that a layer's projections spread evenly over the SMs).
-pub(crate) const TC_STREAM_ROWS: usize = 8;
+/// Bytes of a chunk's weights for a warp (16 bytes of two rows a lane).
+const TC_RING_SLOT: usize = 1024;
 
 /// Whether rows `cols` wide have segments short enough for
 /// `matmul_tc1s_*` (its token values are held a chunk a register set).
@@ -417,17 +414,16 @@ mod tests {
     }
 
     /// The streamed kernel's rings: gpt-oss's 2880- and 4096-wide rows
-    /// fit an H100's or H200's 227 KB a block (23 and 22 warps of 4 KB: 8
-    /// chunks of 16 bytes a lane, one row of an 8-row tile; with the 12 KB
-    /// of segment sums, `parts[TC_MAX_SEGS][16][8]` f32);
+    /// fit an H100's or H200's 227 KB a block (23 and 22 warps of 8 KB,
+    /// with the 12 KB of segment sums, `parts[TC_MAX_SEGS][16][8]` f32);
     /// rows whose segments pass TC_STREAM_MAX_PER chunks keep the
     /// block-a-tile kernel.
     #[test]
     fn streamed_rings_fit_the_shared_memory() {
         const TC_STREAM_STATIC_SMEM: usize = TC_MAX_SEGS * 16 * 8 * 4;
         let optin = 227 * 1024;
-        assert_eq!(tc_stream_smem(2880), 23 * 8 * 32 * 16);
-        assert_eq!(tc_stream_smem(4096), 22 * 8 * 32 * 16);
+        assert_eq!(tc_stream_smem(2880), 23 * 8 * 1024);
+        assert_eq!(tc_stream_smem(4096), 22 * 8 * 1024);
         for cols in [2880, 4096, 4160, 6144] {
             assert!(tc_streams(cols), "{cols} columns");
             assert!(

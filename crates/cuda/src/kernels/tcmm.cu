@@ -260,13 +260,12 @@ __device__ __forceinline__ TcMember tc_member(const MatGroup& g, int bx) {
     return m;
 }
 
-// A tile's segment sums meeting in shared memory (`parts`, a warp a
-// segment: c is this warp's MMA accumulator) and the rows' totals: from
+// A 16-row tile's segment sums meeting in shared memory (`parts`, a warp
+// a segment: c is this warp's MMA accumulator) and the rows' totals: from
 // 0, the segments added in order, then the bias; written for the tile's
-// first `rows` rows (16, or 8 where the MMA's rows 8-15 are padding; from
-// r0 of member m) and n tokens, whatever the block's threads.
+// rows (from r0 of member m) and n tokens, whatever the block's threads.
 __device__ __forceinline__ void tc_tile_totals(float (*parts)[16][8], const float* c, int segs,
-                                               const TcMember& m, int r0, int n, int rows = 16) {
+                                               const TcMember& m, int r0, int n) {
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int gr = lane >> 2, q = lane & 3;
     parts[warp][gr][2 * q] = c[0];
@@ -274,7 +273,7 @@ __device__ __forceinline__ void tc_tile_totals(float (*parts)[16][8], const floa
     parts[warp][gr + 8][2 * q] = c[2];
     parts[warp][gr + 8][2 * q + 1] = c[3];
     __syncthreads();
-    for (int i = threadIdx.x; i < rows * 8; i += blockDim.x) {
+    for (int i = threadIdx.x; i < 16 * 8; i += blockDim.x) {
         int row = i >> 3, t = i & 7;
         float total = 0.0f;
         for (int s = 0; s < segs; s++) total += parts[s][row][t];
@@ -407,33 +406,20 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
 // router: fewer rows than an output head), streamed through shared
 // memory: the sums of matmul_tc1_impl in the same order (a warp a
 // segment, the segments meeting in shared memory and added in order), but
-// a block per SM walks tiles of TC_STREAM_ROWS (8) rows, blockIdx.x,
-// blockIdx.x + gridDim.x, …, and each warp keeps TC_RING chunks of its
-// segment's weights in flight (`cp.async`, 16 bytes a lane, into its own
-// ring of shared memory that only it reads), across tiles.
-//
-// Why 8-row tiles: with 16 (the MMA's rows), q/k/v's 320 tiles left some
-// SMs 3 and others 2, o's 180 some 2 and others 1, and the kernel after
-// waited for the SMs with the most (BENCHMARKS.md, thirty-first session:
-// faster alone, slower in a decode step). With 8, q/k/v's 640 tiles give
-// every SM 4 or 5, o's 360 2 or 3. The MMA's rows 8-15 are zeros: an
-// output row's sum takes only its own row of A, so rows 0-7 have the same
-// bits as in a 16-row tile, and the tensor cores are far from busy at a
-// few tokens. A warp's ring then takes 4 KB (184 KB → 92 KB a block at
-// 2880 columns), so a dependent kernel's blocks find room on the SM.
-//
-// matmul_tc1 holds a tile's weights in registers, one block an SM (80
-// registers × 23 warps), so ~2.4 waves of blocks each wait a memory round
-// trip before their first MMA; here every SM has ~92 KB of weights
-// requested from the start (before the wait for the kernel before:
-// nothing writes weights) and asks for the next as each chunk is
-// consumed. The token's values of the warp's segment are the same for
-// every tile: read once, after the wait.
-// Dynamic shared memory: blockDim.x / 32 warps × TC_RING × 512 bytes
+// a block per SM walks the tiles blockIdx.x, blockIdx.x + gridDim.x, …,
+// and each warp keeps TC_RING chunks of its segment's weights in flight
+// (`cp.async`, 16 bytes a lane a row, into its own ring of shared memory
+// that only it reads), across tiles. matmul_tc1 holds a tile's weights in
+// registers, one block an SM (80 registers × 23 warps), so ~2.4 waves of
+// blocks each wait a memory round trip before their first MMA; here every
+// SM has ~184 KB of weights requested from the start (before the wait for
+// the kernel before: nothing writes weights) and asks for the next as
+// each chunk is consumed. The token's values of the warp's segment are
+// the same for every tile: read once, after the wait.
+// Dynamic shared memory: blockDim.x / 32 warps × TC_RING × 1 KB
 // (kernels/tc.rs `tc_stream_smem`). Taken under TURBOSPARK_CUDA_BF16=stream.
 #define TC_RING 8          // chunks in flight a warp
 #define TC_STREAM_PMAX 8   // chunks a segment at most (tc.rs TC_STREAM_MAX_PER)
-#define TC_STREAM_ROWS 8   // rows a streamed tile (tc.rs TC_STREAM_ROWS)
 
 #ifndef TURBOSPARK_HOST_EMULATION
 // 16 bytes from global to shared memory, asynchronously, past the L1.
@@ -454,16 +440,17 @@ __device__ __forceinline__ void tc_cp_wait() {
 #endif
 
 // Where unit u of a warp's stream (tile u / cnt of the block's, chunk
-// c0 + u % cnt) is read from, for lane group (gr, q): row gr of the tile.
+// c0 + u % cnt) is read from, for lane group (gr, q): rows gr and gr + 8.
 template <int F>
 __device__ __forceinline__ void tc_stream_issue(const MatGroup& g, int u, int units, int cnt,
                                                 int c0, int gr, int q, uint4* ring, int lane) {
     if (u < units) {
         int tile = blockIdx.x + (u / cnt) * gridDim.x, k = c0 + u % cnt;
         TcMember m = tc_member(g, tile);
-        int r0 = (tile - m.first_block) * TC_STREAM_ROWS;
-        tc_cp16(ring + (u % TC_RING) * 32 + lane,
-                tc_lane_row<F>(m.row(r0 + gr), q) + (i64)k * (TC_CHUNK * 2));
+        int r0 = (tile - m.first_block) * 16;
+        uint4* slot = ring + (u % TC_RING) * 64;
+        tc_cp16(slot + lane, tc_lane_row<F>(m.row(r0 + gr), q) + (i64)k * (TC_CHUNK * 2));
+        tc_cp16(slot + 32 + lane, tc_lane_row<F>(m.row(r0 + gr + 8), q) + (i64)k * (TC_CHUNK * 2));
     }
     tc_cp_commit();  // (an empty group past the last unit keeps the count)
 }
@@ -474,7 +461,7 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
 #ifndef TURBOSPARK_HOST_EMULATION
     extern __shared__ __align__(16) uint4 tc_rings[];
 #else  // (the emulator's shared memory: a block's statics, the most any launch takes)
-    __shared__ uint4 tc_rings[TC_MAX_SEGS * TC_RING * 32];
+    __shared__ uint4 tc_rings[TC_MAX_SEGS * TC_RING * 64];
 #endif
     __shared__ float parts[TC_MAX_SEGS][16][8];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -483,7 +470,7 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
     int c0 = warp * per, cnt = min(c0 + per, chunks) - c0;
     int my_tiles = (int)blockIdx.x < tiles ? (tiles - 1 - (int)blockIdx.x) / (int)gridDim.x + 1 : 0;
     int units = my_tiles * cnt;
-    uint4* ring = tc_rings + warp * (TC_RING * 32);
+    uint4* ring = tc_rings + warp * (TC_RING * 64);
 #pragma unroll
     for (int u = 0; u < TC_RING; u++) tc_stream_issue<F>(g, u, units, cnt, c0, gr, q, ring, lane);
     KERNEL_ENTRY();
@@ -493,7 +480,6 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
 #pragma unroll
     for (int i = 0; i < TC_STREAM_PMAX; i++)
         if (i < cnt) xv[i] = token ? tc_load_x8(xt + (c0 + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
-    const uint4 padding = make_uint4(0, 0, 0, 0);  // the MMA's rows 8-15
     int segs = (chunks + per - 1) / per;
     int u = 0;
     for (int t = 0; t < my_tiles; t++) {
@@ -501,8 +487,9 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
 #pragma unroll
         for (int i = 0; i < TC_STREAM_PMAX; i++) {
             if (i < cnt) {
-                tc_cp_wait<TC_RING - 1>();  // unit u has landed (this lane's own copy)
-                tc_chunk(c, ring[(u % TC_RING) * 32 + lane], padding, xv[i]);
+                tc_cp_wait<TC_RING - 1>();  // unit u has landed (this lane's own copies)
+                const uint4* slot = ring + (u % TC_RING) * 64;
+                tc_chunk(c, slot[lane], slot[32 + lane], xv[i]);
                 // The MMA has taken the slot's values: refill it.
                 tc_stream_issue<F>(g, u + TC_RING, units, cnt, c0, gr, q, ring, lane);
                 u++;
@@ -510,8 +497,7 @@ __device__ __forceinline__ void matmul_tc1s_impl(const MatGroup& g, int cols,
         }
         int tile = blockIdx.x + t * gridDim.x;
         TcMember m = tc_member(g, tile);
-        tc_tile_totals(parts, c, segs, m, (tile - m.first_block) * TC_STREAM_ROWS, n,
-                       TC_STREAM_ROWS);
+        tc_tile_totals(parts, c, segs, m, (tile - m.first_block) * 16, n);
         __syncthreads();  // (parts is the next tile's)
     }
 }

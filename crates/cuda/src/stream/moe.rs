@@ -115,8 +115,8 @@ impl CudaStream {
         self.bind_holding("route")?;
         self.pending.set(None);
         self.quantized.set(None);
-        let tiles = g.group.tiles(kernels::TC_STREAM_ROWS) as i32;
-        let group = g.group.in_blocks_of(kernels::TC_STREAM_ROWS);
+        let tiles = g.group.tiles(16) as i32;
+        let group = g.group.in_blocks_of(16);
         let cols = g.cols as i32;
         let args = &mut args![group, cols, g.x, tiles, p, correction, expert_scale, out];
         let threads = (kernels::tc_segments(g.cols) * 32) as u32;

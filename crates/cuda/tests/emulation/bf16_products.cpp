@@ -83,7 +83,7 @@ void run_case(const Case& c, std::mt19937& rng) {
     // (fewer than the tiles, so that blocks take several, each warp's ring
     // wrapping across them).
     auto streamed = [&](int n, unsigned blocks) {
-        MatGroup g = group(n, TC_STREAM_ROWS);
+        MatGroup g = group(n, 16);
         int tiles = g.block_start[g.count];
         int chunks = c.cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
         unsigned segs = (unsigned)((chunks + per - 1) / per);
@@ -165,8 +165,8 @@ void router_join(std::mt19937& rng) {
         g.bias[0] = bias.data();
         g.row_bytes[0] = (i64)COLS * 2;
         g.rows[0] = EXPERTS;
-        g.block_start[1] = EXPERTS / TC_STREAM_ROWS;
-        int tiles = EXPERTS / TC_STREAM_ROWS;
+        g.block_start[1] = EXPERTS / 16;
+        int tiles = EXPERTS / 16;
         unsigned threads = 32 * 23;  // 90 chunks: 23 segments
         if (joined) {
             emu::launch({1, 1, 1}, {threads, 1, 1}, [&] {

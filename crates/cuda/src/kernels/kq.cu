@@ -858,7 +858,7 @@ __device__ void kq_gate_up1_impl(const signed char* __restrict__ xq, const float
                                  const BankView& b, const MoeAct& a, float* __restrict__ act) {
     int i = blockIdx.y;
     u32 slot = __ldcg(&routes[i].slot);
-    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
         KERNEL_ENTRY();
         return;
     }
@@ -880,7 +880,7 @@ __device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* _
                               const BankView& b, float* __restrict__ y) {
     int i = blockIdx.y;
     u32 slot = __ldcg(&routes[i].slot);
-    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
         KERNEL_ENTRY();
         return;
     }

@@ -28,8 +28,11 @@ struct SlotMask {
     int on;
 };
 
-__device__ __forceinline__ bool skipped(const SlotMask& m, u32 slot) {
-    return m.on && !((m.bits[slot >> 5] >> (slot & 31)) & 1u);
+// Whether a call computes the route to `slot`: a slot of the bank's
+// `slots` (a route past them, such as one the host dropped, is not) that
+// the mask lets through. Every per-route and grouped expert kernel asks.
+__device__ __forceinline__ bool slot_computed(const SlotMask& m, u32 slot, int slots) {
+    return slot < (u32)slots && (!m.on || ((m.bits[slot >> 5] >> (slot & 31)) & 1u));
 }
 
 struct MoeAct {
@@ -77,7 +80,7 @@ __device__ void moe_gate_up_impl(const float* __restrict__ x, const RouteOut* __
     int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     if (row >= b.inter) return;
     u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    if (!slot_computed(only, slot, b.slots)) return;
     const float* xt = x + (i64)(i / k) * b.hidden;
     i64 r = (i64)slot * b.inter + row;
     float g = 0.0f, u = 0.0f;
@@ -100,7 +103,7 @@ __device__ void moe_down_impl(const float* __restrict__ act, const RouteOut* __r
     int row = blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
     if (row >= b.hidden) return;
     u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    if (!slot_computed(only, slot, b.slots)) return;
     i64 r = (i64)slot * b.hidden + row;
     float v = row_dot<F>(b.down + r * b.down_row_bytes, b.inter, act + (i64)i * b.inter);
     if ((threadIdx.x & 31) == 0) {
@@ -184,7 +187,7 @@ extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int s
     __syncthreads();
     for (int i = threadIdx.x; i < n_routes; i += blockDim.x) {
         u32 s = routes[i].slot;
-        if (s < (u32)slots && !skipped(only, s)) atomicAdd(&cnt[s + 1], 1u);
+        if (slot_computed(only, s, slots)) atomicAdd(&cnt[s + 1], 1u);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -194,7 +197,7 @@ extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int s
     __syncthreads();
     for (int i = threadIdx.x; i < n_routes; i += blockDim.x) {
         u32 s = routes[i].slot;
-        if (s < (u32)slots && !skipped(only, s)) order[atomicAdd(&cnt[s], 1u)] = (u32)i;
+        if (slot_computed(only, s, slots)) order[atomicAdd(&cnt[s], 1u)] = (u32)i;
     }
 }
 

@@ -208,7 +208,7 @@ struct CtaGateUp {
     __device__ __forceinline__ int groups() const { return n_routes * per_route(); }
     __device__ __forceinline__ bool live(int grp) const {
         u32 slot = routes[grp / per_route()].slot;
-        return slot < (u32)b.slots && !skipped(only, slot);
+        return slot_computed(only, slot, b.slots);
     }
     __device__ __forceinline__ CtaRows rows(int grp) const {
         int i = grp / per_route(), r = (grp - i * per_route()) * (CTA_GROUP / 2);
@@ -250,7 +250,7 @@ struct CtaDown {
     __device__ __forceinline__ int groups() const { return n_routes * per_route(); }
     __device__ __forceinline__ bool live(int grp) const {
         u32 slot = routes[grp / per_route()].slot;
-        return slot < (u32)b.slots && !skipped(only, slot);
+        return slot_computed(only, slot, b.slots);
     }
     __device__ __forceinline__ CtaRows rows(int grp) const {
         int i = grp / per_route(), r = (grp - i * per_route()) * CTA_GROUP;

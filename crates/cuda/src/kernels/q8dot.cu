@@ -566,7 +566,7 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     int row = q8_row();
     bool live = row < b.inter;
     u32 slot = EARLY ? __ldcg(&routes[i].slot) : routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
         if (EARLY) KERNEL_ENTRY();
         return;
     }
@@ -600,7 +600,7 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     int row = q8_row();
     bool live = row < b.hidden;
     u32 slot = __ldcg(&routes[i].slot);
-    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
         KERNEL_ENTRY();
         return;
     }

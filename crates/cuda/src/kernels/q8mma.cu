@@ -254,7 +254,7 @@ __device__ void moe_gate_up_mma_impl(const signed char* __restrict__ xq,
     if (WIDTH) b.hidden = WIDTH;
     int i = blockIdx.y, row0 = blockIdx.x * MMA_GU_ROWS;
     u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) return;  // uniform over the block
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int tile = warp >> 2, up = (warp >> 1) & 1;
     int t = i < k ? 0 : i / k, nb = b.hidden / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
@@ -298,7 +298,7 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     if (WIDTH) b.inter = WIDTH;
     int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
     u32 slot = __ldcg(&routes[i].slot);
-    if (slot >= (u32)b.slots || skipped(only, slot)) {  // uniform over the block
+    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
         KERNEL_ENTRY();
         return;
     }

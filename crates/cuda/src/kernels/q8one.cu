@@ -279,7 +279,7 @@ struct OneGateUp {
                                          const float** d) const {
         int i = u / b.inter, row = u - i * b.inter;
         u32 slot = routes[i].slot;
-        if (slot >= (u32)b.slots || skipped(only, slot)) return false;
+        if (!slot_computed(only, slot, b.slots)) return false;
         i64 r = (i64)slot * b.inter + row;
         rows[0] = b.gate + r * b.gate_row_bytes;
         rows[1] = b.up + r * b.up_row_bytes;
@@ -308,7 +308,7 @@ struct OneDown {
                                          const float** d) const {
         int i = u / b.hidden, row = u - i * b.hidden;
         u32 slot = routes[i].slot;
-        if (slot >= (u32)b.slots || skipped(only, slot)) return false;
+        if (!slot_computed(only, slot, b.slots)) return false;
         rows[0] = b.down + ((i64)slot * b.hidden + row) * b.down_row_bytes;
         *q = aq + (i64)i * b.inter;
         *d = ad + (i64)i * (b.inter / 32);

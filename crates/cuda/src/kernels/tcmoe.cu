@@ -58,7 +58,7 @@ __device__ __forceinline__ void moe_tc1_impl(const float* __restrict__ x,
     KERNEL_ENTRY();
     int i = blockIdx.y;
     u32 slot = routes[i].slot;
-    if (slot >= (u32)b.slots || skipped(only, slot)) return;
+    if (!slot_computed(only, slot, b.slots)) return;
     TcExpertRows e = tc_expert_rows(b, MATS == 2, slot);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int gr = lane >> 2, q = lane & 3;

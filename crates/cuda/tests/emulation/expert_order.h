@@ -14,6 +14,12 @@
 #include <utility>
 #include <vector>
 
+// Whether the mask leaves slot s out (bit s of its words, when on): the
+// host's own reading of SlotMask, apart from the kernels' slot_computed.
+inline bool masked_out(const SlotMask& mask, u32 s) {
+    return mask.on && !((mask.bits[s / 32] >> (s % 32)) & 1u);
+}
+
 struct ExpertOrder {
     std::vector<u32> order, offsets;
 };
@@ -24,7 +30,7 @@ inline ExpertOrder expert_order(const std::vector<RouteOut>& routes, int slots,
     o.offsets.assign(slots + 1, 0);
     for (int s = 0; s < slots; s++) {
         o.offsets[s] = (u32)o.order.size();
-        if (skipped(mask, (u32)s)) continue;
+        if (masked_out(mask, (u32)s)) continue;
         for (size_t i = 0; i < routes.size(); i++)
             if (routes[i].slot == (u32)s) o.order.push_back((u32)i);
     }
@@ -47,7 +53,7 @@ inline void expect_route_rows(const std::string& what,
                          y_ref.begin() + (size_t)(first + n) * hidden);
     for (int i = 0; i < n; i++) {
         u32 slot = routes[first + i].slot;
-        if (slot < (u32)slots && skipped(mask, slot)) {
+        if (slot < (u32)slots && masked_out(mask, slot)) {
             std::fill(act.begin() + (size_t)i * inter, act.begin() + (size_t)(i + 1) * inter, sentinel);
             std::fill(y.begin() + (size_t)i * hidden, y.begin() + (size_t)(i + 1) * hidden, sentinel);
         }

@@ -503,20 +503,7 @@ __device__ __forceinline__ void kq_rows_dot(const u8* const* rows, int cols,
         }
         if constexpr (T == 1) {
             int used = min(UNROLL, stretches - s0) * (32 / Q8_CHUNK);  // uniform
-            __syncwarp();
-            if (lane < R) {
-                const float4* mine = (const float4*)parts[lane];
-#pragma unroll
-                for (int j = 0; j < SLOTS / 4; j++) {
-                    if (4 * j >= used) break;
-                    float4 v = mine[j];
-                    total += v.x;
-                    total += v.y;
-                    total += v.z;
-                    total += v.w;
-                }
-            }
-            __syncwarp();
+            total = q8_add_parts<R, SLOTS>(parts, total, used);
         }
     }
     if constexpr (T == 1) {

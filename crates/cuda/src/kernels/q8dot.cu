@@ -273,8 +273,12 @@ __device__ __forceinline__ void q8_zero_parts(float (*parts)[SLOTS], int from) {
 // warp has stored them; the parts may be overwritten once it returns.
 // Adding a 0 slot leaves the total unchanged (it is never -0: it starts at
 // +0, and no sum of finite floats rounds to -0 unless both are -0).
+// `used` (uniform over the warp): the slots the round filled, read 4 at a
+// time (a caller that leaves the rest unwritten passes it; q8_zero_parts
+// zeroes them for the others).
 template <int R, int SLOTS>
-__device__ __forceinline__ float q8_add_parts(float (*parts)[SLOTS], float total) {
+__device__ __forceinline__ float q8_add_parts(float (*parts)[SLOTS], float total,
+                                              int used = SLOTS) {
     static_assert(SLOTS % 4 == 0, "a row's parts are read 4 at a time");
     int lane = threadIdx.x & 31;
     __syncwarp();
@@ -282,6 +286,7 @@ __device__ __forceinline__ float q8_add_parts(float (*parts)[SLOTS], float total
         const float4* mine = (const float4*)parts[lane];
 #pragma unroll
         for (int c = 0; c < SLOTS / 4; c++) {
+            if (4 * c >= used) break;
             float4 q = mine[c];
             total += q.x;
             total += q.y;

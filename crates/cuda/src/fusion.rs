@@ -607,8 +607,7 @@ fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), Bac
         let grid = (tiles as u32).min(tc.sms);
         let tiles = tiles as i32;
         let args = &mut args![group, cols, g.x, nn, tiles];
-        let threads = (kernels::tc_segments(g.cols) * 32) as u32;
-        let smem = kernels::tc_stream_smem(g.cols) as u32;
+        let (threads, smem) = kernels::TcStreamed::block(g.cols);
         return launch(
             "matmul",
             streamed,

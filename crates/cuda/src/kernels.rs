@@ -19,7 +19,7 @@ pub(crate) use q8::{
 };
 use tc::tc_setting;
 pub(crate) use tc::{
-    tc_aligned, tc_segments, tc_stream_smem, FewWay, TcExperts, TcKernels, TC_BATCH_ROWS,
+    tc_aligned, tc_segments, FewWay, TcExperts, TcKernels, TcStreamed, TC_BATCH_ROWS,
     TC_BATCH_THREADS, TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
 };
 

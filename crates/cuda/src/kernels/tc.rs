@@ -94,7 +94,8 @@ pub(crate) struct TcSet {
     /// (`matmul_tc1s_bf16`).
     pub streamed: Option<TcStreamed>,
     /// bf16 only: a token's router product streamed so by one block, and
-    /// its routing in the same launch (`router_tc1s_bf16`).
+    /// its routing in the same launch (`router_tc1s_bf16`); set up only
+    /// when the setting joins them (opt-in until measured).
     pub router_streamed: Option<TcStreamed>,
     /// Routed experts of this format (`kernels/tcmoe.cu`).
     pub experts: TcExperts,
@@ -143,15 +144,18 @@ impl TcStreamed {
     pub(crate) fn fits(&self, cols: usize) -> bool {
         tc_streams(cols) && tc_stream_smem(cols) <= self.max_dynamic
     }
+
+    /// A block of its launch over rows `cols` wide: its threads (a warp a
+    /// segment) and its dynamic shared memory (their rings).
+    pub(crate) fn block(cols: usize) -> (u32, u32) {
+        ((tc_segments(cols) * 32) as u32, tc_stream_smem(cols) as u32)
+    }
 }
 
 /// The tensor-core products of the formats that take them.
 pub(crate) struct TcKernels {
     sets: Vec<(QuantFormat, TcSet)>,
     pub pick: TcPick,
-    /// Whether a token's bf16 router product and its routing take one
-    /// launch (`router_tc1s_bf16`; opt-in until measured).
-    pub route_join: bool,
     /// The GPU's multiprocessors (a streamed launch's blocks, at most).
     pub sms: u32,
 }
@@ -198,12 +202,7 @@ impl TcKernels {
                 ))
             })
             .collect::<Result<_, CudaError>>()?;
-        Ok(TcKernels {
-            sets,
-            pick,
-            route_join,
-            sms,
-        })
+        Ok(TcKernels { sets, pick, sms })
     }
 
     /// The kernels of `fmt`'s products, if they take the tensor cores.
@@ -350,30 +349,19 @@ mod tests {
         let all: &[QuantFormat] = &TC_FORMATS;
         let bf16: &[QuantFormat] = &[QuantFormat::Bf16];
         assert_eq!(tc_setting(None), Some((TcPick::BySize, all, false)));
-        assert_eq!(tc_setting(Some("tc")), Some((TcPick::BySize, all, false)));
-        assert_eq!(tc_setting(Some(" rows")), Some((TcPick::Rows, all, false)));
-        assert_eq!(
-            tc_setting(Some("segments")),
-            Some((TcPick::Segments, all, false))
-        );
-        assert_eq!(
-            tc_setting(Some("stream")),
-            Some((TcPick::Streamed, all, false))
-        );
-        assert_eq!(
-            tc_setting(Some("stream+route")),
-            Some((TcPick::Streamed, all, true))
-        );
-        assert_eq!(
-            tc_setting(Some("rows,route")),
-            Some((TcPick::Rows, all, false))
-        );
-        assert_eq!(
-            tc_setting(Some("bf16, rows")),
-            Some((TcPick::Rows, bf16, false))
-        );
-        assert_eq!(tc_setting(Some("generic ")), None);
-        assert_eq!(tc_setting(Some("bf16,generic")), None);
+        for (setting, expected) in [
+            ("tc", Some((TcPick::BySize, all, false))),
+            (" rows", Some((TcPick::Rows, all, false))),
+            ("segments", Some((TcPick::Segments, all, false))),
+            ("stream", Some((TcPick::Streamed, all, false))),
+            ("stream+route", Some((TcPick::Streamed, all, true))),
+            ("rows,route", Some((TcPick::Rows, all, false))),
+            ("bf16, rows", Some((TcPick::Rows, bf16, false))),
+            ("generic ", None),
+            ("bf16,generic", None),
+        ] {
+            assert_eq!(tc_setting(Some(setting)), expected, "{setting:?}");
+        }
         assert!(!TC_FORMATS.contains(&QuantFormat::Q8_0));
         assert!(!TC_FORMATS.contains(&QuantFormat::Mxfp4));
         assert_eq!(TC_FORMATS.len() + 2, QuantFormat::ALL.len());

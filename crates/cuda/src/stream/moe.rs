@@ -80,8 +80,14 @@ impl CudaStream {
         n_tokens: usize,
         experts: usize,
     ) -> Option<(GroupLaunch, &cudarc::driver::CudaFunction)> {
-        let tc = self.k.tc.as_ref().filter(|tc| tc.route_join)?;
-        let joined = tc.get(QuantFormat::Bf16)?.router_streamed.as_ref()?;
+        // (Set up only under the setting: kernels/tc.rs `TcSet`.)
+        let joined = self
+            .k
+            .tc
+            .as_ref()?
+            .get(QuantFormat::Bf16)?
+            .router_streamed
+            .as_ref()?;
         match self.pending.get() {
             Some(Pending::Group(g))
                 if n_tokens == 1
@@ -119,8 +125,7 @@ impl CudaStream {
         let group = g.group.in_blocks_of(16);
         let cols = g.cols as i32;
         let args = &mut args![group, cols, g.x, tiles, p, correction, expert_scale, out];
-        let threads = (kernels::tc_segments(g.cols) * 32) as u32;
-        let smem = kernels::tc_stream_smem(g.cols) as u32;
+        let (threads, smem) = kernels::TcStreamed::block(g.cols);
         launch("route", f, self.raw(), (1, 1, 1), threads, smem, args)?;
         self.routed_q8.set(routed);
         Ok(())

@@ -87,7 +87,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut rng = Rng(0x0dec0de ^ rows as u64);
         let t = random_matrix(name, fmt, rows, cols, &mut rng);
         let bytes = t.bytes.len();
-        let copies = ROTATION_BYTES.div_ceil(bytes).max(1);
+        // DECODE_PRODUCTS_COPIES=1: one copy, whose weights stay in the L2
+        // between calls where they fit (the ceiling of an L2 warm-up).
+        let copies = match std::env::var("DECODE_PRODUCTS_COPIES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            Some(c) => c,
+            None => ROTATION_BYTES.div_ceil(bytes),
+        }
+        .max(1);
         let ms = (0..copies)
             .map(|_| dev.upload_matrix(&t))
             .collect::<Result<Vec<_>, _>>()?;

@@ -19,6 +19,7 @@ mod attention;
 mod moe;
 mod products;
 mod slots;
+mod warm;
 
 use attention::{decode_heads, decode_split_bytes};
 use moe::{activation, RoutedQ8};
@@ -108,6 +109,9 @@ pub struct CudaStream {
     fuse: Fuse,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
+    /// L2 warm-up of the next weights beside a recorded step's small
+    /// kernels (`TURBOSPARK_CUDA_WARM`; see [`warm`]).
+    warm: Option<warm::Warm>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -228,6 +232,15 @@ impl CudaStream {
             routed_q8: std::cell::Cell::new(None),
             fuse: Fuse::from_setting(std::env::var("TURBOSPARK_CUDA_FUSE").ok().as_deref()),
             pending: std::cell::Cell::new(None),
+            warm: match warm::WarmSetting::parse(
+                std::env::var("TURBOSPARK_CUDA_WARM").ok().as_deref(),
+            ) {
+                Some(s) => {
+                    ctx.bind_to_thread().map_err(runtime("stream"))?;
+                    Some(warm::Warm::new(&ctx, s)?)
+                }
+                None => None,
+            },
             recording: false,
             graph: None,
             replayed: 0,
@@ -283,7 +296,27 @@ impl CudaStream {
     /// Launches the pending op, if any.
     fn flush(&self) -> Result<(), BackendError> {
         match self.pending.take() {
-            Some(p) => fusion::launch_pending(&self.k, self.raw(), p, None),
+            Some(p) => {
+                let product = matches!(p, Pending::Group(_) | Pending::Tile(_));
+                fusion::launch_pending(&self.k, self.raw(), p, None)?;
+                if product {
+                    self.warm_mark()?;
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The L2 warm-up while a step is recorded, if set.
+    fn warming(&self) -> Option<&warm::Warm> {
+        self.warm.as_ref().filter(|_| self.recording)
+    }
+
+    /// Marks a product just launched, for the warm-up of the next.
+    fn warm_mark(&self) -> Result<(), BackendError> {
+        match self.warming() {
+            Some(w) => w.product_launched(self.raw()),
             None => Ok(()),
         }
     }
@@ -396,6 +429,9 @@ impl Stream<CudaDevice> for CudaStream {
         }
         .map_err(runtime("begin_step"))?;
         self.recording = true;
+        if let Some(w) = &self.warm {
+            w.begin();
+        }
         Ok(())
     }
 
@@ -403,8 +439,11 @@ impl Stream<CudaDevice> for CudaStream {
         if !self.recording {
             return Err(shape("end_step", "no step is being recorded".into()));
         }
-        self.recording = false;
         self.bind("end_step")?;
+        if let Some(w) = self.warming() {
+            w.end(self.raw())?;
+        }
+        self.recording = false;
         // SAFETY: the stream is capturing (begin_step); ending it hands
         // over the graph, destroyed below once instantiated.
         let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }
@@ -1084,7 +1123,28 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &mut MoeScratch<CudaBuf>,
         only: Option<&[bool]>,
     ) -> Result<(), BackendError> {
-        self.enqueue_moe_experts(input, scratch, only)
+        if let Some(w) = self
+            .warming()
+            .filter(|w| w.setting().down && input.n_tokens == 1)
+        {
+            // After the routing (and anything held), beside the gate/up;
+            // not `bind`, which would forget the routed quantization.
+            self.ctx.bind_to_thread().map_err(runtime("moe"))?;
+            self.flush()?;
+            let b = input.bank;
+            let k = input.routes.top_k;
+            w.routed(
+                &self.k,
+                self.raw(),
+                input.routes.mem.ptr,
+                k,
+                b.slots,
+                b.down.mem.ptr,
+                b.hidden * b.down.row_bytes,
+            )?;
+        }
+        self.enqueue_moe_experts(input, scratch, only)?;
+        self.warm_mark()
     }
 
     /// The gate/up stage of [`Stream::moe_experts`] (the per-route

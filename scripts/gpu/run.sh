@@ -381,8 +381,8 @@ PY
         stage "info"
         nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
         echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
-        python3 - <<'PY'
-import torch, time
+        WORK="$WORK" python3 - <<'PY'
+import os, torch, time
 x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda").random_(0, 255)
 y = torch.empty_like(x)
 for _ in range(3): y.copy_(x)
@@ -393,6 +393,8 @@ for _ in range(20): y.copy_(x)
 e.record(); torch.cuda.synchronize()
 ms = s.elapsed_time(e) / 20
 print(f"copy bandwidth: {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write of {x.numel() >> 20} MiB in {ms:.3f} ms)")
+# For the bench stage's roofline in the same call.
+open(os.environ["WORK"] + "/copy-bandwidth", "w").write(f"{2 * x.numel() / ms / 1e6:.0f}\n")
 # Host to device, as a streamed expert's fill runs: from page-locked and
 # from pageable memory, 64 MiB a copy.
 for pinned in (True, False):
@@ -544,8 +546,8 @@ PY
         synth20b || { echo "synth failed"; continue; }
         du -sh "$WORK/synth20b" "$WORK/synth20b.gguf"
         "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -d "$DEPTHS" -r "$REPS" --numerics fast
-        python3 - "$WORK/synth20b/manifest.json" <<'PY'
-import json, sys
+        python3 - "$WORK/synth20b/manifest.json" "$WORK/copy-bandwidth" <<'PY'
+import json, os, sys
 m = json.load(open(sys.argv[1]))
 a = m["arch"]
 moe = a["moe"]
@@ -556,7 +558,12 @@ emb = int(a["vocab_size"] * a["hidden_size"] * per_value)
 stride = sum(p["length"] for p in m["experts"][0]["parts"])
 need = m["resident_bytes"] - emb + len(m["experts"]) * moe["top_k"] * stride
 print(f"bytes a token reads: {need / 1e9:.3f} GB (resident {m['resident_bytes'] / 1e9:.3f} GB less the embedding, + {moe['top_k']} × {stride / 1e6:.2f} MB experts × {len(m['experts'])} layers)")
-print(f"roofline at 4273 GB/s copy bandwidth: {4273e9 / need:.0f} tok/s")
+# The copy bandwidth the info stage measured on this machine, else an
+# H200's (4273 GB/s, earlier sessions).
+bw, where = 4273.0, "an H200's, not measured in this call: run the info stage first"
+if os.path.exists(sys.argv[2]):
+    bw, where = float(open(sys.argv[2]).read()), "measured by the info stage"
+print(f"roofline at {bw:.0f} GB/s copy bandwidth ({where}): {bw * 1e9 / need:.0f} tok/s")
 PY
         ;;
     llamacpp)

@@ -17,7 +17,10 @@
 //! runs them (`moe_experts`: the input's quantization, the grouped gate
 //! and up products with the GLU, the activations' quantization, the down
 //! products; 4 of 32 MXFP4 experts of 2880 × 2880, banks and routes
-//! rotated past the L2). Then the launch floor: a recorded
+//! rotated past the L2). `DECODE_PRODUCTS_COPIES=1` uploads each shape
+//! once instead, so weights that fit stay in the L2 between calls: the
+//! ceiling of any scheme that warms the L2 ahead of a product. Then the
+//! launch floor: a recorded
 //! step of as many tiny element-wise kernels as a gpt-oss decode step
 //! launches (16 a layer, 24 layers), replayed as a graph, gives the cost
 //! of one dependent kernel that moves almost nothing — what fusion can

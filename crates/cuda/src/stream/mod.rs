@@ -1131,17 +1131,7 @@ impl Stream<CudaDevice> for CudaStream {
             // not `bind`, which would forget the routed quantization.
             self.ctx.bind_to_thread().map_err(runtime("moe"))?;
             self.flush()?;
-            let b = input.bank;
-            let k = input.routes.top_k;
-            w.routed(
-                &self.k,
-                self.raw(),
-                input.routes.mem.ptr,
-                k,
-                b.slots,
-                b.down.mem.ptr,
-                b.hidden * b.down.row_bytes,
-            )?;
+            w.routed(&self.k, self.raw(), input.routes, input.bank)?;
         }
         self.enqueue_moe_experts(input, scratch, only)?;
         self.warm_mark()

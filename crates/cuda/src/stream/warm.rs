@@ -1,6 +1,8 @@
 //! L2 warm-up of a recorded decode step's next weights, beside its
 //! latency-bound kernels (an experiment, off unless `TURBOSPARK_CUDA_WARM`
-//! is set).
+//! is set; its one measurement, on an H100 in the thirty-second session,
+//! also warmed the output head, which only doubled the head's traffic, so
+//! it says nothing yet about the layers: BENCHMARKS.md).
 //!
 //! Between two products of one token's decode step run kernels that move
 //! kilobytes — the norms, the rope with its cache writes, the attention,
@@ -19,10 +21,12 @@
 //! `TURBOSPARK_CUDA_WARM=blocks:chunk:lead:min_mb:down`: the warm-up
 //! launch's blocks; bytes a bulk prefetch asks for (sm_90; 0: a 128-byte
 //! line a thread); how many products back the fork is (0: no dense
-//! warm-up); the smallest weights in MB warmed; 1 to warm the down rows.
+//! warm-up); the smallest weights in MB warmed (never more than
+//! [`LARGEST`]); 1 to warm the down rows.
 
 use crate::kernels::{args, Kernels};
 use crate::memory::runtime;
+use crate::types::{CudaBank, CudaRoutes};
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
 use std::cell::Cell;
 use std::sync::Arc;
@@ -30,6 +34,13 @@ use turbospark_backend::BackendError;
 
 /// Marks kept: a fork reaches at most `MARKS - 1` products back.
 const MARKS: usize = 4;
+
+/// The largest weights warmed: more than the L2 keeps (50 MB on an H100
+/// or H200, less what the step's other kernels hold) would only be read
+/// twice from the HBM. The output head (0.6–1.2 GB for gpt-oss-20b) was
+/// warmed in the thirty-second session's measurements, which doubled its
+/// traffic (BENCHMARKS.md).
+const LARGEST: usize = 32 << 20;
 
 /// Threads of a warm-up block.
 const THREADS: u32 = 128;
@@ -168,7 +179,7 @@ impl Warm {
     /// them from the mark `lead` products back, if there is one.
     pub(super) fn weights(&self, k: &Kernels, w: u64, bytes: usize) -> Result<(), BackendError> {
         let (lead, n) = (self.setting.lead, self.launched.get());
-        if lead == 0 || n < lead || bytes < self.setting.min_bytes.max(1) {
+        if lead == 0 || n < lead || bytes < self.setting.min_bytes.max(1) || bytes > LARGEST {
             return Ok(());
         }
         self.fork(self.marks[(n - lead) % MARKS])?;
@@ -180,31 +191,31 @@ impl Warm {
         )
     }
 
-    /// A routed experts' call arrives after its routing (all launched on
-    /// `main`): ask the L2 for each route's slot of `slot_bytes` at
-    /// `base` (of `slots`).
+    /// One token's routed experts' call arrives after its routing (all
+    /// launched on `main`): ask the L2 for the down rows of each route's
+    /// slot of `bank`.
     pub(super) fn routed(
         &self,
         k: &Kernels,
         main: &RawStream,
-        routes: u64,
-        n_routes: usize,
-        slots: usize,
-        base: u64,
-        slot_bytes: usize,
+        routes: &CudaRoutes,
+        bank: &CudaBank,
     ) -> Result<(), BackendError> {
-        if !self.setting.down || n_routes == 0 {
+        let n_routes = routes.top_k;
+        let slot_bytes = bank.hidden * bank.down.row_bytes;
+        if !self.setting.down || n_routes == 0 || n_routes * slot_bytes > LARGEST {
             return Ok(());
         }
         // SAFETY: a valid event and stream of the bound context.
         unsafe { result::event::record(self.routed, main.cu_stream()) }.map_err(runtime("warm"))?;
         self.fork(self.routed)?;
-        let (s, sb, chunk) = (slots as i32, slot_bytes as i64, self.setting.chunk);
+        let (rp, s, base) = (routes.mem.ptr, bank.slots as i32, bank.down.mem.ptr);
+        let (sb, chunk) = (slot_bytes as i64, self.setting.chunk);
         let blocks = self.setting.blocks.div_ceil(n_routes as u32).max(1);
         self.launch(
             &k.l2_warm_routes,
             (blocks, n_routes as u32, 1),
-            &mut args![routes, s, base, sb, chunk],
+            &mut args![rp, s, base, sb, chunk],
         )
     }
 

@@ -439,11 +439,12 @@ impl Stream<CudaDevice> for CudaStream {
         if !self.recording {
             return Err(shape("end_step", "no step is being recorded".into()));
         }
+        self.recording = false;
         self.bind("end_step")?;
-        if let Some(w) = self.warming() {
+        if let Some(w) = &self.warm {
+            // (Nothing to join unless this recording forked.)
             w.end(self.raw())?;
         }
-        self.recording = false;
         // SAFETY: the stream is capturing (begin_step); ending it hands
         // over the graph, destroyed below once instantiated.
         let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }

@@ -288,6 +288,31 @@ mod tests {
         matches!((wait, first_q, first_barrier), (Some(w), Some(q), Some(b)) if w < q && w < b)
     }
 
+    /// Whether moe.cu's `route_slot<EARLY>`, the opening of the per-route
+    /// kernels, waits before it reports a route not computed (its block
+    /// then returns).
+    fn route_slot_waits() -> bool {
+        let moe = SOURCES
+            .iter()
+            .find(|(file, _)| *file == "moe.cu")
+            .map(|(_, text)| *text);
+        moe.and_then(|text| function_text(text, "bool route_slot("))
+            .is_some_and(|body| {
+                compact(body).contains(
+                "if(slot_computed(only,slot,slots))returntrue;if(EARLY)KERNEL_ENTRY();returnfalse;",
+            )
+            })
+    }
+
+    /// Whether a per-route `body` (compacted) opens with `route_slot<early>`
+    /// (which waits before a skipped route's return, [`route_slot_waits`])
+    /// and has no other return.
+    fn opens_with_route_slot(compact: &str, early: &str) -> bool {
+        compact.contains(&format!(
+            "u32slot;if(!route_slot<{early}>(routes,i,only,b.slots,slot))return;"
+        )) && compact.matches("return;").count() == 1
+    }
+
     /// Whether `moe_down_q8_impl` in `text` waits on both of its paths: the
     /// skipped route's return and the weights' first round
     /// (`q8_rows_dot1<…, true>`, which waits between the weight and the
@@ -298,7 +323,8 @@ mod tests {
         };
         let compact = compact(body);
         let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
-        compact.contains("KERNEL_ENTRY();return;}")
+        opens_with_route_slot(&compact, "true")
+            && route_slot_waits()
             && compact.contains("q8_rows_dot1<F,1,true>(")
             && dot_waits
     }
@@ -312,8 +338,8 @@ mod tests {
         };
         let compact = compact(body);
         let dot_waits = text.contains("if (EARLY && s0 == 0) KERNEL_ENTRY();");
-        compact.contains("if(EARLY)KERNEL_ENTRY();return;}")
-            && compact.matches("return;").count() == 1
+        opens_with_route_slot(&compact, "EARLY")
+            && route_slot_waits()
             && compact.contains("q8_rows_dot1<F,2,EARLY>(")
             && dot_waits
     }
@@ -327,7 +353,8 @@ mod tests {
             return false;
         };
         let compact = compact(body);
-        compact.contains("KERNEL_ENTRY();return;}")
+        opens_with_route_slot(&compact, "true")
+            && route_slot_waits()
             && compact.contains("mma_rows_parts<true,")
             && matches!(
                 (text.find("if (EARLY) KERNEL_ENTRY();"), text.find("mma_stage_token<THREADS>(s,")),
@@ -377,9 +404,9 @@ mod tests {
             return false;
         };
         let compact = compact(body);
-        compact.contains("KERNEL_ENTRY();return;}")
+        opens_with_route_slot(&compact, "true")
+            && route_slot_waits()
             && compact.contains(&format!("kq_rows_dot<F,1,{rows},true>("))
-            && compact.matches("return;").count() == 1
     }
 
     /// Whether tcmm.cu's `imp` in `text` issues only weight loads before it

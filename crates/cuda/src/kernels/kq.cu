@@ -844,11 +844,8 @@ __device__ void kq_gate_up1_impl(const signed char* __restrict__ xq, const float
                                  const RouteOut* __restrict__ routes, int k, const SlotMask& only,
                                  const BankView& b, const MoeAct& a, float* __restrict__ act) {
     int i = blockIdx.y;
-    u32 slot = __ldcg(&routes[i].slot);
-    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
-        KERNEL_ENTRY();
-        return;
-    }
+    u32 slot;
+    if (!route_slot<true>(routes, i, only, b.slots, slot)) return;
     int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
     i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
     const u8* rows[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
@@ -866,11 +863,8 @@ __device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* _
                               const RouteOut* __restrict__ routes, const SlotMask& only,
                               const BankView& b, float* __restrict__ y) {
     int i = blockIdx.y;
-    u32 slot = __ldcg(&routes[i].slot);
-    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
-        KERNEL_ENTRY();
-        return;
-    }
+    u32 slot;
+    if (!route_slot<true>(routes, i, only, b.slots, slot)) return;
     int row = blockIdx.x * Q8_WARPS + (threadIdx.x >> 5);
     i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
     const u8* rows[1] = {b.down + r * b.down_row_bytes};

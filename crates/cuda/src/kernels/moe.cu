@@ -35,6 +35,22 @@ __device__ __forceinline__ bool slot_computed(const SlotMask& m, u32 slot, int s
     return slot < (u32)slots && (!m.on || ((m.bits[slot >> 5] >> (slot & 31)) & 1u));
 }
 
+// The opening of a per-route kernel: route i's slot, and whether the call
+// computes it (slot_computed; uniform over a block, whose routes are one).
+// EARLY: the kernel reads the slot before its wait (common.cuh: the routing
+// finished before the launch before this one began), from the L2
+// (`ld.global.cg`, past any L1 line of an earlier layer's routes), and a
+// route it does not compute waits here before its block returns, as every
+// kernel waits on every path.
+template <bool EARLY>
+__device__ __forceinline__ bool route_slot(const RouteOut* __restrict__ routes, int i,
+                                           const SlotMask& only, int slots, u32& slot) {
+    slot = EARLY ? __ldcg(&routes[i].slot) : routes[i].slot;
+    if (slot_computed(only, slot, slots)) return true;
+    if (EARLY) KERNEL_ENTRY();
+    return false;
+}
+
 struct MoeAct {
     int act;
     float alpha;

@@ -570,11 +570,8 @@ __device__ void moe_gate_up_q8_impl(const signed char* __restrict__ xq, const fl
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.inter;
-    u32 slot = EARLY ? __ldcg(&routes[i].slot) : routes[i].slot;
-    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
-        if (EARLY) KERNEL_ENTRY();
-        return;
-    }
+    u32 slot;
+    if (!route_slot<EARLY>(routes, i, only, b.slots, slot)) return;
     // The route's token (0 for a decode step's routes: no division there,
     // ~30 instructions of each warp's set-up).
     int t = i < k ? 0 : i / k, nb = b.hidden / 32;
@@ -604,11 +601,8 @@ __device__ void moe_down_q8_impl(const signed char* __restrict__ aq, const float
     int i = blockIdx.y;
     int row = q8_row();
     bool live = row < b.hidden;
-    u32 slot = __ldcg(&routes[i].slot);
-    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
-        KERNEL_ENTRY();
-        return;
-    }
+    u32 slot;
+    if (!route_slot<true>(routes, i, only, b.slots, slot)) return;
     i64 r = (i64)slot * b.hidden + min(row, b.hidden - 1);
     const u8* wr[1] = {b.down + r * b.down_row_bytes};
     float acc[1];

@@ -297,11 +297,8 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
     __shared__ MmaStage stage;
     if (WIDTH) b.inter = WIDTH;
     int i = blockIdx.y, row0 = blockIdx.x * MMA_ROWS;
-    u32 slot = __ldcg(&routes[i].slot);
-    if (!slot_computed(only, slot, b.slots)) {  // uniform over the block
-        KERNEL_ENTRY();
-        return;
-    }
+    u32 slot;
+    if (!route_slot<true>(routes, i, only, b.slots, slot)) return;
     int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
     int nb = b.inter / 32, chunks = (nb + Q8_CHUNK - 1) / Q8_CHUNK;
     i64 first = (i64)slot * b.hidden;

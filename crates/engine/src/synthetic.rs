@@ -74,6 +74,10 @@ fn encode(
     }
 }
 
+/// Values a piece of a quantized matrix holds while it is drawn and
+/// encoded ([`RandomTensors::tensor_as`]): 256 KiB of f32.
+const PIECE_VALUES: usize = 1 << 16;
+
 /// A seeded stream of random tensors, drawn as the module docs describe
 /// (the values [`SyntheticSource`] uses).
 pub struct RandomTensors {
@@ -107,6 +111,27 @@ impl RandomTensors {
         shape: &[usize],
         matrix_format: QuantFormat,
     ) -> Result<(QuantFormat, Vec<u8>), EngineError> {
+        // A Q8_0 or MXFP4 matrix is drawn and encoded a piece of rows at a
+        // time (the same values in the same order, as `fill` promises), so
+        // its f32 values never exist whole: a gpt-oss output head's would
+        // be 2.3 GB of fresh pages, and an expert's 33 MB per part.
+        if let ([rows, cols], QuantFormat::Q8_0 | QuantFormat::Mxfp4) = (shape, matrix_format) {
+            if *cols > 0 && cols % matrix_format.block_elems() == 0 {
+                let piece = (PIECE_VALUES / cols).clamp(1, *rows);
+                let mut values = vec![0.0f32; piece * cols];
+                let mut out = Vec::new();
+                for first in (0..*rows).step_by(piece) {
+                    let values = &mut values[..piece.min(rows - first) * cols];
+                    self.fill(name, shape, values);
+                    let (_, bytes) = encode(values, *cols, matrix_format)?;
+                    if out.is_empty() {
+                        out.reserve_exact(bytes.len() / (values.len() / cols) * rows);
+                    }
+                    out.extend_from_slice(&bytes);
+                }
+                return Ok((matrix_format, out));
+            }
+        }
         let values = self.values(name, shape);
         encode_tensor(&values, shape, matrix_format)
     }

@@ -116,6 +116,11 @@ pub(crate) fn expert_parts(
         .collect()
 }
 
+/// Whether [`skew_router`] rewrites tensor `name`.
+fn is_router(name: &str) -> bool {
+    name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_gate_inp.bias")
+}
+
 /// Rewrites a router tensor's random `values` for Zipf exponent `s`: the
 /// matrix scaled to Gumbel-sized noise, the bias the log popularity of a
 /// per-layer ranking. Other tensors are left alone.
@@ -226,11 +231,14 @@ pub(crate) fn generate_resident(
     let mut random = RandomTensors::new(opts.seed, opts.resident_format);
     for t in expected_resident(spec) {
         let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
-        let mut values = random.values(&t.name, &shape);
-        if let Some(s) = opts.router_skew {
-            skew_router(&t.name, &mut values, s, opts.seed);
-        }
-        let (format, bytes) = encode_tensor(&values, &shape, opts.resident_format)?;
+        let (format, bytes) = match opts.router_skew {
+            Some(s) if is_router(&t.name) => {
+                let mut values = random.values(&t.name, &shape);
+                skew_router(&t.name, &mut values, s, opts.seed);
+                encode_tensor(&values, &shape, opts.resident_format)?
+            }
+            _ => random.tensor_as(&t.name, &shape, opts.resident_format)?,
+        };
         sink(&t.name, &t.shape, format, bytes)?;
     }
     Ok(())

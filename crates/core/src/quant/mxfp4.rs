@@ -91,15 +91,7 @@ pub(super) fn quantize(x: &[f32], out: &mut [u8]) {
         exponent[0] = e;
         qs.fill(0);
         for (j, &xj) in x.iter().enumerate() {
-            let mut best = 0u8;
-            let mut best_err = (d * f32::from(KVALUES[0]) - xj).abs();
-            for (c, &k) in KVALUES.iter().enumerate().skip(1) {
-                let err = (d * f32::from(k) - xj).abs();
-                if err < best_err {
-                    best_err = err;
-                    best = c as u8;
-                }
-            }
+            let best = nearest_code(xj, d);
             if j < QK / 2 {
                 qs[j] |= best;
             } else {
@@ -109,9 +101,75 @@ pub(super) fn quantize(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// The code `c` whose `|d · KVALUES[c] − x|` is smallest, the lowest on
+/// ties: `best_index_mxfp4`'s scan of all 16 codes in order, over code 0
+/// and the 7 nonzero codes of `x`'s sign only. A code of the other sign
+/// (or code 8, zero) is never strictly nearer than code 0: with `d > 0`,
+/// `d · k − x` then adds two values of one sign, whose rounded sum is at
+/// least `|x|` in magnitude, code 0's distance. A NaN `x` gives code 0 (no
+/// comparison holds), as the full scan does.
+fn nearest_code(x: f32, d: f32) -> u8 {
+    let mut best = 0u8;
+    let mut best_err = (d * f32::from(KVALUES[0]) - x).abs();
+    let first = if x < 0.0 { 9 } else { 1 };
+    for (c, &k) in KVALUES.iter().enumerate().skip(first).take(7) {
+        let err = (d * f32::from(k) - x).abs();
+        if err < best_err {
+            best_err = err;
+            best = c as u8;
+        }
+    }
+    best
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `best_index_mxfp4` as ggml writes it: all 16 codes in order.
+    fn nearest_code_scan(x: f32, d: f32) -> u8 {
+        let mut best = 0u8;
+        let mut best_err = (d * f32::from(KVALUES[0]) - x).abs();
+        for (c, &k) in KVALUES.iter().enumerate().skip(1) {
+            let err = (d * f32::from(k) - x).abs();
+            if err < best_err {
+                best_err = err;
+                best = c as u8;
+            }
+        }
+        best
+    }
+
+    #[test]
+    fn the_half_scan_picks_the_full_scans_code() {
+        // Every scale; inputs on a grid of sixteenths of the scale (every
+        // code value and midpoint), a few ulps either side of each, and
+        // their negatives; plus ±0, infinities and NaN.
+        let mut checked = 0usize;
+        for e in 0..=255u8 {
+            let d = e8m0_to_f32_half(e);
+            for m in -260i32..=260 {
+                let x = d * m as f32 / 16.0;
+                let mut near = vec![x, -x];
+                let (mut up, mut down) = (x, x);
+                for _ in 0..3 {
+                    up = f32::from_bits(up.to_bits().wrapping_add(1));
+                    down = f32::from_bits(down.to_bits().wrapping_sub(1));
+                    near.extend([up, down]);
+                }
+                near.extend([0.0, -0.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN]);
+                for x in near {
+                    assert_eq!(
+                        nearest_code(x, d),
+                        nearest_code_scan(x, d),
+                        "x {x:e}, e {e}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 1_000_000);
+    }
 
     #[test]
     fn half_scale_is_two_to_the_e_minus_128() {

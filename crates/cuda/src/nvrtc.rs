@@ -491,7 +491,8 @@ mod tests {
                 // waits before it reads a head or writes (elementwise.cu
                 // `rope_kv`); the routed experts' per-route down products
                 // read their route's slot and first weights, then wait
-                // inside `q8_rows_dot1<…, true>` or before returning
+                // inside `q8_rows_dot1<…, true>`, or for a route not
+                // computed before returning, in moe.cu's `route_slot`
                 // (q8dot.cu `moe_down_q8_impl`, and `moe_gate_up_q8_impl`
                 // in its early form; likewise q8mma.cu's
                 // `moe_down_mma_impl` in `mma_rows_parts<true, …>`); the

@@ -22,7 +22,9 @@
 //! launch's blocks; bytes a bulk prefetch asks for (sm_90; 0: a 128-byte
 //! line a thread); how many products back the fork is (0: no dense
 //! warm-up); the smallest weights in MB warmed (never more than
-//! [`LARGEST`]); 1 to warm the down rows.
+//! [`LARGEST`]); 1 to warm the down rows; optionally, the most KiB one
+//! warm-up asks for (0: none, so that only the forks and launches cost,
+//! to tell their cost from the prefetches').
 
 use crate::kernels::{args, Kernels};
 use crate::memory::runtime;
@@ -53,25 +55,36 @@ pub(crate) struct WarmSetting {
     pub lead: usize,
     pub min_bytes: usize,
     pub down: bool,
+    /// The most bytes one warm-up asks for (all, unless set).
+    pub ask: usize,
 }
 
 impl WarmSetting {
-    /// `blocks:chunk:lead:min_mb:down`; `None` when unset, `0` or not of
-    /// that form.
+    /// `blocks:chunk:lead:min_mb:down[:ask_kb]`; `None` when unset, `0` or
+    /// not of that form.
     pub(crate) fn parse(v: Option<&str>) -> Option<WarmSetting> {
         let parts: Vec<u64> = v?
             .split(':')
             .map(|p| p.trim().parse().ok())
             .collect::<Option<_>>()?;
-        let [blocks, chunk, lead, min_mb, down] = parts[..] else {
+        let (&[blocks, chunk, lead, min_mb, down], ask_kb) =
+            (parts.get(..5)?, parts.get(5).copied())
+        else {
             return None;
         };
+        if parts.len() > 6 {
+            return None;
+        }
         let s = WarmSetting {
             blocks: u32::try_from(blocks).ok().filter(|&b| b > 0)?,
             chunk: i32::try_from(chunk).ok().filter(|c| c % 16 == 0)?,
             lead: usize::try_from(lead).ok().filter(|&l| l < MARKS)?,
             min_bytes: usize::try_from(min_mb).ok()? << 20,
             down: down == 1,
+            ask: match ask_kb {
+                Some(kb) => usize::try_from(kb).ok()?.checked_mul(1024)?,
+                None => usize::MAX,
+            },
         };
         (s.lead > 0 || s.down).then_some(s)
     }
@@ -183,7 +196,7 @@ impl Warm {
             return Ok(());
         }
         self.fork(self.marks[(n - lead) % MARKS])?;
-        let (b, chunk) = (bytes as i64, self.setting.chunk);
+        let (b, chunk) = (bytes.min(self.setting.ask) as i64, self.setting.chunk);
         self.launch(
             &k.l2_warm,
             (self.setting.blocks, 1, 1),
@@ -210,7 +223,7 @@ impl Warm {
         unsafe { result::event::record(self.routed, main.cu_stream()) }.map_err(runtime("warm"))?;
         self.fork(self.routed)?;
         let (rp, s, base) = (routes.mem.ptr, bank.slots as i32, bank.down.mem.ptr);
-        let (sb, chunk) = (slot_bytes as i64, self.setting.chunk);
+        let (sb, chunk) = (slot_bytes.min(self.setting.ask) as i64, self.setting.chunk);
         let blocks = self.setting.blocks.div_ceil(n_routes as u32).max(1);
         self.launch(
             &k.l2_warm_routes,
@@ -252,11 +265,17 @@ mod tests {
     use super::WarmSetting;
 
     #[test]
-    fn the_setting_takes_five_numbers() {
+    fn the_setting_takes_five_or_six_numbers() {
         let s = WarmSetting::parse(Some("132:0:1:1:0")).unwrap();
         assert_eq!(
             (s.blocks, s.chunk, s.lead, s.min_bytes, s.down),
             (132, 0, 1, 1 << 20, false)
+        );
+        assert_eq!(s.ask, usize::MAX);
+        assert_eq!(WarmSetting::parse(Some("132:0:1:1:0:0")).unwrap().ask, 0);
+        assert_eq!(
+            WarmSetting::parse(Some("132:0:1:1:0:64")).unwrap().ask,
+            64 << 10
         );
         assert!(WarmSetting::parse(Some("32:4096:0:1:1")).unwrap().down);
         for bad in [
@@ -268,6 +287,7 @@ mod tests {
             "0:0:1:1:0",
             "132:0:0:1:0",
             "132,0,1,1,0",
+            "132:0:1:1:0:0:0",
         ] {
             assert_eq!(WarmSetting::parse(Some(bad)), None, "{bad}");
         }

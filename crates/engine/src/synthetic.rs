@@ -116,7 +116,7 @@ impl RandomTensors {
         // its f32 values never exist whole: a gpt-oss output head's would
         // be 2.3 GB of fresh pages, and an expert's 33 MB per part.
         if let ([rows, cols], QuantFormat::Q8_0 | QuantFormat::Mxfp4) = (shape, matrix_format) {
-            if *cols > 0 && cols % matrix_format.block_elems() == 0 {
+            if *rows > 0 && *cols > 0 && cols % matrix_format.block_elems() == 0 {
                 let piece = (PIECE_VALUES / cols).clamp(1, *rows);
                 let mut values = vec![0.0f32; piece * cols];
                 let mut out = Vec::new();
@@ -245,5 +245,41 @@ impl WeightSource for SyntheticSource {
             .ok_or_else(|| EngineError::MissingTensor {
                 name: format!("blk.{layer}.experts.{expert}.{part}"),
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{encode_tensor, RandomTensors, PIECE_VALUES};
+    use turbospark_core::QuantFormat;
+
+    /// A matrix drawn and encoded in pieces has the bytes of the whole
+    /// draw encoded at once: rows that are not a whole number of pieces,
+    /// one piece, and rows wider than a piece; then the stream goes on
+    /// with the same values.
+    #[test]
+    fn a_matrix_in_pieces_is_the_whole_draw_encoded() {
+        let piece_rows = |cols: usize| PIECE_VALUES / cols;
+        for format in [QuantFormat::Q8_0, QuantFormat::Mxfp4] {
+            for shape in [
+                [2 * piece_rows(4096) + 5, 4096],
+                [3, 64],
+                [2, 2 * PIECE_VALUES],
+            ] {
+                let (mut pieces, mut whole) = (
+                    RandomTensors::new(7, QuantFormat::F32),
+                    RandomTensors::new(7, QuantFormat::F32),
+                );
+                let name = "blk.0.attn_q.weight";
+                let got = pieces.tensor_as(name, &shape, format).unwrap();
+                let values = whole.values(name, &shape);
+                assert_eq!(
+                    got,
+                    encode_tensor(&values, &shape, format).unwrap(),
+                    "{format:?} {shape:?}"
+                );
+                assert_eq!(pieces.values("next", &[5]), whole.values("next", &[5]));
+            }
+        }
     }
 }

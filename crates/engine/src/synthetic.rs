@@ -40,12 +40,6 @@ fn encode(
 ) -> Result<(QuantFormat, Vec<u8>), EngineError> {
     let f32_bytes = || values.iter().flat_map(|v| v.to_le_bytes()).collect();
     let fits = cols % format.block_elems() == 0;
-    let quant = |source| {
-        EngineError::Backend(turbospark_backend::BackendError::Quant {
-            name: "synthetic".into(),
-            source,
-        })
-    };
     match format {
         _ if !fits => Ok((QuantFormat::F32, f32_bytes())),
         QuantFormat::F32 => Ok((format, f32_bytes())),
@@ -59,19 +53,40 @@ fn encode(
         QuantFormat::Q8_0 | QuantFormat::Mxfp4 => {
             let rb = turbospark_core::quant::row_bytes(format, cols).map_err(quant)?;
             let mut out = vec![0u8; values.len() / cols * rb];
-            for (row, dst) in values.chunks_exact(cols).zip(out.chunks_exact_mut(rb)) {
-                if format == QuantFormat::Q8_0 {
-                    quantize_row_q8_0(row, dst).map_err(quant)?;
-                } else {
-                    quantize_row_mxfp4(row, dst).map_err(quant)?;
-                }
-            }
+            quantize_rows(values, cols, format, rb, &mut out)?;
             Ok((format, out))
         }
         other => Err(EngineError::BadOptions {
             detail: format!("synthetic weights cannot be written as {other}"),
         }),
     }
+}
+
+/// A quantization error of the synthetic weights.
+fn quant(source: turbospark_core::quant::QuantError) -> EngineError {
+    EngineError::Backend(turbospark_backend::BackendError::Quant {
+        name: "synthetic".into(),
+        source,
+    })
+}
+
+/// Quantizes `values`, rows of `cols`, into `dst`, rows of `rb` bytes of
+/// `format` (Q8_0 or MXFP4, whose blocks the rows fill whole).
+fn quantize_rows(
+    values: &[f32],
+    cols: usize,
+    format: QuantFormat,
+    rb: usize,
+    dst: &mut [u8],
+) -> Result<(), EngineError> {
+    for (row, dst) in values.chunks_exact(cols).zip(dst.chunks_exact_mut(rb)) {
+        if format == QuantFormat::Q8_0 {
+            quantize_row_q8_0(row, dst).map_err(quant)?;
+        } else {
+            quantize_row_mxfp4(row, dst).map_err(quant)?;
+        }
+    }
+    Ok(())
 }
 
 /// Values a piece of a quantized matrix holds while it is drawn and
@@ -117,17 +132,14 @@ impl RandomTensors {
         // be 2.3 GB of fresh pages, and an expert's 33 MB per part.
         if let ([rows, cols], QuantFormat::Q8_0 | QuantFormat::Mxfp4) = (shape, matrix_format) {
             if *rows > 0 && *cols > 0 && cols % matrix_format.block_elems() == 0 {
+                let rb = turbospark_core::quant::row_bytes(matrix_format, *cols).map_err(quant)?;
                 let piece = (PIECE_VALUES / cols).clamp(1, *rows);
                 let mut values = vec![0.0f32; piece * cols];
-                let mut out = Vec::new();
-                for first in (0..*rows).step_by(piece) {
+                let mut out = vec![0u8; rows * rb];
+                for (first, dst) in (0..*rows).step_by(piece).zip(out.chunks_mut(piece * rb)) {
                     let values = &mut values[..piece.min(rows - first) * cols];
                     self.fill(name, shape, values);
-                    let (_, bytes) = encode(values, *cols, matrix_format)?;
-                    if out.is_empty() {
-                        out.reserve_exact(bytes.len() / (values.len() / cols) * rows);
-                    }
-                    out.extend_from_slice(&bytes);
+                    quantize_rows(values, *cols, matrix_format, rb, dst)?;
                 }
                 return Ok((matrix_format, out));
             }

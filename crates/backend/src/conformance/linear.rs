@@ -159,7 +159,8 @@ const WIDE_K_QUANTS: [(QuantFormat, usize); 4] = [
 /// against the f64 dot of the reference-dequantized rows, within
 /// `tol.matmul · Σ|w·x|`; a batch's rows equal the same rows computed
 /// alone, bit for bit; products of one input issued one after another give
-/// each the bits it has alone.
+/// each the bits it has alone, also with more rows than a GPU has SMs
+/// for tiles of 16.
 pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "matmul";
     let mut cases = Vec::new();
@@ -225,7 +226,94 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
             return Err(property(OP, fmt.name(), "read past the input".into()));
         }
     }
-    check_products_of_one_input(dev, &mut h, tol)
+    check_products_of_one_input(dev, &mut h, tol)?;
+    check_tall_products_of_one_input(dev, &mut h, tol)
+}
+
+/// Rows of [`check_tall_products_of_one_input`]'s three products: a
+/// gpt-oss layer's q/k/v halved, 160 tiles of 16 rows together, the first
+/// alone 128.
+const TALL_ROWS: [usize; 3] = [2048, 256, 256];
+
+/// Three products of one input with more 16-row tiles together than an
+/// H100 or H200 has SMs (132), where a backend may spread a few tokens'
+/// products otherwise than fewer rows (the CUDA backend: a warp a segment
+/// of a tile in small blocks, instead of a block a tile): bf16 rows 2880
+/// wide, for 1 and 5 tokens, each product within `tol.matmul` of the f64
+/// reference and the same bits as issued alone (the first, alone, has
+/// fewer tiles than SMs); and the first matrix's token 4 alone the bits it
+/// has in a batch of [`MATMUL_TOKENS`].
+fn check_tall_products_of_one_input<D: Device>(
+    dev: &D,
+    h: &mut Harness<'_, D>,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "matmul";
+    let (fmt, cols) = (QuantFormat::Bf16, WIDE_COLS[0]);
+    let mut rng = Rng(0x7a11);
+    let ts: Vec<_> = TALL_ROWS
+        .iter()
+        .enumerate()
+        .map(|(i, &r)| random_matrix(&format!("tall {i}"), fmt, r, cols, &mut rng))
+        .collect();
+    let ms = ts
+        .iter()
+        .map(|t| dev.upload_matrix(t).at(OP, "tall bf16"))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ws: Vec<Vec<f32>> = ts.iter().map(dequantized).collect();
+    let x = rng.vec(MATMUL_TOKENS * cols);
+    let xb = h.buf(&x)?;
+    for n in [1, 5] {
+        let mut outs = TALL_ROWS
+            .iter()
+            .map(|&r| h.zeros(n * r))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (m, out) in ms.iter().zip(outs.iter_mut()) {
+            h.st.matmul(m, &xb, n, out).at(OP, "tall bf16")?;
+        }
+        let together = TALL_ROWS
+            .iter()
+            .zip(&outs)
+            .map(|(&r, o)| h.get(o, n * r))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (i, ((w, m), &r)) in ws.iter().zip(&ms).zip(&TALL_ROWS).enumerate() {
+            let (want, mag): (Vec<f64>, Vec<f64>) = (0..n * r)
+                .map(|j| {
+                    let (tok, o) = (j / r, j % r);
+                    dot(
+                        &w[o * cols..(o + 1) * cols],
+                        &x[tok * cols..(tok + 1) * cols],
+                    )
+                })
+                .unzip();
+            let case = format!("{fmt} {r} × {cols}, {n} tokens, product {i} of three of one input");
+            compare(OP, &case, &together[i], &want, tol.matmul, |j| mag[j])?;
+            let mut out = h.zeros(n * r)?;
+            h.st.matmul(m, &xb, n, &mut out).at(OP, "tall bf16")?;
+            if tol.batch_invariant && h.get(&out, n * r)? != together[i] {
+                return Err(property(
+                    OP,
+                    "tall bf16",
+                    format!("{n} tokens: product {i} of three of one input differs from the product alone"),
+                ));
+            }
+        }
+    }
+    let r = TALL_ROWS[0];
+    let mut out = h.zeros(MATMUL_TOKENS * r)?;
+    h.st.matmul(&ms[0], &xb, MATMUL_TOKENS, &mut out)
+        .at(OP, "tall bf16")?;
+    let batch = h.get(&out, MATMUL_TOKENS * r)?;
+    let x4 = h.buf(&x[4 * cols..5 * cols])?;
+    h.st.matmul(&ms[0], &x4, 1, &mut out).at(OP, "tall bf16")?;
+    if tol.batch_invariant && h.get(&out, r)? != batch[4 * r..5 * r] {
+        return Err(property(
+            OP,
+            "tall bf16",
+            "a token alone differs from the same token in a batch".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Three products of one token's input issued one after another (a layer's

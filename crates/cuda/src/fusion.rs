@@ -605,9 +605,8 @@ pub(crate) fn launch_pending(
 /// A group of products of one f32 input (`g.x`) on the tensor cores
 /// (`kernels/tcmm.cu`, weights of one format): up to
 /// [`kernels::TC_FEW_TOKENS`] tokens a warp per 16 whole rows where the
-/// rows are many (an output head), else a warp per segment of the columns
-/// of 16 rows — in small blocks where the tiles outnumber the SMs (a
-/// *unit* a warp), else a block a tile ([`kernels::TcKernels::way`]); more tokens a
+/// rows are many (an output head), else a block per 16 rows with a warp
+/// per segment of the columns ([`kernels::TcKernels::way`]); more tokens a
 /// block per [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`]
 /// tokens. The same sums in the same order every way.
 fn launch_tc(

@@ -227,19 +227,14 @@ impl TcKernels {
     /// How `tiles` 16-row tiles (a group's, all together) of rows `cols`
     /// wide in `set`'s format are spread for `n` tokens ([`few_way`];
     /// streamed only where the format has that kernel and its rings fit
-    /// the shared memory; by units only where a block a tile would take
-    /// more than one wave — more tiles than SMs: fewer take one block an
-    /// SM at once, and the units' tickets would only add their latency —
-    /// and the stream's scratch holds their tickets and sums,
-    /// [`tc_units_fit`]).
+    /// the shared memory, by units only where the stream's scratch holds
+    /// their tickets and sums, [`tc_units_fit`]).
     pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize, n: usize) -> FewWay {
         match few_way(self.pick, tiles) {
             FewWay::Streamed if !set.streamed.as_ref().is_some_and(|s| s.fits(cols)) => {
                 FewWay::Segments
             }
-            FewWay::Units if tiles <= self.sms as usize || !tc_units_fit(tiles, cols, n) => {
-                FewWay::Segments
-            }
+            FewWay::Units if !tc_units_fit(tiles, cols, n) => FewWay::Segments,
             way => way,
         }
     }

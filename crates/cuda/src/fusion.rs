@@ -116,30 +116,6 @@ pub(crate) struct Q8Out {
     pub mxfp4_scales: u64,
 }
 
-/// Where a few tokens' tensor-core products by units (`matmul_tc1u_*`)
-/// keep their tiles' tickets ([`kernels::TC_UNIT_TILES`] u32, 0 between
-/// launches) and their segments' sums ([`kernels::TC_UNIT_PARTS`] f32): the
-/// stream's scratch, so that two streams never share a ticket. `tickets`
-/// 0: none (such products take a block a tile instead).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct TcScratch {
-    pub tickets: u64,
-    pub parts: u64,
-}
-
-impl TcScratch {
-    /// Bytes of the scratch: the tickets, then the sums.
-    pub(crate) const BYTES: usize = kernels::TC_UNIT_TILES * 4 + kernels::TC_UNIT_PARTS * 4;
-
-    /// The scratch laid out in `BYTES` bytes at `base`.
-    pub(crate) fn at(base: u64) -> TcScratch {
-        TcScratch {
-            tickets: base,
-            parts: base + (kernels::TC_UNIT_TILES * 4) as u64,
-        }
-    }
-}
-
 /// Fast matrix-vector products of one input: with `q8`, of its
 /// quantization (`xq`, `xd`, from the f32 input at `x`: Q8_0, MXFP4, and
 /// kq.cu's formats on its kernels); else on the tensor cores (tcmm.cu, any
@@ -466,7 +442,6 @@ pub(crate) fn launch_pending(
     stream: &RawStream,
     p: Pending,
     q: Option<Q8Out>,
-    scratch: TcScratch,
 ) -> Result<(), BackendError> {
     match p {
         Pending::Combine(c) => {
@@ -481,7 +456,7 @@ pub(crate) fn launch_pending(
             combine,
         } => {
             if let Some(c) = combine {
-                launch_pending(k, stream, Pending::Combine(c), None, scratch)?;
+                launch_pending(k, stream, Pending::Combine(c), None)?;
             }
             let l = len as i64;
             kernels::launch_elementwise("add", &k.add, stream, len, &mut args![dst, src, l])
@@ -504,7 +479,6 @@ pub(crate) fn launch_pending(
                     combine,
                 },
                 None,
-                scratch,
             )?;
             copy_f32(stream, h, dst, len)
         }
@@ -533,7 +507,7 @@ pub(crate) fn launch_pending(
                 ],
             )
         }
-        Pending::Group(g) if !g.q8 => launch_tc(k, stream, &g, scratch),
+        Pending::Group(g) if !g.q8 => launch_tc(k, stream, &g),
         Pending::Group(g) if k.kq.as_ref().is_some_and(|kq| kq.get(g.format).is_some()) => {
             launch_kq_matmul(k, stream, &g)
         }
@@ -609,12 +583,7 @@ pub(crate) fn launch_pending(
 /// per segment of the columns ([`kernels::TcKernels::way`]); more tokens a
 /// block per [`kernels::TC_BATCH_ROWS`] rows × [`kernels::TC_BATCH_TOKENS`]
 /// tokens. The same sums in the same order every way.
-fn launch_tc(
-    k: &Kernels,
-    stream: &RawStream,
-    g: &GroupLaunch,
-    scratch: TcScratch,
-) -> Result<(), BackendError> {
+fn launch_tc(k: &Kernels, stream: &RawStream, g: &GroupLaunch) -> Result<(), BackendError> {
     let unsupported = BackendError::Unsupported {
         op: "matmul (this format on the tensor cores)",
     };
@@ -623,29 +592,7 @@ fn launch_tc(
     let few = g.n <= kernels::TC_FEW_TOKENS;
     let tiles = g.group.tiles(16);
     let (cols, nn) = (g.cols as i32, g.n as i32);
-    let way = match tc.way(set, tiles, g.cols, g.n) {
-        kernels::FewWay::Units if scratch.tickets == 0 => kernels::FewWay::Segments,
-        way => way,
-    };
-    if few && way == kernels::FewWay::Units {
-        // A warp a unit (a segment of a tile), the group's tiles counted
-        // in 16-row blocks; the tickets and sums in the stream's scratch.
-        let group = g.group.in_blocks_of(16);
-        let units = kernels::tc_units(tiles, g.cols);
-        let blocks = units.div_ceil(kernels::TC_UNIT_WARPS) as u32;
-        let (count, tickets, parts) = (units as i32, scratch.tickets, scratch.parts);
-        let args = &mut args![group, cols, g.x, nn, count, tickets, parts];
-        let threads = (kernels::TC_UNIT_WARPS * 32) as u32;
-        return launch(
-            "matmul",
-            &set.units,
-            stream,
-            (blocks, 1, 1),
-            threads,
-            0,
-            args,
-        );
-    }
+    let way = tc.way(set, tiles, g.cols);
     if few && way == kernels::FewWay::Streamed {
         // A block an SM (its rings take most of the shared memory), each
         // walking the group's tiles `tiles` apart from its own.

@@ -19,9 +19,8 @@ pub(crate) use q8::{
 };
 use tc::tc_setting;
 pub(crate) use tc::{
-    tc_aligned, tc_segments, tc_units, FewWay, TcExperts, TcKernels, TcStreamed, TC_BATCH_ROWS,
-    TC_BATCH_THREADS, TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS, TC_UNIT_PARTS,
-    TC_UNIT_TILES, TC_UNIT_WARPS,
+    tc_aligned, tc_segments, FewWay, TcExperts, TcKernels, TcStreamed, TC_BATCH_ROWS,
+    TC_BATCH_THREADS, TC_BATCH_TOKENS, TC_CHUNK, TC_FEW_TOKENS, TC_ROW_WARPS,
 };
 
 use crate::CudaError;

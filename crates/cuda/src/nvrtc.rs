@@ -499,8 +499,7 @@ mod tests {
                 // tensor-core products of a few tokens issue their first
                 // weight loads, then wait, every warp (also one with no
                 // chunk), before reading a token (tcmm.cu
-                // `matmul_tc1_impl`, `matmul_tc1r_impl`, `matmul_tc1u_impl`,
-                // `matmul_tc1s_impl`,
+                // `matmul_tc1_impl`, `matmul_tc1r_impl`, `matmul_tc1s_impl`,
                 // whose loads are copies into shared memory, also under
                 // `router_tc1s_bf16`'s routing; tcmoe.cu's expert
                 // kernels declare their shared arrays, then wait); one
@@ -510,7 +509,6 @@ mod tests {
                 let tc_early = [
                     ("matmul_tc1_", "matmul_tc1_impl"),
                     ("matmul_tc1r_", "matmul_tc1r_impl"),
-                    ("matmul_tc1u_", "matmul_tc1u_impl"),
                     ("matmul_tc1s_", "matmul_tc1s_impl"),
                     ("router_tc1s_", "matmul_tc1s_impl"),
                     ("matmul_tc_", "matmul_tc_impl"),

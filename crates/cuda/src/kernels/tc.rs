@@ -14,10 +14,6 @@ use turbospark_core::QuantFormat;
 pub(crate) enum TcPick {
     /// By the rows ([`TcKernels::way`]).
     BySize,
-    /// By the rows, but a block a tile with a warp a segment
-    /// (`matmul_tc1_*`) where [`TcPick::BySize`] takes a warp a unit
-    /// (`matmul_tc1u_*`): the layout before units, for A/B measurements.
-    Tiles,
     /// By the rows, a layer's projections streamed through shared memory
     /// where the format allows (`matmul_tc1s_*`; opt-in until measured).
     Streamed,
@@ -49,8 +45,7 @@ pub(crate) const TC_FORMATS: [QuantFormat; 10] = [
 /// `generic` keeps matmul.cu's kernel for every format (f32 activations,
 /// another sum order: `None`); `bf16` keeps it for all but bf16 weights;
 /// `segments` and `rows` force one way of spreading a few tokens'
-/// products, which otherwise is picked by size; `tiles` picks by size
-/// with a block a tile where units would be taken; `stream` streams the
+/// products, which otherwise is picked by size; `stream` streams the
 /// smaller ones' bf16 weights through shared memory, and with `route` a
 /// token's bf16 router product joins its routing (the third value).
 pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [QuantFormat], bool)> {
@@ -68,8 +63,6 @@ pub(super) fn tc_setting(setting: Option<&str>) -> Option<(TcPick, &'static [Qua
         TcPick::Rows
     } else if words.contains(&"stream") {
         TcPick::Streamed
-    } else if words.contains(&"tiles") {
-        TcPick::Tiles
     } else {
         TcPick::BySize
     };
@@ -93,9 +86,6 @@ pub(crate) struct TcSet {
     /// The same sums with a warp per 16 whole rows, [`TC_ROW_WARPS`] a
     /// block (`matmul_tc1r_*`).
     pub rows: CudaFunction,
-    /// The same sums with a warp per segment of a tile, [`TC_UNIT_WARPS`]
-    /// a block (`matmul_tc1u_*`).
-    pub units: CudaFunction,
     /// Batches: a block per [`TC_BATCH_ROWS`] rows × [`TC_BATCH_TOKENS`]
     /// tokens (`matmul_tc_*`).
     pub batch: CudaFunction,
@@ -188,7 +178,6 @@ impl TcKernels {
                     TcSet {
                         few: f("matmul_tc1")?,
                         rows: f("matmul_tc1r")?,
-                        units: f("matmul_tc1u")?,
                         batch: f("matmul_tc")?,
                         // (Set up only when asked for: opt-in kernels.)
                         streamed: match fmt {
@@ -225,16 +214,13 @@ impl TcKernels {
     }
 
     /// How `tiles` 16-row tiles (a group's, all together) of rows `cols`
-    /// wide in `set`'s format are spread for `n` tokens ([`few_way`];
-    /// streamed only where the format has that kernel and its rings fit
-    /// the shared memory, by units only where the stream's scratch holds
-    /// their tickets and sums, [`tc_units_fit`]).
-    pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize, n: usize) -> FewWay {
+    /// wide in `set`'s format are spread ([`few_way`]; streamed only where
+    /// the format has that kernel and its rings fit the shared memory).
+    pub(crate) fn way(&self, set: &TcSet, tiles: usize, cols: usize) -> FewWay {
         match few_way(self.pick, tiles) {
             FewWay::Streamed if !set.streamed.as_ref().is_some_and(|s| s.fits(cols)) => {
                 FewWay::Segments
             }
-            FewWay::Units if !tc_units_fit(tiles, cols, n) => FewWay::Segments,
             way => way,
         }
     }
@@ -262,11 +248,8 @@ pub(crate) fn tc_aligned(fmt: QuantFormat, ptr: u64, row_bytes: usize) -> bool {
 /// The kernel a few tokens' tensor-core products take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FewWay {
-    /// `matmul_tc1_*`: a warp a segment, a block a tile.
+    /// `matmul_tc1_*`: a warp a segment.
     Segments,
-    /// `matmul_tc1u_*`: a warp a segment of a tile, [`TC_UNIT_WARPS`] a
-    /// block; the tile's last warp adds the segments.
-    Units,
     /// `matmul_tc1s_*`: a warp a segment, a block an SM over the tiles,
     /// the weights streamed through shared memory.
     Streamed,
@@ -276,46 +259,19 @@ pub(crate) enum FewWay {
 
 /// How `tiles` 16-row tiles are spread under `pick`:
 /// by size, whole rows a warp where the tiles are [`TC_ROWS_MIN_TILES`]
-/// or more (an output head), else a warp a unit, a segment of a tile
-/// (under [`TcPick::Tiles`] a block a tile, a warp a segment; under
+/// or more (an output head), else a warp a segment (under
 /// [`TcPick::Streamed`] streamed through shared memory where the format
-/// allows: [`TcKernels::way`]). A block a tile holds one block an SM:
-/// a layer's projections take 2–3 waves of whole tiles, each a memory
-/// round trip with nothing else in flight on its SM; small blocks of
-/// units start wherever an SM frees up. (Warps streaming a few
-/// consecutive segments each through registers, tried for a layer's
-/// projections, were slower: BENCHMARKS.md, twenty-fourth session.)
+/// allows: [`TcKernels::way`]). (Warps streaming a few consecutive
+/// segments each through registers, tried for a layer's projections, were
+/// slower: BENCHMARKS.md, twenty-fourth session.)
 fn few_way(pick: TcPick, tiles: usize) -> FewWay {
     match pick {
         TcPick::Segments => FewWay::Segments,
         TcPick::Rows => FewWay::Rows,
-        _ if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
-        TcPick::BySize => FewWay::Units,
-        TcPick::Tiles => FewWay::Segments,
+        TcPick::BySize | TcPick::Streamed if tiles >= TC_ROWS_MIN_TILES => FewWay::Rows,
+        TcPick::BySize => FewWay::Segments,
         TcPick::Streamed => FewWay::Streamed,
     }
-}
-
-/// Warps of a `matmul_tc1u_*` block (`TC_UNIT_WARPS`), a unit each.
-pub(crate) const TC_UNIT_WARPS: usize = 4;
-/// Tiles a `matmul_tc1u_*` launch takes at most: the stream's tickets,
-/// one u32 a tile (more tiles take whole rows, [`few_way`]).
-pub(crate) const TC_UNIT_TILES: usize = TC_ROWS_MIN_TILES;
-/// Segment sums a `matmul_tc1u_*` launch writes at most (f32: 16 rows ×
-/// its tokens a unit): 4 MiB of the stream's scratch, a gpt-oss layer's
-/// q/k/v (7360 units) for 8 tokens.
-pub(crate) const TC_UNIT_PARTS: usize = 1 << 20;
-
-/// Units (segments of a 16-row tile) of `tiles` tiles of rows `cols` wide.
-pub(crate) fn tc_units(tiles: usize, cols: usize) -> usize {
-    tiles * tc_segments(cols)
-}
-
-/// Whether a few tokens' (`n`) products over `tiles` tiles of rows `cols`
-/// wide fit the stream's scratch for units: a ticket a tile, 16 · n sums
-/// a unit.
-pub(crate) fn tc_units_fit(tiles: usize, cols: usize, n: usize) -> bool {
-    tiles <= TC_UNIT_TILES && tc_units(tiles, cols) * 16 * n <= TC_UNIT_PARTS
 }
 
 /// Chunks a warp of `matmul_tc1s_*` keeps in flight (`TC_RING`), and the
@@ -387,7 +343,7 @@ mod tests {
 
     /// `TURBOSPARK_CUDA_BF16`: tensor cores unless `generic`, for every
     /// format but Q8_0 and MXFP4 unless `bf16`, picked by size unless
-    /// `segments` or `rows` (or `tiles`: by size without units).
+    /// `segments` or `rows`.
     #[test]
     fn tensor_core_products_follow_the_setting() {
         let all: &[QuantFormat] = &TC_FORMATS;
@@ -397,8 +353,6 @@ mod tests {
             ("tc", Some((TcPick::BySize, all, false))),
             (" rows", Some((TcPick::Rows, all, false))),
             ("segments", Some((TcPick::Segments, all, false))),
-            ("tiles", Some((TcPick::Tiles, all, false))),
-            ("bf16,tiles", Some((TcPick::Tiles, bf16, false))),
             ("stream", Some((TcPick::Streamed, all, false))),
             ("stream+route", Some((TcPick::Streamed, all, true))),
             ("rows,route", Some((TcPick::Rows, all, false))),
@@ -430,16 +384,12 @@ mod tests {
     }
 
     /// By size: an output head whole rows, gpt-oss's projections and
-    /// router a unit a warp (a block a tile under `tiles`, streamed under
-    /// `stream`); a forced way whatever the size.
+    /// router a segment a warp (streamed under `stream`); a forced way
+    /// whatever the size.
     #[test]
     fn few_token_tensor_core_products_are_spread_by_size() {
         use FewWay::*;
-        for (pick, small) in [
-            (TcPick::BySize, Units),
-            (TcPick::Tiles, Segments),
-            (TcPick::Streamed, Streamed),
-        ] {
+        for (pick, small) in [(TcPick::BySize, Segments), (TcPick::Streamed, Streamed)] {
             let by_size = |tiles| few_way(pick, tiles);
             assert_eq!(by_size(201088 / 16), Rows);
             assert_eq!(by_size(TC_ROWS_MIN_TILES), Rows);
@@ -449,21 +399,6 @@ mod tests {
         }
         assert_eq!(few_way(TcPick::Segments, 20000), Segments);
         assert_eq!(few_way(TcPick::Rows, 1), Rows);
-    }
-
-    /// Units fit the stream's scratch for gpt-oss's projections up to 8
-    /// tokens (q/k/v: 320 tiles of 23 segments; o: 180 of 22), an 8B
-    /// Llama's gate/up rows (14336 rows, 4096 wide) for one token but not
-    /// for 8, and never past the tickets.
-    #[test]
-    fn units_fit_the_scratch_of_a_few_tokens() {
-        assert_eq!(tc_units(320, 2880), 7360);
-        assert!(tc_units_fit(320, 2880, 8));
-        assert!(tc_units_fit(180, 4096, 8));
-        assert!(tc_units_fit(896, 4096, 1));
-        assert!(!tc_units_fit(896, 4096, 8));
-        assert!(!tc_units_fit(TC_UNIT_TILES + 1, 32, 1));
-        assert!(tc_units_fit(TC_UNIT_TILES, 32, 1));
     }
 
     /// The streamed kernel's rings: gpt-oss's 2880- and 4096-wide rows

@@ -47,7 +47,6 @@
 #define TC_BATCH_ROWS (TC_BATCH_WARPS * 16)
 #define TC_BATCH_NT 8    // 8-token tiles of a batch block
 #define TC_BATCH_TOKENS (TC_BATCH_NT * 8)
-#define TC_UNIT_WARPS 4  // warps of a matmul_tc1u block, a unit (tile, segment) each
 
 // Chunks a segment holds for rows `cols` wide (kernels.rs `tc_segments`
 // mirrors it).
@@ -403,121 +402,6 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
     }
 }
 
-// Up to 8 tokens, the sums of matmul_tc1_impl in the same order, spread
-// a warp a *unit* — one segment of one 16-row tile; unit u is segment
-// u % segs of tile u / segs (tiles counted over the group's members as
-// block_start counts them in 16-row blocks), so a tile's units are
-// consecutive — over blocks of TC_UNIT_WARPS warps. matmul_tc1 runs a
-// tile a block of a warp a segment, one block an SM (its registers): a
-// layer's projections then take 2–3 waves of whole tiles, each waiting a
-// full memory round trip with nothing else in flight on its SM, the last
-// on only part of the SMs. Small blocks instead start wherever an SM
-// frees up, so the weights stream without waves.
-// A warp's segment sum (its MMAs from 0, chunk by chunk) goes to `parts` ([unit][token][16
-// rows], n tokens a unit); the warp then counts itself in its tile's
-// ticket, after a __threadfence (CUDA's threadFenceReduction pattern, as
-// router_finish). The tile's last warp adds the segments' sums in order
-// from 0 and then the bias, as tc_tile_totals does, so the bits are
-// matmul_tc1's; it writes the rows and sets the ticket back to 0 for the
-// next launch. Warps past the last unit (of the last block) compute a
-// copy of it and write nothing.
-template <int F>
-__device__ __forceinline__ void matmul_tc1u_impl(const MatGroup& g, int cols,
-                                                 const float* __restrict__ x, int n, int units,
-                                                 u32* __restrict__ tickets,
-                                                 float* __restrict__ parts) {
-    int lane = threadIdx.x & 31;
-    int gr = lane >> 2, q = lane & 3;
-    int chunks = cols / TC_CHUNK, per = tc_seg_chunks(cols);
-    int segs = (chunks + per - 1) / per;
-    int unit = blockIdx.x * TC_UNIT_WARPS + (threadIdx.x >> 5);
-    bool live = unit < units;
-    unit = min(unit, units - 1);
-    int tile = unit / segs;
-    int c0 = (unit - tile * segs) * per, c1 = min(c0 + per, chunks);
-    TcMember m = tc_member(g, tile);
-    int r0 = (tile - m.first_block) * 16;
-    // Two half rounds in flight (tc_round's chunks in all, the next half
-    // loaded during this one's MMAs), both issued before the wait.
-    constexpr int HALF = tc_round(F) > 1 ? tc_round(F) / 2 : 1;
-    const u8* row_a = tc_lane_row<F>(m.row(r0 + gr), q);
-    const u8* row_b = tc_lane_row<F>(m.row(r0 + gr + 8), q);
-    const float* xt = x + (i64)min(gr, n - 1) * cols + q * 8;
-    bool token = gr < n;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    uint4 ra[HALF], rb[HALF], na[HALF], nb[HALF];
-#pragma unroll
-    for (int i = 0; i < HALF; i++) {
-        if (c0 + i < c1) {
-            ra[i] = tc_w8<F>(row_a, c0 + i, q);
-            rb[i] = tc_w8<F>(row_b, c0 + i, q);
-        }
-        if (c0 + HALF + i < c1) {
-            na[i] = tc_w8<F>(row_a, c0 + HALF + i, q);
-            nb[i] = tc_w8<F>(row_b, c0 + HALF + i, q);
-        }
-    }
-    KERNEL_ENTRY();
-    // The token's values of both halves, then of each next half with its
-    // weights.
-    uint4 xa[HALF], xn[HALF];
-#pragma unroll
-    for (int i = 0; i < HALF; i++) {
-        if (c0 + i < c1) xa[i] = token ? tc_load_x8(xt + (c0 + i) * TC_CHUNK) : make_uint4(0, 0, 0, 0);
-        int k = c0 + HALF + i;
-        if (k < c1) xn[i] = token ? tc_load_x8(xt + k * TC_CHUNK) : make_uint4(0, 0, 0, 0);
-    }
-    for (int k0 = c0; k0 < c1; k0 += HALF) {
-#pragma unroll
-        for (int i = 0; i < HALF; i++)
-            if (k0 + i < c1) tc_chunk(c, ra[i], rb[i], xa[i]);
-#pragma unroll
-        for (int i = 0; i < HALF; i++) {
-            ra[i] = na[i];
-            rb[i] = nb[i];
-            xa[i] = xn[i];
-            int k = k0 + 2 * HALF + i;
-            if (k < c1) {
-                na[i] = tc_w8<F>(row_a, k, q);
-                nb[i] = tc_w8<F>(row_b, k, q);
-                xn[i] = token ? tc_load_x8(xt + k * TC_CHUNK) : make_uint4(0, 0, 0, 0);
-            }
-        }
-    }
-    if (!live) return;
-    // c[e]: row gr + 8 (e >> 1), token 2q + (e & 1) (the module docs).
-    float* mine = parts + (i64)unit * 16 * n;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        int t = 2 * q + (e & 1);
-        if (t < n) mine[t * 16 + gr + (e >> 1) * 8] = c[e];
-    }
-    __threadfence();
-    __syncwarp();
-    u32 last = 0;
-    if (lane == 0) last = atomicAdd(&tickets[tile], 1u) == (u32)(segs - 1);
-    if (!__shfl_sync(FULL_MASK, last, 0)) return;
-    __threadfence();
-    const float* all = parts + (i64)tile * segs * 16 * n;
-    for (int i = lane; i < 16 * n; i += 32) {
-        // (Written by other SMs in this launch: read from the L2, 8
-        // segments' loads at a time, added one by one.)
-        float total = 0.0f;
-        for (int s0 = 0; s0 < segs; s0 += 8) {
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                v[j] = s0 + j < segs ? __ldcg(all + (i64)(s0 + j) * 16 * n + i) : 0.0f;
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (s0 + j < segs) total += v[j];
-        }
-        int o = r0 + (i & 15), t = i >> 4;
-        if (o < m.rows) m.out[(i64)t * m.rows + o] = m.bias ? total + m.bias[o] : total;
-    }
-    if (lane == 0) tickets[tile] = 0;
-}
-
 // Up to 8 tokens through a layer's bf16 projections (q/k/v, o, a
 // router: fewer rows than an output head), streamed through shared
 // memory: the sums of matmul_tc1_impl in the same order (a warp a
@@ -696,11 +580,6 @@ __device__ __forceinline__ void matmul_tc_impl(const MatGroup& g, int cols,
     extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)                              \
         matmul_tc1r_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {            \
         matmul_tc1r_impl<F>(g, cols, x, n);                                                      \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_UNIT_WARPS * 32)                             \
-        matmul_tc1u_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n, int units,   \
-                          u32* tickets, float* parts) {                                          \
-        matmul_tc1u_impl<F>(g, cols, x, n, units, tickets, parts);                               \
     }                                                                                            \
     extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)                            \
         matmul_tc_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {              \

@@ -88,10 +88,6 @@ pub struct CudaStream {
     /// head (u32, 0 between launches; `decode_heads` of them, then padding
     /// to 16 bytes), then every split's partial sums (f32).
     decode_split: DevMem,
-    /// A few tokens' tensor-core products by units (`matmul_tc1u_*`): their
-    /// tiles' tickets and segment sums ([`fusion::TcScratch`]; fast
-    /// numerics only, else empty).
-    tc_units: DevMem,
     /// Most query heads (and so KV heads) `decode_split` holds partials of;
     /// 0 with `TURBOSPARK_CUDA_SPLIT=0` (one token's attention then takes
     /// the block-per-head kernel, for A/B measurements).
@@ -222,10 +218,6 @@ impl CudaStream {
             quantized: std::cell::Cell::new(None),
             ticket: zeroed(16)?,
             decode_split: zeroed(decode_split_bytes(widest, limits.max_head_dim))?,
-            tc_units: zeroed(match dev.numerics() {
-                Numerics::Fast => fusion::TcScratch::BYTES,
-                _ => 0,
-            })?,
             decode_heads: match std::env::var("TURBOSPARK_CUDA_SPLIT").as_deref() {
                 Ok("0") => 0,
                 _ => decode_heads(widest, limits.max_head_dim),
@@ -257,16 +249,6 @@ impl CudaStream {
                 .and_then(|v| v.parse().ok()),
             ctx,
         })
-    }
-
-    /// Where a few tokens' tensor-core products by units keep their
-    /// tickets and sums (none outside fast numerics).
-    fn tc_scratch(&self) -> fusion::TcScratch {
-        if self.tc_units.bytes >= fusion::TcScratch::BYTES {
-            fusion::TcScratch::at(self.tc_units.ptr)
-        } else {
-            fusion::TcScratch::default()
-        }
     }
 
     /// The step parameters' address while recording, else null.
@@ -316,7 +298,7 @@ impl CudaStream {
         match self.pending.take() {
             Some(p) => {
                 let product = matches!(p, Pending::Group(_) | Pending::Tile(_));
-                fusion::launch_pending(&self.k, self.raw(), p, None, self.tc_scratch())?;
+                fusion::launch_pending(&self.k, self.raw(), p, None)?;
                 if product {
                     self.warm_mark()?;
                 }

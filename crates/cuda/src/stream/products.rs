@@ -88,13 +88,7 @@ impl CudaStream {
                     mxfp4_codes: mxfp4.map_or(0, |m| m.xq),
                     mxfp4_scales: mxfp4.map_or(0, |m| m.xd),
                 };
-                fusion::launch_pending(
-                    &self.k,
-                    self.raw(),
-                    Pending::Norm(nl),
-                    Some(q),
-                    self.tc_scratch(),
-                )?;
+                fusion::launch_pending(&self.k, self.raw(), Pending::Norm(nl), Some(q))?;
                 self.routed_q8.set(mxfp4);
                 self.quantized.set(Some(key));
             }

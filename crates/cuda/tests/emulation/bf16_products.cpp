@@ -1,8 +1,7 @@
 // bf16 products on the tensor cores (tcmm.cu, fast numerics) run on the
 // CPU through warp_emulator.h: a token's result must be the same bits
 // whichever kernel computes it and however many tokens share the launch
-// (a few tokens: a warp a segment, `matmul_tc1_bf16`, a warp a segment of
-// a tile in small blocks, `matmul_tc1u_bf16`, the same streamed
+// (a few tokens: a warp a segment, `matmul_tc1_bf16`, the same streamed
 // through shared memory by a few blocks walking the tiles,
 // `matmul_tc1s_bf16`, or a warp a 16 whole rows, `matmul_tc1r_bf16`;
 // batches: `matmul_tc_bf16`; a router's with its routing,
@@ -92,29 +91,6 @@ void run_case(const Case& c, std::mt19937& rng) {
                     [&] { matmul_tc1s_bf16(g, c.cols, x.data(), n, tiles); });
         return out;
     };
-    // A warp a unit (a segment of a tile), the tickets and segment sums
-    // kept across launches (each launch must leave the tickets at 0).
-    std::vector<u32> tickets;
-    std::vector<float> parts;
-    auto units = [&](int n) {
-        MatGroup g = group(n, 16);
-        int tiles = g.block_start[g.count];
-        int chunks = c.cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
-        int count = tiles * ((chunks + per - 1) / per);
-        tickets.resize(tiles, 0u);
-        parts.resize(std::max(parts.size(), (size_t)count * 16 * n), 0.0f);
-        unsigned blocks = (unsigned)((count + TC_UNIT_WARPS - 1) / TC_UNIT_WARPS);
-        emu::launch({blocks, 1, 1}, {TC_UNIT_WARPS * 32, 1, 1}, [&] {
-            matmul_tc1u_bf16(g, c.cols, x.data(), n, count, tickets.data(), parts.data());
-        });
-        for (u32 t : tickets)
-            if (t != 0) {
-                printf("FAIL %s: matmul_tc1u left a tile's ticket at %u\n", c.name.c_str(), t);
-                bits::failures++;
-                break;
-            }
-        return out;
-    };
     auto batch = [&](int n) {
         MatGroup g = group(n, TC_BATCH_ROWS);
         unsigned tiles = (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS);
@@ -157,9 +133,6 @@ void run_case(const Case& c, std::mt19937& rng) {
     };
     same("a token by segments", few(1), 1);
     same(std::to_string(FEW) + " tokens by segments", few(FEW), FEW);
-    same("a token by units", units(1), 1);
-    same(std::to_string(FEW) + " tokens by units", units(FEW), FEW);
-    same("a token by units, again", units(1), 1);
     same("a token by whole rows", rows(1), 1);
     same(std::to_string(FEW) + " tokens by whole rows", rows(FEW), FEW);
     for (unsigned blocks : {1u, 2u, 3u, 132u}) {

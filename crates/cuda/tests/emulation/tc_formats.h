@@ -5,12 +5,10 @@
 #pragma once
 
 #include "kernel_sources.h"
-#include "bit_checks.h"
 
 #include <random>
 
 using Launch = void (*)(MatGroup, int, const float*, int);
-using UnitLaunch = void (*)(MatGroup, int, const float*, int, int, u32*, float*);
 using GateUpFew = void (*)(const float*, const RouteOut*, int, SlotMask, BankView, MoeAct, float*);
 using DownFew = void (*)(const float*, const RouteOut*, SlotMask, BankView, float*);
 using GateUpGrouped = void (*)(const float*, const u32*, const u32*, int, BankView, MoeAct, float*);
@@ -27,7 +25,6 @@ struct Format {
     DownFew down_few;
     GateUpGrouped gate_up_grouped;
     DownGrouped down_grouped;
-    UnitLaunch units;
 
     size_t row_bytes(int cols) const { return (size_t)cols / block_elems * block_bytes; }
 };
@@ -35,8 +32,7 @@ struct Format {
 #define FORMAT(fmt, F, elems, bytes, align)                                                   \
     Format {                                                                                     \
         #fmt, F, elems, bytes, align, matmul_tc1_##fmt, matmul_tc1r_##fmt, matmul_tc_##fmt,      \
-            moe_gate_up_tc1_##fmt, moe_down_tc1_##fmt, moe_gate_up_tc_##fmt, moe_down_tc_##fmt, \
-            matmul_tc1u_##fmt                                                                    \
+            moe_gate_up_tc1_##fmt, moe_down_tc1_##fmt, moe_gate_up_tc_##fmt, moe_down_tc_##fmt \
     }
 
 inline const Format FORMATS[] = {
@@ -116,38 +112,5 @@ inline std::vector<float> tc_product(Launch k, const u8* w, size_t row_bytes, in
     unsigned tiles = n > TC_BATCH_NT ? (unsigned)((n + TC_BATCH_TOKENS - 1) / TC_BATCH_TOKENS) : 1;
     emu::launch({(unsigned)g.block_start[1], tiles, 1}, {threads, 1, 1},
                 [&] { k(g, cols, x, n); });
-    return out;
-}
-
-// The same product by a warp a unit (`matmul_tc1u_*`: a segment of a
-// 16-row tile, blocks of TC_UNIT_WARPS warps), its tiles' tickets and the
-// segments' sums in `tickets` and `parts`, which the caller keeps across
-// launches: each launch must leave every ticket at 0 for the next (a
-// ticket left counting shows as a FAIL line).
-inline std::vector<float> tc_product_units(UnitLaunch k, const u8* w, size_t row_bytes, int rows,
-                                           int cols, const float* bias, const float* x, int n,
-                                           std::vector<u32>& tickets, std::vector<float>& parts) {
-    std::vector<float> out((size_t)n * rows, SENTINEL);
-    MatGroup g = {};
-    g.count = 1;
-    g.w[0] = w;
-    g.out[0] = out.data();
-    g.bias[0] = bias;
-    g.row_bytes[0] = (i64)row_bytes;
-    g.rows[0] = rows;
-    g.block_start[1] = (rows + 15) / 16;
-    int chunks = cols / TC_CHUNK, per = std::max(TC_SEG, (chunks + TC_MAX_SEGS - 1) / TC_MAX_SEGS);
-    int units = g.block_start[1] * ((chunks + per - 1) / per);
-    tickets.resize(std::max(tickets.size(), (size_t)g.block_start[1]), 0u);
-    parts.resize(std::max(parts.size(), (size_t)units * 16 * n), 0.0f);
-    unsigned blocks = (unsigned)((units + TC_UNIT_WARPS - 1) / TC_UNIT_WARPS);
-    emu::launch({blocks, 1, 1}, {TC_UNIT_WARPS * 32, 1, 1},
-                [&] { k(g, cols, x, n, units, tickets.data(), parts.data()); });
-    for (u32 t : tickets)
-        if (t != 0) {
-            printf("FAIL matmul_tc1u left a tile's ticket at %u\n", t);
-            bits::failures++;
-            break;
-        }
     return out;
 }

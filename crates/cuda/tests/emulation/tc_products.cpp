@@ -126,17 +126,6 @@ void run_case(const Format& f, const Case& c, std::mt19937& rng) {
         bits::expect_same(name + ": " + way.what + ", the bf16 kernel's bits", mine, ref);
         if (way.n == BATCH) batch_ref = ref;
     }
-    // A warp a unit (segment of a tile): the bits of the segments' kernel,
-    // twice over the same tickets.
-    std::vector<u32> tickets;
-    std::vector<float> parts;
-    for (int n : {1, FEW, 1}) {
-        auto mine = tc_product_units(f.units, w, row_bytes, c.rows, c.cols,
-                                     c.bias ? bias.data() : nullptr, x.data(), n, tickets, parts);
-        auto ref = run(w, row_bytes, f.few, n, 16, seg_threads);
-        bits::expect_same(name + ": " + std::to_string(n) + " token(s) by units, by segments' bits",
-                          mine, ref);
-    }
     // And the batch's tokens alone: the bits of a decode step.
     auto alone = run(w, row_bytes, f.few, 1, 16, seg_threads);
     std::vector<float> first(batch_ref.begin(), batch_ref.begin() + c.rows);

@@ -128,9 +128,6 @@ pub(crate) struct Kernels {
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
     pub route: CudaFunction,
-    /// L2 warm-up of the next weights (kernels/warm.cu, stream/warm.rs).
-    pub l2_warm: CudaFunction,
-    pub l2_warm_routes: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
     /// than the default 48 KiB (attention, the chunked delta rule) may use
@@ -229,8 +226,6 @@ impl Kernels {
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             route: f("route")?,
-            l2_warm: f("l2_warm")?,
-            l2_warm_routes: f("l2_warm_routes")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
         })

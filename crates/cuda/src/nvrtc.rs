@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 18] = [
+const SOURCES: [(&str, &str); 17] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -22,7 +22,6 @@ const SOURCES: [(&str, &str); 18] = [
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("route.cu", include_str!("kernels/route.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
-    ("warm.cu", include_str!("kernels/warm.cu")),
     ("q8dot.cu", include_str!("kernels/q8dot.cu")),
     ("q8one.cu", include_str!("kernels/q8one.cu")),
     ("q8cta.cu", include_str!("kernels/q8cta.cu")),

@@ -19,7 +19,6 @@ mod attention;
 mod moe;
 mod products;
 mod slots;
-mod warm;
 
 use attention::{decode_heads, decode_split_bytes};
 use moe::{activation, RoutedQ8};
@@ -109,9 +108,6 @@ pub struct CudaStream {
     fuse: Fuse,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
-    /// L2 warm-up of the next weights beside a recorded step's small
-    /// kernels (`TURBOSPARK_CUDA_WARM`; see [`warm`]).
-    warm: Option<warm::Warm>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -232,15 +228,6 @@ impl CudaStream {
             routed_q8: std::cell::Cell::new(None),
             fuse: Fuse::from_setting(std::env::var("TURBOSPARK_CUDA_FUSE").ok().as_deref()),
             pending: std::cell::Cell::new(None),
-            warm: match warm::WarmSetting::parse(
-                std::env::var("TURBOSPARK_CUDA_WARM").ok().as_deref(),
-            ) {
-                Some(s) => {
-                    ctx.bind_to_thread().map_err(runtime("stream"))?;
-                    Some(warm::Warm::new(&ctx, s)?)
-                }
-                None => None,
-            },
             recording: false,
             graph: None,
             replayed: 0,
@@ -296,27 +283,7 @@ impl CudaStream {
     /// Launches the pending op, if any.
     fn flush(&self) -> Result<(), BackendError> {
         match self.pending.take() {
-            Some(p) => {
-                let product = matches!(p, Pending::Group(_) | Pending::Tile(_));
-                fusion::launch_pending(&self.k, self.raw(), p, None)?;
-                if product {
-                    self.warm_mark()?;
-                }
-                Ok(())
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The L2 warm-up while a step is recorded, if set.
-    fn warming(&self) -> Option<&warm::Warm> {
-        self.warm.as_ref().filter(|_| self.recording)
-    }
-
-    /// Marks a product just launched, for the warm-up of the next.
-    fn warm_mark(&self) -> Result<(), BackendError> {
-        match self.warming() {
-            Some(w) => w.product_launched(self.raw()),
+            Some(p) => fusion::launch_pending(&self.k, self.raw(), p, None),
             None => Ok(()),
         }
     }
@@ -429,9 +396,6 @@ impl Stream<CudaDevice> for CudaStream {
         }
         .map_err(runtime("begin_step"))?;
         self.recording = true;
-        if let Some(w) = &self.warm {
-            w.begin();
-        }
         Ok(())
     }
 
@@ -441,10 +405,6 @@ impl Stream<CudaDevice> for CudaStream {
         }
         self.recording = false;
         self.bind("end_step")?;
-        if let Some(w) = &self.warm {
-            // (Nothing to join unless this recording forked.)
-            w.end(self.raw())?;
-        }
         // SAFETY: the stream is capturing (begin_step); ending it hands
         // over the graph, destroyed below once instantiated.
         let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }
@@ -1124,18 +1084,7 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &mut MoeScratch<CudaBuf>,
         only: Option<&[bool]>,
     ) -> Result<(), BackendError> {
-        if let Some(w) = self
-            .warming()
-            .filter(|w| w.setting().down && input.n_tokens == 1)
-        {
-            // After the routing (and anything held), beside the gate/up;
-            // not `bind`, which would forget the routed quantization.
-            self.ctx.bind_to_thread().map_err(runtime("moe"))?;
-            self.flush()?;
-            w.routed(&self.k, self.raw(), input.routes, input.bank)?;
-        }
-        self.enqueue_moe_experts(input, scratch, only)?;
-        self.warm_mark()
+        self.enqueue_moe_experts(input, scratch, only)
     }
 
     /// The gate/up stage of [`Stream::moe_experts`] (the per-route

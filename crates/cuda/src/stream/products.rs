@@ -11,7 +11,6 @@ use super::moe::RoutedQ8;
 use super::{CudaStream, Q8Regions};
 use crate::fusion::{self, GroupLaunch, MatGroup, Pending, Q8Out, TileLaunch};
 use crate::kernels::{self, args, launch};
-use crate::memory::runtime;
 use crate::types::{CudaBuf, CudaMatrix, CudaVector};
 use turbospark_backend::{BackendError, Numerics};
 use turbospark_core::QuantFormat;
@@ -207,10 +206,6 @@ impl CudaStream {
         let op = out.f32_ptr("matmul", "out", n * w.rows)?;
         if n == 0 || w.rows == 0 {
             return Ok(());
-        }
-        if let Some(warm) = self.warming().filter(|_| n == 1) {
-            self.ctx.bind_to_thread().map_err(runtime("matmul"))?;
-            warm.weights(&self.k, w.mem.ptr, w.rows * w.row_bytes)?;
         }
         if self.q8_set(w.format).is_some() || self.kq_takes(w, xp) {
             return self.matmul_q8(w, xp, n, op);

@@ -198,15 +198,7 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
         for n in [1, 4, 5, MATMUL_TOKENS] {
             h.st.matmul(m, &xb, n, &mut out).at(OP, fmt.name())?;
             let got = h.get(&out, n * MATMUL_ROWS)?;
-            let (want, mag): (Vec<f64>, Vec<f64>) = (0..n * MATMUL_ROWS)
-                .map(|i| {
-                    let (tok, r) = (i / MATMUL_ROWS, i % MATMUL_ROWS);
-                    dot(
-                        &w[r * cols..(r + 1) * cols],
-                        &x[tok * cols..(tok + 1) * cols],
-                    )
-                })
-                .unzip();
+            let (want, mag) = reference_products(&w, x, MATMUL_ROWS, cols, n);
             let case = format!("{fmt} × {cols}, {n} tokens");
             compare(OP, &case, &got, &want, tol.matmul, |i| mag[i])?;
             batch = got;
@@ -228,6 +220,27 @@ pub fn check_matmul<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conforma
     }
     check_products_of_one_input(dev, &mut h, tol)?;
     check_tall_products_of_one_input(dev, &mut h, tol)
+}
+
+/// The f64 reference of `n` tokens' products with a `rows × cols`
+/// matrix `w` (row-major), token-major as a backend writes them, and each
+/// value's magnitude (`Σ |w·x|`, for [`compare`]'s tolerance).
+fn reference_products(
+    w: &[f32],
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    (0..n * rows)
+        .map(|i| {
+            let (tok, r) = (i / rows, i % rows);
+            dot(
+                &w[r * cols..(r + 1) * cols],
+                &x[tok * cols..(tok + 1) * cols],
+            )
+        })
+        .unzip()
 }
 
 /// Rows of [`check_tall_products_of_one_input`]'s three products: a
@@ -277,15 +290,7 @@ fn check_tall_products_of_one_input<D: Device>(
             .map(|(&r, o)| h.get(o, n * r))
             .collect::<Result<Vec<_>, _>>()?;
         for (i, ((w, m), &r)) in ws.iter().zip(&ms).zip(&TALL_ROWS).enumerate() {
-            let (want, mag): (Vec<f64>, Vec<f64>) = (0..n * r)
-                .map(|j| {
-                    let (tok, o) = (j / r, j % r);
-                    dot(
-                        &w[o * cols..(o + 1) * cols],
-                        &x[tok * cols..(tok + 1) * cols],
-                    )
-                })
-                .unzip();
+            let (want, mag) = reference_products(w, &x, r, cols, n);
             let case = format!("{fmt} {r} × {cols}, {n} tokens, product {i} of three of one input");
             compare(OP, &case, &together[i], &want, tol.matmul, |j| mag[j])?;
             let mut out = h.zeros(n * r)?;
@@ -357,9 +362,7 @@ fn check_products_of_one_input<D: Device>(
             .collect::<Result<Vec<_>, _>>()?;
         for (i, ((t, m), &r)) in ts.iter().zip(&ms).zip(&rows).enumerate() {
             let w = dequantized(t);
-            let (want, mag): (Vec<f64>, Vec<f64>) = (0..r)
-                .map(|o| dot(&w[o * cols..(o + 1) * cols], &x))
-                .unzip();
+            let (want, mag) = reference_products(&w, &x, r, cols, 1);
             let case = format!("{fmt} × {cols}, product {i} of three of one input");
             compare(OP, &case, &together[i], &want, tol.matmul, |j| mag[j])?;
             let mut out = h.zeros(r)?;

@@ -116,9 +116,13 @@ pub(crate) fn expert_parts(
         .collect()
 }
 
+/// How a router matrix's and a router bias's names end.
+const ROUTER_WEIGHT: &str = "ffn_gate_inp.weight";
+const ROUTER_BIAS: &str = "ffn_gate_inp.bias";
+
 /// Whether [`skew_router`] rewrites tensor `name`.
 fn is_router(name: &str) -> bool {
-    name.ends_with("ffn_gate_inp.weight") || name.ends_with("ffn_gate_inp.bias")
+    name.ends_with(ROUTER_WEIGHT) || name.ends_with(ROUTER_BIAS)
 }
 
 /// Rewrites a router tensor's random `values` for Zipf exponent `s`: the
@@ -131,10 +135,10 @@ pub(crate) fn skew_router(name: &str, values: &mut [f32], s: f64, seed: u64) {
             .and_then(|l| l.parse().ok())
             .unwrap_or(0)
     };
-    if name.ends_with("ffn_gate_inp.weight") {
+    if name.ends_with(ROUTER_WEIGHT) {
         let gain = router_gain(1.0) as f32;
         values.iter_mut().for_each(|v| *v *= gain);
-    } else if name.ends_with("ffn_gate_inp.bias") {
+    } else if name.ends_with(ROUTER_BIAS) {
         let bias = skewed_bias(values.len(), s, seed, layer());
         values.copy_from_slice(&bias);
     }
@@ -158,7 +162,7 @@ pub(crate) fn check_skew(spec: &ArchSpec, router_skew: Option<f64>) -> Result<()
     }
     if !expected_resident(spec)
         .iter()
-        .any(|t| t.name.ends_with("ffn_gate_inp.bias"))
+        .any(|t| t.name.ends_with(ROUTER_BIAS))
     {
         return Err(EngineError::BadOptions {
             detail: format!(

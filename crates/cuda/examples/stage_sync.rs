@@ -48,6 +48,12 @@ fn main() -> Result<(), Error> {
         Some(a) => a.parse()?,
         None => 50,
     };
+    // Steps a chain: the STEPS matrices taken in turn (more steps a launch
+    // spread the persistent kernels' launch over more steps).
+    let chain: usize = match std::env::args().nth(2) {
+        Some(a) => a.parse()?,
+        None => STEPS,
+    };
     // SAFETY: only looks for the driver library (as CudaDevice::new does).
     if !unsafe { sys::is_culib_present() } {
         println!("skipped: no NVIDIA driver (libcuda.so)");
@@ -77,7 +83,43 @@ fn main() -> Result<(), Error> {
         plain: module.load_function("persistent_plain")?,
         prefetch: module.load_function("persistent_prefetch")?,
         barriers: module.load_function("persistent_barriers")?,
+        ring: RINGS
+            .iter()
+            .map(|r| Ok((module.load_function(&r.kernel())?, *r)))
+            .collect::<Result<_, Error>>()?,
+        chain_ring: [
+            (module.load_function("chain_ring_4")?, 4),
+            (module.load_function("chain_ring_8")?, 8),
+        ],
     };
+    // The ring steps' shared memory: two mbarriers a slot, slots of 8 rows.
+    let chain_ring_smem = |slots: usize| 2 * slots * 8 + slots * 8 * (COLS + COLS / 32 * 4);
+    let chain_rings: &[(CudaFunction, usize)] = if major >= 9 { &k.chain_ring } else { &[] };
+    for (f, slots) in chain_rings {
+        // SAFETY: as for the rings below.
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f.cu_function(),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                chain_ring_smem(*slots) as i32,
+            )
+        }
+        .result()?;
+    }
+    // The ring kernels need sm_90's bulk copies (a trap before it).
+    let rings: &[(CudaFunction, RingShape)] = if major >= 9 { &k.ring } else { &[] };
+    for (f, r) in rings {
+        // SAFETY: a loaded function of this context; the size is within
+        // what sm_80/sm_90 allow a block (the launch fails otherwise).
+        unsafe {
+            sys::cuFuncSetAttribute(
+                f.cu_function(),
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                r.smem() as i32,
+            )
+        }
+        .result()?;
+    }
     let stream = ctx.new_stream()?;
     let s = stream.cu_stream();
     let threads = (WARPS * 32) as u32;
@@ -87,8 +129,15 @@ fn main() -> Result<(), Error> {
     let resident = k
         .prefetch
         .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+    for (f, r) in rings {
+        let threads = ((r.consumers + 1) * 32) as u32;
+        let fits = f.occupancy_max_active_blocks_per_multiprocessor(threads, r.smem(), None)?;
+        if fits < 1 {
+            return Err(format!("{} fits no SM", r.kernel()).into());
+        }
+    }
     println!(
-        "sm_{major}{minor}, {sms} SMs; {STEPS} steps a chain of rows × {COLS} 8-bit codes; \
+        "sm_{major}{minor}, {sms} SMs; {chain} steps a chain over {STEPS} matrices of rows × {COLS} 8-bit codes; \
          persistent grids of blocks of {WARPS} warps, at most {resident_plain} an SM \
          (prefetch: {resident}) by occupancy; {replays} replays"
     );
@@ -118,6 +167,12 @@ fn main() -> Result<(), Error> {
     let (arrived, stuck) = (counters, counters + 4);
 
     let sums = upload(&[0f32; STEPS])?;
+    // The dynamic rings' claims, done counts and small-step flags a step.
+    let step_counters = upload(&vec![0u32; 3 * chain])?;
+    // The tagged rings' outputs ({value, tag} pairs) and the launches'
+    // numbers (every launch's tags new).
+    let y_tagged = upload(&vec![0u64; STEPS * max_rows])?;
+    let mut epoch = 0u32;
 
     println!(
         "{:<44} {:>6} {:>10} {:>9} {:>9}",
@@ -148,7 +203,9 @@ fn main() -> Result<(), Error> {
                 zero(sums, STEPS)?;
                 let attr = || if pdl { Attr::Dependent } else { Attr::None };
                 let graph = record(s, |s| {
-                    for (i, m) in mats.iter().enumerate() {
+                    for i in 0..chain {
+                        let m = &mats[i % STEPS];
+                        let i = i % STEPS;
                         let (mut w, mut d, mut r, mut xq, mut xd) =
                             (m.0, m.1, rows as i32, xq_d, xd_d);
                         let mut out = y + (i * rows * 4) as u64;
@@ -170,7 +227,7 @@ fn main() -> Result<(), Error> {
                     }
                     Ok(())
                 })?;
-                let us = replay(s, graph, replays)? / STEPS as f64;
+                let us = replay(s, graph, replays)? / chain as f64;
                 check(y, rows, &want)?;
                 if tiny {
                     check_sums(sums, &want)?;
@@ -181,6 +238,48 @@ fn main() -> Result<(), Error> {
                     "a launch a step (graph, no PDL)"
                 };
                 report(name, tiny, us);
+            }
+            // One launch a step, weights through a ring (PDL graph).
+            for (f, slots) in chain_rings {
+                zero(y, STEPS * max_rows)?;
+                zero(sums, STEPS)?;
+                let smem = chain_ring_smem(*slots) as u32;
+                let graph = record(s, |s| {
+                    for i in 0..chain {
+                        let m = &mats[i % STEPS];
+                        let i = i % STEPS;
+                        let (mut w, mut d, mut r, mut xq, mut xd, mut st) =
+                            (m.0, m.1, rows as i32, xq_d, xd_d, stuck);
+                        let mut out = y + (i * rows * 4) as u64;
+                        let args = &mut [
+                            ptr(&mut w),
+                            ptr(&mut d),
+                            ptr(&mut r),
+                            ptr(&mut xq),
+                            ptr(&mut xd),
+                            ptr(&mut out),
+                            ptr(&mut st),
+                        ];
+                        launch_with(f, s, sms, 9 * 32, smem, args, Attr::Dependent)?;
+                        if tiny {
+                            let mut sum = sums + (i * 4) as u64;
+                            let args = &mut [ptr(&mut out), ptr(&mut r), ptr(&mut sum)];
+                            launch(&k.chain_tiny, s, 1, threads, args, Attr::Dependent)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                let us = replay(s, graph, replays)? / chain as f64;
+                check_stuck(stuck)?;
+                check(y, rows, &want)?;
+                if tiny {
+                    check_sums(sums, &want)?;
+                }
+                report(
+                    &format!("a launch a step, ring {slots}x8 (PDL graph)"),
+                    tiny,
+                    us,
+                );
             }
             // One persistent launch, blocks meeting at a barrier a step.
             for (name, f, per_sm) in [
@@ -200,9 +299,11 @@ fn main() -> Result<(), Error> {
                     w: w_arr,
                     d: d_arr,
                     sums,
-                    steps: STEPS as i32,
+                    steps: chain as i32,
                     rows: rows as i32,
                     tiny: tiny as i32,
+                    mats: STEPS as i32,
+                    epoch: 0,
                 };
                 let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
                 let mut run = |s: sys::CUstream| -> Result<(), Error> {
@@ -226,13 +327,96 @@ fn main() -> Result<(), Error> {
                     run(s)?;
                 }
                 sync(s)?;
-                let us = start.elapsed().as_secs_f64() * 1e6 / (replays * STEPS) as f64;
+                let us = start.elapsed().as_secs_f64() * 1e6 / (replays * chain) as f64;
                 check_stuck(stuck)?;
                 check(y, rows, &want)?;
                 if tiny {
                     check_sums(sums, &want)?;
                 }
                 report(&format!("{name} ({per_sm}/SM)"), tiny, us);
+            }
+            // One persistent launch, weights through a shared-memory ring.
+            for (f, r) in rings {
+                // Without barriers, or with unordered arrivals, a run has
+                // no small steps.
+                if tiny && (!r.barrier || r.fence == 1 || r.fence == 3) {
+                    continue;
+                }
+                zero(y, STEPS * max_rows)?;
+                zero(sums, STEPS)?;
+                let mut steps = Steps {
+                    w: w_arr,
+                    d: d_arr,
+                    sums,
+                    steps: chain as i32,
+                    rows: rows as i32,
+                    tiny: tiny as i32,
+                    mats: STEPS as i32,
+                    epoch: 0,
+                };
+                let (counters, words) = if r.dynamic {
+                    (step_counters, 3 * chain)
+                } else {
+                    (arrived, 1)
+                };
+                let outputs = if r.ll { y_tagged } else { y };
+                let (mut xq, mut xd, mut out, mut a, mut st) =
+                    (xq_d, xd_d, outputs, counters, stuck);
+                let block = ((r.consumers + 1) * 32) as u32;
+                let mut run = |s: sys::CUstream| -> Result<(), Error> {
+                    epoch += 1;
+                    steps.epoch = epoch;
+                    // SAFETY: `counters` holds `words` device words of this context.
+                    unsafe { sys::cuMemsetD32Async(counters, 0, words, s) }.result()?;
+                    let args = &mut [
+                        ptr(&mut steps),
+                        ptr(&mut xq),
+                        ptr(&mut xd),
+                        ptr(&mut out),
+                        ptr(&mut a),
+                        ptr(&mut st),
+                    ];
+                    launch_with(f, s, sms, block, r.smem() as u32, args, Attr::Cooperative)
+                };
+                run(s)?;
+                sync(s)?;
+                check_stuck(stuck)?;
+                let start = Instant::now();
+                for _ in 0..replays {
+                    run(s)?;
+                }
+                sync(s)?;
+                let us = start.elapsed().as_secs_f64() * 1e6 / (replays * chain) as f64;
+                check_stuck(stuck)?;
+                if r.ll {
+                    check_tagged(y_tagged, rows, &want)?;
+                    if tiny {
+                        check_sums(sums, &want)?;
+                    }
+                } else if r.compute {
+                    check(y, rows, &want)?;
+                    if tiny {
+                        check_sums(sums, &want)?;
+                    }
+                }
+                let name = format!(
+                    "ring{} {}w {}x{}{}{}{}{}",
+                    if r.dynamic { " (claimed)" } else { "" },
+                    r.consumers,
+                    r.slots,
+                    r.rows,
+                    if r.compute { "" } else { " (copies only)" },
+                    if r.barrier { "" } else { ", no barrier" },
+                    [
+                        "",
+                        ", relaxed arrival",
+                        ", release arrival",
+                        ", unordered",
+                        ", release + relaxed poll"
+                    ][r.fence as usize],
+                    if r.ll { ", tagged outputs" } else { "" }
+                );
+                report(&name, tiny, us);
             }
         }
     }
@@ -277,6 +461,117 @@ struct Kernels {
     plain: CudaFunction,
     prefetch: CudaFunction,
     barriers: CudaFunction,
+    /// The ring kernels and their shapes.
+    ring: Vec<(CudaFunction, RingShape)>,
+    /// The one-launch-a-step ring kernels and their slots.
+    chain_ring: [(CudaFunction, usize); 2],
+}
+
+/// A ring kernel of stage_sync.cu (`persistent_ring_C_S_R[_idle]`): its
+/// consumer warps, slots and rows a slot, and whether the consumers
+/// compute (if not, they give each slot back unread and write nothing).
+#[derive(Clone, Copy)]
+struct RingShape {
+    consumers: usize,
+    slots: usize,
+    rows: usize,
+    compute: bool,
+    barrier: bool,
+    /// Chunks claimed from per-step counters (`persistent_ring_dyn_*`).
+    dynamic: bool,
+    /// Outputs stored with their step's tag, no grid barrier (`_ll`).
+    ll: bool,
+    /// The barrier's arrival and wait (stage_sync.cu ring_grid_barrier's
+    /// FENCE): 0 fence and add, 1 relaxed add, 2 release add, 3 relaxed
+    /// add and polls, 4 release add, relaxed polls and a fence (1 and 3
+    /// unordered: runs without small steps only).
+    fence: u8,
+}
+
+impl RingShape {
+    fn kernel(&self) -> String {
+        let (c, s, r) = (self.consumers, self.slots, self.rows);
+        if self.dynamic {
+            return format!("persistent_ring_dyn_{c}_{s}_{r}");
+        }
+        let idle = if self.compute { "" } else { "_idle" };
+        let free = if self.barrier { "" } else { "_free" };
+        let fence = ["", "_relaxed", "_release", "_unordered", "_fenced"][self.fence as usize];
+        let ll = if self.ll { "_ll" } else { "" };
+        format!("persistent_ring_{c}_{s}_{r}{idle}{free}{fence}{ll}")
+    }
+
+    /// Dynamic shared memory: two mbarriers a slot, then the slots (a
+    /// row's codes and its scales).
+    fn smem(&self) -> usize {
+        2 * self.slots * 8 + self.slots * self.rows * (COLS + COLS / 32 * 4)
+    }
+}
+
+/// The ring kernels stage_sync.cu defines.
+const RINGS: [RingShape; 16] = [
+    ring(8, 8, 8, true, true),
+    ring(16, 8, 8, true, true),
+    ring(8, 4, 16, true, true),
+    ring(8, 16, 4, true, true),
+    ring(8, 8, 8, false, true),
+    ring(8, 8, 8, true, false),
+    ring(8, 8, 8, false, false),
+    RingShape {
+        dynamic: true,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        dynamic: true,
+        ..ring(8, 16, 4, true, true)
+    },
+    RingShape {
+        fence: 1,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        fence: 1,
+        ..ring(8, 8, 8, false, true)
+    },
+    RingShape {
+        fence: 2,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        fence: 3,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        fence: 4,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        ll: true,
+        ..ring(8, 8, 8, true, true)
+    },
+    RingShape {
+        ll: true,
+        ..ring(8, 16, 4, true, true)
+    },
+];
+
+const fn ring(
+    consumers: usize,
+    slots: usize,
+    rows: usize,
+    compute: bool,
+    barrier: bool,
+) -> RingShape {
+    RingShape {
+        consumers,
+        slots,
+        rows,
+        compute,
+        barrier,
+        dynamic: false,
+        fence: 0,
+        ll: false,
+    }
 }
 
 /// stage_sync.cu `Steps`, passed by value.
@@ -288,6 +583,8 @@ struct Steps {
     steps: i32,
     rows: i32,
     tiny: i32,
+    mats: i32,
+    epoch: u32,
 }
 
 enum Attr {
@@ -307,6 +604,19 @@ fn launch(
     s: sys::CUstream,
     grid: u32,
     block: u32,
+    args: &mut [*mut c_void],
+    attr: Attr,
+) -> Result<(), Error> {
+    launch_with(f, s, grid, block, 0, args, attr)
+}
+
+/// `launch` with `smem` bytes of dynamic shared memory a block.
+fn launch_with(
+    f: &CudaFunction,
+    s: sys::CUstream,
+    grid: u32,
+    block: u32,
+    smem: u32,
     args: &mut [*mut c_void],
     attr: Attr,
 ) -> Result<(), Error> {
@@ -330,7 +640,7 @@ fn launch(
         blockDimX: block,
         blockDimY: 1,
         blockDimZ: 1,
-        sharedMemBytes: 0,
+        sharedMemBytes: smem,
         hStream: s,
         attrs: &mut a,
         numAttrs: if matches!(attr, Attr::None) { 0 } else { 1 },
@@ -428,6 +738,20 @@ fn check(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
     let mut got = vec![0f32; want.len() * rows];
     // SAFETY: `y` holds STEPS × the largest rows floats.
     unsafe { result::memcpy_dtoh_sync(&mut got, y) }?;
+    check_values(&got, rows, want)
+}
+
+/// `check` of the tagged rings' outputs (`[STEPS, rows]` {value, tag}
+/// pairs at `y`: the value is the low word).
+fn check_tagged(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
+    let mut pairs = vec![0u64; want.len() * rows];
+    // SAFETY: `y` holds STEPS × the largest rows pairs.
+    unsafe { result::memcpy_dtoh_sync(&mut pairs, y) }?;
+    let got: Vec<f32> = pairs.iter().map(|&p| f32::from_bits(p as u32)).collect();
+    check_values(&got, rows, want)
+}
+
+fn check_values(got: &[f32], rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
     for (k, w) in want.iter().enumerate() {
         for (r, &(e, size)) in w.iter().enumerate() {
             let g = got[k * rows + r] as f64;

@@ -69,8 +69,10 @@
 #   stagesync    a chain of 24 one-token products, one launch a step (PDL
 #                graph) against one persistent kernel meeting at a grid
 #                barrier a step, with and without the next step's weight
-#                loads issued before the barrier; the floors of both
-#                (examples/stage_sync.rs; REPLAYS, default 50)
+#                loads issued before the barrier, and (sm_90) with the
+#                weights through a bulk-copy ring in shared memory; the
+#                floors (examples/stage_sync.rs; REPLAYS, default 50;
+#                CHAIN steps a chain, default 24)
 #   racecheck    compute-sanitizer racecheck and synccheck on the kernels
 #                matching RACE_KERNEL (a name substring; default the chunked
 #                delta rule) while the conformance tests matching RACE_TESTS
@@ -704,7 +706,7 @@ PY
         ;;
     stagesync)
         stage "stagesync: a step boundary, dependent launches against one persistent kernel"
-        "$BIN/stage_sync" "${REPLAYS:-50}"
+        "$BIN/stage_sync" "${REPLAYS:-50}" "${CHAIN:-24}"
         ;;
     *) echo "unknown stage $s" ;;
     esac

@@ -4,7 +4,9 @@
 // (how a decode step runs today: `griddepcontrol`, a CUDA graph), against
 // one persistent kernel whose blocks meet at a grid-wide barrier between
 // steps, with and without each warp issuing its next step's weight loads
-// before it arrives at the barrier (what a decode "megakernel" would do).
+// before it arrives at the barrier (what a decode "megakernel" would do);
+// and (at the end) with the weights through a shared-memory ring fed by
+// the bulk copy engine.
 //
 // The product is an 8-bit one of Q8_0's arithmetic, simplified for the
 // experiment (not the engine's kernels or their summation order): a row is
@@ -153,7 +155,6 @@ struct Steps {
     int rows;
     int tiny;
     int mats;
-    u32 epoch;  // the launch's number (the tagged ring's tags)
 };
 
 // All steps in one cooperative launch: the grid's warps take a step's rows
@@ -217,23 +218,29 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 }
 
 // ---------------------------------------------------------------------
-// The ring variant: one block an SM, persistent, whose weights arrive by
-// the copy engine of the SM (`cp.async.bulk`, the Hopper bulk copy) into
-// a ring of shared-memory slots, issued by one producer thread that never
-// waits at the grid barrier: it runs ahead across steps as far as the
-// ring's free slots let it, so HBM keeps streaming while the consumer
-// warps wait at the barrier or run a small step (what a decode
-// "megakernel" with a load pipeline does). A block takes a contiguous
-// range of each step's rows (an even number, so every copy is a multiple
-// of 16 bytes at a 16-byte boundary), in slots of RING_ROWS rows; the
-// consumer warps take a slot's rows a warp a row, then give the slot back.
-// A slot's "full" barrier completes when its bytes have landed (the
-// producer's expect_tx and the copy's complete_tx), its "empty" barrier
-// when every consumer warp has given it back. The consumers meet the
-// other blocks' consumers at a grid barrier a step (a named barrier for
-// the block's part, so the producer never joins it), and read the token
-// (written by the step before, in the engine) from the L2 into shared
-// memory once a step.
+// Weights through a ring of shared-memory slots (thirty-fifth session).
+// A block an SM; one producer thread copies the block's rows into the
+// slots with the SM's bulk copy engine (`cp.async.bulk`, sm_90), as fast
+// as slots come free, and never waits for anything else: it runs ahead
+// across steps (weights depend on no step). Eight consumer warps dot a
+// slot's rows (a warp a row) and give the slot back. A slot's "full"
+// mbarrier completes when its bytes have landed (the producer's
+// expect_tx, the copies' complete_tx), its "empty" one when every
+// consumer warp has given it back. A block takes a contiguous range of
+// each step's rows (an even count, so every copy is a multiple of 16
+// bytes at a 16-byte boundary), slots of RING_ROWS rows.
+//
+// persistent_ring*: all steps in one cooperative launch, the consumers
+// meeting the other blocks' at a grid barrier after each step (and with
+// `tiny`, block 0 summing the step's outputs between two barriers), then
+// reading the token (written by the step before, in an engine) from the
+// L2 into shared memory. Variants: _idle, the consumers give each slot
+// back unread (the copies' own rate under the same barriers); _free, no
+// barrier (the ring's streaming rate with nothing between steps; the
+// token read once); _unordered, the barrier's arrival a relaxed add and
+// its wait relaxed loads (no ordering of the outputs: a timing probe for
+// runs whose outputs no step reads). chain_ring: one step a launch, as
+// chain_step, with a ring of 4 slots (two blocks' rings fit an SM).
 
 typedef unsigned long long u64;
 
@@ -241,13 +248,16 @@ typedef unsigned long long u64;
 // GPUs the ring kernels compile to a trap and the example skips them.
 #if __CUDA_ARCH__ >= 900
 
-// The shared memory of a ring of SLOTS slots of ROWS rows: the barriers
-// first (full, then empty), then the slots, each a row's codes then their
+#define RING_CONSUMERS 8
+#define RING_ROWS 8
+
+// The shared memory of a ring of SLOTS slots: the barriers first (full,
+// then empty), then the slots, each RING_ROWS rows' codes then their
 // scales.
-template <int SLOTS, int ROWS>
+template <int SLOTS>
 struct Ring {
-    static constexpr int codes = ROWS * COLS;
-    static constexpr int slot = codes + ROWS * BLOCKS_A_ROW * 4;
+    static constexpr int codes = RING_ROWS * COLS;
+    static constexpr int slot = codes + RING_ROWS * BLOCKS_A_ROW * 4;
     static constexpr int barriers = 2 * SLOTS * 8;
 };
 
@@ -300,72 +310,60 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes,
         : "memory");
 }
 
-// The consumers' own barrier (named barrier 1; warp 0, the producer,
-// never joins it).
-template <int CONSUMERS>
-__device__ __forceinline__ void consumers_sync() {
-    asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS * 32) : "memory");
-}
+// The slots and their barriers, initialized by thread 0 (the caller then
+// syncs the block).
+template <int SLOTS>
+struct RingSlots {
+    u64* full;
+    u64* empty;
+    unsigned char* slots;
 
-// FENCE: how the block's arrival is ordered after its consumers' writes:
-// 0 `__threadfence()` then a relaxed add (as grid_barrier), 1 a relaxed add
-// alone (not ordered: a timing probe, for runs whose outputs no step
-// reads), 2 an add with release semantics (`atom.release.gpu`, ordered
-// after the block's writes by the named barrier before it). The wait
-// polls with acquire loads, except: 3 relaxed add and relaxed polls (no
-// ordering at all, a probe), 4 release add, relaxed polls and one
-// acquire-release fence once the count is reached.
-template <int CONSUMERS, int FENCE = 0>
-__device__ __forceinline__ void ring_grid_barrier(u32* arrived, u32 target, u32* stuck) {
-    consumers_sync<CONSUMERS>();
-    if (threadIdx.x == 32) {
-        if (FENCE == 0) {
-            __threadfence();
-            atomicAdd(arrived, 1u);
-        } else if (FENCE == 1) {
-            atomicAdd(arrived, 1u);
-        } else if (FENCE == 3) {
-            atomicAdd(arrived, 1u);
-        } else {
-            u32 old;
-            asm volatile("atom.add.release.gpu.global.u32 %0, [%1], 1;"
-                         : "=r"(old)
-                         : "l"(arrived)
-                         : "memory");
+    __device__ __forceinline__ static RingSlots init(unsigned char* smem) {
+        RingSlots r{(u64*)smem, (u64*)smem + SLOTS, smem + Ring<SLOTS>::barriers};
+        if (threadIdx.x == 0) {
+            for (int i = 0; i < SLOTS; i++) {
+                mbar_init(r.full + i, 1);
+                mbar_init(r.empty + i, RING_CONSUMERS);
+            }
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
-        long long start = clock64();
-        while (true) {
-            u32 seen;
-            if (FENCE >= 3)
-                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
-                             : "=r"(seen)
-                             : "l"(arrived)
-                             : "memory");
-            else
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                             : "=r"(seen)
-                             : "l"(arrived)
-                             : "memory");
-            if (seen >= target) {
-                if (FENCE == 4) asm volatile("fence.acq_rel.gpu;" ::: "memory");
-                break;
-            }
-            if (clock64() - start > 4000000000ll) {
-                atomicExch(stuck, 1u);
-                break;
-            }
-            if (*(volatile u32*)stuck) break;
+        return r;
+    }
+
+    __device__ __forceinline__ unsigned char* slot(int i) const {
+        return slots + i * Ring<SLOTS>::slot;
+    }
+};
+
+// A position in the ring: the slot and the parity of its current use.
+template <int SLOTS>
+struct RingCursor {
+    int slot = 0;
+    u32 phase = 0;
+    __device__ __forceinline__ void next() {
+        if (++slot == SLOTS) {
+            slot = 0;
+            phase ^= 1;
         }
     }
-    consumers_sync<CONSUMERS>();
-}
+};
 
-// This block's rows of a step: [first, end), an even count, the blocks'
-// ranges in order and within 2 rows of each other.
-__device__ __forceinline__ void ring_rows(int rows, int& first, int& end) {
-    int pairs = rows / 2;
-    first = 2 * (int)((i64)pairs * blockIdx.x / gridDim.x);
-    end = 2 * (int)((i64)pairs * (blockIdx.x + 1) / gridDim.x);
+// The producer's copies of rows [first, end) of one matrix, slot by slot
+// as they come free.
+template <int SLOTS>
+__device__ __forceinline__ void ring_produce(const RingSlots<SLOTS>& r, RingCursor<SLOTS>& at,
+                                             const signed char* w, const float* d, int first,
+                                             int end, u32* stuck) {
+    for (int row = first; row < end; row += RING_ROWS) {
+        int n = min(RING_ROWS, end - row);
+        unsigned char* dst = r.slot(at.slot);
+        mbar_wait(r.empty + at.slot, at.phase ^ 1, stuck);
+        mbar_expect_tx(r.full + at.slot, n * (COLS + BLOCKS_A_ROW * 4));
+        bulk_copy(dst, w + (i64)row * COLS, n * COLS, r.full + at.slot);
+        bulk_copy(dst + Ring<SLOTS>::codes, d + (i64)row * BLOCKS_A_ROW, n * BLOCKS_A_ROW * 4,
+                  r.full + at.slot);
+        at.next();
+    }
 }
 
 // A row's product from its codes and scales in shared memory and the
@@ -392,467 +390,180 @@ __device__ __forceinline__ float ring_row_dot(const signed char* codes, const fl
     return v;
 }
 
-// COMPUTE false: the consumers give every slot back unread (the copy
-// engine's own rate with the same barriers). BARRIER false: no grid
-// barrier and no small step (the token read once): the ring's streaming
-// rate with nothing between the steps.
-// LL (with COMPUTE and BARRIER): no grid barrier. Each output is stored
-// with its step's tag in one 8-byte store ({value, tag}: the flag travels
-// with the data, as NCCL's LL protocol does, so no fence orders it), `y`
-// then being [mats][rows] such pairs. Before the next step every block's
-// consumers read the whole step's outputs, each thread polling its pairs
-// until their tags are the step's, and (with `tiny`) every block sums them
-// itself (block 0 writes the sum): the small step done redundantly in each
-// block instead of by one block between two barriers.
-template <int CONSUMERS, int RING_SLOTS, int RING_ROWS, bool COMPUTE, bool BARRIER = true,
-          int FENCE = 0, bool LL = false>
+// The consumers' use of rows [first, end): each slot awaited, its rows
+// dotted into y (unless !COMPUTE), and given back.
+template <int SLOTS, bool COMPUTE = true>
+__device__ __forceinline__ void ring_consume(const RingSlots<SLOTS>& r, RingCursor<SLOTS>& at,
+                                             int first, int end, const int4* token_q,
+                                             const float* token_d, float* y, u32* stuck) {
+    int c = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
+    for (int row = first; row < end; row += RING_ROWS) {
+        int n = min(RING_ROWS, end - row);
+        const unsigned char* src = r.slot(at.slot);
+        mbar_wait(r.full + at.slot, at.phase, stuck);
+        for (int i = c; COMPUTE && i < n; i += RING_CONSUMERS) {
+            float v = ring_row_dot((const signed char*)src + i * COLS,
+                                   (const float*)(src + Ring<SLOTS>::codes) + i * BLOCKS_A_ROW,
+                                   token_q, token_d);
+            if (lane == 0) y[row + i] = v;
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(r.empty + at.slot);
+        at.next();
+    }
+}
+
+// The consumers' own barrier (named barrier 1; warp 0, the producer,
+// never joins it).
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" ::"n"(RING_CONSUMERS * 32) : "memory");
+}
+
+// The token into shared memory, from the L2 (by the consumers).
+__device__ __forceinline__ void ring_token(const signed char* xq, const float* xd, int4* token_q,
+                                           float* token_d) {
+    int t = threadIdx.x - 32;
+    for (int i = t; i < PIECES; i += RING_CONSUMERS * 32) token_q[i] = __ldcg((const int4*)xq + i);
+    for (int i = t; i < BLOCKS_A_ROW; i += RING_CONSUMERS * 32) token_d[i] = __ldcg(xd + i);
+    consumers_sync();
+}
+
+// grid_barrier for the consumers. ORDERED: the arrival after a
+// `__threadfence()` and the wait by acquire loads, as grid_barrier;
+// otherwise a relaxed add and relaxed loads (a probe: nothing orders the
+// block's writes before its arrival).
+template <bool ORDERED>
+__device__ __forceinline__ void ring_grid_barrier(u32* arrived, u32 target, u32* stuck) {
+    consumers_sync();
+    if (threadIdx.x == 32) {
+        if (ORDERED) __threadfence();
+        atomicAdd(arrived, 1u);
+        long long start = clock64();
+        while (true) {
+            u32 seen;
+            if (ORDERED)
+                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
+                             : "=r"(seen)
+                             : "l"(arrived)
+                             : "memory");
+            else
+                asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];"
+                             : "=r"(seen)
+                             : "l"(arrived)
+                             : "memory");
+            if (seen >= target) break;
+            if (clock64() - start > 4000000000ll) {
+                atomicExch(stuck, 1u);
+                break;
+            }
+            if (*(volatile u32*)stuck) break;
+        }
+    }
+    consumers_sync();
+}
+
+// This block's rows of a step: [first, end), an even count, the blocks'
+// ranges in order and within 2 rows of each other.
+__device__ __forceinline__ void ring_rows(int rows, int& first, int& end) {
+    int pairs = rows / 2;
+    first = 2 * (int)((i64)pairs * blockIdx.x / gridDim.x);
+    end = 2 * (int)((i64)pairs * (blockIdx.x + 1) / gridDim.x);
+}
+
+#define RING_SLOTS 8
+
+template <bool COMPUTE, bool BARRIER, bool ORDERED>
 __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, float* y,
                            u32* arrived, u32* stuck) {
-    typedef Ring<RING_SLOTS, RING_ROWS> R;
-    constexpr int RING_BARRIER_BYTES = R::barriers, RING_SLOT_BYTES = R::slot,
-                  RING_CODES = R::codes;
-    extern __shared__ __align__(128) unsigned char ring[];
+    extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int4 token_q[PIECES];
     __shared__ float token_d[BLOCKS_A_ROW];
-    __shared__ float part[CONSUMERS];
-    u64* full = (u64*)ring;
-    u64* empty = full + RING_SLOTS;
-    unsigned char* slots = ring + RING_BARRIER_BYTES;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < RING_SLOTS; i++) {
-            mbar_init(full + i, 1);
-            mbar_init(empty + i, CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    __shared__ float part[RING_CONSUMERS];
+    RingSlots<RING_SLOTS> r = RingSlots<RING_SLOTS>::init(smem);
     __syncthreads();
     int first, end;
     ring_rows(s.rows, first, end);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 0) {
-        // The producer: every step's slots in order, as slots come free.
-        if (lane == 0) {
-            int slot = 0;
-            u32 phase = 0;
-            for (int k = 0; k < s.steps; k++) {
-                const signed char* w = s.w[k % s.mats];
-                const float* d = s.d[k % s.mats];
-                for (int r = first; r < end; r += RING_ROWS) {
-                    int n = min(RING_ROWS, end - r);
-                    unsigned char* dst = slots + slot * RING_SLOT_BYTES;
-                    mbar_wait(empty + slot, phase ^ 1, stuck);
-                    mbar_expect_tx(full + slot, n * (COLS + BLOCKS_A_ROW * 4));
-                    bulk_copy(dst, w + (i64)r * COLS, n * COLS, full + slot);
-                    bulk_copy(dst + RING_CODES, d + (i64)r * BLOCKS_A_ROW, n * BLOCKS_A_ROW * 4,
-                              full + slot);
-                    if (++slot == RING_SLOTS) {
-                        slot = 0;
-                        phase ^= 1;
-                    }
-                }
-            }
-        }
+    RingCursor<RING_SLOTS> at;
+    int lane = threadIdx.x & 31, t = threadIdx.x - 32;
+    if (threadIdx.x < 32) {
+        if (lane == 0)
+            for (int k = 0; k < s.steps; k++)
+                ring_produce(r, at, s.w[k % s.mats], s.d[k % s.mats], first, end, stuck);
         return;
     }
-    // The consumers.
-    int c = warp - 1, t = threadIdx.x - 32;
-    int slot = 0;
-    u32 phase = 0;
     u32 barriers = 0;
     for (int k = 0; k < s.steps; k++) {
-        // The token, from the L2 (the step before wrote it, in the engine).
-        if ((BARRIER && !LL) || k == 0) {
-            for (int i = t; i < PIECES; i += CONSUMERS * 32)
-                token_q[i] = __ldcg((const int4*)xq + i);
-            for (int i = t; i < BLOCKS_A_ROW; i += CONSUMERS * 32) token_d[i] = __ldcg(xd + i);
-            consumers_sync<CONSUMERS>();
-        }
+        if (BARRIER || k == 0) ring_token(xq, xd, token_q, token_d);
         float* out = y + (i64)(k % s.mats) * s.rows;
-        u64* tagged = (u64*)y + (i64)(k % s.mats) * s.rows;
-        u32 tag = s.epoch * (u32)s.steps + (u32)k + 1u;
-        for (int r = first; r < end; r += RING_ROWS) {
-            int n = min(RING_ROWS, end - r);
-            const unsigned char* src = slots + slot * RING_SLOT_BYTES;
-            mbar_wait(full + slot, phase, stuck);
-            for (int i = c; COMPUTE && i < n; i += CONSUMERS) {
-                float v = ring_row_dot((const signed char*)src + i * COLS,
-                                       (const float*)(src + RING_CODES) + i * BLOCKS_A_ROW,
-                                       token_q, token_d);
-                if (lane == 0) {
-                    if (LL)
-                        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(tagged + r + i),
-                                     "l"(((u64)tag << 32) | __float_as_uint(v))
-                                     : "memory");
-                    else
-                        out[r + i] = v;
-                }
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + slot);
-            if (++slot == RING_SLOTS) {
-                slot = 0;
-                phase ^= 1;
-            }
-        }
+        ring_consume<RING_SLOTS, COMPUTE>(r, at, first, end, token_q, token_d, out, stuck);
         if (!BARRIER) continue;
-        if (LL) {
-            if (k + 1 == s.steps && !s.tiny) continue;
-            // The whole step's outputs: a thread's pairs loaded together,
-            // then each polled again until tagged.
-            constexpr int PER = (5120 + CONSUMERS * 32 - 1) / (CONSUMERS * 32);
-            u64 pairs[PER];
-#pragma unroll
-            for (int j = 0; j < PER; j++) {
-                int i = t + j * CONSUMERS * 32;
-                if (i < s.rows)
-                    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
-                                 : "=l"(pairs[j])
-                                 : "l"(tagged + i)
-                                 : "memory");
-            }
-            float v = 0.0f;
-            long long start = clock64();
-#pragma unroll
-            for (int j = 0; j < PER; j++) {
-                int i = t + j * CONSUMERS * 32;
-                if (i >= s.rows) break;
-                while ((u32)(pairs[j] >> 32) != tag) {
-                    if (clock64() - start > 4000000000ll) {
-                        atomicExch(stuck, 1u);
-                        break;
-                    }
-                    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];"
-                                 : "=l"(pairs[j])
-                                 : "l"(tagged + i)
-                                 : "memory");
-                }
-                v += __uint_as_float((u32)pairs[j]);
-            }
-            if (s.tiny) {
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-                if (lane == 0) part[c] = v;
-            }
-            consumers_sync<CONSUMERS>();
-            if (s.tiny && blockIdx.x == 0 && t == 0) {
-                float sum = 0.0f;
-                for (int i = 0; i < CONSUMERS; i++) sum += part[i];
-                s.sums[k % s.mats] = sum;
-            }
-            if (s.tiny) consumers_sync<CONSUMERS>();  // part[] read before the next step's
-            continue;
-        }
         if (s.tiny) {
-            ring_grid_barrier<CONSUMERS, FENCE>(arrived, ++barriers * gridDim.x, stuck);
+            ring_grid_barrier<ORDERED>(arrived, ++barriers * gridDim.x, stuck);
             if (blockIdx.x == 0) {
                 float v = 0.0f;
-                for (int i = t; i < s.rows; i += CONSUMERS * 32) v += __ldcg(out + i);
+                for (int i = t; i < s.rows; i += RING_CONSUMERS * 32) v += __ldcg(out + i);
 #pragma unroll
                 for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-                if (lane == 0) part[c] = v;
-                consumers_sync<CONSUMERS>();
+                if (lane == 0) part[t >> 5] = v;
+                consumers_sync();
                 if (t == 0) {
                     float sum = 0.0f;
-                    for (int i = 0; i < CONSUMERS; i++) sum += part[i];
+                    for (int i = 0; i < RING_CONSUMERS; i++) sum += part[i];
                     s.sums[k % s.mats] = sum;
                 }
             }
         }
-        if (k + 1 < s.steps)
-            ring_grid_barrier<CONSUMERS, FENCE>(arrived, ++barriers * gridDim.x, stuck);
+        if (k + 1 < s.steps) ring_grid_barrier<ORDERED>(arrived, ++barriers * gridDim.x, stuck);
     }
 }
 
-// The dynamic ring: as ring_steps, but no block owns rows. A step's
-// chunks (RING_ROWS rows each) are claimed by the blocks' producers from a
-// per-step counter, so faster SMs take more of them, and a producer claims
-// the next step's chunks while other SMs still finish this one (weights
-// depend on nothing). A step ends for a block's consumers at a slot the
-// producer marks -1 (an arrival without bytes); the consumers then add the
-// chunks they computed to the step's done count, and wait, before the
-// next step, until every chunk of the step before is done (and, with
-// `tiny`, until block 0 has summed it). counters: claims[steps],
-// done[steps], summed[steps], zeroed before the launch.
-template <int CONSUMERS, int RING_SLOTS, int RING_ROWS>
-__device__ void ring_dyn_steps(Steps s, const signed char* xq, const float* xd, float* y,
-                               u32* counters, u32* stuck) {
-    typedef Ring<RING_SLOTS, RING_ROWS> R;
-    constexpr int RING_BARRIER_BYTES = R::barriers, RING_SLOT_BYTES = R::slot,
-                  RING_CODES = R::codes;
-    extern __shared__ __align__(128) unsigned char ring[];
-    __shared__ int4 token_q[PIECES];
-    __shared__ float token_d[BLOCKS_A_ROW];
-    __shared__ float part[CONSUMERS];
-    __shared__ int slot_chunk[RING_SLOTS];
-    __shared__ int step_chunks;
-    u64* full = (u64*)ring;
-    u64* empty = full + RING_SLOTS;
-    unsigned char* slots = ring + RING_BARRIER_BYTES;
-    u32* claims = counters;
-    u32* done = counters + s.steps;
-    u32* summed = counters + 2 * s.steps;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < RING_SLOTS; i++) {
-            mbar_init(full + i, 1);
-            mbar_init(empty + i, CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    int chunks = s.rows / RING_ROWS;  // (every run's rows are a multiple)
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 0) {
-        if (lane == 0) {
-            int slot = 0;
-            u32 phase = 0;
-            for (int k = 0; k < s.steps; k++) {
-                const signed char* w = s.w[k % s.mats];
-                const float* d = s.d[k % s.mats];
-                while (true) {
-                    // Claimed before the wait for a free slot, so that the
-                    // atomic's round trip overlaps it.
-                    int c = (int)atomicAdd(claims + k, 1u);
-                    mbar_wait(empty + slot, phase ^ 1, stuck);
-                    slot_chunk[slot] = c < chunks ? c : -1;
-                    if (c >= chunks) {
-                        // The step's end for this block: an arrival, no bytes.
-                        mbar_arrive(full + slot);
-                    } else {
-                        unsigned char* dst = slots + slot * RING_SLOT_BYTES;
-                        int r = c * RING_ROWS;
-                        mbar_expect_tx(full + slot, RING_ROWS * (COLS + BLOCKS_A_ROW * 4));
-                        bulk_copy(dst, w + (i64)r * COLS, RING_ROWS * COLS, full + slot);
-                        bulk_copy(dst + RING_CODES, d + (i64)r * BLOCKS_A_ROW,
-                                  RING_ROWS * BLOCKS_A_ROW * 4, full + slot);
-                    }
-                    if (++slot == RING_SLOTS) {
-                        slot = 0;
-                        phase ^= 1;
-                    }
-                    if (c >= chunks) break;
-                }
-            }
-        }
-        return;
-    }
-    int c = warp - 1, t = threadIdx.x - 32;
-    int slot = 0;
-    u32 phase = 0;
-    for (int k = 0; k < s.steps; k++) {
-        if (k > 0) {
-            // The step before (and its small step) done everywhere.
-            if (t == 0) {
-                u32* flag = s.tiny ? summed + k - 1 : done + k - 1;
-                u32 target = s.tiny ? 1u : (u32)chunks;
-                long long start = clock64();
-                while (true) {
-                    u32 seen;
-                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                                 : "=r"(seen)
-                                 : "l"(flag)
-                                 : "memory");
-                    if (seen >= target) break;
-                    if (clock64() - start > 4000000000ll) {
-                        atomicExch(stuck, 1u);
-                        break;
-                    }
-                }
-            }
-            consumers_sync<CONSUMERS>();
-        }
-        for (int i = t; i < PIECES; i += CONSUMERS * 32) token_q[i] = __ldcg((const int4*)xq + i);
-        for (int i = t; i < BLOCKS_A_ROW; i += CONSUMERS * 32) token_d[i] = __ldcg(xd + i);
-        consumers_sync<CONSUMERS>();
-        float* out = y + (i64)(k % s.mats) * s.rows;
-        int mine = 0;
-        while (true) {
-            const unsigned char* src = slots + slot * RING_SLOT_BYTES;
-            mbar_wait(full + slot, phase, stuck);
-            int chunk = slot_chunk[slot];
-            if (chunk >= 0) {
-                int r = chunk * RING_ROWS;
-                for (int i = c; i < RING_ROWS; i += CONSUMERS) {
-                    float v = ring_row_dot((const signed char*)src + i * COLS,
-                                           (const float*)(src + RING_CODES) + i * BLOCKS_A_ROW,
-                                           token_q, token_d);
-                    if (lane == 0) out[r + i] = v;
-                }
-                mine++;
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + slot);
-            if (++slot == RING_SLOTS) {
-                slot = 0;
-                phase ^= 1;
-            }
-            if (chunk < 0) break;
-        }
-        // Every consumer warp's rows written, then the block's chunks counted.
-        consumers_sync<CONSUMERS>();
-        if (t == 0 && mine > 0) {
-            __threadfence();
-            atomicAdd(done + k, (u32)mine);
-        }
-        if (s.tiny && blockIdx.x == 0) {
-            if (t == 0) {
-                long long start = clock64();
-                while (true) {
-                    u32 seen;
-                    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                                 : "=r"(seen)
-                                 : "l"(done + k)
-                                 : "memory");
-                    if (seen >= (u32)chunks) break;
-                    if (clock64() - start > 4000000000ll) {
-                        atomicExch(stuck, 1u);
-                        break;
-                    }
-                }
-            }
-            consumers_sync<CONSUMERS>();
-            float v = 0.0f;
-            for (int i = t; i < s.rows; i += CONSUMERS * 32) v += __ldcg(out + i);
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-            if (lane == 0) part[c] = v;
-            consumers_sync<CONSUMERS>();
-            if (t == 0) {
-                float sum = 0.0f;
-                for (int i = 0; i < CONSUMERS; i++) sum += part[i];
-                s.sums[k % s.mats] = sum;
-                __threadfence();
-                atomicExch(summed + k, 1u);
-            }
-        }
-    }
-}
+#define CHAIN_RING_SLOTS 4
 
-#define RING_DYN_BODY(...) ring_dyn_steps<__VA_ARGS__>(s, xq, xd, y, arrived, stuck)
-// One step as its own launch (a programmatic dependent, like chain_step),
-// its weights through a ring of RING_SLOTS slots of 8 rows: one block an SM,
-// each its contiguous rows (ring_rows). Every thread lets the next launch
-// in at once (so its blocks, where shared memory allows two, start
-// copying their weights while this one runs); the producer thread copies
-// this block's rows without waiting (weights depend on no kernel); the
-// consumers wait for the launch before (griddepcontrol.wait), read the
-// token, and dot the slots' rows.
-template <int RING_SLOTS>
 __device__ void chain_ring_step(const signed char* w, const float* d, int rows,
                                 const signed char* xq, const float* xd, float* y, u32* stuck) {
-    constexpr int CONSUMERS = 8, RING_ROWS = 8;
-    typedef Ring<RING_SLOTS, RING_ROWS> R;
-    extern __shared__ __align__(128) unsigned char ring[];
+    extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int4 token_q[PIECES];
     __shared__ float token_d[BLOCKS_A_ROW];
-    u64* full = (u64*)ring;
-    u64* empty = full + RING_SLOTS;
-    unsigned char* slots = ring + R::barriers;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < RING_SLOTS; i++) {
-            mbar_init(full + i, 1);
-            mbar_init(empty + i, CONSUMERS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    RingSlots<CHAIN_RING_SLOTS> r = RingSlots<CHAIN_RING_SLOTS>::init(smem);
     __syncthreads();
+    // Every thread lets the next launch in at once: its blocks, where
+    // shared memory allows, start their copies while this one runs.
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     int first, end;
     ring_rows(rows, first, end);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (warp == 0) {
-        if (lane == 0) {
-            int slot = 0;
-            u32 phase = 0;
-            for (int r = first; r < end; r += RING_ROWS) {
-                int n = min(RING_ROWS, end - r);
-                unsigned char* dst = slots + slot * R::slot;
-                mbar_wait(empty + slot, phase ^ 1, stuck);
-                mbar_expect_tx(full + slot, n * (COLS + BLOCKS_A_ROW * 4));
-                bulk_copy(dst, w + (i64)r * COLS, n * COLS, full + slot);
-                bulk_copy(dst + R::codes, d + (i64)r * BLOCKS_A_ROW, n * BLOCKS_A_ROW * 4,
-                          full + slot);
-                if (++slot == RING_SLOTS) {
-                    slot = 0;
-                    phase ^= 1;
-                }
-            }
-        }
+    RingCursor<CHAIN_RING_SLOTS> at;
+    if (threadIdx.x < 32) {
+        // Weights: copied without waiting for the launch before.
+        if (threadIdx.x == 0) ring_produce(r, at, w, d, first, end, stuck);
         return;
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    int c = warp - 1, t = threadIdx.x - 32;
-    for (int i = t; i < PIECES; i += CONSUMERS * 32) token_q[i] = __ldcg((const int4*)xq + i);
-    for (int i = t; i < BLOCKS_A_ROW; i += CONSUMERS * 32) token_d[i] = __ldcg(xd + i);
-    consumers_sync<CONSUMERS>();
-    int slot = 0;
-    u32 phase = 0;
-    for (int r = first; r < end; r += RING_ROWS) {
-        int n = min(RING_ROWS, end - r);
-        const unsigned char* src = slots + slot * R::slot;
-        mbar_wait(full + slot, phase, stuck);
-        for (int i = c; i < n; i += CONSUMERS) {
-            float v = ring_row_dot((const signed char*)src + i * COLS,
-                                   (const float*)(src + R::codes) + i * BLOCKS_A_ROW, token_q,
-                                   token_d);
-            if (lane == 0) y[r + i] = v;
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(empty + slot);
-        if (++slot == RING_SLOTS) {
-            slot = 0;
-            phase ^= 1;
-        }
-    }
+    ring_token(xq, xd, token_q, token_d);
+    ring_consume(r, at, first, end, token_q, token_d, y, stuck);
 }
 
-#define CHAIN_RING_BODY(SLOTS) chain_ring_step<SLOTS>(w, d, rows, xq, xd, y, stuck)
 #define RING_BODY(...) ring_steps<__VA_ARGS__>(s, xq, xd, y, arrived, stuck)
+#define CHAIN_RING_BODY chain_ring_step(w, d, rows, xq, xd, y, stuck)
 #else
 #define RING_BODY(...) __trap()
-#define RING_DYN_BODY(...) __trap()
-#define CHAIN_RING_BODY(SLOTS) __trap()
+#define CHAIN_RING_BODY __trap()
 #endif
 
-// chain_ring_S: chain_ring_step with S slots (4: two blocks' rings fit an
-// SM; 8: one).
-#define CHAIN_RING_KERNEL(NAME, SLOTS)                                                    \
-    extern "C" __global__ void __launch_bounds__(9 * 32)                                  \
-        NAME(const signed char* w, const float* d, int rows, const signed char* xq,       \
-             const float* xd, float* y, u32* stuck) {                                     \
-        CHAIN_RING_BODY(SLOTS);                                                           \
+// Blocks of a producer warp and RING_CONSUMERS (8) consumer warps.
+#define RING_KERNEL(NAME, ...)                                                          \
+    extern "C" __global__ void __launch_bounds__(9 * 32, 1)                             \
+        NAME(Steps s, const signed char* xq, const float* xd, float* y, u32* arrived,     \
+             u32* stuck) {                                                              \
+        RING_BODY(__VA_ARGS__);                                                         \
     }
-CHAIN_RING_KERNEL(chain_ring_4, 4)
-CHAIN_RING_KERNEL(chain_ring_8, 8)
+RING_KERNEL(persistent_ring, true, true, true)
+RING_KERNEL(persistent_ring_idle, false, true, true)
+RING_KERNEL(persistent_ring_free, true, false, true)
+RING_KERNEL(persistent_ring_idle_free, false, false, true)
+RING_KERNEL(persistent_ring_unordered, true, true, false)
 
-// persistent_ring_C_S_R: C consumer warps, S slots of R rows; _idle: the
-// consumers compute nothing; _free: no barrier between steps.
-#define RING_KERNEL(NAME, C, ...)                                                   \
-    extern "C" __global__ void __launch_bounds__((C + 1) * 32, 1)                   \
-        NAME(Steps s, const signed char* xq, const float* xd, float* y, u32* arrived, \
-             u32* stuck) {                                                          \
-        RING_BODY(C, __VA_ARGS__);                                                  \
-    }
-RING_KERNEL(persistent_ring_8_8_8, 8, 8, 8, true)
-RING_KERNEL(persistent_ring_16_8_8, 16, 8, 8, true)
-RING_KERNEL(persistent_ring_8_4_16, 8, 4, 16, true)
-RING_KERNEL(persistent_ring_8_16_4, 8, 16, 4, true)
-RING_KERNEL(persistent_ring_8_8_8_idle, 8, 8, 8, false)
-RING_KERNEL(persistent_ring_8_8_8_free, 8, 8, 8, true, false)
-RING_KERNEL(persistent_ring_8_8_8_idle_free, 8, 8, 8, false, false)
-RING_KERNEL(persistent_ring_8_8_8_relaxed, 8, 8, 8, true, true, 1)
-RING_KERNEL(persistent_ring_8_8_8_idle_relaxed, 8, 8, 8, false, true, 1)
-RING_KERNEL(persistent_ring_8_8_8_release, 8, 8, 8, true, true, 2)
-RING_KERNEL(persistent_ring_8_8_8_unordered, 8, 8, 8, true, true, 3)
-RING_KERNEL(persistent_ring_8_8_8_fenced, 8, 8, 8, true, true, 4)
-RING_KERNEL(persistent_ring_8_8_8_ll, 8, 8, 8, true, true, 0, true)
-RING_KERNEL(persistent_ring_8_16_4_ll, 8, 16, 4, true, true, 0, true)
-
-// persistent_ring_dyn_C_S_R: the dynamic ring (counters in `arrived`).
-#define RING_DYN_KERNEL(NAME, C, ...)                                               \
-    extern "C" __global__ void __launch_bounds__((C + 1) * 32, 1)                   \
-        NAME(Steps s, const signed char* xq, const float* xd, float* y, u32* arrived, \
-             u32* stuck) {                                                          \
-        RING_DYN_BODY(C, __VA_ARGS__);                                              \
-    }
-RING_DYN_KERNEL(persistent_ring_dyn_8_8_8, 8, 8, 8)
-RING_DYN_KERNEL(persistent_ring_dyn_8_16_4, 8, 16, 4)
+extern "C" __global__ void __launch_bounds__(9 * 32)
+    chain_ring(const signed char* w, const float* d, int rows, const signed char* xq,
+               const float* xd, float* y, u32* stuck) {
+    CHAIN_RING_BODY;
+}

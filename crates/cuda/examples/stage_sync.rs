@@ -3,7 +3,11 @@
 //! decode step runs) against one persistent kernel whose blocks meet at a
 //! grid-wide barrier between steps, with and without each warp issuing its
 //! next step's weight loads before the barrier — the question a decode
-//! "megakernel" rests on (BENCHMARKS.md, twenty-ninth session).
+//! "megakernel" rests on (BENCHMARKS.md, twenty-ninth session) — and, on
+//! sm_90, with the weights brought into a ring of shared-memory slots by
+//! the SM's bulk copy engine, a producer thread running ahead across steps
+//! (persistent: with the barrier, without it, with an unordered one, the
+//! copies alone; and one launch a step; thirty-fifth session).
 //!
 //! Each run is a chain of `STEPS` matrix-vector products of one token, each
 //! over its own matrix (together past the L2, so every step reads HBM),
@@ -18,8 +22,9 @@
 //! Every variant's outputs are checked against a host reference before
 //! its time is printed. Prints "skipped" without a GPU.
 //!
-//! `cargo run --release -p turbospark-cuda --example stage_sync [REPLAYS]`
-//! (`scripts/gpu/run.sh stagesync` on the device).
+//! `cargo run --release -p turbospark-cuda --example stage_sync [REPLAYS
+//! [STEPS]]` (`scripts/gpu/run.sh stagesync` on the device; STEPS a chain,
+//! default 24, the 24 matrices taken in turn).
 
 use std::ffi::c_void;
 use std::time::Instant;
@@ -85,40 +90,35 @@ fn main() -> Result<(), Error> {
         barriers: module.load_function("persistent_barriers")?,
         ring: RINGS
             .iter()
-            .map(|r| Ok((module.load_function(&r.kernel())?, *r)))
+            .map(|r| Ok((module.load_function(r.kernel)?, *r)))
             .collect::<Result<_, Error>>()?,
-        chain_ring: [
-            (module.load_function("chain_ring_4")?, 4),
-            (module.load_function("chain_ring_8")?, 8),
-        ],
+        chain_ring: module.load_function("chain_ring")?,
     };
-    // The ring steps' shared memory: two mbarriers a slot, slots of 8 rows.
-    let chain_ring_smem = |slots: usize| 2 * slots * 8 + slots * 8 * (COLS + COLS / 32 * 4);
-    let chain_rings: &[(CudaFunction, usize)] = if major >= 9 { &k.chain_ring } else { &[] };
-    for (f, slots) in chain_rings {
-        // SAFETY: as for the rings below.
-        unsafe {
-            sys::cuFuncSetAttribute(
-                f.cu_function(),
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                chain_ring_smem(*slots) as i32,
-            )
-        }
-        .result()?;
-    }
     // The ring kernels need sm_90's bulk copies (a trap before it).
     let rings: &[(CudaFunction, RingShape)] = if major >= 9 { &k.ring } else { &[] };
-    for (f, r) in rings {
+    let chain_rings: &[CudaFunction] = if major >= 9 {
+        std::slice::from_ref(&k.chain_ring)
+    } else {
+        &[]
+    };
+    let ring_kernels = rings
+        .iter()
+        .map(|(f, _)| (f, RING_SMEM))
+        .chain(chain_rings.iter().map(|f| (f, CHAIN_RING_SMEM)));
+    for (f, smem) in ring_kernels {
         // SAFETY: a loaded function of this context; the size is within
-        // what sm_80/sm_90 allow a block (the launch fails otherwise).
+        // what sm_90 allows a block (the launch fails otherwise).
         unsafe {
             sys::cuFuncSetAttribute(
                 f.cu_function(),
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                r.smem() as i32,
+                smem as i32,
             )
         }
         .result()?;
+        if f.occupancy_max_active_blocks_per_multiprocessor(RING_THREADS, smem, None)? < 1 {
+            return Err("a ring kernel fits no SM".into());
+        }
     }
     let stream = ctx.new_stream()?;
     let s = stream.cu_stream();
@@ -129,13 +129,6 @@ fn main() -> Result<(), Error> {
     let resident = k
         .prefetch
         .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
-    for (f, r) in rings {
-        let threads = ((r.consumers + 1) * 32) as u32;
-        let fits = f.occupancy_max_active_blocks_per_multiprocessor(threads, r.smem(), None)?;
-        if fits < 1 {
-            return Err(format!("{} fits no SM", r.kernel()).into());
-        }
-    }
     println!(
         "sm_{major}{minor}, {sms} SMs; {chain} steps a chain over {STEPS} matrices of rows × {COLS} 8-bit codes; \
          persistent grids of blocks of {WARPS} warps, at most {resident_plain} an SM \
@@ -167,12 +160,6 @@ fn main() -> Result<(), Error> {
     let (arrived, stuck) = (counters, counters + 4);
 
     let sums = upload(&[0f32; STEPS])?;
-    // The dynamic rings' claims, done counts and small-step flags a step.
-    let step_counters = upload(&vec![0u32; 3 * chain])?;
-    // The tagged rings' outputs ({value, tag} pairs) and the launches'
-    // numbers (every launch's tags new).
-    let y_tagged = upload(&vec![0u64; STEPS * max_rows])?;
-    let mut epoch = 0u32;
 
     println!(
         "{:<44} {:>6} {:>10} {:>9} {:>9}",
@@ -240,10 +227,10 @@ fn main() -> Result<(), Error> {
                 report(name, tiny, us);
             }
             // One launch a step, weights through a ring (PDL graph).
-            for (f, slots) in chain_rings {
+            for f in chain_rings {
                 zero(y, STEPS * max_rows)?;
                 zero(sums, STEPS)?;
-                let smem = chain_ring_smem(*slots) as u32;
+                let smem = CHAIN_RING_SMEM as u32;
                 let graph = record(s, |s| {
                     for i in 0..chain {
                         let m = &mats[i % STEPS];
@@ -260,7 +247,7 @@ fn main() -> Result<(), Error> {
                             ptr(&mut out),
                             ptr(&mut st),
                         ];
-                        launch_with(f, s, sms, 9 * 32, smem, args, Attr::Dependent)?;
+                        launch_with(f, s, sms, RING_THREADS, smem, args, Attr::Dependent)?;
                         if tiny {
                             let mut sum = sums + (i * 4) as u64;
                             let args = &mut [ptr(&mut out), ptr(&mut r), ptr(&mut sum)];
@@ -275,11 +262,7 @@ fn main() -> Result<(), Error> {
                 if tiny {
                     check_sums(sums, &want)?;
                 }
-                report(
-                    &format!("a launch a step, ring {slots}x8 (PDL graph)"),
-                    tiny,
-                    us,
-                );
+                report("a launch a step, ring of 4 (PDL graph)", tiny, us);
             }
             // One persistent launch, blocks meeting at a barrier a step.
             for (name, f, per_sm) in [
@@ -303,7 +286,6 @@ fn main() -> Result<(), Error> {
                     rows: rows as i32,
                     tiny: tiny as i32,
                     mats: STEPS as i32,
-                    epoch: 0,
                 };
                 let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
                 let mut run = |s: sys::CUstream| -> Result<(), Error> {
@@ -339,7 +321,7 @@ fn main() -> Result<(), Error> {
             for (f, r) in rings {
                 // Without barriers, or with unordered arrivals, a run has
                 // no small steps.
-                if tiny && (!r.barrier || r.fence == 1 || r.fence == 3) {
+                if tiny && !(r.barrier && r.ordered) {
                     continue;
                 }
                 zero(y, STEPS * max_rows)?;
@@ -352,22 +334,11 @@ fn main() -> Result<(), Error> {
                     rows: rows as i32,
                     tiny: tiny as i32,
                     mats: STEPS as i32,
-                    epoch: 0,
                 };
-                let (counters, words) = if r.dynamic {
-                    (step_counters, 3 * chain)
-                } else {
-                    (arrived, 1)
-                };
-                let outputs = if r.ll { y_tagged } else { y };
-                let (mut xq, mut xd, mut out, mut a, mut st) =
-                    (xq_d, xd_d, outputs, counters, stuck);
-                let block = ((r.consumers + 1) * 32) as u32;
+                let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
                 let mut run = |s: sys::CUstream| -> Result<(), Error> {
-                    epoch += 1;
-                    steps.epoch = epoch;
-                    // SAFETY: `counters` holds `words` device words of this context.
-                    unsafe { sys::cuMemsetD32Async(counters, 0, words, s) }.result()?;
+                    // SAFETY: `arrived` is a valid device word of this context.
+                    unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
                     let args = &mut [
                         ptr(&mut steps),
                         ptr(&mut xq),
@@ -376,7 +347,8 @@ fn main() -> Result<(), Error> {
                         ptr(&mut a),
                         ptr(&mut st),
                     ];
-                    launch_with(f, s, sms, block, r.smem() as u32, args, Attr::Cooperative)
+                    let smem = RING_SMEM as u32;
+                    launch_with(f, s, sms, RING_THREADS, smem, args, Attr::Cooperative)
                 };
                 run(s)?;
                 sync(s)?;
@@ -388,35 +360,13 @@ fn main() -> Result<(), Error> {
                 sync(s)?;
                 let us = start.elapsed().as_secs_f64() * 1e6 / (replays * chain) as f64;
                 check_stuck(stuck)?;
-                if r.ll {
-                    check_tagged(y_tagged, rows, &want)?;
-                    if tiny {
-                        check_sums(sums, &want)?;
-                    }
-                } else if r.compute {
+                if r.compute {
                     check(y, rows, &want)?;
                     if tiny {
                         check_sums(sums, &want)?;
                     }
                 }
-                let name = format!(
-                    "ring{} {}w {}x{}{}{}{}{}",
-                    if r.dynamic { " (claimed)" } else { "" },
-                    r.consumers,
-                    r.slots,
-                    r.rows,
-                    if r.compute { "" } else { " (copies only)" },
-                    if r.barrier { "" } else { ", no barrier" },
-                    [
-                        "",
-                        ", relaxed arrival",
-                        ", release arrival",
-                        ", unordered",
-                        ", release + relaxed poll"
-                    ][r.fence as usize],
-                    if r.ll { ", tagged outputs" } else { "" }
-                );
-                report(&name, tiny, us);
+                report(r.label, tiny, us);
             }
         }
     }
@@ -461,118 +411,86 @@ struct Kernels {
     plain: CudaFunction,
     prefetch: CudaFunction,
     barriers: CudaFunction,
-    /// The ring kernels and their shapes.
+    /// The persistent ring kernels and what they do.
     ring: Vec<(CudaFunction, RingShape)>,
-    /// The one-launch-a-step ring kernels and their slots.
-    chain_ring: [(CudaFunction, usize); 2],
+    /// One step a launch through a ring.
+    chain_ring: CudaFunction,
 }
 
-/// A ring kernel of stage_sync.cu (`persistent_ring_C_S_R[_idle]`): its
-/// consumer warps, slots and rows a slot, and whether the consumers
-/// compute (if not, they give each slot back unread and write nothing).
+/// A persistent ring kernel of stage_sync.cu: whether its consumers
+/// compute (if not, they give each slot back unread and write nothing),
+/// meet at a barrier a step, and order their writes before arriving.
 #[derive(Clone, Copy)]
 struct RingShape {
-    consumers: usize,
-    slots: usize,
-    rows: usize,
+    kernel: &'static str,
+    label: &'static str,
     compute: bool,
     barrier: bool,
-    /// Chunks claimed from per-step counters (`persistent_ring_dyn_*`).
-    dynamic: bool,
-    /// Outputs stored with their step's tag, no grid barrier (`_ll`).
-    ll: bool,
-    /// The barrier's arrival and wait (stage_sync.cu ring_grid_barrier's
-    /// FENCE): 0 fence and add, 1 relaxed add, 2 release add, 3 relaxed
-    /// add and polls, 4 release add, relaxed polls and a fence (1 and 3
-    /// unordered: runs without small steps only).
-    fence: u8,
+    ordered: bool,
 }
 
-impl RingShape {
-    fn kernel(&self) -> String {
-        let (c, s, r) = (self.consumers, self.slots, self.rows);
-        if self.dynamic {
-            return format!("persistent_ring_dyn_{c}_{s}_{r}");
-        }
-        let idle = if self.compute { "" } else { "_idle" };
-        let free = if self.barrier { "" } else { "_free" };
-        let fence = ["", "_relaxed", "_release", "_unordered", "_fenced"][self.fence as usize];
-        let ll = if self.ll { "_ll" } else { "" };
-        format!("persistent_ring_{c}_{s}_{r}{idle}{free}{fence}{ll}")
-    }
-
-    /// Dynamic shared memory: two mbarriers a slot, then the slots (a
-    /// row's codes and its scales).
-    fn smem(&self) -> usize {
-        2 * self.slots * 8 + self.slots * self.rows * (COLS + COLS / 32 * 4)
-    }
-}
-
-/// The ring kernels stage_sync.cu defines.
-const RINGS: [RingShape; 16] = [
-    ring(8, 8, 8, true, true),
-    ring(16, 8, 8, true, true),
-    ring(8, 4, 16, true, true),
-    ring(8, 16, 4, true, true),
-    ring(8, 8, 8, false, true),
-    ring(8, 8, 8, true, false),
-    ring(8, 8, 8, false, false),
-    RingShape {
-        dynamic: true,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        dynamic: true,
-        ..ring(8, 16, 4, true, true)
-    },
-    RingShape {
-        fence: 1,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        fence: 1,
-        ..ring(8, 8, 8, false, true)
-    },
-    RingShape {
-        fence: 2,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        fence: 3,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        fence: 4,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        ll: true,
-        ..ring(8, 8, 8, true, true)
-    },
-    RingShape {
-        ll: true,
-        ..ring(8, 16, 4, true, true)
-    },
+const RINGS: [RingShape; 5] = [
+    ring(
+        "persistent_ring",
+        "persistent, bulk-copy ring",
+        true,
+        true,
+        true,
+    ),
+    ring(
+        "persistent_ring_idle",
+        "persistent, ring, copies only",
+        false,
+        true,
+        true,
+    ),
+    ring(
+        "persistent_ring_free",
+        "persistent, ring, no barrier",
+        true,
+        false,
+        true,
+    ),
+    ring(
+        "persistent_ring_idle_free",
+        "persistent, ring, copies only, no barrier",
+        false,
+        false,
+        true,
+    ),
+    ring(
+        "persistent_ring_unordered",
+        "persistent, ring, unordered barrier",
+        true,
+        true,
+        false,
+    ),
 ];
 
 const fn ring(
-    consumers: usize,
-    slots: usize,
-    rows: usize,
+    kernel: &'static str,
+    label: &'static str,
     compute: bool,
     barrier: bool,
+    ordered: bool,
 ) -> RingShape {
     RingShape {
-        consumers,
-        slots,
-        rows,
+        kernel,
+        label,
         compute,
         barrier,
-        dynamic: false,
-        fence: 0,
-        ll: false,
+        ordered,
     }
 }
+
+/// Threads of a ring kernel's block: a producer warp, 8 consumer warps.
+const RING_THREADS: u32 = 9 * 32;
+/// A ring slot: 8 rows' codes and scales.
+const RING_SLOT: usize = 8 * (COLS + COLS / 32 * 4);
+/// Dynamic shared memory of the persistent rings (8 slots) and of
+/// chain_ring (4): two mbarriers a slot, then the slots.
+const RING_SMEM: usize = 8 * (16 + RING_SLOT);
+const CHAIN_RING_SMEM: usize = 4 * (16 + RING_SLOT);
 
 /// stage_sync.cu `Steps`, passed by value.
 #[repr(C)]
@@ -584,7 +502,6 @@ struct Steps {
     rows: i32,
     tiny: i32,
     mats: i32,
-    epoch: u32,
 }
 
 enum Attr {
@@ -738,16 +655,6 @@ fn check(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
     let mut got = vec![0f32; want.len() * rows];
     // SAFETY: `y` holds STEPS × the largest rows floats.
     unsafe { result::memcpy_dtoh_sync(&mut got, y) }?;
-    check_values(&got, rows, want)
-}
-
-/// `check` of the tagged rings' outputs (`[STEPS, rows]` {value, tag}
-/// pairs at `y`: the value is the low word).
-fn check_tagged(y: u64, rows: usize, want: &[Vec<(f64, f64)>]) -> Result<(), Error> {
-    let mut pairs = vec![0u64; want.len() * rows];
-    // SAFETY: `y` holds STEPS × the largest rows pairs.
-    unsafe { result::memcpy_dtoh_sync(&mut pairs, y) }?;
-    let got: Vec<f32> = pairs.iter().map(|&p| f32::from_bits(p as u32)).collect();
     check_values(&got, rows, want)
 }
 

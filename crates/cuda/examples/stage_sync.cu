@@ -542,134 +542,9 @@ __device__ void chain_ring_step(const signed char* w, const float* d, int rows,
     ring_consume(r, at, first, end, token_q, token_d, y, stuck);
 }
 
-// Pairs: the copies issued by one SM into another's ring. A kernel of
-// clusters of two blocks: rank 0 the loader (its producer thread copies
-// into rank 1's slots, `mapa` addresses, completing on rank 1's "full"
-// barriers, and waits on its own "empty" ones, which rank 1's consumers
-// arrive at remotely), rank 1 the consumers (meeting the other pairs'
-// consumers at the grid barrier). The question: whether a consumer SM's
-// fence still waits for copies in flight into its shared memory when
-// another SM issued them. Half the SMs compute, each twice the rows.
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-    return r;
-}
-
-// The shared::cluster address of this block's shared address `a` in the
-// cluster's block `rank`.
-__device__ __forceinline__ u32 map_to(u32 a, u32 rank) {
-    u32 r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    return r;
-}
-
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
-}
-
-template <bool BARRIER>
-__device__ void pair_steps(Steps s, const signed char* xq, const float* xd, float* y,
-                           u32* arrived, u32* stuck) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    __shared__ int4 token_q[PIECES];
-    __shared__ float token_d[BLOCKS_A_ROW];
-    RingSlots<RING_SLOTS> r = RingSlots<RING_SLOTS>::init(smem);
-    cluster_sync();  // both blocks' barriers initialized before any use
-    u32 rank = cluster_rank();
-    int pairs = gridDim.x / 2, pair = blockIdx.x / 2;
-    int first, end;
-    {
-        int half = s.rows / 2;
-        first = 2 * (int)((i64)half * pair / pairs);
-        end = 2 * (int)((i64)half * (pair + 1) / pairs);
-    }
-    RingCursor<RING_SLOTS> at;
-    if (rank == 0) {
-        if (threadIdx.x == 0) {
-            for (int k = 0; k < s.steps; k++) {
-                const signed char* w = s.w[k % s.mats];
-                const float* d = s.d[k % s.mats];
-                for (int row = first; row < end; row += RING_ROWS) {
-                    int n = min(RING_ROWS, end - row);
-                    u32 full = map_to(smem_u32(r.full + at.slot), 1);
-                    u32 dst = map_to(smem_u32(r.slot(at.slot)), 1);
-                    // The empty barrier is this block's, arrived at remotely.
-                    long long start = clock64();
-                    while (true) {
-                        u32 done;
-                        asm volatile(
-                            "{ .reg .pred p; mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 "
-                            "p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                            : "=r"(done)
-                            : "r"(smem_u32(r.empty + at.slot)), "r"(at.phase ^ 1)
-                            : "memory");
-                        if (done) break;
-                        if (clock64() - start > 4000000000ll) {
-                            atomicExch(stuck, 1u);
-                            break;
-                        }
-                    }
-                    u32 bytes = n * (COLS + BLOCKS_A_ROW * 4);
-                    asm volatile(
-                        "mbarrier.arrive.expect_tx.release.cluster.shared::cluster.b64 _, [%0], %1;" ::"r"(
-                            full),
-                        "r"(bytes)
-                        : "memory");
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                        "%2, [%3];" ::"r"(dst),
-                        "l"(w + (i64)row * COLS), "r"(n * COLS), "r"(full)
-                        : "memory");
-                    asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                        "%2, [%3];" ::"r"(dst + Ring<RING_SLOTS>::codes),
-                        "l"(d + (i64)row * BLOCKS_A_ROW), "r"(n * BLOCKS_A_ROW * 4), "r"(full)
-                        : "memory");
-                    at.next();
-                }
-            }
-        }
-    } else if (threadIdx.x >= 32) {
-        int lane = threadIdx.x & 31, c = (threadIdx.x >> 5) - 1;
-        u32 barriers = 0;
-        for (int k = 0; k < s.steps; k++) {
-            if (BARRIER || k == 0) ring_token(xq, xd, token_q, token_d);
-            float* out = y + (i64)(k % s.mats) * s.rows;
-            for (int row = first; row < end; row += RING_ROWS) {
-                int n = min(RING_ROWS, end - row);
-                const unsigned char* src = r.slot(at.slot);
-                mbar_wait(r.full + at.slot, at.phase, stuck);
-                for (int i = c; i < n; i += RING_CONSUMERS) {
-                    float v = ring_row_dot(
-                        (const signed char*)src + i * COLS,
-                        (const float*)(src + Ring<RING_SLOTS>::codes) + i * BLOCKS_A_ROW, token_q,
-                        token_d);
-                    if (lane == 0) out[row + i] = v;
-                }
-                __syncwarp();
-                if (lane == 0) {
-                    u32 empty = map_to(smem_u32(r.empty + at.slot), 0);
-                    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(
-                                     empty)
-                                 : "memory");
-                }
-                at.next();
-            }
-            if (BARRIER && k + 1 < s.steps)
-                ring_grid_barrier<true>(arrived, ++barriers * (u32)pairs, stuck);
-        }
-    }
-    cluster_sync();  // neither block's shared memory goes while the other may use it
-}
-
 #define RING_BODY(...) ring_steps<__VA_ARGS__>(s, xq, xd, y, arrived, stuck)
 #define CHAIN_RING_BODY chain_ring_step(w, d, rows, xq, xd, y, stuck)
-#define PAIR_BODY(BARRIER) pair_steps<BARRIER>(s, xq, xd, y, arrived, stuck)
-#define CLUSTER_OF_TWO __cluster_dims__(2, 1, 1)
 #else
-#define PAIR_BODY(BARRIER) __trap()
-#define CLUSTER_OF_TWO
 #define RING_BODY(...) __trap()
 #define CHAIN_RING_BODY __trap()
 #endif
@@ -686,18 +561,6 @@ RING_KERNEL(persistent_ring_idle, false, true, true)
 RING_KERNEL(persistent_ring_free, true, false, true)
 RING_KERNEL(persistent_ring_idle_free, false, false, true)
 RING_KERNEL(persistent_ring_unordered, true, true, false)
-
-// Clusters of two blocks (pair_steps): with the grid barrier, and without.
-extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(9 * 32, 1)
-    persistent_ring_pair(Steps s, const signed char* xq, const float* xd, float* y,
-                         u32* arrived, u32* stuck) {
-    PAIR_BODY(true);
-}
-extern "C" __global__ void CLUSTER_OF_TWO __launch_bounds__(9 * 32, 1)
-    persistent_ring_pair_free(Steps s, const signed char* xq, const float* xd, float* y,
-                              u32* arrived, u32* stuck) {
-    PAIR_BODY(false);
-}
 
 extern "C" __global__ void __launch_bounds__(9 * 32)
     chain_ring(const signed char* w, const float* d, int rows, const signed char* xq,

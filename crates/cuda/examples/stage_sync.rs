@@ -321,7 +321,7 @@ fn main() -> Result<(), Error> {
             for (f, r) in rings {
                 // Without barriers, or with unordered arrivals, a run has
                 // no small steps.
-                if tiny && !(r.barrier && r.ordered && !r.pair) {
+                if tiny && !(r.barrier && r.ordered) {
                     continue;
                 }
                 zero(y, STEPS * max_rows)?;
@@ -348,20 +348,10 @@ fn main() -> Result<(), Error> {
                         ptr(&mut st),
                     ];
                     let smem = RING_SMEM as u32;
-                    let attr = if r.pair {
-                        Attr::None
-                    } else {
-                        Attr::Cooperative
-                    };
-                    launch_with(f, s, sms, RING_THREADS, smem, args, attr)
+                    launch_with(f, s, sms, RING_THREADS, smem, args, Attr::Cooperative)
                 };
                 run(s)?;
                 sync(s)?;
-                if r.pair && check_stuck(stuck).is_err() {
-                    println!("{}: not every block was resident (skipped)", r.label);
-                    zero(stuck, 1)?;
-                    continue;
-                }
                 check_stuck(stuck)?;
                 let start = Instant::now();
                 for _ in 0..replays {
@@ -437,70 +427,61 @@ struct RingShape {
     compute: bool,
     barrier: bool,
     ordered: bool,
-    /// Clusters of a loader and a consumer block (`persistent_ring_pair*`:
-    /// launched without the cooperative attribute, which clusters do not
-    /// take; a run whose blocks were not all resident is reported so).
-    pair: bool,
 }
 
-const RINGS: [RingShape; 7] = [
-    RingShape {
-        kernel: "persistent_ring",
-        label: "persistent, bulk-copy ring",
-        compute: true,
-        barrier: true,
-        ordered: true,
-        pair: false,
-    },
-    RingShape {
-        kernel: "persistent_ring_idle",
-        label: "persistent, ring, copies only",
-        compute: false,
-        barrier: true,
-        ordered: true,
-        pair: false,
-    },
-    RingShape {
-        kernel: "persistent_ring_free",
-        label: "persistent, ring, no barrier",
-        compute: true,
-        barrier: false,
-        ordered: true,
-        pair: false,
-    },
-    RingShape {
-        kernel: "persistent_ring_idle_free",
-        label: "persistent, ring, copies only, no barrier",
-        compute: false,
-        barrier: false,
-        ordered: true,
-        pair: false,
-    },
-    RingShape {
-        kernel: "persistent_ring_unordered",
-        label: "persistent, ring, unordered barrier",
-        compute: true,
-        barrier: true,
-        ordered: false,
-        pair: false,
-    },
-    RingShape {
-        kernel: "persistent_ring_pair",
-        label: "persistent, ring filled by another SM",
-        compute: true,
-        barrier: true,
-        ordered: true,
-        pair: true,
-    },
-    RingShape {
-        kernel: "persistent_ring_pair_free",
-        label: "persistent, ring filled by another SM, no barrier",
-        compute: true,
-        barrier: false,
-        ordered: true,
-        pair: true,
-    },
+const RINGS: [RingShape; 5] = [
+    ring(
+        "persistent_ring",
+        "persistent, bulk-copy ring",
+        true,
+        true,
+        true,
+    ),
+    ring(
+        "persistent_ring_idle",
+        "persistent, ring, copies only",
+        false,
+        true,
+        true,
+    ),
+    ring(
+        "persistent_ring_free",
+        "persistent, ring, no barrier",
+        true,
+        false,
+        true,
+    ),
+    ring(
+        "persistent_ring_idle_free",
+        "persistent, ring, copies only, no barrier",
+        false,
+        false,
+        true,
+    ),
+    ring(
+        "persistent_ring_unordered",
+        "persistent, ring, unordered barrier",
+        true,
+        true,
+        false,
+    ),
 ];
+
+const fn ring(
+    kernel: &'static str,
+    label: &'static str,
+    compute: bool,
+    barrier: bool,
+    ordered: bool,
+) -> RingShape {
+    RingShape {
+        kernel,
+        label,
+        compute,
+        barrier,
+        ordered,
+    }
+}
 
 /// Threads of a ring kernel's block: a producer warp, 8 consumer warps.
 const RING_THREADS: u32 = 9 * 32;

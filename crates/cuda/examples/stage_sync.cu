@@ -239,7 +239,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32)
 // barrier (the ring's streaming rate with nothing between steps; the
 // token read once); _unordered, the barrier's arrival a relaxed add and
 // its wait relaxed loads (no ordering of the outputs: a timing probe for
-// runs whose outputs no step reads). chain_ring: one step a launch, as
+// runs whose outputs no step reads); _bulk, the outputs written by a bulk
+// copy whose completion the arriving thread waits for, no fence (see
+// ring_grid_barrier). chain_ring: one step a launch, as
 // chain_step, with a ring of 4 slots (two blocks' rings fit an SM).
 
 typedef unsigned long long u64;
@@ -428,20 +430,29 @@ __device__ __forceinline__ void ring_token(const signed char* xq, const float* x
     consumers_sync();
 }
 
-// grid_barrier for the consumers. ORDERED: the arrival after a
-// `__threadfence()` and the wait by acquire loads, as grid_barrier;
-// otherwise a relaxed add and relaxed loads (a probe: nothing orders the
-// block's writes before its arrival).
-template <bool ORDERED>
+// How a step's outputs reach the next step (SYNC): FENCED, written by
+// the consumers, the arrival after a `__threadfence()` and the wait by
+// acquire loads (as grid_barrier); UNORDERED, a relaxed add and relaxed
+// loads (a probe: nothing orders the block's writes before its arrival);
+// BULK, the outputs gathered in shared memory and written by one bulk
+// copy (`cp.async.bulk` to global), whose completion the arriving thread
+// waits for (`cp.async.bulk.wait_group 0`) before a relaxed add, the wait
+// by relaxed loads with a short sleep between them (the protocol of
+// Hazy Research's Llama-1B megakernel: no fence).
+#define FENCED 0
+#define UNORDERED 1
+#define BULK 2
+
+template <int SYNC>
 __device__ __forceinline__ void ring_grid_barrier(u32* arrived, u32 target, u32* stuck) {
     consumers_sync();
     if (threadIdx.x == 32) {
-        if (ORDERED) __threadfence();
+        if (SYNC == FENCED) __threadfence();
         atomicAdd(arrived, 1u);
         long long start = clock64();
         while (true) {
             u32 seen;
-            if (ORDERED)
+            if (SYNC == FENCED)
                 asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
                              : "=r"(seen)
                              : "l"(arrived)
@@ -457,32 +468,53 @@ __device__ __forceinline__ void ring_grid_barrier(u32* arrived, u32 target, u32*
                 break;
             }
             if (*(volatile u32*)stuck) break;
+            if (SYNC == BULK) __nanosleep(32);
         }
     }
     consumers_sync();
 }
 
-// This block's rows of a step: [first, end), an even count, the blocks'
-// ranges in order and within 2 rows of each other.
+// BULK: the block's outputs of a step (gathered in shared memory) written
+// to global memory by one bulk copy, waited for to completion, by the
+// thread that then arrives at the barrier (after the consumers' sync).
+__device__ __forceinline__ void ring_store_outputs(const float* staged, float* out, int n) {
+    consumers_sync();
+    if (threadIdx.x == 32 && n > 0) {
+        // The consumers' writes to `staged` made visible to the copy.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(out),
+                     "r"(smem_u32(staged)), "r"(n * 4)
+                     : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+    }
+}
+
+// This block's rows of a step: [first, end), a multiple of GRAIN rows
+// (even: every weight copy a multiple of 16 bytes at a 16-byte boundary;
+// 4 for BULK's output copies too), the blocks' ranges in order and within
+// GRAIN rows of each other.
+template <int GRAIN = 2>
 __device__ __forceinline__ void ring_rows(int rows, int& first, int& end) {
-    int pairs = rows / 2;
-    first = 2 * (int)((i64)pairs * blockIdx.x / gridDim.x);
-    end = 2 * (int)((i64)pairs * (blockIdx.x + 1) / gridDim.x);
+    int grains = rows / GRAIN;
+    first = GRAIN * (int)((i64)grains * blockIdx.x / gridDim.x);
+    end = GRAIN * (int)((i64)grains * (blockIdx.x + 1) / gridDim.x);
 }
 
 #define RING_SLOTS 8
 
-template <bool COMPUTE, bool BARRIER, bool ORDERED>
+template <bool COMPUTE, bool BARRIER, int SYNC>
 __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, float* y,
                            u32* arrived, u32* stuck) {
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int4 token_q[PIECES];
     __shared__ float token_d[BLOCKS_A_ROW];
     __shared__ float part[RING_CONSUMERS];
+    __shared__ __align__(16) float staged[64];  // BULK: a step's outputs (at most 40 rows)
     RingSlots<RING_SLOTS> r = RingSlots<RING_SLOTS>::init(smem);
     __syncthreads();
     int first, end;
-    ring_rows(s.rows, first, end);
+    ring_rows<SYNC == BULK ? 4 : 2>(s.rows, first, end);
     RingCursor<RING_SLOTS> at;
     int lane = threadIdx.x & 31, t = threadIdx.x - 32;
     if (threadIdx.x < 32) {
@@ -495,10 +527,12 @@ __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, floa
     for (int k = 0; k < s.steps; k++) {
         if (BARRIER || k == 0) ring_token(xq, xd, token_q, token_d);
         float* out = y + (i64)(k % s.mats) * s.rows;
-        ring_consume<RING_SLOTS, COMPUTE>(r, at, first, end, token_q, token_d, out, stuck);
+        float* written = SYNC == BULK ? staged - first : out;
+        ring_consume<RING_SLOTS, COMPUTE>(r, at, first, end, token_q, token_d, written, stuck);
+        if (SYNC == BULK) ring_store_outputs(staged, out + first, end - first);
         if (!BARRIER) continue;
         if (s.tiny) {
-            ring_grid_barrier<ORDERED>(arrived, ++barriers * gridDim.x, stuck);
+            ring_grid_barrier<SYNC>(arrived, ++barriers * gridDim.x, stuck);
             if (blockIdx.x == 0) {
                 float v = 0.0f;
                 for (int i = t; i < s.rows; i += RING_CONSUMERS * 32) v += __ldcg(out + i);
@@ -513,7 +547,7 @@ __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, floa
                 }
             }
         }
-        if (k + 1 < s.steps) ring_grid_barrier<ORDERED>(arrived, ++barriers * gridDim.x, stuck);
+        if (k + 1 < s.steps) ring_grid_barrier<SYNC>(arrived, ++barriers * gridDim.x, stuck);
     }
 }
 
@@ -556,11 +590,12 @@ __device__ void chain_ring_step(const signed char* w, const float* d, int rows,
              u32* stuck) {                                                              \
         RING_BODY(__VA_ARGS__);                                                         \
     }
-RING_KERNEL(persistent_ring, true, true, true)
-RING_KERNEL(persistent_ring_idle, false, true, true)
-RING_KERNEL(persistent_ring_free, true, false, true)
-RING_KERNEL(persistent_ring_idle_free, false, false, true)
-RING_KERNEL(persistent_ring_unordered, true, true, false)
+RING_KERNEL(persistent_ring, true, true, FENCED)
+RING_KERNEL(persistent_ring_idle, false, true, FENCED)
+RING_KERNEL(persistent_ring_free, true, false, FENCED)
+RING_KERNEL(persistent_ring_idle_free, false, false, FENCED)
+RING_KERNEL(persistent_ring_unordered, true, true, UNORDERED)
+RING_KERNEL(persistent_ring_bulk, true, true, BULK)
 
 extern "C" __global__ void __launch_bounds__(9 * 32)
     chain_ring(const signed char* w, const float* d, int rows, const signed char* xq,

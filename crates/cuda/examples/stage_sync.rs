@@ -6,8 +6,9 @@
 //! "megakernel" rests on (BENCHMARKS.md, twenty-ninth session) — and, on
 //! sm_90, with the weights brought into a ring of shared-memory slots by
 //! the SM's bulk copy engine, a producer thread running ahead across steps
-//! (persistent: with the barrier, without it, with an unordered one, the
-//! copies alone; and one launch a step; thirty-fifth session).
+//! (persistent: with the barrier, without it, with an unordered one, with
+//! the outputs written by bulk copy and no fence, the copies alone; and
+//! one launch a step; thirty-fifth session).
 //!
 //! Each run is a chain of `STEPS` matrix-vector products of one token, each
 //! over its own matrix (together past the L2, so every step reads HBM),
@@ -419,7 +420,8 @@ struct Kernels {
 
 /// A persistent ring kernel of stage_sync.cu: whether its consumers
 /// compute (if not, they give each slot back unread and write nothing),
-/// meet at a barrier a step, and order their writes before arriving.
+/// meet at a barrier a step, and order their writes before arriving (by
+/// a fence, or by waiting for the bulk copy that wrote them).
 #[derive(Clone, Copy)]
 struct RingShape {
     kernel: &'static str,
@@ -429,7 +431,7 @@ struct RingShape {
     ordered: bool,
 }
 
-const RINGS: [RingShape; 5] = [
+const RINGS: [RingShape; 6] = [
     ring(
         "persistent_ring",
         "persistent, bulk-copy ring",
@@ -465,6 +467,13 @@ const RINGS: [RingShape; 5] = [
         true,
         false,
     ),
+    RingShape {
+        kernel: "persistent_ring_bulk",
+        label: "persistent, ring, outputs by bulk copy, no fence",
+        compute: true,
+        barrier: true,
+        ordered: true,
+    },
 ];
 
 const fn ring(

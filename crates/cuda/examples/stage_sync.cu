@@ -393,11 +393,12 @@ __device__ __forceinline__ float ring_row_dot(const signed char* codes, const fl
 }
 
 // The consumers' use of rows [first, end): each slot awaited, its rows
-// dotted into y (unless !COMPUTE), and given back.
+// dotted into y (row i at y[i - base]; unless !COMPUTE), and given back.
 template <int SLOTS, bool COMPUTE = true>
 __device__ __forceinline__ void ring_consume(const RingSlots<SLOTS>& r, RingCursor<SLOTS>& at,
                                              int first, int end, const int4* token_q,
-                                             const float* token_d, float* y, u32* stuck) {
+                                             const float* token_d, float* y, int base,
+                                             u32* stuck) {
     int c = (threadIdx.x >> 5) - 1, lane = threadIdx.x & 31;
     for (int row = first; row < end; row += RING_ROWS) {
         int n = min(RING_ROWS, end - row);
@@ -407,7 +408,7 @@ __device__ __forceinline__ void ring_consume(const RingSlots<SLOTS>& r, RingCurs
             float v = ring_row_dot((const signed char*)src + i * COLS,
                                    (const float*)(src + Ring<SLOTS>::codes) + i * BLOCKS_A_ROW,
                                    token_q, token_d);
-            if (lane == 0) y[row + i] = v;
+            if (lane == 0) y[row + i - base] = v;
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(r.empty + at.slot);
@@ -527,8 +528,11 @@ __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, floa
     for (int k = 0; k < s.steps; k++) {
         if (BARRIER || k == 0) ring_token(xq, xd, token_q, token_d);
         float* out = y + (i64)(k % s.mats) * s.rows;
-        float* written = SYNC == BULK ? staged - first : out;
-        ring_consume<RING_SLOTS, COMPUTE>(r, at, first, end, token_q, token_d, written, stuck);
+        // (BULK: into `staged`, row first at its start.)
+        float* written = SYNC == BULK ? staged : out;
+        int base = SYNC == BULK ? first : 0;
+        ring_consume<RING_SLOTS, COMPUTE>(r, at, first, end, token_q, token_d, written, base,
+                                          stuck);
         if (SYNC == BULK) ring_store_outputs(staged, out + first, end - first);
         if (!BARRIER) continue;
         if (s.tiny) {
@@ -573,7 +577,7 @@ __device__ void chain_ring_step(const signed char* w, const float* d, int rows,
     }
     asm volatile("griddepcontrol.wait;" ::: "memory");
     ring_token(xq, xd, token_q, token_d);
-    ring_consume(r, at, first, end, token_q, token_d, y, stuck);
+    ring_consume(r, at, first, end, token_q, token_d, y, 0, stuck);
 }
 
 #define RING_BODY(...) ring_steps<__VA_ARGS__>(s, xq, xd, y, arrived, stuck)

@@ -432,41 +432,41 @@ struct RingShape {
 }
 
 const RINGS: [RingShape; 6] = [
-    ring(
-        "persistent_ring",
-        "persistent, bulk-copy ring",
-        true,
-        true,
-        true,
-    ),
-    ring(
-        "persistent_ring_idle",
-        "persistent, ring, copies only",
-        false,
-        true,
-        true,
-    ),
-    ring(
-        "persistent_ring_free",
-        "persistent, ring, no barrier",
-        true,
-        false,
-        true,
-    ),
-    ring(
-        "persistent_ring_idle_free",
-        "persistent, ring, copies only, no barrier",
-        false,
-        false,
-        true,
-    ),
-    ring(
-        "persistent_ring_unordered",
-        "persistent, ring, unordered barrier",
-        true,
-        true,
-        false,
-    ),
+    RingShape {
+        kernel: "persistent_ring",
+        label: "persistent, ring, fenced barrier",
+        compute: true,
+        barrier: true,
+        ordered: true,
+    },
+    RingShape {
+        kernel: "persistent_ring_idle",
+        label: "persistent, ring, copies only",
+        compute: false,
+        barrier: true,
+        ordered: true,
+    },
+    RingShape {
+        kernel: "persistent_ring_free",
+        label: "persistent, ring, no barrier",
+        compute: true,
+        barrier: false,
+        ordered: true,
+    },
+    RingShape {
+        kernel: "persistent_ring_idle_free",
+        label: "persistent, ring, copies only, no barrier",
+        compute: false,
+        barrier: false,
+        ordered: true,
+    },
+    RingShape {
+        kernel: "persistent_ring_unordered",
+        label: "persistent, ring, unordered barrier",
+        compute: true,
+        barrier: true,
+        ordered: false,
+    },
     RingShape {
         kernel: "persistent_ring_bulk",
         label: "persistent, ring, outputs by bulk copy, no fence",
@@ -475,22 +475,6 @@ const RINGS: [RingShape; 6] = [
         ordered: true,
     },
 ];
-
-const fn ring(
-    kernel: &'static str,
-    label: &'static str,
-    compute: bool,
-    barrier: bool,
-    ordered: bool,
-) -> RingShape {
-    RingShape {
-        kernel,
-        label,
-        compute,
-        barrier,
-        ordered,
-    }
-}
 
 /// Threads of a ring kernel's block: a producer warp, 8 consumer warps.
 const RING_THREADS: u32 = 9 * 32;

@@ -162,6 +162,61 @@ fn main() -> Result<(), Error> {
 
     let sums = upload(&[0f32; STEPS])?;
 
+    // The variants: one launch a step (chain_step with and without
+    // programmatic dependence; on sm_90 also chain_ring), and one
+    // persistent launch (the register-prefetch kernels at two occupancies
+    // each; on sm_90 the ring kernels, one block an SM).
+    let mut chains = vec![
+        ChainKernel::step("a launch a step (PDL graph)", &k.chain_step, threads, true),
+        ChainKernel::step(
+            "a launch a step (graph, no PDL)",
+            &k.chain_step,
+            threads,
+            false,
+        ),
+    ];
+    chains.extend(chain_rings.iter().map(|f| ChainKernel {
+        label: "a launch a step, ring of 4 (PDL graph)",
+        f,
+        grid: Some(sms),
+        block: RING_THREADS,
+        smem: CHAIN_RING_SMEM as u32,
+        takes_stuck: true,
+        pdl: true,
+    }));
+    let mut persistents: Vec<Persistent> = [
+        ("persistent, barrier", &k.plain, resident_plain),
+        ("persistent, barrier", &k.plain, resident),
+        ("persistent, barrier, prefetch", &k.prefetch, resident),
+        (
+            "persistent, barrier, prefetch",
+            &k.prefetch,
+            resident.div_ceil(2),
+        ),
+    ]
+    .into_iter()
+    .map(|(name, f, per_sm)| Persistent {
+        label: format!("{name} ({per_sm}/SM)"),
+        f,
+        grid: sms * per_sm,
+        block: threads,
+        smem: 0,
+        writes: true,
+        small_steps: true,
+    })
+    .collect();
+    // Without barriers, or with unordered arrivals, a ring run has no
+    // small steps.
+    persistents.extend(rings.iter().map(|(f, r)| Persistent {
+        label: r.label.to_string(),
+        f,
+        grid: sms,
+        block: RING_THREADS,
+        smem: RING_SMEM as u32,
+        writes: r.compute,
+        small_steps: r.barrier && r.ordered,
+    }));
+
     println!(
         "{:<44} {:>6} {:>10} {:>9} {:>9}",
         "variant (+ small: a one-block step after each)", "rows", "MB a step", "us/step", "GB/s"
@@ -185,19 +240,20 @@ fn main() -> Result<(), Error> {
         };
         for tiny in [false, true] {
             // One launch a step (and one for each small step), recorded as
-            // a graph, with and without programmatic dependence.
-            for pdl in [true, false] {
+            // a graph.
+            for c in &chains {
                 zero(y, STEPS * max_rows)?;
                 zero(sums, STEPS)?;
-                let attr = || if pdl { Attr::Dependent } else { Attr::None };
+                let attr = || if c.pdl { Attr::Dependent } else { Attr::None };
+                let grid = c.grid.unwrap_or(rows.div_ceil(WARPS) as u32);
                 let graph = record(s, |s| {
                     for i in 0..chain {
                         let m = &mats[i % STEPS];
                         let i = i % STEPS;
-                        let (mut w, mut d, mut r, mut xq, mut xd) =
-                            (m.0, m.1, rows as i32, xq_d, xd_d);
+                        let (mut w, mut d, mut r, mut xq, mut xd, mut st) =
+                            (m.0, m.1, rows as i32, xq_d, xd_d, stuck);
                         let mut out = y + (i * rows * 4) as u64;
-                        let args = &mut [
+                        let mut args = vec![
                             ptr(&mut w),
                             ptr(&mut d),
                             ptr(&mut r),
@@ -205,8 +261,10 @@ fn main() -> Result<(), Error> {
                             ptr(&mut xd),
                             ptr(&mut out),
                         ];
-                        let grid = rows.div_ceil(WARPS) as u32;
-                        launch(&k.chain_step, s, grid, threads, args, attr())?;
+                        if c.takes_stuck {
+                            args.push(ptr(&mut st));
+                        }
+                        launch_with(c.f, s, grid, c.block, c.smem, &mut args, attr())?;
                         if tiny {
                             let mut sum = sums + (i * 4) as u64;
                             let args = &mut [ptr(&mut out), ptr(&mut r), ptr(&mut sum)];
@@ -216,113 +274,13 @@ fn main() -> Result<(), Error> {
                     Ok(())
                 })?;
                 let us = replay(s, graph, replays)? / chain as f64;
-                check(y, rows, &want)?;
-                if tiny {
-                    check_sums(sums, &want)?;
-                }
-                let name = if pdl {
-                    "a launch a step (PDL graph)"
-                } else {
-                    "a launch a step (graph, no PDL)"
-                };
-                report(name, tiny, us);
-            }
-            // One launch a step, weights through a ring (PDL graph).
-            for f in chain_rings {
-                zero(y, STEPS * max_rows)?;
-                zero(sums, STEPS)?;
-                let smem = CHAIN_RING_SMEM as u32;
-                let graph = record(s, |s| {
-                    for i in 0..chain {
-                        let m = &mats[i % STEPS];
-                        let i = i % STEPS;
-                        let (mut w, mut d, mut r, mut xq, mut xd, mut st) =
-                            (m.0, m.1, rows as i32, xq_d, xd_d, stuck);
-                        let mut out = y + (i * rows * 4) as u64;
-                        let args = &mut [
-                            ptr(&mut w),
-                            ptr(&mut d),
-                            ptr(&mut r),
-                            ptr(&mut xq),
-                            ptr(&mut xd),
-                            ptr(&mut out),
-                            ptr(&mut st),
-                        ];
-                        launch_with(f, s, sms, RING_THREADS, smem, args, Attr::Dependent)?;
-                        if tiny {
-                            let mut sum = sums + (i * 4) as u64;
-                            let args = &mut [ptr(&mut out), ptr(&mut r), ptr(&mut sum)];
-                            launch(&k.chain_tiny, s, 1, threads, args, Attr::Dependent)?;
-                        }
-                    }
-                    Ok(())
-                })?;
-                let us = replay(s, graph, replays)? / chain as f64;
                 check_stuck(stuck)?;
-                check(y, rows, &want)?;
-                if tiny {
-                    check_sums(sums, &want)?;
-                }
-                report("a launch a step, ring of 4 (PDL graph)", tiny, us);
+                check_run(y, sums, rows, &want, tiny)?;
+                report(c.label, tiny, us);
             }
-            // One persistent launch, blocks meeting at a barrier a step.
-            for (name, f, per_sm) in [
-                ("persistent, barrier", &k.plain, resident_plain),
-                ("persistent, barrier", &k.plain, resident),
-                ("persistent, barrier, prefetch", &k.prefetch, resident),
-                (
-                    "persistent, barrier, prefetch",
-                    &k.prefetch,
-                    resident.div_ceil(2),
-                ),
-            ] {
-                zero(y, STEPS * max_rows)?;
-                zero(sums, STEPS)?;
-                let grid = sms * per_sm;
-                let mut steps = Steps {
-                    w: w_arr,
-                    d: d_arr,
-                    sums,
-                    steps: chain as i32,
-                    rows: rows as i32,
-                    tiny: tiny as i32,
-                    mats: STEPS as i32,
-                };
-                let (mut xq, mut xd, mut out, mut a, mut st) = (xq_d, xd_d, y, arrived, stuck);
-                let mut run = |s: sys::CUstream| -> Result<(), Error> {
-                    // SAFETY: `arrived` is a valid device word of this context.
-                    unsafe { sys::cuMemsetD32Async(arrived, 0, 1, s) }.result()?;
-                    let args = &mut [
-                        ptr(&mut steps),
-                        ptr(&mut xq),
-                        ptr(&mut xd),
-                        ptr(&mut out),
-                        ptr(&mut a),
-                        ptr(&mut st),
-                    ];
-                    launch(f, s, grid, threads, args, Attr::Cooperative)
-                };
-                run(s)?;
-                sync(s)?;
-                check_stuck(stuck)?;
-                let start = Instant::now();
-                for _ in 0..replays {
-                    run(s)?;
-                }
-                sync(s)?;
-                let us = start.elapsed().as_secs_f64() * 1e6 / (replays * chain) as f64;
-                check_stuck(stuck)?;
-                check(y, rows, &want)?;
-                if tiny {
-                    check_sums(sums, &want)?;
-                }
-                report(&format!("{name} ({per_sm}/SM)"), tiny, us);
-            }
-            // One persistent launch, weights through a shared-memory ring.
-            for (f, r) in rings {
-                // Without barriers, or with unordered arrivals, a run has
-                // no small steps.
-                if tiny && !(r.barrier && r.ordered) {
+            // One persistent launch, the blocks meeting at a barrier a step.
+            for p in &persistents {
+                if tiny && !p.small_steps {
                     continue;
                 }
                 zero(y, STEPS * max_rows)?;
@@ -348,8 +306,7 @@ fn main() -> Result<(), Error> {
                         ptr(&mut a),
                         ptr(&mut st),
                     ];
-                    let smem = RING_SMEM as u32;
-                    launch_with(f, s, sms, RING_THREADS, smem, args, Attr::Cooperative)
+                    launch_with(p.f, s, p.grid, p.block, p.smem, args, Attr::Cooperative)
                 };
                 run(s)?;
                 sync(s)?;
@@ -361,13 +318,10 @@ fn main() -> Result<(), Error> {
                 sync(s)?;
                 let us = start.elapsed().as_secs_f64() * 1e6 / (replays * chain) as f64;
                 check_stuck(stuck)?;
-                if r.compute {
-                    check(y, rows, &want)?;
-                    if tiny {
-                        check_sums(sums, &want)?;
-                    }
+                if p.writes {
+                    check_run(y, sums, rows, &want, tiny)?;
                 }
-                report(r.label, tiny, us);
+                report(&p.label, tiny, us);
             }
         }
     }
@@ -416,6 +370,49 @@ struct Kernels {
     ring: Vec<(CudaFunction, RingShape)>,
     /// One step a launch through a ring.
     chain_ring: CudaFunction,
+}
+
+/// A one-launch-a-step kernel (`chain_step`'s parameters, and with
+/// `takes_stuck` the timeout flag after them) and how it is launched: its
+/// grid (None: a block of WARPS rows a block), block, shared memory, and
+/// whether as a programmatic dependent of the launch before.
+struct ChainKernel<'a> {
+    label: &'static str,
+    f: &'a CudaFunction,
+    grid: Option<u32>,
+    block: u32,
+    smem: u32,
+    takes_stuck: bool,
+    pdl: bool,
+}
+
+impl<'a> ChainKernel<'a> {
+    /// `chain_step`: a warp a row.
+    fn step(label: &'static str, f: &'a CudaFunction, block: u32, pdl: bool) -> Self {
+        ChainKernel {
+            label,
+            f,
+            grid: None,
+            block,
+            smem: 0,
+            takes_stuck: false,
+            pdl,
+        }
+    }
+}
+
+/// A persistent kernel (`Steps` and the barrier words its parameters) and
+/// its cooperative launch; `writes`: its outputs are checked (not so for
+/// the rings whose consumers compute nothing); `small_steps`: it runs the
+/// chain with small steps too.
+struct Persistent<'a> {
+    label: String,
+    f: &'a CudaFunction,
+    grid: u32,
+    block: u32,
+    smem: u32,
+    writes: bool,
+    small_steps: bool,
 }
 
 /// A persistent ring kernel of stage_sync.cu: whether its consumers
@@ -659,6 +656,22 @@ fn check_values(got: &[f32], rows: usize, want: &[Vec<(f64, f64)>]) -> Result<()
                 return Err(format!("step {k} row {r}: {g}, the reference {e}").into());
             }
         }
+    }
+    Ok(())
+}
+
+/// A run's outputs (and with `tiny` its small steps' sums) against the
+/// reference.
+fn check_run(
+    y: u64,
+    sums: u64,
+    rows: usize,
+    want: &[Vec<(f64, f64)>],
+    tiny: bool,
+) -> Result<(), Error> {
+    check(y, rows, want)?;
+    if tiny {
+        check_sums(sums, want)?;
     }
     Ok(())
 }

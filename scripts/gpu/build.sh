@@ -28,7 +28,7 @@ cargo build --release -p turbospark-cuda --example decode_products --example sta
 cp target/release/examples/decode_products target/release/examples/stage_sync "$OUT/"
 # The sm_90 kernels, compiled here into a kernel cache that run.sh hands
 # to the binaries (TURBOSPARK_CACHE), so that a fresh device machine with
-# the same NVRTC version skips its ~1-minute compile: carry .devcarry/cache
+# the same NVRTC version skips its compile: carry .devcarry/cache
 # with the binaries.
 NVRTC_LIB=${NVRTC_LIB:-$HOME/.cache/turbospark/nvrtc-13.0/nvidia/cu13/lib}
 if [ -d "$NVRTC_LIB" ]; then

@@ -16,15 +16,21 @@ fn main() {
             eprintln!("usage: kernel_cache [CC...]   (CC: two digits, e.g. 80 or 90)");
             std::process::exit(2);
         };
-        match turbospark_cuda::nvrtc::compile_cached(major, minor) {
-            Ok((cubin, cached)) => println!(
-                "sm_{cc}: {} bytes of CUBIN{}",
-                cubin.len(),
-                if cached {
-                    " (already cached)"
-                } else {
-                    ", cached"
-                }
+        let started = std::time::Instant::now();
+        let built = turbospark_cuda::nvrtc::compile_cached(major, minor, |programs| {
+            eprintln!(
+                "sm_{cc}: compiling {programs} programs on {} threads",
+                turbospark_cuda::nvrtc::compile_threads(programs)
+            )
+        });
+        match built {
+            Ok(built) => println!(
+                "sm_{cc}: {} programs, {} bytes of CUBIN; {} compiled now in {:.1} s, {} already cached",
+                built.cubins.len(),
+                built.cubins.iter().map(Vec::len).sum::<usize>(),
+                built.compiled,
+                started.elapsed().as_secs_f64(),
+                built.cubins.len() - built.compiled
             ),
             Err(e) => {
                 eprintln!("error: sm_{cc}: {e}");

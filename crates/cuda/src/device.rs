@@ -72,18 +72,7 @@ impl CudaDevice {
             .map_err(CudaError::driver("reading the compute capability"))?;
         let name = ctx.name().map_err(CudaError::driver("reading the name"))?;
         let (major, minor) = capability;
-        let kernels = match nvrtc::compile_cached(major, minor)? {
-            (cubin, false) => Kernels::load(&ctx, cubin)?,
-            // A cached CUBIN the driver refuses (damaged, or from a
-            // compiler it does not take): compiled afresh, once.
-            (cubin, true) => match Kernels::load(&ctx, cubin) {
-                Ok(k) => k,
-                Err(_) => {
-                    nvrtc::forget_cached(major, minor);
-                    Kernels::load(&ctx, nvrtc::compile_cached(major, minor)?.0)?
-                }
-            },
-        };
+        let kernels = load_kernels(&ctx, &name, major, minor)?;
         let kernels = Arc::new(kernels);
         crate::kernels::note_device(capability.0);
         let read_only_pins = ctx
@@ -387,4 +376,51 @@ impl Device for CudaDevice {
     fn stream(&self, limits: &Limits) -> Result<CudaStream, BackendError> {
         CudaStream::new(self, limits)
     }
+}
+
+/// The kernels for `sm_{major}{minor}` loaded into `ctx`: the programs'
+/// CUBINs from the disk cache, or compiled now (said on stderr, with the
+/// time it took: a first start on a GPU kind or NVRTC version waits for
+/// it). Cached CUBINs the driver refuses (damaged, or from a compiler it
+/// does not take) are compiled afresh, once.
+fn load_kernels(
+    ctx: &Arc<CudaContext>,
+    gpu: &str,
+    major: i32,
+    minor: i32,
+) -> Result<Kernels, CudaError> {
+    let started = std::time::Instant::now();
+    let told = std::cell::Cell::new(false);
+    let compile = || {
+        nvrtc::compile_cached(major, minor, |programs| {
+            if !told.replace(true) {
+                let place = nvrtc::cache_dir()
+                    .map_or("not cached: no HOME or TURBOSPARK_CACHE".into(), |d| {
+                        format!("cached in {}", d.display())
+                    });
+                eprintln!(
+                    "compiling the CUDA kernels for sm_{major}{minor} ({gpu}): {programs} \
+                     programs on {} threads, once for this GPU kind and NVRTC version ({place})",
+                    nvrtc::compile_threads(programs)
+                );
+            }
+        })
+    };
+    let built = compile()?;
+    let fresh = built.compiled == nvrtc::PROGRAMS.len();
+    let kernels = match Kernels::load(ctx, built.cubins) {
+        Ok(k) => k,
+        Err(e) if fresh => return Err(e),
+        Err(_) => {
+            nvrtc::forget_cached(major, minor);
+            Kernels::load(ctx, compile()?.cubins)?
+        }
+    };
+    if told.get() {
+        eprintln!(
+            "compiled the CUDA kernels in {:.1} s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(kernels)
 }

@@ -27,6 +27,11 @@ pub enum CudaError {
         #[source]
         source: DriverError,
     },
+    #[error(
+        "the compiled CUDA kernels hold no kernel {name} (searched {modules} modules): the \
+         kernel sources and their loader disagree"
+    )]
+    MissingKernel { name: String, modules: usize },
     #[error("compiling the CUDA kernels for {arch} failed:\n{log}")]
     Compile { arch: String, log: String },
 }

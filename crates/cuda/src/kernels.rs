@@ -32,9 +32,32 @@ use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
 
 /// Kernel `name` of module `m`.
-fn kernel(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, CudaError> {
-    m.load_function(name)
-        .map_err(CudaError::driver("loading a kernel"))
+/// The loaded modules of the kernel programs (nvrtc.rs `PROGRAMS`), each
+/// holding the kernels of some source files.
+pub(crate) struct Modules(Vec<Arc<CudaModule>>);
+
+impl Modules {
+    /// Every program's CUBIN loaded into `ctx`.
+    pub(crate) fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>) -> Result<Modules, CudaError> {
+        cubins
+            .into_iter()
+            .map(|cubin| {
+                ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
+                    .map_err(CudaError::driver("loading a kernel module"))
+            })
+            .collect::<Result<_, _>>()
+            .map(Modules)
+    }
+}
+
+/// The kernel `name`, from whichever module holds it (exactly one does).
+fn kernel(m: &Modules, name: &str) -> Result<CudaFunction, CudaError> {
+    m.0.iter()
+        .find_map(|module| module.load_function(name).ok())
+        .ok_or_else(|| CudaError::MissingKernel {
+            name: name.to_string(),
+            modules: m.0.len(),
+        })
 }
 
 /// One kernel per weight format, indexed by `QuantFormat::ALL` order
@@ -42,7 +65,7 @@ fn kernel(m: &Arc<CudaModule>, name: &str) -> Result<CudaFunction, CudaError> {
 pub(crate) struct PerFormat([CudaFunction; 12]);
 
 impl PerFormat {
-    fn load(m: &Arc<CudaModule>, prefix: &str) -> Result<PerFormat, CudaError> {
+    fn load(m: &Modules, prefix: &str) -> Result<PerFormat, CudaError> {
         let f = |fmt: QuantFormat| kernel(m, &format!("{prefix}_{}", fmt.name()));
         let all = QuantFormat::ALL;
         Ok(PerFormat([
@@ -136,11 +159,9 @@ pub(crate) struct Kernels {
 }
 
 impl Kernels {
-    /// The kernels of a module's CUBIN (`nvrtc::compile`).
-    pub(crate) fn load(ctx: &Arc<CudaContext>, cubin: Vec<u8>) -> Result<Kernels, CudaError> {
-        let m = ctx
-            .load_module(cudarc::nvrtc::Ptx::from_binary(cubin))
-            .map_err(CudaError::driver("loading the kernel module"))?;
+    /// The kernels of the programs' CUBINs (`nvrtc::compile`), in `ctx`.
+    pub(crate) fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>) -> Result<Kernels, CudaError> {
+        let m = Modules::load(ctx, cubins)?;
         let f = |name: &str| kernel(&m, name);
         let attention_f32 = f("attention_f32")?;
         let attention_f16 = f("attention_f16")?;

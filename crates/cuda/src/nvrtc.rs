@@ -1,11 +1,17 @@
 //! The kernels' CUDA C source and its compilation by NVRTC, cached on disk.
 //!
-//! The sources under `kernels/` form one translation unit, compiled at run
-//! time for the device's compute capability, straight to its machine code
-//! (`sm_XY` CUBIN, which the driver loads as it is). The CUBIN is kept
-//! under `$TURBOSPARK_CACHE/cuda` (default `~/.cache/turbospark/cuda`),
-//! keyed by a hash of the source, the target and NVRTC's version, so a
-//! second start skips the compiler.
+//! The sources under `kernels/` are compiled at run time for the device's
+//! compute capability, straight to its machine code (`sm_XY` CUBIN, which
+//! the driver loads as it is), as several programs at once: every program
+//! reads all the sources (they share definitions), and each emits the
+//! kernels of some files only ([`PROGRAMS`]; common.cuh `KERNEL`). NVRTC
+//! compiles one program on one thread, and ~99 % of its time goes to
+//! optimising and assembling the kernels, so the programs compile in
+//! about the time of the largest where there are enough cores; a kernel's
+//! code is the same as in one program holding them all. Each program's
+//! CUBIN is kept under `$TURBOSPARK_CACHE/cuda` (default
+//! `~/.cache/turbospark/cuda`), keyed by a hash of its source, the target
+//! and NVRTC's version, so a second start skips the compiler.
 
 use crate::CudaError;
 use sha2::{Digest, Sha256};
@@ -32,11 +38,48 @@ const SOURCES: [(&str, &str); 17] = [
     ("kq.cu", include_str!("kernels/kq.cu")),
 ];
 
-/// The whole translation unit, with `#line` markers so that compiler
-/// messages name the original file.
+/// The programs the kernels are compiled as, each by the files whose
+/// kernels it emits; every file with kernels is in exactly one (a test
+/// checks). The largest first, and the small files grouped: compiled one
+/// after another for sm_90 by NVRTC 13.0 on the development VM, these took
+/// 17.1, 11.3, 7.9, 6.0, 4.5, 4.6, 5.0, 4.9 and 1.5 s (62.8 s together;
+/// all kernels in one program took 66–71 s, of which the front end 0.5 s).
+/// moe.cu's kernels bound the time on a machine of 4 or more cores.
+pub const PROGRAMS: [&[&str]; 9] = [
+    &["moe.cu"],
+    &["tcmoe.cu"],
+    &["kq.cu"],
+    &["q8dot.cu"],
+    &["tcmm.cu"],
+    &["matmul.cu", "headmm.cu"],
+    &["q8cta.cu", "deltanet.cu", "elementwise.cu"],
+    &["q8one.cu", "attention.cu", "mmq.cu"],
+    &["q8mma.cu", "route.cu", "layout.cu"],
+];
+
+/// Every source in one program that emits every kernel, with `#line`
+/// markers so that compiler messages name the original file (for the PTX
+/// of all kernels, [`compile_ptx`]).
 pub fn source() -> String {
+    program_text(|_| true)
+}
+
+/// The source of program `p` of [`PROGRAMS`]: every file, each kernel of
+/// the files outside the program an uninstantiated template (common.cuh
+/// `KERNEL`).
+pub fn program_source(p: usize) -> String {
+    program_text(|file| PROGRAMS[p].contains(&file))
+}
+
+fn program_text(emits: impl Fn(&str) -> bool) -> String {
     let mut s = String::new();
     for (name, text) in SOURCES {
+        let kernel = if emits(name) {
+            "extern \"C\" __global__"
+        } else {
+            "template <int> __global__"
+        };
+        s.push_str(&format!("#undef KERNEL\n#define KERNEL {kernel}\n"));
         s.push_str(&format!("#line 1 \"{name}\"\n"));
         s.push_str(text);
         s.push('\n');
@@ -67,10 +110,47 @@ pub fn nvrtc_version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
-/// Machine code (CUBIN) of the kernels for `sm_{major}{minor}`, compiled
-/// now.
-pub fn compile(major: i32, minor: i32) -> Result<Vec<u8>, CudaError> {
-    compile_source(source(), major, minor)
+/// Machine code (CUBIN) of every program of [`PROGRAMS`] for
+/// `sm_{major}{minor}`, compiled now, in that order.
+pub fn compile(major: i32, minor: i32) -> Result<Vec<Vec<u8>>, CudaError> {
+    let all: Vec<usize> = (0..PROGRAMS.len()).collect();
+    compile_programs(&all, major, minor)
+}
+
+/// How many programs of `count` compile at once: one a core the machine
+/// offers, at most one a program.
+pub fn compile_threads(count: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.min(count).max(1)
+}
+
+/// Programs `which` (indices into [`PROGRAMS`]) compiled at once on
+/// [`compile_threads`] threads, each taking the next program not yet
+/// taken, in the order of `which` (the largest first); their CUBINs in
+/// that order. A failure is the first failed program's.
+fn compile_programs(which: &[usize], major: i32, minor: i32) -> Result<Vec<Vec<u8>>, CudaError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    type Slot = Mutex<Option<Result<Vec<u8>, CudaError>>>;
+    let next = AtomicUsize::new(0);
+    let done: Vec<Slot> = which.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|scope| {
+        for _ in 0..compile_threads(which.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&p) = which.get(i) else { break };
+                let cubin = compile_source(program_source(p), major, minor);
+                *done[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(cubin);
+            });
+        }
+    });
+    done.into_iter()
+        .map(|slot| {
+            slot.into_inner()
+                .unwrap_or_else(|e| e.into_inner())
+                .expect("every program is taken by a thread before the scope ends")
+        })
+        .collect()
 }
 
 /// PTX of the kernels for `compute_{major}{minor}`, compiled now: for
@@ -155,50 +235,90 @@ pub fn parse_capability(cc: &str) -> Option<(i32, i32)> {
     }
 }
 
-/// The kernels' CUBIN for `sm_{major}{minor}`, from the disk cache when it
-/// holds it (`true`: it came from there), else compiled now and stored.
-/// A machine that is handed a filled cache directory (`TURBOSPARK_CACHE`,
-/// e.g. `scripts/gpu/build.sh`'s `.devcarry/cache`, filled by
-/// `examples/kernel_cache.rs`) with the same source and NVRTC version
-/// skips the compiler.
-pub fn compile_cached(major: i32, minor: i32) -> Result<(Vec<u8>, bool), CudaError> {
-    let path = cache_path(major, minor)?;
-    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
-        if !bytes.is_empty() {
-            return Ok((bytes, true));
+/// The programs' CUBINs for `sm_{major}{minor}`, in [`PROGRAMS`] order,
+/// each from the disk cache when it holds it, else compiled now (all
+/// those at once, [`compile_programs`]) and stored; `before_compiling`
+/// is told how many must be compiled before that starts (not called when
+/// the cache holds them all). A machine that is handed a filled cache
+/// directory (`TURBOSPARK_CACHE`, e.g. `scripts/gpu/build.sh`'s
+/// `.devcarry/cache`, filled by `examples/kernel_cache.rs`) with the same
+/// sources and NVRTC version skips the compiler.
+pub fn compile_cached(
+    major: i32,
+    minor: i32,
+    before_compiling: impl FnOnce(usize),
+) -> Result<Cubins, CudaError> {
+    let paths = (0..PROGRAMS.len())
+        .map(|p| cache_path(major, minor, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut cubins: Vec<Option<Vec<u8>>> = paths
+        .iter()
+        .map(|path| {
+            let bytes = path.as_ref().and_then(|p| std::fs::read(p).ok());
+            bytes.filter(|b| !b.is_empty())
+        })
+        .collect();
+    let missing: Vec<usize> = (0..PROGRAMS.len())
+        .filter(|&p| cubins[p].is_none())
+        .collect();
+    if !missing.is_empty() {
+        before_compiling(missing.len());
+        for (&p, cubin) in missing
+            .iter()
+            .zip(compile_programs(&missing, major, minor)?)
+        {
+            if let Some(path) = &paths[p] {
+                // A cache that cannot be written only costs the next start
+                // a compile.
+                let _ = write_atomically(path, &cubin);
+            }
+            cubins[p] = Some(cubin);
         }
     }
-    let cubin = compile(major, minor)?;
-    if let Some(path) = path {
-        // A cache that cannot be written only costs the next start a compile.
-        let _ = write_atomically(&path, &cubin);
-    }
-    Ok((cubin, false))
+    Ok(Cubins {
+        cubins: cubins
+            .into_iter()
+            .map(|c| c.expect("every missing program was compiled above"))
+            .collect(),
+        compiled: missing.len(),
+    })
 }
 
-/// Drops the cached CUBIN for `sm_{major}{minor}` (one the driver would
+/// What [`compile_cached`] hands back.
+pub struct Cubins {
+    /// Every program's CUBIN, in [`PROGRAMS`] order.
+    pub cubins: Vec<Vec<u8>>,
+    /// How many of them were compiled now (0: all came from the cache).
+    pub compiled: usize,
+}
+
+/// Drops the cached CUBINs for `sm_{major}{minor}` (ones the driver would
 /// not load), so that the next start compiles afresh.
 pub fn forget_cached(major: i32, minor: i32) {
-    if let Ok(Some(path)) = cache_path(major, minor) {
-        let _ = std::fs::remove_file(path);
+    for p in 0..PROGRAMS.len() {
+        if let Ok(Some(path)) = cache_path(major, minor, p) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
-/// Where the CUBIN of this source for `sm_{major}{minor}` is cached: keyed
-/// by a hash of the source, the target and NVRTC's version.
-fn cache_path(major: i32, minor: i32) -> Result<Option<PathBuf>, CudaError> {
+/// Where program `p`'s CUBIN for `sm_{major}{minor}` is cached: keyed by a
+/// hash of its source, the target and NVRTC's version.
+fn cache_path(major: i32, minor: i32, p: usize) -> Result<Option<PathBuf>, CudaError> {
     let (vmaj, vmin) = nvrtc_version()?;
     let mut h = Sha256::new();
-    h.update(source().as_bytes());
+    h.update(program_source(p).as_bytes());
     h.update(format!("sm_{major}{minor} nvrtc {vmaj}.{vmin}").as_bytes());
     let key: String = h.finalize()[..12]
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    Ok(cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-{key}.cubin"))))
+    Ok(cache_dir().map(|d| d.join(format!("kernels-sm{major}{minor}-p{p}-{key}.cubin"))))
 }
 
-fn cache_dir() -> Option<PathBuf> {
+/// The folder the CUBINs are cached in, if there is one (no
+/// `TURBOSPARK_CACHE` and no `HOME`: none).
+pub fn cache_dir() -> Option<PathBuf> {
     let base = match std::env::var_os("TURBOSPARK_CACHE") {
         Some(d) => PathBuf::from(d),
         None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/turbospark"),
@@ -217,7 +337,45 @@ fn write_atomically(path: &std::path::Path, text: &[u8]) -> std::io::Result<()> 
 
 #[cfg(test)]
 mod tests {
-    use super::SOURCES;
+    use super::{program_source, PROGRAMS, SOURCES};
+
+    /// Every file that defines kernels is in exactly one program, so each
+    /// kernel is emitted once; every kernel opens with `KERNEL` (a
+    /// definition that said `extern "C" __global__` itself would be
+    /// emitted by every program).
+    #[test]
+    fn every_kernel_file_is_in_exactly_one_program() {
+        for (file, text) in SOURCES {
+            let programs = PROGRAMS.iter().filter(|p| p.contains(&file)).count();
+            let has_kernels = text.contains("KERNEL void");
+            assert_eq!(
+                programs,
+                usize::from(has_kernels),
+                "{file}: in {programs} programs, {} kernels",
+                if has_kernels { "with" } else { "without" }
+            );
+            if file != "common.cuh" {
+                assert!(
+                    !text.contains("__global__"),
+                    "{file}: a kernel not opened by KERNEL"
+                );
+            }
+        }
+        for p in PROGRAMS.iter().flat_map(|p| p.iter()) {
+            assert!(SOURCES.iter().any(|(f, _)| f == p), "{p} is not a source");
+        }
+        // Program 0 emits moe.cu's kernels and not kq.cu's.
+        let src = program_source(0);
+        let before = |file: &str| {
+            let at = src.find(&format!("#line 1 \"{file}\"")).expect("the file");
+            src[..at]
+                .rsplit("#define KERNEL ")
+                .next()
+                .map(|d| d.lines().next().unwrap_or(""))
+        };
+        assert_eq!(before("moe.cu"), Some("extern \"C\" __global__"));
+        assert_eq!(before("kq.cu"), Some("template <int> __global__"));
+    }
 
     /// The integer a source's `#define NAME <integer>` gives NAME.
     fn defined(name: &str) -> Option<usize> {
@@ -458,7 +616,7 @@ mod tests {
         let mut kernels = 0;
         for (file, text) in SOURCES {
             let mut rest = text;
-            while let Some(at) = rest.find("extern \"C\" __global__") {
+            while let Some(at) = rest.find("KERNEL void") {
                 let after = &rest[at..];
                 let open = after.find('{').expect("a kernel body");
                 // (Past any `__launch_bounds__(…)`.)

@@ -7,26 +7,76 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
         eprintln!("skipped: NVRTC (libnvrtc.so.13) not found; scripts/test.sh installs it");
         return;
     }
-    // Both targets at once (NVRTC compiles independent programs in
-    // parallel; CI has two cores).
-    let builds: Vec<_> = [(8, 0), (9, 0)]
-        .into_iter()
-        .map(|(major, minor)| {
-            std::thread::spawn(move || {
-                (major, minor, turbospark_cuda::nvrtc::compile(major, minor))
-            })
-        })
-        .collect();
-    for b in builds {
-        let (major, minor, cubin) = b.join().expect("a compile thread");
-        let cubin = match cubin {
+    for (major, minor) in [(8, 0), (9, 0)] {
+        let started = std::time::Instant::now();
+        let cubins = match turbospark_cuda::nvrtc::compile(major, minor) {
             Ok(c) => c,
             Err(e) => panic!("sm_{major}{minor}: {e}"),
         };
-        // An ELF image (what the driver loads).
-        assert_eq!(&cubin[..4], b"\x7fELF", "sm_{major}{minor}: not a CUBIN");
-        eprintln!("sm_{major}{minor}: {} bytes of CUBIN", cubin.len());
+        assert_eq!(cubins.len(), turbospark_cuda::nvrtc::PROGRAMS.len());
+        // Each program's kernels are its own: no kernel is emitted by two
+        // programs (its files' kernels are templates never instantiated
+        // in the others, common.cuh `KERNEL`).
+        let mut owner = std::collections::HashMap::new();
+        for (p, cubin) in cubins.iter().enumerate() {
+            // An ELF image (what the driver loads).
+            assert_eq!(
+                &cubin[..4],
+                b"\x7fELF",
+                "sm_{major}{minor}: program {p} is not a CUBIN"
+            );
+            let kernels = kernel_names(cubin);
+            assert!(
+                !kernels.is_empty(),
+                "sm_{major}{minor}: program {p} holds no kernel"
+            );
+            for k in kernels {
+                if let Some(q) = owner.insert(k.clone(), p) {
+                    panic!("sm_{major}{minor}: kernel {k} is in programs {q} and {p}");
+                }
+            }
+        }
+        eprintln!(
+            "sm_{major}{minor}: {} kernels in {} programs, {} bytes of CUBIN, {:.1} s on {} threads",
+            owner.len(),
+            cubins.len(),
+            cubins.iter().map(Vec::len).sum::<usize>(),
+            started.elapsed().as_secs_f64(),
+            turbospark_cuda::nvrtc::compile_threads(cubins.len())
+        );
+        assert!(owner.contains_key("rms_norm") && owner.contains_key("kq_tile_q6_k"));
     }
+}
+
+/// The kernels (global functions) a CUBIN defines: the names of its ELF
+/// symbol table's global function symbols.
+fn kernel_names(elf: &[u8]) -> Vec<String> {
+    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    assert_eq!(elf[4], 2, "a 64-bit ELF");
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3A), u16_at(0x3C));
+    let section = |i: usize| shoff + i * shentsize;
+    let mut names = Vec::new();
+    for i in 0..shnum {
+        let sh = section(i);
+        // SHT_SYMTAB, whose sh_link is its string table.
+        if u32_at(sh + 4) != 2 {
+            continue;
+        }
+        let (offset, size, entsize) = (u64_at(sh + 0x18), u64_at(sh + 0x20), u64_at(sh + 0x38));
+        let strtab = u64_at(section(u32_at(sh + 0x28)) + 0x18);
+        for sym in (offset..offset + size).step_by(entsize) {
+            let info = elf[sym + 4];
+            // STB_GLOBAL, STT_FUNC.
+            if info >> 4 == 1 && info & 0xf == 2 {
+                let name = &elf[strtab + u32_at(sym)..];
+                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+                names.push(String::from_utf8_lossy(&name[..end]).into_owned());
+            }
+        }
+    }
+    names
 }
 
 #[test]

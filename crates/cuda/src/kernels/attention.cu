@@ -166,14 +166,14 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
     }
 }
 
-extern "C" __global__ void attention_f32(const float* q, const float* kc, const float* vc,
+KERNEL void attention_f32(const float* q, const float* kc, const float* vc,
                                          AttnParams p, const float* sinks, float* out,
                                          const int* step, signed char* oq, float* oqd) {
     KERNEL_ENTRY();
     attention_impl<false>(q, kc, vc, p, sinks, out, step, oq, oqd);
 }
 
-extern "C" __global__ void attention_f16(const float* q, const u16* kc, const u16* vc,
+KERNEL void attention_f16(const float* q, const u16* kc, const u16* vc,
                                          AttnParams p, const float* sinks, float* out,
                                          const int* step, signed char* oq, float* oqd) {
     KERNEL_ENTRY();
@@ -302,13 +302,13 @@ __device__ void attention_group_impl(const float* __restrict__ q, const void* __
     }
 }
 
-extern "C" __global__ void attention_group_f32(const float* q, const float* kc, const float* vc,
+KERNEL void attention_group_f32(const float* q, const float* kc, const float* vc,
                                                AttnParams p, const float* sinks, float* out) {
     KERNEL_ENTRY();
     attention_group_impl<false>(q, kc, vc, p, sinks, out);
 }
 
-extern "C" __global__ void attention_group_f16(const float* q, const u16* kc, const u16* vc,
+KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
                                                AttnParams p, const float* sinks, float* out) {
     KERNEL_ENTRY();
     attention_group_impl<true>(q, kc, vc, p, sinks, out);
@@ -571,7 +571,7 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 // (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after
 // its early reads.)
 #define ATTN_DECODE(hd)                                                                         \
-    extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(     \
+    KERNEL void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(                    \
         const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
         float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
         attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets);      \

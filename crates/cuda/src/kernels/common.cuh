@@ -1,14 +1,27 @@
 // Shared helpers of every turbospark CUDA kernel: half-precision
 // conversion, warp and block reductions, and the weight formats' decoders.
 //
-// The sources are concatenated in one translation unit (see kernels.rs)
-// and compiled by NVRTC without the toolkit's headers, so half-precision
+// The sources are concatenated in one translation unit (see nvrtc.rs;
+// compiled as several programs, each emitting some files' kernels) and
+// compiled by NVRTC without the toolkit's headers, so half-precision
 // conversions are written with PTX `cvt` rather than <cuda_fp16.h>.
 
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef long long i64;
+
+// A kernel's definition opens with KERNEL where CUDA writes
+// `extern "C" __global__` (any __launch_bounds__ still follow the return
+// type): an entry point the driver finds by its unmangled name. nvrtc.rs compiles the sources as several programs at
+// once, each emitting the kernels of some files only; before each file of
+// a program it defines KERNEL as this, or, where that program does not
+// emit the file's kernels, as `template <int> __global__`: a kernel
+// template never instantiated, which the compiler checks and then drops
+// without generating code.
+#ifndef KERNEL
+#define KERNEL extern "C" __global__
+#endif
 
 #define WARP 32
 #define FULL_MASK 0xffffffffu

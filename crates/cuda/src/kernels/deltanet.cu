@@ -14,7 +14,7 @@
 
 #define CONV_MAX_PAST 16
 
-extern "C" __global__ void causal_conv1d_silu(const float* __restrict__ x, float* __restrict__ state,
+KERNEL void causal_conv1d_silu(const float* __restrict__ x, float* __restrict__ state,
                                               const float* __restrict__ w, int n, int ch, int k,
                                               int fresh, float* __restrict__ out) {
     KERNEL_ENTRY();
@@ -46,7 +46,7 @@ __device__ __forceinline__ float softplus_(float x) { return x > 20.0f ? x : log
 // of 32); every thread gets it.
 __device__ float delta_block_sum(float v, float* red) { return block_sum(v, red); }
 
-extern "C" __global__ void gated_delta_rule(const float* __restrict__ qkv,
+KERNEL void gated_delta_rule(const float* __restrict__ qkv,
                                             const float* __restrict__ alpha,
                                             const float* __restrict__ beta,
                                             const float* __restrict__ a_log,
@@ -133,7 +133,7 @@ extern "C" __global__ void gated_delta_rule(const float* __restrict__ qkv,
 #define DN_BV 32
 #define DN_THREADS 256
 
-extern "C" __global__ void __launch_bounds__(DN_THREADS)
+KERNEL void __launch_bounds__(DN_THREADS)
     gated_delta_rule_chunked(const float* __restrict__ qkv, const float* __restrict__ alpha,
                              const float* __restrict__ beta, const float* __restrict__ a_log,
                              const float* __restrict__ dt_bias, int n, int hk, int hv, int dk,
@@ -289,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(DN_THREADS)
     }
 }
 
-extern "C" __global__ void mul_sigmoid_rows(float* x, const float* gate, i64 rows, int dim) {
+KERNEL void mul_sigmoid_rows(float* x, const float* gate, i64 rows, int dim) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, rows * dim) x[i] *= sigmoidf_(gate[i / dim]);
 }

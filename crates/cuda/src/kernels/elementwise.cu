@@ -9,27 +9,27 @@
 
 #define GRID_STRIDE(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-extern "C" __global__ void add_bias(float* x, const float* bias, int n, int d) {
+KERNEL void add_bias(float* x, const float* bias, int n, int d) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, (i64)n * d) x[i] += bias[i % d];
 }
 
-extern "C" __global__ void add(float* dst, const float* src, i64 len) {
+KERNEL void add(float* dst, const float* src, i64 len) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) dst[i] += src[i];
 }
 
-extern "C" __global__ void scale(float* x, i64 len, float s) {
+KERNEL void scale(float* x, i64 len, float s) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] *= s;
 }
 
-extern "C" __global__ void mul_sigmoid(float* x, const float* gate, i64 len) {
+KERNEL void mul_sigmoid(float* x, const float* gate, i64 len) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] *= sigmoidf_(gate[i]);
 }
 
-extern "C" __global__ void softcap(float* x, i64 len, float cap) {
+KERNEL void softcap(float* x, i64 len, float cap) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) x[i] = tanhf(x[i] / cap) * cap;
 }
@@ -47,7 +47,7 @@ __device__ __forceinline__ float glu_one(float g, float u, int act, float alpha,
     return (v + 1.0f) * (x * sigmoidf_(alpha * x));
 }
 
-extern "C" __global__ void glu(float* gate, const float* up, i64 len, int act, float alpha,
+KERNEL void glu(float* gate, const float* up, i64 len, int act, float alpha,
                                float limit) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) gate[i] = glu_one(gate[i], up[i], act, alpha, limit);
@@ -263,7 +263,7 @@ __device__ __forceinline__ void rms_norm_row(float* add_src, float* h, float* ou
 // never written, so no kernel writes them) are loaded before waiting for
 // the kernel before this one (KERNEL_ENTRY, common.cuh), so that their
 // loads from memory overlap its tail; the row, which it writes, after.
-extern "C" __global__ void __launch_bounds__(NORM_THREADS)
+KERNEL void __launch_bounds__(NORM_THREADS)
     rms_norm(float* add_src, float* h, float* out, int dim, float eps, int mode, const float* w,
              signed char* q, float* qd, int order, signed char* q2, float* qd2, NormCombine cy) {
     float wv[NORM_PER];
@@ -406,7 +406,7 @@ __device__ __forceinline__ void rms_norm_vec_row(float* add_src, float* h, float
 // rms_norm in the vector layout: blocks of ceil(dim / NORM_VEC) threads
 // rounded up to whole warps (fusion.rs `norm_vec_threads`); the weights
 // are loaded before the wait, as rms_norm's.
-extern "C" __global__ void __launch_bounds__(NORM_VEC_THREADS)
+KERNEL void __launch_bounds__(NORM_VEC_THREADS)
     rms_norm_vec(float* add_src, float* h, float* out, int dim, float eps, int mode,
                  const float* w, signed char* q, float* qd, int order, signed char* q2,
                  float* qd2, NormCombine cy) {
@@ -475,7 +475,7 @@ __device__ __forceinline__ void rope_cos_sin(const RopeParams& p, int pos, int p
 // thread reads the position (a decode step's is set before the step's
 // first kernel) and forms its first pair's rotation, which depend on
 // nothing a kernel writes; q, k and v are read after.
-extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step) {
+KERNEL void rope_kv(RopeKvParams r, RopeParams p, const int* step) {
     int first_pos = step ? step[1] : r.first_pos;
     const int n = r.n_tokens, hd = r.head_dim, tail = hd - 2 * p.pairs;
     // Which write stores tensor i's rotated values (-1: none), by
@@ -564,7 +564,7 @@ extern "C" __global__ void rope_kv(RopeKvParams r, RopeParams p, const int* step
 }
 
 // Rows of `row_len` into cache rows (first_pos + t) % capacity.
-extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, int row_len,
+KERNEL void kv_write_f32(float* cache, const float* src, int n, int row_len,
                                         int first_pos, int capacity, const int* step) {
     KERNEL_ENTRY();
     if (step) first_pos = step[1];
@@ -574,7 +574,7 @@ extern "C" __global__ void kv_write_f32(float* cache, const float* src, int n, i
     }
 }
 
-extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int row_len,
+KERNEL void kv_write_f16(u16* cache, const float* src, int n, int row_len,
                                         int first_pos, int capacity, const int* step) {
     KERNEL_ENTRY();
     if (step) first_pos = step[1];
@@ -584,14 +584,14 @@ extern "C" __global__ void kv_write_f16(u16* cache, const float* src, int n, int
     }
 }
 
-extern "C" __global__ void widen_f16(const u16* src, float* dst, i64 len) {
+KERNEL void widen_f16(const u16* src, float* dst, i64 len) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, len) dst[i] = f16_to_f32(src[i]);
 }
 
 // x[t] += (alpha · (u · x[t]) + beta) · u for each row of `d`; the dot in
 // f64. One block per row.
-extern "C" __global__ void adjust_projection(float* x, const float* u, int d, float alpha,
+KERNEL void adjust_projection(float* x, const float* u, int d, float alpha,
                                              float beta) {
     KERNEL_ENTRY();
     float* row = x + (i64)blockIdx.x * d;

@@ -66,12 +66,12 @@ __device__ void head_t_impl(const u8* __restrict__ W, i64 row_bytes, int cols, H
 }
 
 #define HEADMM(fmt, F)                                                                          \
-    extern "C" __global__ void head_plain_##fmt(const u8* W, i64 row_bytes, int cols,           \
+    KERNEL void head_plain_##fmt(const u8* W, i64 row_bytes, int cols,                          \
                                                 HeadParams p, const float* x, float* out) {     \
         KERNEL_ENTRY();                                                                         \
         head_plain_impl<F>(W, row_bytes, cols, p, x, out);                                      \
     }                                                                                           \
-    extern "C" __global__ void head_t_##fmt(const u8* W, i64 row_bytes, int cols, HeadParams p, \
+    KERNEL void head_t_##fmt(const u8* W, i64 row_bytes, int cols, HeadParams p,                \
                                             const float* x, float* out) {                       \
         KERNEL_ENTRY();                                                                         \
         head_t_impl<F>(W, row_bytes, cols, p, x, out);                                          \

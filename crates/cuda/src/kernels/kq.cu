@@ -880,38 +880,38 @@ __device__ void kq_down1_impl(const signed char* __restrict__ aq, const float* _
 // decode step's: the first weights loaded before the wait), a batch; the
 // routed experts route by route (also EARLY) and grouped by expert.
 #define KQ_KERNELS(fmt, F)                                                                       \
-    extern "C" __global__ void kq_matmul_##fmt(MatGroup g, int cols, const signed char* xq,      \
+    KERNEL void kq_matmul_##fmt(MatGroup g, int cols, const signed char* xq,                     \
                                                const float* xd, int n) {                         \
         KERNEL_ENTRY();                                                                          \
         kq_matmul_impl<F, MM_TOKENS, false>(g, cols, xq, xd, n);                                 \
     }                                                                                            \
-    extern "C" __global__ void kq_matmul1_##fmt(MatGroup g, int cols, const signed char* xq,     \
+    KERNEL void kq_matmul1_##fmt(MatGroup g, int cols, const signed char* xq,                    \
                                                 const float* xd, int n) {                        \
         kq_matmul_impl<F, 1, true>(g, cols, xq, xd, n);                                          \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                     \
         kq_tile_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,     \
                       const float* xd, int n, float* out, const float* bias) {                   \
         KERNEL_ENTRY();                                                                          \
         mq_matmul_impl<KqProducts<F>>(W, rows, cols, row_bytes, xq, xd, n, out, bias);           \
     }                                                                                            \
-    extern "C" __global__ void kq_gate_up1_##fmt(const signed char* xq, const float* xd,         \
+    KERNEL void kq_gate_up1_##fmt(const signed char* xq, const float* xd,                        \
                                                  const RouteOut* routes, int k, SlotMask only,   \
                                                  BankView b, MoeAct a, float* act) {             \
         kq_gate_up1_impl<F>(xq, xd, routes, k, only, b, a, act);                                 \
     }                                                                                            \
-    extern "C" __global__ void kq_down1_##fmt(const signed char* aq, const float* ad,            \
+    KERNEL void kq_down1_##fmt(const signed char* aq, const float* ad,                           \
                                               const RouteOut* routes, SlotMask only, BankView b, \
                                               float* y) {                                        \
         kq_down1_impl<F>(aq, ad, routes, only, b, y);                                            \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                     \
         kq_gate_up_tile_##fmt(const signed char* xq, const float* xd, const u32* order,          \
                               const u32* offsets, int k, BankView b, MoeAct a, float* act) {     \
         KERNEL_ENTRY();                                                                          \
         mq_gate_up_impl<KqProducts<F>>(xq, xd, order, offsets, k, b, a, act);                    \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                      \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                     \
         kq_down_tile_##fmt(const signed char* aq, const float* ad, const u32* order,             \
                            const u32* offsets, BankView b, float* y) {                           \
         KERNEL_ENTRY();                                                                          \

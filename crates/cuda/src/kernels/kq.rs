@@ -16,10 +16,9 @@
 //! The default since the twenty-ninth session measured it
 //! (`TURBOSPARK_CUDA_KQ=tc` keeps the tensor cores).
 
-use super::kernel;
+use super::{kernel, Modules};
 use crate::CudaError;
-use cudarc::driver::{CudaFunction, CudaModule};
-use std::sync::Arc;
+use cudarc::driver::CudaFunction;
 use turbospark_core::QuantFormat;
 
 /// The formats with kernels in kq.cu.
@@ -61,7 +60,7 @@ pub(crate) struct KqKernels {
 }
 
 impl KqKernels {
-    pub(super) fn load(m: &Arc<CudaModule>) -> Result<KqKernels, CudaError> {
+    pub(super) fn load(m: &Modules) -> Result<KqKernels, CudaError> {
         let f = |kind: &str, fmt: QuantFormat| kernel(m, &format!("kq_{kind}_{}", fmt.name()));
         let sets = KQ_FORMATS
             .iter()

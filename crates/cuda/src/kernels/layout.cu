@@ -3,7 +3,7 @@
 // block][scales of every block]`, rows `dst_row` bytes apart (16-byte
 // multiples). The bytes themselves are unchanged.
 //   src: `rows` rows of `nb` blocks of `sb + cb` bytes, `src_row` apart.
-extern "C" __global__ void split_rows(const u8* __restrict__ src, u8* __restrict__ dst, i64 rows,
+KERNEL void split_rows(const u8* __restrict__ src, u8* __restrict__ dst, i64 rows,
                                       int nb, int cb, int sb, i64 src_row, i64 dst_row) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, rows * nb) {

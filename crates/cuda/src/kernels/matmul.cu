@@ -31,7 +31,7 @@ __device__ void matmul_impl(const u8* __restrict__ W, int rows, int cols, i64 ro
 }
 
 #define MATMUL(name, F)                                                                      \
-    extern "C" __global__ void name(const u8* W, int rows, int cols, i64 row_bytes,          \
+    KERNEL void name(const u8* W, int rows, int cols, i64 row_bytes,                         \
                                     const float* x, int n, float* out) {                     \
         KERNEL_ENTRY();                                                                      \
         matmul_impl<F>(W, rows, cols, row_bytes, x, n, out);                                 \
@@ -78,7 +78,7 @@ __device__ void embed_impl(const u8* __restrict__ table, int cols, i64 row_bytes
 }
 
 #define EMBED(name, F)                                                                       \
-    extern "C" __global__ void name(const u8* table, int cols, i64 row_bytes, EmbedTokens tok, \
+    KERNEL void name(const u8* table, int cols, i64 row_bytes, EmbedTokens tok,                \
                                     int n, float* out, const int* step) {                    \
         KERNEL_ENTRY();                                                                      \
         embed_impl<F>(table, cols, row_bytes, tok, n, out, step);                            \

@@ -382,19 +382,19 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
 }
 
 #define MQ_KERNELS(fmt, F)                                                                      \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                     \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_matmul_##fmt(const u8* W, int rows, int cols, i64 row_bytes, const signed char* xq,  \
                         const float* xd, int n, float* out, const float* bias) {                \
         KERNEL_ENTRY();                                                                         \
         mq_matmul_impl<MqProducts<F>>(W, rows, cols, row_bytes, xq, xd, n, out, bias);          \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                     \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_gate_up_##fmt(const signed char* xq, const float* xd, const u32* order,              \
                          const u32* offsets, int k, BankView b, MoeAct a, float* act) {         \
         KERNEL_ENTRY();                                                                         \
         mq_gate_up_impl<MqProducts<F>>(xq, xd, order, offsets, k, b, a, act);                   \
     }                                                                                           \
-    extern "C" __global__ void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                     \
+    KERNEL void __launch_bounds__(MQ_THREADS, MQ_MIN_BLOCKS)                                    \
         mq_down_##fmt(const signed char* aq, const float* ad, const u32* order,                 \
                       const u32* offsets, BankView b, float* y) {                               \
         KERNEL_ENTRY();                                                                         \

@@ -129,13 +129,13 @@ __device__ void moe_down_impl(const float* __restrict__ act, const RouteOut* __r
 }
 
 #define MOE(fmt, F)                                                                             \
-    extern "C" __global__ void moe_gate_up_##fmt(const float* x, const RouteOut* routes, int k, \
+    KERNEL void moe_gate_up_##fmt(const float* x, const RouteOut* routes, int k,                \
                                                  SlotMask only, BankView b, MoeAct a,           \
                                                  float* act, int mode) {                        \
         KERNEL_ENTRY();                                                                         \
         moe_gate_up_impl<F>(x, routes, k, only, b, a, act, mode);                               \
     }                                                                                           \
-    extern "C" __global__ void moe_down_##fmt(const float* act, const RouteOut* routes,         \
+    KERNEL void moe_down_##fmt(const float* act, const RouteOut* routes,                        \
                                               SlotMask only, BankView b, float* y) {            \
         KERNEL_ENTRY();                                                                         \
         moe_down_impl<F>(act, routes, only, b, y);                                              \
@@ -155,7 +155,7 @@ MOE(q6_k, F_Q6_K)
 MOE(mxfp4, F_MXFP4)
 
 // out[t, c] = Σ_r w[t, r] · y[t·k + r, c], in rank order.
-extern "C" __global__ void moe_combine(const float* y, const RouteOut* routes, int n, int k,
+KERNEL void moe_combine(const float* y, const RouteOut* routes, int n, int k,
                                        int hidden, float* out) {
     KERNEL_ENTRY();
     GRID_STRIDE(i, (i64)n * hidden) {
@@ -195,7 +195,7 @@ __device__ __forceinline__ int moe_chunk(const u32* order, u32 c, u32 end, int k
     return nt;
 }
 
-extern "C" __global__ void moe_group(const RouteOut* routes, int n_routes, int slots,
+KERNEL void moe_group(const RouteOut* routes, int n_routes, int slots,
                                      SlotMask only, u32* order, u32* offsets) {
     KERNEL_ENTRY();
     extern __shared__ u32 cnt[];  // slots + 1
@@ -279,13 +279,13 @@ __device__ void moe_down_grouped_impl(const float* __restrict__ act, const u32* 
 }
 
 #define MOE_GROUPED(fmt, F)                                                                     \
-    extern "C" __global__ void moe_gate_up_grouped_##fmt(const float* x, const u32* order,      \
+    KERNEL void moe_gate_up_grouped_##fmt(const float* x, const u32* order,                     \
                                                          const u32* offsets, int k, BankView b, \
                                                          MoeAct a, float* act, int mode) {      \
         KERNEL_ENTRY();                                                                         \
         moe_gate_up_grouped_impl<F>(x, order, offsets, k, b, a, act, mode);                     \
     }                                                                                           \
-    extern "C" __global__ void moe_down_grouped_##fmt(const float* act, const u32* order,       \
+    KERNEL void moe_down_grouped_##fmt(const float* act, const u32* order,                      \
                                                       const u32* offsets, BankView b,           \
                                                       float* y) {                               \
         KERNEL_ENTRY();                                                                         \

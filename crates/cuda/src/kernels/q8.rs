@@ -3,11 +3,11 @@
 //! on it: `q8one.cu`, `q8cta.cu`, `mmq.cu`, `q8mma.cu`), the settings that
 //! pick among them, and their launch shapes.
 
-use super::kernel;
+use super::{kernel, Modules};
 use crate::fusion::MatGroup;
 use crate::CudaError;
-use cudarc::driver::{CudaFunction, CudaModule};
-use std::sync::{Arc, Mutex};
+use cudarc::driver::CudaFunction;
+use std::sync::Mutex;
 use turbospark_core::QuantFormat;
 
 /// The fast-numerics kernels of one split format (`kernels/q8dot.cu`):
@@ -98,7 +98,7 @@ impl RouteKernels {
     /// and `{down}_w2880`; with `early`, the gate/up kernels named
     /// `{early}` (and `{early}_w2880`).
     fn load(
-        m: &Arc<CudaModule>,
+        m: &Modules,
         gate_up: &str,
         down: &str,
         wide: bool,
@@ -404,12 +404,7 @@ pub(crate) fn cta_grid(groups: usize, cap: u32) -> (u32, u32, u32) {
 }
 
 impl Q8Set {
-    fn load(
-        m: &Arc<CudaModule>,
-        fmt: QuantFormat,
-        order: &str,
-        sms: u32,
-    ) -> Result<Q8Set, CudaError> {
+    fn load(m: &Modules, fmt: QuantFormat, order: &str, sms: u32) -> Result<Q8Set, CudaError> {
         let f = |name: String| kernel(m, &name);
         let n = fmt.name();
         let kind = one_token_kernels(fmt);
@@ -494,7 +489,7 @@ pub(crate) struct Q8Kernels {
 impl Q8Kernels {
     /// Both formats' kernels of module `m`, for a device of `sms`
     /// multiprocessors.
-    pub(super) fn load(m: &Arc<CudaModule>, sms: u32) -> Result<Q8Kernels, CudaError> {
+    pub(super) fn load(m: &Modules, sms: u32) -> Result<Q8Kernels, CudaError> {
         Ok(Q8Kernels {
             q8_0: Q8Set::load(m, QuantFormat::Q8_0, "natural", sms)?,
             mxfp4: Q8Set::load(m, QuantFormat::Mxfp4, "mxfp4", sms)?,

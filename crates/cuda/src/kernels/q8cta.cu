@@ -275,17 +275,17 @@ struct CtaDown {
 };
 
 #define Q8_CTA_KERNELS(fmt, F)                                                                   \
-    extern "C" __global__ void __launch_bounds__(CTA_MAX_PIECES)                                 \
+    KERNEL void __launch_bounds__(CTA_MAX_PIECES)                                                \
         matmul1c_q8x_##fmt(MatGroup g, int cols, const signed char* xq, const float* xd) {        \
         cta_token_units<F, true>(CtaMat{g, xq, xd}, cols);                                       \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(CTA_MAX_PIECES) moe_gate_up1c_q8x_##fmt(         \
+    KERNEL void __launch_bounds__(CTA_MAX_PIECES) moe_gate_up1c_q8x_##fmt(                        \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,    \
         SlotMask only, BankView b, MoeAct a, float* act) {                                       \
         KERNEL_ENTRY();                                                                          \
         cta_token_units<F, false>(CtaGateUp{xq, xd, routes, k, n_routes, only, b, a, act}, b.hidden); \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(CTA_MAX_PIECES)                                 \
+    KERNEL void __launch_bounds__(CTA_MAX_PIECES)                                                \
         moe_down1c_q8x_##fmt(const signed char* aq, const float* ad, const RouteOut* routes,      \
                             int n_routes, SlotMask only, BankView b, float* y) {                 \
         KERNEL_ENTRY();                                                                          \
@@ -297,7 +297,7 @@ Q8_CTA_KERNELS(mxfp4, F_MXFP4)
 
 // router1_q8x_q8_0 (q8one.cu) with this file's product: the router's
 // logits, then router_finish (the quantization, the ticket, the routing).
-extern "C" __global__ void __launch_bounds__(CTA_MAX_PIECES)
+KERNEL void __launch_bounds__(CTA_MAX_PIECES)
     router1c_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
                      const float* correction, const float* expert_scale, RouteOut* out,
                      u32* ticket, const float* x, signed char* mq, float* md) {

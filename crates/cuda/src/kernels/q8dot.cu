@@ -44,11 +44,11 @@ __device__ void quantize_q8_impl(const float* __restrict__ x, i64 blocks, signed
     quantize_q8_block<F>(x, b, q, d);
 }
 
-extern "C" __global__ void quantize_q8_natural(const float* x, i64 blocks, signed char* q, float* d) {
+KERNEL void quantize_q8_natural(const float* x, i64 blocks, signed char* q, float* d) {
     KERNEL_ENTRY();
     quantize_q8_impl<F_Q8_0>(x, blocks, q, d);
 }
-extern "C" __global__ void quantize_q8_mxfp4(const float* x, i64 blocks, signed char* q, float* d) {
+KERNEL void quantize_q8_mxfp4(const float* x, i64 blocks, signed char* q, float* d) {
     KERNEL_ENTRY();
     quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
 }
@@ -704,37 +704,37 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
 // moe_gate_up_q8_impl); W: the rows' width when compiled for one
 // (Q8_WIDE_KERNELS below), else 0.
 #define Q8_ROUTE_KERNELS(fmt, F, TAIL, W)                                                        \
-    extern "C" __global__ void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##TAIL(              \
+    KERNEL void Q8_GATE_UP_BOUNDS_##fmt moe_gate_up_q8x_##fmt##TAIL(                             \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
         BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_q8_impl<F, W>(xq, xd, routes, k, only, b, a, act);                           \
     }                                                                                            \
-    extern "C" __global__ void Q8_GATE_UP_EARLY_BOUNDS_##fmt##TAIL                              \
+    KERNEL void Q8_GATE_UP_EARLY_BOUNDS_##fmt##TAIL                                             \
         moe_gate_up_early_q8x_##fmt##TAIL(                                                       \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
         BankView b, MoeAct a, float* act) {                                                      \
         moe_gate_up_q8_impl<F, W, true>(xq, xd, routes, k, only, b, a, act);                     \
     }                                                                                            \
-    extern "C" __global__ void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                   \
+    KERNEL void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                                  \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
         float* y) {                                                                              \
         moe_down_q8_impl<F, W>(aq, ad, routes, only, b, y);                                      \
     }
 #define Q8_KERNELS(fmt, F)                                                                       \
-    extern "C" __global__ void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,     \
+    KERNEL void matmul_q8x_##fmt(MatGroup g, int cols, const signed char* xq,                    \
                                                 const float* xd, int n) {                        \
         KERNEL_ENTRY();                                                                          \
         matmul_q8_impl<F>(g, cols, xq, xd, n);                                                   \
     }                                                                                            \
     Q8_ROUTE_KERNELS(fmt, F, , 0)                                                                \
-    extern "C" __global__ void moe_gate_up_grouped_q8x_##fmt(                                    \
+    KERNEL void moe_gate_up_grouped_q8x_##fmt(                                                   \
         const signed char* xq, const float* xd, const u32* order, const u32* offsets, int k,     \
         BankView b, MoeAct a, float* act) {                                                      \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_grouped_q8_impl<F>(xq, xd, order, offsets, k, b, a, act);                    \
     }                                                                                            \
-    extern "C" __global__ void moe_down_grouped_q8x_##fmt(const signed char* aq, const float* ad, \
+    KERNEL void moe_down_grouped_q8x_##fmt(const signed char* aq, const float* ad,                \
                                                           const u32* order, const u32* offsets,  \
                                                           BankView b, float* y) {                \
         KERNEL_ENTRY();                                                                          \

@@ -322,14 +322,14 @@ __device__ void moe_down_mma_impl(const signed char* __restrict__ aq, const floa
 // fits them without spills (72–80 registers; 34 and 21 KB of shared
 // memory a block).
 #define MMA_KERNELS(TAIL, W)                                                                     \
-    extern "C" __global__ void __launch_bounds__(MMA_GU_WARPS * 32, 3)                           \
+    KERNEL void __launch_bounds__(MMA_GU_WARPS * 32, 3)                                          \
         moe_gate_up_mma_mxfp4##TAIL(const signed char* xq, const float* xd,                      \
                                     const RouteOut* routes, int k, SlotMask only, BankView b,   \
                                     MoeAct a, float* act, signed char* aq, float* ad) {          \
         KERNEL_ENTRY();                                                                          \
         moe_gate_up_mma_impl<W>(xq, xd, routes, k, only, b, a, act, aq, ad);                     \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(MMA_WARPS * 32, 7)                              \
+    KERNEL void __launch_bounds__(MMA_WARPS * 32, 7)                                             \
         moe_down_mma_mxfp4##TAIL(const signed char* aq, const float* ad, const RouteOut* routes, \
                                  SlotMask only, BankView b, float* y) {                         \
         moe_down_mma_impl<W>(aq, ad, routes, only, b, y);                                        \
@@ -459,7 +459,7 @@ __device__ void matmul1_mma_q8_0_impl(const MatGroup& g, int cols,
 // chunks a warp, so 3 blocks an SM at 3 (gpt-oss's q/k/v, 320 tiles, in
 // one wave of 132 SMs) and 2 at 4 (its o projection, 180 tiles).
 #define MMA_Q8_KERNEL(CPW)                                                                      \
-    extern "C" __global__ void __launch_bounds__(MMA_Q8_WARPS * 32)                              \
+    KERNEL void __launch_bounds__(MMA_Q8_WARPS * 32)                                             \
         matmul1_mma_q8_0_c##CPW(MatGroup g, int cols, const signed char* xq, const float* xd) { \
         matmul1_mma_q8_0_impl<CPW>(g, cols, xq, xd);                                            \
     }

@@ -325,21 +325,21 @@ struct OneDown {
 // name; W: the rows' width when compiled for one (Q8_ONE_WIDE_MATMUL
 // below), else 0 (the `cols` argument).
 #define Q8_ONE_MATMUL(fmt, F, TAIL, W)                                                           \
-    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
+    KERNEL void __launch_bounds__(ONE_WARPS * 32)                                                \
         matmul1_q8x_##fmt##TAIL(MatGroup g, int cols, const signed char* xq, const float* xd) {  \
         int units = g.rows[0] + (g.count > 1 ? g.rows[1] : 0) + (g.count > 2 ? g.rows[2] : 0);   \
         one_token_units<F, 1, true, W>(OneMat{g, W ? W : cols, xq, xd}, units, W ? W : cols);    \
     }
 #define Q8_ONE_KERNELS(fmt, F)                                                                   \
     Q8_ONE_MATMUL(fmt, F, , 0)                                                                   \
-    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32) moe_gate_up1_q8x_##fmt(         \
+    KERNEL void __launch_bounds__(ONE_WARPS * 32) moe_gate_up1_q8x_##fmt(                        \
         const signed char* xq, const float* xd, const RouteOut* routes, int k, int n_routes,    \
         SlotMask only, BankView b, MoeAct a, float* act) {                                       \
         KERNEL_ENTRY();                                                                          \
         one_token_units<F, 2, false>(OneGateUp{xq, xd, routes, k, only, b, a, act}, n_routes * b.inter, \
                               b.hidden);                                                         \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)                                 \
+    KERNEL void __launch_bounds__(ONE_WARPS * 32)                                                \
         moe_down1_q8x_##fmt(const signed char* aq, const float* ad, const RouteOut* routes,      \
                             int n_routes, SlotMask only, BankView b, float* y) {                 \
         KERNEL_ENTRY();                                                                          \
@@ -401,7 +401,7 @@ __device__ __forceinline__ void router_finish(const MatGroup& g, int cols, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ONE_WARPS * 32)
+KERNEL void __launch_bounds__(ONE_WARPS * 32)
     router1_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd, RouterParams p,
                      const float* correction, const float* expert_scale, RouteOut* out,
                      u32* ticket, const float* x, signed char* mq, float* md) {

@@ -263,7 +263,7 @@ __device__ void route_token(const float* logits, int t, RouterParams p, const fl
     }
 }
 
-extern "C" __global__ void route(const float* logits, int n_tokens, RouterParams p,
+KERNEL void route(const float* logits, int n_tokens, RouterParams p,
                                  const float* correction, const float* expert_scale,
                                  RouteOut* out) {
     KERNEL_ENTRY();

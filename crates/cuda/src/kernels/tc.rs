@@ -3,9 +3,8 @@
 //! products are spread over the GPU, the launch shapes the kernels'
 //! `#define`s fix, and the kernels of each format.
 
-use super::{kernel, CudaError};
-use cudarc::driver::{sys, CudaFunction, CudaModule};
-use std::sync::Arc;
+use super::{kernel, CudaError, Modules};
+use cudarc::driver::{sys, CudaFunction};
 use turbospark_core::QuantFormat;
 
 /// How a few tokens' tensor-core products are spread over the GPU (the
@@ -162,7 +161,7 @@ pub(crate) struct TcKernels {
 
 impl TcKernels {
     pub(super) fn load(
-        m: &Arc<CudaModule>,
+        m: &Modules,
         pick: TcPick,
         formats: &[QuantFormat],
         route_join: bool,

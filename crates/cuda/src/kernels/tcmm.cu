@@ -573,15 +573,15 @@ __device__ __forceinline__ void matmul_tc_impl(const MatGroup& g, int cols,
 
 // The kernels of weight format F, named after the format.
 #define TC_KERNELS(fmt, F)                                                                       \
-    extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)                               \
+    KERNEL void __launch_bounds__(TC_MAX_SEGS * 32)                                              \
         matmul_tc1_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {             \
         matmul_tc1_impl<F>(g, cols, x, n);                                                       \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_ROW_WARPS * 32)                              \
+    KERNEL void __launch_bounds__(TC_ROW_WARPS * 32)                                             \
         matmul_tc1r_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {            \
         matmul_tc1r_impl<F>(g, cols, x, n);                                                      \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)                            \
+    KERNEL void __launch_bounds__(TC_BATCH_WARPS * 32)                                           \
         matmul_tc_##fmt(MatGroup g, int cols, const float* __restrict__ x, int n) {              \
         matmul_tc_impl<F>(g, cols, x, n);                                                        \
     }
@@ -589,7 +589,7 @@ __device__ __forceinline__ void matmul_tc_impl(const MatGroup& g, int cols,
 // bf16 weights' streamed few-token kernel (matmul_tc1s_impl: the
 // weights are copied to shared memory as they are, so only the formats
 // whose bytes are their bf16 values).
-extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
+KERNEL void __launch_bounds__(TC_MAX_SEGS * 32, 1)
     matmul_tc1s_bf16(MatGroup g, int cols, const float* __restrict__ x, int n, int tiles) {
     matmul_tc1s_impl<F_BF16>(g, cols, x, n, tiles);
 }
@@ -600,7 +600,7 @@ extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
 // warp routes the token from the logits it wrote, as `route` does
 // (route.cu route_token) — no ticket, the block is the launch. (Taken
 // under TURBOSPARK_CUDA_BF16=stream+route: stream/moe.rs.)
-extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32, 1)
+KERNEL void __launch_bounds__(TC_MAX_SEGS * 32, 1)
     router_tc1s_bf16(MatGroup g, int cols, const float* __restrict__ x, int tiles, RouterParams p,
                      const float* correction, const float* expert_scale, RouteOut* out) {
     matmul_tc1s_impl<F_BF16>(g, cols, x, 1, tiles);

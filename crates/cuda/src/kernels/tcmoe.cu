@@ -243,22 +243,22 @@ __device__ __forceinline__ void moe_tc_grouped_impl(const float* __restrict__ x,
 // grid (ceil(rows / 16), routes), 32 · tc_segments(cols) threads;
 // grouped: grid (ceil(rows / TC_BATCH_ROWS), slots), TC_BATCH_WARPS warps.
 #define TC_MOE_KERNELS(fmt, F)                                                                   \
-    extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)                               \
+    KERNEL void __launch_bounds__(TC_MAX_SEGS * 32)                                              \
         moe_gate_up_tc1_##fmt(const float* x, const RouteOut* routes, int k, SlotMask only,      \
                               BankView b, MoeAct a, float* act) {                                \
         moe_tc1_impl<F, 2>(x, routes, k, only, b, a, act);                                       \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_MAX_SEGS * 32)                               \
+    KERNEL void __launch_bounds__(TC_MAX_SEGS * 32)                                              \
         moe_down_tc1_##fmt(const float* act, const RouteOut* routes, SlotMask only, BankView b,  \
                            float* y) {                                                           \
         moe_tc1_impl<F, 1>(act, routes, 1, only, b, MoeAct{}, y);                                \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)                            \
+    KERNEL void __launch_bounds__(TC_BATCH_WARPS * 32)                                           \
         moe_gate_up_tc_##fmt(const float* x, const u32* order, const u32* offsets, int k,        \
                              BankView b, MoeAct a, float* act) {                                 \
         moe_tc_grouped_impl<F, 2, TC_MOE_GATE_UP_NT>(x, order, offsets, k, b, a, act);           \
     }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(TC_BATCH_WARPS * 32)                            \
+    KERNEL void __launch_bounds__(TC_BATCH_WARPS * 32)                                           \
         moe_down_tc_##fmt(const float* act, const u32* order, const u32* offsets, BankView b,    \
                           float* y) {                                                            \
         moe_tc_grouped_impl<F, 1, TC_MOE_DOWN_NT>(act, order, offsets, 1, b, MoeAct{}, y);       \

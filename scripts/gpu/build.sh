@@ -24,8 +24,10 @@ for l in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m.get("executable"): print(m["executable"])' | tail -1)
     cp "$exe" "$OUT/cuda-$t"
 done
-cargo build --release -p turbospark-cuda --example decode_products --example stage_sync
-cp target/release/examples/decode_products target/release/examples/stage_sync "$OUT/"
+cargo build --release -p turbospark-cuda --example decode_products --example stage_sync \
+    --example kernel_cache
+cp target/release/examples/decode_products target/release/examples/stage_sync \
+    target/release/examples/kernel_cache "$OUT/"
 # The sm_90 kernels, compiled here into a kernel cache that run.sh hands
 # to the binaries (TURBOSPARK_CACHE), so that a fresh device machine with
 # the same NVRTC version skips its compile: carry .devcarry/cache

@@ -66,6 +66,9 @@
 #                floor (examples/decode_products.rs); again with each
 #                setting of PRODUCTS_ALT (default: the one-token kernels
 #                off, then dependent launch off)
+#   compile      the kernels compiled afresh for sm_90 here: as one
+#                program, then as nvrtc.rs's programs at once (the first
+#                start's compile on this machine; examples/kernel_cache.rs)
 #   stagesync    a chain of 24 one-token products, one launch a step (PDL
 #                graph) against one persistent kernel meeting at a grid
 #                barrier a step, with and without the next step's weight
@@ -412,6 +415,13 @@ for pinned in (True, False):
     ms = s.elapsed_time(e) / 20
     print(f"host to device ({'pinned' if pinned else 'pageable'}): {h.numel() / ms / 1e6:.1f} GB/s")
 PY
+        ;;
+    compile)
+        stage "kernel compile: one program, then the programs at once (no cache)"
+        echo "cores: $(nproc)"
+        "$BIN/kernel_cache" --one 90
+        rm -rf "$WORK/fresh-cache"
+        TURBOSPARK_CACHE="$WORK/fresh-cache" "$BIN/kernel_cache" 90
         ;;
     conformance)
         stage "conformance"

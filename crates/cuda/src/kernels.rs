@@ -31,7 +31,6 @@ use std::sync::Arc;
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
 
-/// Kernel `name` of module `m`.
 /// The loaded modules of the kernel programs (nvrtc.rs `PROGRAMS`), each
 /// holding the kernels of some source files.
 pub(crate) struct Modules(Vec<Arc<CudaModule>>);
@@ -52,12 +51,18 @@ impl Modules {
 
 /// The kernel `name`, from whichever module holds it (exactly one does).
 fn kernel(m: &Modules, name: &str) -> Result<CudaFunction, CudaError> {
-    m.0.iter()
-        .find_map(|module| module.load_function(name).ok())
-        .ok_or_else(|| CudaError::MissingKernel {
-            name: name.to_string(),
-            modules: m.0.len(),
-        })
+    for module in &m.0 {
+        match module.load_function(name) {
+            Ok(f) => return Ok(f),
+            // Not in this module: in another.
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_FOUND => {}
+            Err(e) => return Err(CudaError::driver("loading a kernel")(e)),
+        }
+    }
+    Err(CudaError::MissingKernel {
+        name: name.to_string(),
+        modules: m.0.len(),
+    })
 }
 
 /// One kernel per weight format, indexed by `QuantFormat::ALL` order

@@ -51,6 +51,21 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     return r;
 }
 
+// The integer dot of a piece's 16 weight codes with the token's.
+__device__ __forceinline__ int piece_dot(uint4 w, int4 x) {
+    int s = dp4a((int)w.x, x.x, 0);
+    s = dp4a((int)w.y, x.y, s);
+    s = dp4a((int)w.z, x.z, s);
+    return dp4a((int)w.w, x.w, s);
+}
+
+// The sum of v over the warp (every lane returns it).
+__device__ __forceinline__ float warp_total(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
 // The row's product with the token (every lane returns it).
 __device__ __forceinline__ float row_dot(const RowLoads& r, const signed char* xq,
                                          const float* xd) {
@@ -60,17 +75,11 @@ __device__ __forceinline__ float row_dot(const RowLoads& r, const signed char* x
     for (int j = 0; j < PER_LANE; j++) {
         int p = lane + 32 * j;
         if (p < PIECES) {
-            int4 x = *(const int4*)(xq + 16 * p);
-            int s = dp4a((int)r.w[j].x, x.x, 0);
-            s = dp4a((int)r.w[j].y, x.y, s);
-            s = dp4a((int)r.w[j].z, x.z, s);
-            s = dp4a((int)r.w[j].w, x.w, s);
+            int s = piece_dot(r.w[j], *(const int4*)(xq + 16 * p));
             v = fmaf((float)s, r.d[j] * xd[p / 2], v);
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
+    return warp_total(v);
 }
 
 // One step as its own launch: grid ceil(rows / WARPS) blocks of WARPS
@@ -96,8 +105,7 @@ __device__ __forceinline__ void tiny_sum(const float* y, int rows, float* sum) {
     float v = 0.0f;
     // (From the L2: other SMs wrote them in this launch.)
     for (int i = threadIdx.x; i < rows; i += WARPS * 32) v += __ldcg(y + i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    v = warp_total(v);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -379,17 +387,11 @@ __device__ __forceinline__ float ring_row_dot(const signed char* codes, const fl
         int p = lane + 32 * j;
         if (p < PIECES) {
             uint4 w = *(const uint4*)(codes + 16 * p);
-            int4 x = xq[p];
-            int s = dp4a((int)w.x, x.x, 0);
-            s = dp4a((int)w.y, x.y, s);
-            s = dp4a((int)w.z, x.z, s);
-            s = dp4a((int)w.w, x.w, s);
+            int s = piece_dot(w, xq[p]);
             v = fmaf((float)s, scales[p / 2] * xd[p / 2], v);
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-    return v;
+    return warp_total(v);
 }
 
 // The consumers' use of rows [first, end): each slot awaited, its rows
@@ -540,8 +542,7 @@ __device__ void ring_steps(Steps s, const signed char* xq, const float* xd, floa
             if (blockIdx.x == 0) {
                 float v = 0.0f;
                 for (int i = t; i < s.rows; i += RING_CONSUMERS * 32) v += __ldcg(out + i);
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+                v = warp_total(v);
                 if (lane == 0) part[t >> 5] = v;
                 consumers_sync();
                 if (t == 0) {

@@ -213,11 +213,14 @@ for s in $STAGES; do
     prepare)
         stage "prepare: synthetic models and the llama.cpp build, in parallel"
         # (an install made by the synth stage has no GGUF: made again)
-        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; } ) &
+        # (each part says how long it took: they share the machine's cores)
+        ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; }
+          echo "prepare: synth20b ready after $((SECONDS - t0)) s" ) &
         if [ "${SKEW:-1}" = 1 ]; then
-            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; } ) &
+            ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; }
+              echo "prepare: synth20b-skew ready after $((SECONDS - t0)) s" ) &
         fi
-        build_llamacpp &
+        ( build_llamacpp; echo "prepare: llama.cpp build ready after $((SECONDS - t0)) s" ) &
         wait
         ls "$WORK"
         ;;

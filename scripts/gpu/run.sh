@@ -202,7 +202,7 @@ synth20b() {
     if [ ! -d "$WORK/synth20b" ]; then
         "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
     fi
-    if [ ! -d "$WORK/synth20b-skew" ]; then
+    if [ "${SKEW:-1}" = 1 ] && [ ! -d "$WORK/synth20b-skew" ]; then
         "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew" || return 1
     fi
 }

@@ -18,6 +18,11 @@
 #                pp512 / tg128 with resident experts, and the roofline
 #   llamacpp     builds llama.cpp with CUDA for sm_90 from the packed sources
 #                and races it on the same GGUF (resident, and --n-cpu-moe)
+#   race         prepare in the background; meanwhile info, then bench as
+#                soon as the model is written (~70 s alone on 16 cores),
+#                then llamacpp once its build is ready (~6 min) and bench
+#                again: the whole same-call race in one device call. Waits
+#                at most RACE_WAIT s (default 480) from the stage's start.
 #   streamed     our VRAM slot cache at 50 % and 25 % of the experts,
 #                uniform and skewed routing (misses copied from the locked
 #                page cache, the default), then every miss read
@@ -215,12 +220,12 @@ for s in $STAGES; do
         # (an install made by the synth stage has no GGUF: made again)
         # (each part says how long it took: they share the machine's cores)
         ( [ -f "$WORK/synth20b.gguf" ] || { rm -rf "$WORK/synth20b"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b"; }
-          echo "prepare: synth20b ready after $((SECONDS - t0)) s" ) &
+          echo "prepare: synth20b finished after $((SECONDS - t0)) s" ) &
         if [ "${SKEW:-1}" = 1 ]; then
             ( [ -f "$WORK/synth20b-skew.gguf" ] || { rm -rf "$WORK/synth20b-skew"; "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --router-skew 1.0 --gguf "$WORK/synth20b-skew.gguf" "$WORK/synth20b-skew"; }
-              echo "prepare: synth20b-skew ready after $((SECONDS - t0)) s" ) &
+              echo "prepare: synth20b-skew finished after $((SECONDS - t0)) s" ) &
         fi
-        ( build_llamacpp; echo "prepare: llama.cpp build ready after $((SECONDS - t0)) s" ) &
+        ( build_llamacpp; echo "prepare: llama.cpp build finished after $((SECONDS - t0)) s" ) &
         wait
         ls "$WORK"
         ;;
@@ -580,6 +585,27 @@ if os.path.exists(sys.argv[2]):
     bw, where = float(open(sys.argv[2]).read()), "measured by the info stage"
 print(f"roofline at {bw:.0f} GB/s copy bandwidth ({where}): {bw * 1e9 / need:.0f} tok/s")
 PY
+        ;;
+    race)
+        stage "race: prepare in the background, each bench as soon as it can run"
+        bg="$WORK/race-prepare.log"
+        rm -f "$bg"
+        # (the stages it runs log through this one: OUT unset for them)
+        sub() { env -u OUT "$0" "$@"; }
+        ( sub prepare > "$bg" 2>&1 ) &
+        sub info
+        ready() { grep -q "$1 finished" "$bg" 2>/dev/null; }
+        until ready synth20b || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done
+        if ready synth20b; then
+            sub bench
+            until ready "llama.cpp build" || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done
+        fi
+        echo "--- prepare, after $((SECONDS - t0)) s:"; cat "$bg"
+        if [ -x "$WORK/lcb/bin/llama-bench" ] && ready synth20b; then
+            sub llamacpp bench
+        else
+            echo "race: not ready after ${RACE_WAIT:-480} s (prepare goes on in the background; run this stage again)"
+        fi
         ;;
     llamacpp)
         stage "llama.cpp (CUDA, sm_90) on the same GGUF"

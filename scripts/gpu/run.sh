@@ -97,7 +97,9 @@
 #   REPS (benchmark repetitions, default 3), DEPTHS (bench and llamacpp:
 #   tokens in the cache before each test, `-d`; default 0,512: tg128 from
 #   an empty cache, as llama-bench's default, and after a 512-token
-#   prompt, as issue 10 asks), SKEW=0 (no skewed model),
+#   prompt, as issue 10 asks), SKEW=0 (no skewed model), NEED_GPU (e.g.
+#   H200: stop at once, exit 3, unless the GPU's name contains it, so a
+#   call lent another card spends no more of the device time),
 #   NCU_CLOCKS (profile: Nsight Compute's --clock-control, default none:
 #   kernels timed at the clocks the GPU runs them at; base locks them to
 #   the base clock, as before 2026-12-02), NCU_CACHE (profile:
@@ -137,6 +139,13 @@ mkdir -p "$WORK"
 # binaries (a miss — other source or NVRTC version — compiles as before).
 if [ -z "${TURBOSPARK_CACHE:-}" ] && [ -d .devcarry/cache/cuda ]; then
     export TURBOSPARK_CACHE="$PWD/.devcarry/cache"
+fi
+if [ -n "${NEED_GPU:-}" ]; then
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    case "$gpu" in
+    *"$NEED_GPU"*) ;;
+    *) echo "NEED_GPU=$NEED_GPU but this machine's GPU is '${gpu:-none found}': stopping"; exit 3 ;;
+    esac
 fi
 STAGES=${*:-prepare info conformance bench llamacpp fixtures census streamed}
 t_all=$SECONDS

@@ -598,10 +598,15 @@ PY
     race)
         stage "race: prepare in the background, each bench as soon as it can run"
         bg="$WORK/race-prepare.log"
-        rm -f "$bg"
         # (the stages it runs log through this one: OUT unset for them)
         sub() { env -u OUT "$0" "$@"; }
-        ( sub prepare > "$bg" 2>&1 ) &
+        if pgrep -f "run.sh prepare" > /dev/null 2>&1; then
+            echo "race: an earlier prepare is still running; waiting for it"
+        else
+            # (its own session: it outlives this call if the call ends first)
+            rm -f "$bg"
+            setsid env -u OUT "$0" prepare > "$bg" 2>&1 < /dev/null &
+        fi
         sub info
         ready() { grep -q "$1 finished" "$bg" 2>/dev/null; }
         until ready synth20b || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done

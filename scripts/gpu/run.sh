@@ -600,7 +600,7 @@ PY
         bg="$WORK/race-prepare.log"
         # (the stages it runs log through this one: OUT unset for them)
         sub() { env -u OUT "$0" "$@"; }
-        if pgrep -f "run.sh prepare" > /dev/null 2>&1; then
+        if pgrep -f "run.sh prepare$" > /dev/null 2>&1; then
             echo "race: an earlier prepare is still running; waiting for it"
         else
             # (its own session: it outlives this call if the call ends first)

@@ -34,7 +34,6 @@ cp target/release/examples/decode_products target/release/examples/stage_sync \
 # with the binaries.
 NVRTC_LIB=${NVRTC_LIB:-$HOME/.cache/turbospark/nvrtc-13.0/nvidia/cu13/lib}
 if [ -d "$NVRTC_LIB" ]; then
-    cargo build --release -p turbospark-cuda --example kernel_cache
     rm -rf .devcarry/cache
     LD_LIBRARY_PATH="$NVRTC_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" TURBOSPARK_CACHE=.devcarry/cache \
         target/release/examples/kernel_cache 90

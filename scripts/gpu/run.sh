@@ -609,10 +609,14 @@ PY
         fi
         sub info
         ready() { grep -q "$1 finished" "$bg" 2>/dev/null; }
-        until ready synth20b || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done
-        if ready synth20b; then
+        # Whether part $1 of the prepare finished before RACE_WAIT.
+        await() {
+            until ready "$1" || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done
+            ready "$1"
+        }
+        if await synth20b; then
             sub bench
-            until ready "llama.cpp build" || [ $((SECONDS - t0)) -ge "${RACE_WAIT:-480}" ]; do sleep 3; done
+            await "llama.cpp build"
         fi
         echo "--- prepare, after $((SECONDS - t0)) s:"; cat "$bg"
         if [ -x "$WORK/lcb/bin/llama-bench" ] && ready synth20b; then

@@ -33,7 +33,7 @@
 //! ([`CudaStream`](crate::CudaStream)'s `bind`), so the order of device
 //! work is the order of the calls.
 
-use crate::kernels::{self, args, launch, Kernels, RopeKvParams, RopeParams};
+use crate::kernels::{self, args, launch, Kernels, QkvRopeParams, RopeKvParams, RopeParams};
 use cudarc::driver::{result, CudaStream as RawStream};
 use turbospark_backend::BackendError;
 use turbospark_core::QuantFormat;
@@ -366,6 +366,89 @@ pub(crate) enum Pending {
     Group(GroupLaunch),
     Tile(TileLaunch),
     RopeKv(RopeKvLaunch),
+    /// One token's q, k and v products (a group of three) and the ropes
+    /// and cache writes that follow them, held together: one launch
+    /// (`matmul1_q8x_q8_0_rope`) where [`qkv_rope_params`] takes them,
+    /// else the group's launch and then `rope_kv`'s.
+    QkvRope(GroupLaunch, RopeKvLaunch),
+}
+
+/// Whether the rope `rope` may join the held products `g` (then held as
+/// [`Pending::QkvRope`] until its writes join): one token's q, k and v
+/// products of Q8_0 weights and 8-bit activations, the first of them
+/// roped, where the one-token kernel with ropes is loaded and the group
+/// would take q8one.cu's kernel.
+pub(crate) fn qkv_rope_starts(k: &Kernels, g: &GroupLaunch, rope: &RopeKvLaunch) -> bool {
+    g.q8 && g.n == 1
+        && g.format == QuantFormat::Q8_0
+        && g.group.count == 3
+        && rope.r.n_x == 1
+        && rope.r.x[0] == g.group.out[0]
+        && qkv_rope_kernel(k, g).is_some()
+}
+
+/// The one-token kernel with ropes for the products `g`, when they would
+/// otherwise take q8one.cu's (not kq.cu's, nor the tensor cores').
+fn qkv_rope_kernel<'a>(k: &'a Kernels, g: &GroupLaunch) -> Option<&'a kernels::OneKernel> {
+    if k.kq.as_ref().is_some_and(|kq| kq.get(g.format).is_some()) || g.cols > kernels::ONE_MAX_COLS
+    {
+        return None;
+    }
+    let set = k.q8.get(g.format)?;
+    if set.mma1_for(g.cols, &g.group).is_some() {
+        return None;
+    }
+    let one = set.one.as_ref()?;
+    one.matmul_for(g.cols)?;
+    one.qkv_rope_for(g.cols)
+}
+
+/// The parameters of `matmul1_q8x_q8_0_rope` for the products `g` and the
+/// ropes and writes `rk` held after them, when it computes what they do:
+/// one token; q (`g`'s first output) and k (its second) roped over whole
+/// heads of `rk`'s head size; k's roped values written to one cache and
+/// v's (the third output) to another, each a row of the output's width;
+/// v an even number of rows (a unit takes two); the caches clear of the
+/// outputs and of each other.
+pub(crate) fn qkv_rope_params(g: &GroupLaunch, rk: &RopeKvLaunch) -> Option<QkvRopeParams> {
+    let (m, r, p) = (&g.group, &rk.r, &rk.p);
+    let hd = r.head_dim;
+    let shape = g.n == 1
+        && m.count == 3
+        && r.n_tokens == 1
+        && (r.n_x, r.n_w) == (2, 2)
+        && p.pairs > 0
+        && 2 * p.pairs == hd
+        && (r.x[0], r.x[1]) == (m.out[0], m.out[1])
+        && (m.rows[0], m.rows[1]) == (r.heads[0] * hd, r.heads[1] * hd)
+        && m.rows[2] % 2 == 0;
+    if !shape {
+        return None;
+    }
+    let wk = (0..2).find(|&w| r.roped[w] == 1)?;
+    let wv = 1 - wk;
+    if r.roped[wv] != -1
+        || r.src[wv] != m.out[2]
+        || (r.row_len[wk], r.row_len[wv]) != (m.rows[1], m.rows[2])
+    {
+        return None;
+    }
+    let bytes = |w: usize| {
+        r.capacity[w] as usize * r.row_len[w] as usize * if r.f16[w] != 0 { 2 } else { 4 }
+    };
+    let caches = [(r.cache[wk], bytes(wk)), (r.cache[wv], bytes(wv))];
+    let outs = (0..3).map(|i| (m.out[i], m.rows[i] as usize * 4));
+    if meet(caches[0], caches[1]) || outs.clone().any(|o| caches.iter().any(|&c| meet(c, o))) {
+        return None;
+    }
+    Some(QkvRopeParams {
+        cache: [r.cache[wk], r.cache[wv]],
+        f16: [r.f16[wk], r.f16[wv]],
+        capacity: [r.capacity[wk], r.capacity[wv]],
+        first_pos: r.first_pos,
+        heads: r.heads,
+        head_dim: hd,
+    })
 }
 
 /// Rows an RMS norm holds in registers (`NORM_THREADS · NORM_PER`): only
@@ -550,6 +633,18 @@ pub(crate) fn launch_pending(
         Pending::RopeKv(l) => {
             let args = &mut args![l.r, l.p, l.step];
             kernels::launch_elementwise("rope", &k.rope_kv, stream, l.threads(), args)
+        }
+        Pending::QkvRope(g, rk) => {
+            let fused = qkv_rope_params(&g, &rk).zip(qkv_rope_kernel(k, &g));
+            let Some((q, one)) = fused else {
+                launch_pending(k, stream, Pending::Group(g), None)?;
+                return launch_pending(k, stream, Pending::RopeKv(rk), None);
+            };
+            let units = (g.group.rows[0] + g.group.rows[1] + g.group.rows[2]) / 2;
+            let l = one.config(g.format, g.cols, kernels::OneWork::Rows(&[units]))?;
+            let cols = g.cols as i32;
+            let args = &mut args![g.group, cols, g.xq, g.xd, q, rk.p, rk.step];
+            launch("matmul", &one.f, stream, l.grid, l.threads, l.smem, args)
         }
         Pending::Tile(t) => {
             let kq = k.kq.as_ref().and_then(|kq| kq.get(t.format));

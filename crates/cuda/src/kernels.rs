@@ -496,6 +496,22 @@ pub(crate) struct RopeKvParams {
     pub first_pos: i32,
 }
 
+/// Mirror of `QkvRope` in `kernels/q8one.cu`, passed by value: the
+/// cache writes and ropes that one token's q, k and v products take in
+/// `matmul1_q8x_q8_0_rope` (fusion.rs `Pending::QkvRope`).
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Debug)]
+pub(crate) struct QkvRopeParams {
+    /// k's cache, then v's.
+    pub cache: [u64; 2],
+    pub f16: [i32; 2],
+    pub capacity: [i32; 2],
+    pub first_pos: i32,
+    /// q's heads, then k's.
+    pub heads: [i32; 2],
+    pub head_dim: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) struct RopeParams {

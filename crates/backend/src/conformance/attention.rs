@@ -770,3 +770,167 @@ pub fn check_attention_then_product<D: Device>(dev: &D) -> Result<(), Conformanc
     }
     Ok(())
 }
+
+/// One token's q, k and v products of one input with their biases, then
+/// the ropes of q and k and the cache writes of k and v, as the engine
+/// issues them (the CUDA backend launches all of it as one where it can):
+/// the roped q and k, v and both cache rings the same bits as the same ops
+/// with a `synchronize` between the products and the ropes, which keeps a
+/// backend from joining them (each of those ops is checked against its
+/// f64 formula elsewhere in the suite); and the roped q within
+/// `tol.matmul` of the f64 formula (the product's reference, rotated).
+/// Positions run past the ring's capacity, so rows are overwritten.
+pub fn check_projections_then_rope<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "q, k and v products, then ropes and cache writes (one token)";
+    let yarn = yarn_scaling();
+    // (q heads, kv heads, head size, rope kind, rotated dims, scaling,
+    // input width, biases): gpt-oss's width and rope; another width
+    // (a kernel for any width), interleaved pairs and no biases; a
+    // partial rope (not joined on the CUDA backend).
+    let cases = [
+        (8, 2, 64, RopeKind::Neox, 64, yarn, 2880, true),
+        (
+            4,
+            2,
+            32,
+            RopeKind::Interleaved,
+            32,
+            RopeScaling::None,
+            256,
+            false,
+        ),
+        (4, 1, 64, RopeKind::Neox, 32, RopeScaling::None, 256, true),
+    ];
+    let capacity = 5;
+    for (n_heads, n_kv, hd, kind, rotary_dim, scaling, cols, biased) in cases {
+        let table = RopeTable::new(&RopeSpec {
+            kind,
+            theta: 10000.0,
+            rotary_dim,
+            scaling,
+        });
+        let case =
+            format!("{n_heads} heads / {n_kv} kv × {hd}, {kind:?} over {rotary_dim}, {cols} wide");
+        let mut rng = Rng(79);
+        let rows = [n_heads * hd, n_kv * hd, n_kv * hd];
+        let ts: Vec<_> = rows
+            .iter()
+            .zip(["q", "k", "v"])
+            .map(|(&r, name)| {
+                super::data::random_matrix(name, QuantFormat::Q8_0, r, cols, &mut rng)
+            })
+            .collect();
+        let ms = ts
+            .iter()
+            .map(|t| dev.upload_matrix(t).at(OP, &case))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bias_values: Vec<Vec<f32>> = rows.iter().map(|&r| rng.vec(r)).collect();
+        let biases = bias_values
+            .iter()
+            .map(|b| {
+                dev.upload_vector(&f32_tensor("bias", vec![b.len()], b))
+                    .at(OP, &case)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let limits = Limits {
+            max_tokens: 1,
+            max_keys: capacity,
+            max_head_dim: hd,
+            max_experts: 0,
+            ..Limits::default()
+        };
+        let mut h = Harness::new(dev, limits)?;
+        let row = n_kv * hd;
+        let mut caches = Vec::new();
+        for _ in 0..2 {
+            let kc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+            let vc = dev.alloc(dev.kv_dtype(), capacity * row).at(OP, &case)?;
+            caches.push((kc, vc));
+        }
+        for pos in 0..capacity + 3 {
+            let x = rng.vec(cols);
+            let xb = h.buf(&x)?;
+            let mut got = Vec::new();
+            for (apart, (kc, vc)) in caches.iter_mut().enumerate() {
+                let mut outs = rows
+                    .iter()
+                    .map(|&r| h.zeros(r))
+                    .collect::<Result<Vec<_>, _>>()?;
+                for ((m, out), b) in ms.iter().zip(outs.iter_mut()).zip(&biases) {
+                    h.st.matmul(m, &xb, 1, out).at(OP, &case)?;
+                    if biased {
+                        h.st.add_bias(out, b, 1).at(OP, &case)?;
+                    }
+                }
+                if apart == 1 {
+                    h.st.synchronize().at(OP, &case)?;
+                }
+                let [q, k, v] = &mut outs[..] else {
+                    unreachable!("three outputs")
+                };
+                h.st.rope(q, 1, n_heads, hd, pos, &table).at(OP, &case)?;
+                h.st.rope(k, 1, n_kv, hd, pos, &table).at(OP, &case)?;
+                h.st.kv_write(kc, k, 1, row, pos, capacity).at(OP, &case)?;
+                h.st.kv_write(vc, v, 1, row, pos, capacity).at(OP, &case)?;
+                let mut values = Vec::new();
+                for (b, len) in outs.iter().zip(rows) {
+                    values.push(bits(&h.get(b, len)?));
+                }
+                values.push(bits(&h.get(kc, capacity * row)?));
+                values.push(bits(&h.get(vc, capacity * row)?));
+                got.push(values);
+            }
+            for (i, what) in ["roped q", "roped k", "v", "k cache", "v cache"]
+                .iter()
+                .enumerate()
+            {
+                if got[0][i] != got[1][i] {
+                    return Err(property(
+                        OP,
+                        &format!("{case}, position {pos}"),
+                        format!("{what} differs from the ops' apart (a synchronize between)"),
+                    ));
+                }
+            }
+            // The roped q against the f64 formula: the product over the
+            // dequantized rows plus the bias, rotated; each element within
+            // the tolerance of its pair's magnitude.
+            let w = super::data::dequantized(&ts[0]);
+            let (mut product, mut mag) = (Vec::new(), Vec::new());
+            for r in 0..rows[0] {
+                let (v, m) = reference::dot(&w[r * cols..(r + 1) * cols], &x);
+                let b = if biased {
+                    f64::from(bias_values[0][r])
+                } else {
+                    0.0
+                };
+                product.push((v + b) as f32);
+                mag.push(m + b.abs());
+            }
+            let want: Vec<f64> = product
+                .chunks_exact(hd)
+                .flat_map(|head| reference::rope(head, pos, &table))
+                .collect();
+            let scale: Vec<f64> = mag
+                .chunks_exact(hd)
+                .flat_map(|head| {
+                    let top = head.iter().cloned().fold(0.0, f64::max);
+                    vec![top * f64::from(table.attention_factor).max(1.0); hd]
+                })
+                .collect();
+            let q: Vec<f32> = got[0][0].iter().map(|&b| f32::from_bits(b)).collect();
+            compare(
+                OP,
+                &format!("{case}, position {pos}"),
+                &q,
+                &want,
+                tol.matmul,
+                |i| scale[i],
+            )?;
+        }
+    }
+    Ok(())
+}

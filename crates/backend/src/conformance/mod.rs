@@ -29,7 +29,7 @@ use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{
     check_attention, check_attention_parts, check_attention_then_product, check_decode_attention,
-    check_kv_write, check_rope_then_decode_attention,
+    check_kv_write, check_projections_then_rope, check_rope_then_decode_attention,
 };
 pub use delta_net::{
     check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_gated_delta_rule_chunks,
@@ -145,6 +145,7 @@ pub fn check_all<D: Device>(device: &D, tol: &Tolerances) -> Result<(), Conforma
     check_attention(device, tol)?;
     check_decode_attention(device, tol)?;
     check_rope_then_decode_attention(device, tol)?;
+    check_projections_then_rope(device, tol)?;
     check_attention_parts(device, tol)?;
     check_attention_then_product(device)?;
     check_glu(device, tol)?;

@@ -184,7 +184,27 @@ pub(crate) const WIDE_WIDTH: usize = 2880;
 /// and its attention output (64 heads of 64).
 pub(crate) const ONE_WIDE_WIDTHS: [usize; 2] = [2880, 4096];
 
+/// The width of the one-token q/k/v kernel with ropes compiled for one
+/// width (`Q8_ONE_QKV_ROPE` in `kernels/q8one.cu`): gpt-oss's hidden size.
+pub(crate) const QKV_ROPE_WIDTH: usize = 2880;
+
+/// Whether one token's q, k and v products take their ropes and cache
+/// writes into their launch (`TURBOSPARK_CUDA_QKV_ROPE`): yes unless `0`.
+/// The same bits either way (the conformance suite's
+/// `check_projections_then_rope` compares them).
+fn qkv_rope(setting: Option<&str>) -> bool {
+    setting.map(str::trim) != Some("0")
+}
+
 impl OneSet {
+    /// The one-token q/k/v kernel with ropes and cache writes for rows
+    /// `cols` wide, if any: the one compiled for that width, else the
+    /// one of any width.
+    pub(crate) fn qkv_rope_for(&self, cols: usize) -> Option<&OneKernel> {
+        let at = |w: usize| self.qkv_rope.iter().find(|(x, _)| *x == w).map(|(_, k)| k);
+        at(cols).or_else(|| at(0))
+    }
+
     /// The one-token product kernel for rows `cols` wide, if any.
     pub(crate) fn matmul_for(&self, cols: usize) -> Option<&OneKernel> {
         self.matmul_wide
@@ -232,6 +252,10 @@ pub(crate) struct OneSet {
     /// One token's router product with its routing (Q8_0 only:
     /// `router1_q8x_q8_0`, `router1c_q8x_q8_0`).
     pub router: Option<OneKernel>,
+    /// One token's q, k and v products with their ropes and cache writes
+    /// (q8one.cu `matmul1_q8x_q8_0_rope`; Q8_0 on q8one.cu's kernels only,
+    /// see [`qkv_rope`]), by width: 0 for any, else the width compiled.
+    pub qkv_rope: Vec<(usize, OneKernel)>,
     pub gate_up: OneKernel,
     pub down: OneKernel,
 }
@@ -428,6 +452,19 @@ impl Q8Set {
                 router: match fmt {
                     QuantFormat::Q8_0 => Some(with_cap(format!("router1{c}_q8x_{n}"))?),
                     _ => None,
+                },
+                qkv_rope: match (kind, fmt) {
+                    (OneKind::Rows, QuantFormat::Q8_0)
+                        if qkv_rope(std::env::var("TURBOSPARK_CUDA_QKV_ROPE").ok().as_deref()) =>
+                    {
+                        let mut ks = vec![(0, with_cap("matmul1_q8x_q8_0_rope".into())?)];
+                        if wide.1 {
+                            let name = format!("matmul1_q8x_q8_0_rope_w{QKV_ROPE_WIDTH}");
+                            ks.push((QKV_ROPE_WIDTH, with_cap(name)?));
+                        }
+                        ks
+                    }
+                    _ => Vec::new(),
                 },
                 gate_up: with_cap(format!("moe_gate_up1{c}_q8x_{n}"))?,
                 down: with_cap(format!("moe_down1{c}_q8x_{n}"))?,

@@ -191,7 +191,8 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 //
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first unit's weight
 // loads are issued before waiting for the kernel before this one, so they
-// overlap its tail. Only for Work whose `unit` reads nothing a kernel
+// overlap its tail; then every thread of the block calls `before_wait`
+// (work of the Work's own that reads nothing a kernel writes). Only for Work whose `unit` reads nothing a kernel
 // writes (resident weights and the launch's own parameters): the token's
 // codes and scales, which the previous kernel writes, are read after the
 // wait (one_sums).
@@ -211,6 +212,7 @@ __device__ __forceinline__ void one_token_units(const Work& wk, int units, int c
     if (EARLY) {
         live = u < units && wk.unit(u, rows, &xq, &xd);
         if (live) one_load<F, R>(rows, cols, xq, xd, L);
+        wk.before_wait();  // every thread of the block
         KERNEL_ENTRY();  // every thread waits before any returns
         if (u >= units) return;  // uniform over the warp
     } else {
@@ -257,6 +259,7 @@ struct OneMat {
         *d = xd;
         return true;
     }
+    __device__ __forceinline__ void before_wait() const {}
     __device__ __forceinline__ void write(int u, const float* acc) const {
         int row, m = pick(u, &row);
         float* out = m == 2 ? g.out[2] : m == 1 ? g.out[1] : g.out[0];
@@ -288,6 +291,7 @@ struct OneGateUp {
         *d = xd + (i64)t * (b.hidden / 32);
         return true;
     }
+    __device__ __forceinline__ void before_wait() const {}
     __device__ __forceinline__ void write(int u, const float* acc) const {
         int i = u / b.inter, row = u - i * b.inter;
         i64 r = (i64)routes[i].slot * b.inter + row;
@@ -314,6 +318,7 @@ struct OneDown {
         *d = ad + (i64)i * (b.inter / 32);
         return true;
     }
+    __device__ __forceinline__ void before_wait() const {}
     __device__ __forceinline__ void write(int u, const float* acc) const {
         int i = u / b.hidden, row = u - i * b.hidden;
         i64 r = (i64)routes[i].slot * b.hidden + row;
@@ -359,6 +364,125 @@ Q8_ONE_KERNELS(mxfp4, F_MXFP4)
 
 Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 2880)
 Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)
+
+// One token's q, k and v products with the rope of q and k and the cache
+// writes of k and v that follow them in a decode step, in one launch
+// (fusion.rs `Pending::QkvRope`, instead of matmul1_q8x_q8_0 then
+// rope_kv). A unit is two rows whose totals meet in one warp: for q and
+// k, the rows of a rotated pair — dimensions a and b of head h (NeoX: j
+// and j + pairs; interleaved: 2j and 2j + 1) — and for v, rows 2i and
+// 2i + 1. Lane 0 adds each row's bias to its total as matmul1's write
+// does, rotates the pair as rope_kv does (ra = xa·c − xb·s, rb = xb·c +
+// xa·s, each product and sum rounded alone), stores the roped values in
+// place of the products and, for k, in its cache row, and stores v's
+// values and their cache copies as kv_write does: the same values as the
+// separate launches, element for element. Every pair is rotated (the
+// launch is taken only when the rope spans the whole head). The
+// rotations at the step's position, (cos, sin) in f32 from the f64
+// formula of rope_cos_sin, are formed by the block into shared memory
+// while the first weights are in flight, before the wait (`before_wait`).
+struct QkvRope {
+    void* cache[2];  // k's cache, v's
+    int f16[2];
+    int capacity[2];
+    int first_pos;   // the position when no recorded step gives it
+    int heads[2];    // q's heads, k's
+    int head_dim;
+};
+
+struct OneQkvRope {
+    const MatGroup& g;
+    const QkvRope& r;
+    const RopeParams& p;
+    const signed char* xq;
+    const float* xd;
+    int pos;
+    float2* rot;  // shared: pair j's (cos, sin) at `pos`
+    int units_q, units_k;
+    // Pair j of head h of q (m = 0) or k (m = 1) for unit u < units_q + units_k.
+    __device__ __forceinline__ void pair(int u, int* m, int* h, int* j, int* a, int* b) const {
+        *m = u >= units_q;
+        int i = *m ? u - units_q : u;
+        *h = i / p.pairs;
+        *j = i - *h * p.pairs;
+        *a = p.kind == ROPE_NEOX ? *j : 2 * *j;
+        *b = p.kind == ROPE_NEOX ? *j + p.pairs : 2 * *j + 1;
+    }
+    __device__ __forceinline__ bool unit(int u, const u8** rows, const signed char** q,
+                                         const float** d) const {
+        if (u < units_q + units_k) {
+            int m, h, j, a, b;
+            pair(u, &m, &h, &j, &a, &b);
+            const u8* w = m ? g.w[1] : g.w[0];
+            i64 rb = m ? g.row_bytes[1] : g.row_bytes[0];
+            rows[0] = w + (i64)(h * r.head_dim + a) * rb;
+            rows[1] = w + (i64)(h * r.head_dim + b) * rb;
+        } else {
+            int i = u - units_q - units_k;
+            rows[0] = g.w[2] + (i64)(2 * i) * g.row_bytes[2];
+            rows[1] = rows[0] + g.row_bytes[2];
+        }
+        *q = xq;
+        *d = xd;
+        return true;
+    }
+    __device__ __forceinline__ void before_wait() const {
+        for (int j = threadIdx.x; j < p.pairs; j += blockDim.x) {
+            float c, s;
+            rope_cos_sin(p, pos, j, &c, &s);
+            rot[j] = make_float2(c, s);
+        }
+        __syncthreads();
+    }
+    __device__ __forceinline__ void write(int u, const float* acc) const {
+        if (u < units_q + units_k) {
+            int m, h, j, a, b;
+            pair(u, &m, &h, &j, &a, &b);
+            float* out = m ? g.out[1] : g.out[0];
+            const float* bias = m ? g.bias[1] : g.bias[0];
+            int at = h * r.head_dim;
+            float xa = bias ? acc[0] + bias[at + a] : acc[0];
+            float xb = bias ? acc[1] + bias[at + b] : acc[1];
+            float2 cs = rot[j];
+            float ra = __fsub_rn(__fmul_rn(xa, cs.x), __fmul_rn(xb, cs.y));
+            float rb = __fadd_rn(__fmul_rn(xb, cs.x), __fmul_rn(xa, cs.y));
+            out[at + a] = ra;
+            out[at + b] = rb;
+            if (m) {
+                i64 row = (i64)(pos % r.capacity[0]) * g.rows[1] + at;
+                cache_store(r.cache[0], r.f16[0], row + a, ra);
+                cache_store(r.cache[0], r.f16[0], row + b, rb);
+            }
+        } else {
+            int i = 2 * (u - units_q - units_k);
+            const float* bias = g.bias[2];
+            float v0 = bias ? acc[0] + bias[i] : acc[0];
+            float v1 = bias ? acc[1] + bias[i + 1] : acc[1];
+            g.out[2][i] = v0;
+            g.out[2][i + 1] = v1;
+            i64 row = (i64)(pos % r.capacity[1]) * g.rows[2];
+            cache_store(r.cache[1], r.f16[1], row + i, v0);
+            cache_store(r.cache[1], r.f16[1], row + i + 1, v1);
+        }
+    }
+};
+
+// W: the rows' width when compiled for one, else 0 (the `cols` argument).
+// `step`, when set, holds a recorded decode step's {token, position}; it is
+// written before the step's first kernel, so it is read before the wait.
+#define Q8_ONE_QKV_ROPE(TAIL, W)                                                                 \
+    KERNEL void __launch_bounds__(ONE_WARPS * 32)                                                \
+        matmul1_q8x_q8_0_rope##TAIL(MatGroup g, int cols, const signed char* xq, const float* xd, \
+                                    QkvRope r, RopeParams p, const int* step) {                  \
+        __shared__ float2 rot[ROPE_MAX_PAIRS];                                                   \
+        OneQkvRope wk{g, r, p, xq, xd, step ? step[1] : r.first_pos, rot,                       \
+                      r.heads[0] * p.pairs, r.heads[1] * p.pairs};                               \
+        int units = wk.units_q + wk.units_k + g.rows[2] / 2;                                     \
+        one_token_units<F_Q8_0, 2, true, W>(wk, units, W ? W : cols);                            \
+    }
+
+Q8_ONE_QKV_ROPE(, 0)
+Q8_ONE_QKV_ROPE(_w2880, 2880)
 
 // One token's router product and its routes in one launch (fusion of
 // matmul1_q8x_q8_0, its bias and `route`; stream/moe.rs `route`, opt-in with

@@ -7,7 +7,7 @@
 //! they follow each other (`crate::fusion`).
 
 use super::{dtype_err, shape, CudaStream, Q8Regions};
-use crate::fusion::{Pending, RopeKvLaunch};
+use crate::fusion::{self, Pending, RopeKvLaunch};
 use crate::kernels::{self, args, launch, AttnParams, RopeParams};
 use crate::types::{CudaBuf, CudaVector};
 use turbospark_backend::{
@@ -77,11 +77,21 @@ impl CudaStream {
         );
         self.quantized.set(None);
         self.bind_holding("rope")?;
-        if let Some(Pending::RopeKv(mut held)) = self.pending.get() {
-            if held.join_rope(&l) {
-                self.pending.set(Some(Pending::RopeKv(held)));
-                return Ok(());
+        // (One token's q, k and v products held back take their ropes and
+        // cache writes into their own launch: fusion::qkv_rope_starts.)
+        let joined = match self.pending.get() {
+            Some(Pending::RopeKv(mut held)) => held.join_rope(&l).then_some(Pending::RopeKv(held)),
+            Some(Pending::QkvRope(g, mut held)) => {
+                held.join_rope(&l).then_some(Pending::QkvRope(g, held))
             }
+            Some(Pending::Group(g)) if fusion::qkv_rope_starts(&self.k, &g, &l) => {
+                Some(Pending::QkvRope(g, l))
+            }
+            _ => None,
+        };
+        if let Some(p) = joined {
+            self.pending.set(Some(p));
+            return Ok(());
         }
         self.hold(Pending::RopeKv(l))
     }
@@ -108,7 +118,12 @@ impl CudaStream {
             DType::F16 => &self.k.kv_write_f16,
             other => return Err(dtype_err("kv_write", "cache", DType::F16, other)),
         };
-        if let Some(Pending::RopeKv(mut held)) = self.pending.get() {
+        let held = match self.pending.get() {
+            Some(Pending::RopeKv(held)) => Some((None, held)),
+            Some(Pending::QkvRope(g, held)) => Some((Some(g), held)),
+            _ => None,
+        };
+        if let Some((products, mut held)) = held {
             let f16 = cache.dtype == DType::F16;
             let step = self.step_ptr();
             if held.join_write(
@@ -123,7 +138,10 @@ impl CudaStream {
             ) {
                 self.quantized.set(None);
                 self.bind_holding("kv_write")?;
-                self.pending.set(Some(Pending::RopeKv(held)));
+                self.pending.set(Some(match products {
+                    Some(g) => Pending::QkvRope(g, held),
+                    None => Pending::RopeKv(held),
+                }));
                 return Ok(());
             }
         }

@@ -7,7 +7,9 @@
 //   - q8mma.cu's tensor-core kernels (opt-in TURBOSPARK_CUDA_Q8=mma), the
 //     kernels this test is for, not yet run on a GPU when written;
 //   - q8one.cu's one-token kernels (the default) and q8dot.cu's per-row
-//     kernel, which the GPU conformance suite has checked on an H200.
+//     kernel, which the GPU conformance suite has checked on an H200;
+//   - q8one.cu's q/k/v kernel with the ropes and cache writes after the
+//     products (run_rope_case below).
 // Exit status 0 when every output matches; mismatches are printed.
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
@@ -171,6 +173,102 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
 }
 
+// q8one.cu's q/k/v products with the ropes of q and k and the cache
+// writes of k and v in their launch (matmul1_q8x_q8_0_rope, and its
+// 2880-wide form): the products as the reference above forms them, plus
+// the bias, then each pair rotated as rope_kv does — the angle pos ·
+// inv_freq in f32, its cosine and sine in f64 times the attention factor
+// rounded to f32, ra = xa·c − xb·s and rb = xb·c + xa·s with every product
+// and sum rounded alone — into q and k, k's rotated row and v's row into
+// their (f32) caches at row pos % capacity. Rows of the caches the launch
+// must not write keep their sentinel.
+void run_rope_case(std::mt19937& rng, int cols, int heads_q, int heads_k, int hd, int kind,
+                   bool biased, int pos, int capacity) {
+    int nb = cols / 32, pairs = hd / 2;
+    std::uniform_real_distribution<float> bias(-1.0f, 1.0f), scale(0.001f, 0.05f);
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::vector<int8_t> q(cols);
+    for (auto& x : q) x = (int8_t)code(rng);
+    std::vector<float> d(nb);
+    for (auto& x : d) x = scale(rng);
+    int rows[3] = {heads_q * hd, heads_k * hd, heads_k * hd};
+    std::vector<Rows> mats;
+    std::vector<std::vector<float>> biases(3), product(3);
+    for (int m = 0; m < 3; m++) {
+        mats.push_back(random_rows(rng, rows[m], cols));
+        for (int r = 0; r < rows[m]; r++) {
+            if (biased) biases[m].push_back(bias(rng));
+            float v = reference_dot(mats[m], r, q, d);
+            product[m].push_back(biased ? v + biases[m][r] : v);
+        }
+    }
+    RopeParams p = {};
+    p.pairs = pairs;
+    p.kind = kind;
+    p.attention_factor = 1.25f;
+    for (int j = 0; j < pairs; j++) p.inv_freq[j] = (float)std::pow(10000.0, -2.0 * j / hd);
+    // The reference rotation.
+    std::vector<std::vector<float>> want = product;
+    const float SENTINEL = -12345.0f;
+    std::vector<float> want_k(capacity * rows[1], SENTINEL), want_v(capacity * rows[2], SENTINEL);
+    for (int m = 0; m < 2; m++) {
+        for (int h = 0; h < (m ? heads_k : heads_q); h++) {
+            for (int j = 0; j < pairs; j++) {
+                int a = kind == ROPE_NEOX ? j : 2 * j, b = kind == ROPE_NEOX ? j + pairs : 2 * j + 1;
+                float angle = (float)pos * p.inv_freq[j];
+                float c = (float)(std::cos((double)angle) * (double)p.attention_factor);
+                float s = (float)(std::sin((double)angle) * (double)p.attention_factor);
+                float xa = product[m][h * hd + a], xb = product[m][h * hd + b];
+                float ac = xa * c, bs = xb * s, bc = xb * c, as = xa * s;
+                want[m][h * hd + a] = ac - bs;
+                want[m][h * hd + b] = bc + as;
+            }
+        }
+    }
+    int slot = pos % capacity;
+    for (int i = 0; i < rows[1]; i++) want_k[slot * rows[1] + i] = want[1][i];
+    for (int i = 0; i < rows[2]; i++) want_v[slot * rows[2] + i] = want[2][i];
+
+    std::string name = std::to_string(cols) + " wide, " + std::to_string(heads_q) + "/" +
+                       std::to_string(heads_k) + " heads of " + std::to_string(hd) +
+                       (kind == ROPE_NEOX ? ", NeoX" : ", interleaved") + ", position " +
+                       std::to_string(pos);
+    auto run = [&](const std::string& which, auto kernel) {
+        std::vector<std::vector<float>> out;
+        for (int m = 0; m < 3; m++) out.emplace_back(rows[m], SENTINEL);
+        std::vector<float> kc(capacity * rows[1], SENTINEL), vc(capacity * rows[2], SENTINEL);
+        MatGroup g = {};
+        g.count = 3;
+        for (int m = 0; m < 3; m++) {
+            g.w[m] = mats[m].bytes.data();
+            g.out[m] = out[m].data();
+            g.bias[m] = biased ? biases[m].data() : nullptr;
+            g.row_bytes[m] = (i64)mats[m].row_bytes;
+            g.rows[m] = rows[m];
+        }
+        QkvRope r = {};
+        r.cache[0] = kc.data();
+        r.cache[1] = vc.data();
+        r.capacity[0] = r.capacity[1] = capacity;
+        r.first_pos = pos;
+        r.heads[0] = heads_q;
+        r.heads[1] = heads_k;
+        r.head_dim = hd;
+        int units = (rows[0] + rows[1] + rows[2]) / 2;
+        // Fewer warps than units: the grid strides.
+        emu::launch({(unsigned)(units + 2 * ONE_WARPS - 1) / (2 * ONE_WARPS), 1, 1},
+                    {ONE_WARPS * 32, 1, 1},
+                    [&] { kernel(g, cols, (const signed char*)q.data(), d.data(), r, p, nullptr); });
+        for (int m = 0; m < 3; m++)
+            bits::expect_same(name + ": " + which + ", " + "qkv"[m] + (m < 2 ? " roped" : ""),
+                              out[m], want[m]);
+        bits::expect_same(name + ": " + which + ", k cache", kc, want_k);
+        bits::expect_same(name + ": " + which + ", v cache", vc, want_v);
+    };
+    run("matmul1_q8x_q8_0_rope", matmul1_q8x_q8_0_rope);
+    if (cols == 2880) run("matmul1_q8x_q8_0_rope_w2880", matmul1_q8x_q8_0_rope_w2880);
+}
+
 }  // namespace
 
 int main() {
@@ -188,5 +286,9 @@ int main() {
         {"96 wide", 96, {5}, {true}},
     };
     for (const Case& c : cases) run_case(c, rng);
+    // gpt-oss's width and rope kind, fewer heads; another width,
+    // interleaved pairs, no biases, a position past the ring's capacity.
+    run_rope_case(rng, 2880, 4, 2, 64, ROPE_NEOX, true, 37, 64);
+    run_rope_case(rng, 256, 4, 1, 32, ROPE_INTERLEAVED, false, 9, 4);
     return bits::verdict();
 }

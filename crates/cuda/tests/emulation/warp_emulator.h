@@ -458,6 +458,26 @@ inline float f16_to_f32(u16 h) {
     return (h & 0x8000) ? -v : v;
 }
 
+// PTX `cvt.rn.f16.f32`: the nearest half, ties to even; past the largest
+// half, infinity; NaN stays NaN.
+inline u16 f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    u16 sign = (u16)((x >> 16) & 0x8000);
+    uint32_t ax = x & 0x7fffffff;
+    if (ax >= 0x7f800000) return sign | 0x7c00 | (ax > 0x7f800000 ? 0x200 : 0);
+    if (ax >= 0x477ff000) return sign | 0x7c00;  // 65520 and up round to infinity
+    if (ax < 0x38800000) {  // below 2^-14: a subnormal half, in units of 2^-24
+        float a;
+        memcpy(&a, &ax, 4);
+        return sign | (u16)std::nearbyint(std::ldexp(a, 24));
+    }
+    uint32_t mant = ax & 0x7fffff, rest = mant & 0x1fff;
+    uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | (mant >> 13));
+    if (rest > 0x1000 || (rest == 0x1000 && (h & 1))) h++;  // a carry moves the exponent
+    return sign | (u16)h;
+}
+
 // PTX `dp4a.s32.s32 d, a, b, c`: c plus the four signed byte products.
 inline int dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));

@@ -59,7 +59,8 @@
 #                TURBOSPARK_CUDA_FUSE=0, no joined launches; unset is the
 #                attention's join alone, since the sixteenth session) bit
 #                for bit against TURBOSPARK_CUDA_FUSE=1 (the router and
-#                attention joins), and tg128 of each; a setting that changes
+#                attention joins), and pp512 and tg128 of each (at the
+#                depths VARIANT_DEPTHS, default 0); a setting that changes
 #                the sums' order (TURBOSPARK_CUDA_SPLIT_KEYS) reports DIFFER
 #                by design, its correctness is the conformance suite's
 #   ab           AB_BASE (another turbospark binary) against BIN's: decode
@@ -471,7 +472,10 @@ PY
         # than against 8-bit activations (TURBOSPARK_CUDA_KQ=tc); one token's
         # per-route gate/up products waiting before they read their route
         # (TURBOSPARK_CUDA_GATE_UP=wait; `FUSE=1` runs the early ones with
-        # the router's join). A setting may join several with commas.
+        # the router's join); one token's q/k/v products launched apart
+        # from their ropes and cache writes (TURBOSPARK_CUDA_QKV_ROPE=0;
+        # check_projections_then_rope compares the joined launch with the
+        # ops apart bit for bit). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -702,8 +706,9 @@ PY
     variants)
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against those with
-        # both joins (TURBOSPARK_CUDA_FUSE=1), then tg128 of each,
-        # alternated (REPS rounds). A variant may be several settings joined
+        # both joins (TURBOSPARK_CUDA_FUSE=1), then pp512 and tg128 of each at
+        # the depths VARIANT_DEPTHS (bench's -d; default 0), alternated (REPS
+        # rounds). A variant may be several settings joined
         # by commas (A=1,B=2).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
@@ -724,7 +729,8 @@ PY
         for r in $(seq "$REPS"); do
             for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
                 echo "--- $v, round $r"
-                env ${v//,/ } "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 -r 2 --numerics fast
+                env ${v//,/ } "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 \
+                    -d "${VARIANT_DEPTHS:-0}" -r 2 --numerics fast
             done
         done
         ;;

@@ -472,8 +472,8 @@ PY
         # than against 8-bit activations (TURBOSPARK_CUDA_KQ=tc); one token's
         # per-route gate/up products waiting before they read their route
         # (TURBOSPARK_CUDA_GATE_UP=wait; `FUSE=1` runs the early ones with
-        # the router's join); one token's q/k/v products launched apart
-        # from their ropes and cache writes (TURBOSPARK_CUDA_QKV_ROPE=0;
+        # the router's join); one token's q/k/v products with their ropes
+        # and cache writes in their launch (TURBOSPARK_CUDA_QKV_ROPE=1;
         # check_projections_then_rope compares the joined launch with the
         # ops apart bit for bit). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
@@ -484,7 +484,7 @@ PY
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream+route \
             TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait \
-            TURBOSPARK_CUDA_QKV_ROPE=0}; do
+            TURBOSPARK_CUDA_QKV_ROPE=1}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

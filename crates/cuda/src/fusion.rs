@@ -24,7 +24,9 @@
 //!   follows it;
 //! - the rope of q and of k at the same positions and the cache writes
 //!   of k (the roped tensor) and v that follow are one `rope_kv` launch
-//!   ([`RopeKvLaunch`]).
+//!   ([`RopeKvLaunch`]); opt-in (`TURBOSPARK_CUDA_QKV_ROPE=1`), one
+//!   token's q, k and v products take them into their own launch
+//!   ([`Pending::QkvRope`]).
 //!
 //! Every fused launch computes the same values in the same order as the
 //! separate kernels (`kernels/elementwise.cu` `rms_norm_row`, `rope_kv`,
@@ -368,8 +370,9 @@ pub(crate) enum Pending {
     RopeKv(RopeKvLaunch),
     /// One token's q, k and v products (a group of three) and the ropes
     /// and cache writes that follow them, held together: one launch
-    /// (`matmul1_q8x_q8_0_rope`) where [`qkv_rope_params`] takes them,
-    /// else the group's launch and then `rope_kv`'s.
+    /// (`matmul1_q8x_q8_0_rope`, opt-in: `TURBOSPARK_CUDA_QKV_ROPE=1`)
+    /// where [`qkv_rope_params`] takes them, else the group's launch and
+    /// then `rope_kv`'s.
     QkvRope(GroupLaunch, RopeKvLaunch),
 }
 

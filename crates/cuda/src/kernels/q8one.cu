@@ -368,7 +368,8 @@ Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)
 // One token's q, k and v products with the rope of q and k and the cache
 // writes of k and v that follow them in a decode step, in one launch
 // (fusion.rs `Pending::QkvRope`, instead of matmul1_q8x_q8_0 then
-// rope_kv). A unit is two rows whose totals meet in one warp: for q and
+// rope_kv; opt-in, TURBOSPARK_CUDA_QKV_ROPE=1: on an H200 it decoded at
+// the separate launches' speed, BENCHMARKS.md, thirty-ninth session). A unit is two rows whose totals meet in one warp: for q and
 // k, the rows of a rotated pair — dimensions a and b of head h (NeoX: j
 // and j + pairs; interleaved: 2j and 2j + 1) — and for v, rows 2i and
 // 2i + 1. Lane 0 adds each row's bias to its total as matmul1's write

@@ -773,8 +773,9 @@ pub fn check_attention_then_product<D: Device>(dev: &D) -> Result<(), Conformanc
 
 /// One token's q, k and v products of one input with their biases, then
 /// the ropes of q and k and the cache writes of k and v, as the engine
-/// issues them (the CUDA backend launches all of it as one where it can):
-/// the roped q and k, v and both cache rings the same bits as the same ops
+/// issues them (the CUDA backend can launch all of it as one,
+/// `TURBOSPARK_CUDA_QKV_ROPE=1`): the roped q and k, v and both cache
+/// rings the same bits as the same ops
 /// with a `synchronize` between the products and the ropes, which keeps a
 /// backend from joining them (each of those ops is checked against its
 /// f64 formula elsewhere in the suite); and the roped q within

@@ -391,19 +391,30 @@ pub(crate) fn qkv_rope_starts(k: &Kernels, g: &GroupLaunch, rope: &RopeKvLaunch)
 }
 
 /// The one-token kernel with ropes for the products `g`, when they would
-/// otherwise take q8one.cu's (not kq.cu's, nor the tensor cores').
+/// otherwise take q8one.cu's (not kq.cu's, nor the tensor cores'): the
+/// order in which `launch_pending` picks a group's kernel.
 fn qkv_rope_kernel<'a>(k: &'a Kernels, g: &GroupLaunch) -> Option<&'a kernels::OneKernel> {
-    if k.kq.as_ref().is_some_and(|kq| kq.get(g.format).is_some()) || g.cols > kernels::ONE_MAX_COLS
-    {
+    if k.kq.as_ref().is_some_and(|kq| kq.get(g.format).is_some()) {
         return None;
     }
     let set = k.q8.get(g.format)?;
     if set.mma1_for(g.cols, &g.group).is_some() {
         return None;
     }
-    let one = set.one.as_ref()?;
-    one.matmul_for(g.cols)?;
-    one.qkv_rope_for(g.cols)
+    one_token_matmul(set, g)?;
+    set.one.as_ref()?.qkv_rope_for(g.cols)
+}
+
+/// q8one.cu's product kernel for the group `g` of `set`'s format, where
+/// it takes the group: one token, rows it holds, a kernel for their width.
+fn one_token_matmul<'a>(
+    set: &'a kernels::Q8Set,
+    g: &GroupLaunch,
+) -> Option<&'a kernels::OneKernel> {
+    set.one
+        .as_ref()
+        .and_then(|one| one.matmul_for(g.cols))
+        .filter(|_| g.n == 1 && g.cols <= kernels::ONE_MAX_COLS)
 }
 
 /// The parameters of `matmul1_q8x_q8_0_rope` for the products `g` and the
@@ -609,12 +620,7 @@ pub(crate) fn launch_pending(
                 let args = &mut args![group, cols, g.xq, g.xd];
                 return launch("matmul", f, stream, (tiles, 1, 1), threads, 0, args);
             }
-            if let Some(one) = set
-                .one
-                .as_ref()
-                .and_then(|one| one.matmul_for(g.cols))
-                .filter(|_| g.n == 1 && g.cols <= kernels::ONE_MAX_COLS)
-            {
+            if let Some(one) = one_token_matmul(set, &g) {
                 let rows = kernels::OneWork::Rows(&g.group.rows[..g.group.count as usize]);
                 let l = one.config(g.format, g.cols, rows)?;
                 let args = &mut args![g.group, cols, g.xq, g.xd];

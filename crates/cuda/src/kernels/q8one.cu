@@ -192,10 +192,10 @@ __device__ __forceinline__ void one_reduce(const OneSums<R>& S, int cols, float*
 // EARLY (the kernel has not yet run KERNEL_ENTRY): the first unit's weight
 // loads are issued before waiting for the kernel before this one, so they
 // overlap its tail; then every thread of the block calls `before_wait`
-// (work of the Work's own that reads nothing a kernel writes). Only for Work whose `unit` reads nothing a kernel
-// writes (resident weights and the launch's own parameters): the token's
-// codes and scales, which the previous kernel writes, are read after the
-// wait (one_sums).
+// (work of the Work's own that reads nothing a kernel writes). Only for
+// Work whose `unit` reads nothing a kernel writes (resident weights and
+// the launch's own parameters): the token's codes and scales, which the
+// previous kernel writes, are read after the wait (one_sums).
 // WIDTH: the rows' width known when compiled (0: `cols`; see
 // Q8_ONE_WIDE_MATMUL below).
 template <int F, int R, bool EARLY, int WIDTH = 0, class Work>
@@ -369,8 +369,9 @@ Q8_ONE_WIDE_MATMUL(q8_0, F_Q8_0, 4096)
 // writes of k and v that follow them in a decode step, in one launch
 // (fusion.rs `Pending::QkvRope`, instead of matmul1_q8x_q8_0 then
 // rope_kv; opt-in, TURBOSPARK_CUDA_QKV_ROPE=1: on an H200 it decoded at
-// the separate launches' speed, BENCHMARKS.md, thirty-ninth session). A unit is two rows whose totals meet in one warp: for q and
-// k, the rows of a rotated pair — dimensions a and b of head h (NeoX: j
+// the separate launches' speed, BENCHMARKS.md, thirty-ninth session). A
+// unit is two rows whose totals meet in one warp: for q and k, the rows
+// of a rotated pair — dimensions a and b of head h (NeoX: j
 // and j + pairs; interleaved: 2j and 2j + 1) — and for v, rows 2i and
 // 2i + 1. Lane 0 adds each row's bias to its total as matmul1's write
 // does, rotates the pair as rope_kv does (ra = xa·c − xb·s, rb = xb·c +

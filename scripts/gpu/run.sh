@@ -88,7 +88,8 @@
 #                run (default exact; `fast` for fast-numerics kernels), then
 #                those three more times (a moving error is a race)
 #   profile      Nsight Compute on a few decode steps of the synthetic
-#                model: time, DRAM bytes and bandwidth per kernel
+#                model, then on a 512-token prefill: time, DRAM bytes and
+#                bandwidth per kernel (PROFILE=decode or prefill: only one)
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill)
 #
@@ -333,6 +334,7 @@ PY
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
         whats=("decode:-p 1 -n 8:500" "prefill:-p 512 -n 1:400")
         [ "${PROFILE:-all}" = decode ] && whats=("decode:-p 1 -n 8:500")
+        [ "${PROFILE:-all}" = prefill ] && whats=("prefill:-p 512 -n 1:400")
         for what in "${whats[@]}"; do
             IFS=: read -r label bargs count <<< "$what"
             echo "--- $label ($bargs)"

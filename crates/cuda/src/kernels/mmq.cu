@@ -124,54 +124,71 @@ __device__ __forceinline__ void mq_store_a(const MqRawA& r, u8* dst, float* d) {
 #define MQ_B_PIECES (MQ_BN * Q8_CHUNK * 2 / MQ_THREADS)  // 16-byte pieces a thread
 #define MQ_B_SCALES (MQ_BN * Q8_CHUNK / MQ_THREADS)      // scales a thread
 
-// One step: stage blocks b0 .. b0 + nu of the tile's rows (arow[r]) and
-// tokens (xrow[t], xsc[t]) into shared memory; every load is issued before
-// any store.
-template <int F>
-__device__ __forceinline__ void mq_stage(MqTiles& s, const u8* const* arow, int cols,
-                                         const signed char* const* xrow,
-                                         const float* const* xsc, int b0, int nu) {
+// A thread's share of one step's bytes, held in registers between the
+// loads and the stores into shared memory.
+struct MqStep {
     MqRawA ra[MQ_A_UNITS];
     uint4 rb[MQ_B_PIECES];
     float rs[MQ_B_SCALES];
+};
+
+// One step's loads: blocks b0 .. b0 + nu of the tile's rows (arow[r]) and
+// tokens (xrow[t], xsc[t]), all issued before any is used.
+template <int F>
+__device__ __forceinline__ void mq_load_step(MqStep& st, const u8* const* arow, int cols,
+                                             const signed char* const* xrow,
+                                             const float* const* xsc, int b0, int nu) {
 #pragma unroll
     for (int j = 0; j < MQ_A_UNITS; j++) {
         int i = threadIdx.x + j * MQ_THREADS, r = i / Q8_CHUNK, u = i % Q8_CHUNK;
-        if (u < nu) ra[j] = mq_load_a<F>(arow[r], cols, b0 + u);
+        if (u < nu) st.ra[j] = mq_load_a<F>(arow[r], cols, b0 + u);
     }
 #pragma unroll
     for (int j = 0; j < MQ_B_PIECES; j++) {
         int i = threadIdx.x + j * MQ_THREADS, t = i / (Q8_CHUNK * 2), piece = i % (Q8_CHUNK * 2);
         if ((piece >> 1) < nu)
-            rb[j] = ((const uint4*)(xrow[t] + (i64)(b0 + (piece >> 1)) * 32))[piece & 1];
+            st.rb[j] = ((const uint4*)(xrow[t] + (i64)(b0 + (piece >> 1)) * 32))[piece & 1];
     }
 #pragma unroll
     for (int j = 0; j < MQ_B_SCALES; j++) {
         int i = threadIdx.x + j * MQ_THREADS, t = i / Q8_CHUNK, u = i % Q8_CHUNK;
-        if (u < nu) rs[j] = xsc[t][b0 + u];
+        if (u < nu) st.rs[j] = xsc[t][b0 + u];
     }
+}
+
+// A step's loaded bytes into shared memory (MXFP4 codes decoded to int8).
+template <int F>
+__device__ __forceinline__ void mq_store_step(const MqStep& st, MqTiles& s, int nu) {
 #pragma unroll
     for (int j = 0; j < MQ_A_UNITS; j++) {
         int i = threadIdx.x + j * MQ_THREADS, r = i / Q8_CHUNK, u = i % Q8_CHUNK;
-        if (u < nu) mq_store_a<F>(ra[j], &s.a[r][u * 32], &s.as[r][u]);
+        if (u < nu) mq_store_a<F>(st.ra[j], &s.a[r][u * 32], &s.as[r][u]);
     }
 #pragma unroll
     for (int j = 0; j < MQ_B_PIECES; j++) {
         int i = threadIdx.x + j * MQ_THREADS, t = i / (Q8_CHUNK * 2), piece = i % (Q8_CHUNK * 2);
-        if ((piece >> 1) < nu) ((uint4*)&s.b[t][0])[piece] = rb[j];
+        if ((piece >> 1) < nu) ((uint4*)&s.b[t][0])[piece] = st.rb[j];
     }
 #pragma unroll
     for (int j = 0; j < MQ_B_SCALES; j++) {
         int i = threadIdx.x + j * MQ_THREADS, t = i / Q8_CHUNK, u = i % Q8_CHUNK;
-        if (u < nu) s.bs[t][u] = rs[j];
+        if (u < nu) s.bs[t][u] = st.rs[j];
     }
 }
 
+// The steps' tiles, two of them: while the warps take one step's
+// fragments from one, the next step's bytes are in flight to registers,
+// stored into the other once this step's MMAs are issued.
+struct MqTiles2 {
+    MqTiles t[2];
+};
+
 // The warp's products over all blocks (cols / 32): acc[mt][nt][i] for C
 // element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile nt
-// (shared tokens tb + 8 nt + g for B, + 2q + j for the scales).
+// (shared tokens tb + 8 nt + g for B, + 2q + j for the scales). The
+// caller has synchronized the block since its last read of `s2`.
 template <int F>
-__device__ __forceinline__ void mq_products(MqTiles& s, const u8* const* arow, int cols,
+__device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow, int cols,
                                             const signed char* const* xrow,
                                             const float* const* xsc, const int* ra, int tb,
                                             float (*acc)[MMQ_NT][4]) {
@@ -183,11 +200,16 @@ __device__ __forceinline__ void mq_products(MqTiles& s, const u8* const* arow, i
         for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[mt][nt][i] = 0.0f;
-    for (int b0 = 0; b0 < nb; b0 += Q8_CHUNK) {
+    MqStep st;
+    mq_load_step<F>(st, arow, cols, xrow, xsc, 0, min(Q8_CHUNK, nb));
+    mq_store_step<F>(st, s2.t[0], min(Q8_CHUNK, nb));
+    __syncthreads();
+    for (int b0 = 0, cur = 0; b0 < nb; b0 += Q8_CHUNK, cur ^= 1) {
         int nu = min(Q8_CHUNK, nb - b0);
-        __syncthreads();  // the previous step's fragments are read
-        mq_stage<F>(s, arow, cols, xrow, xsc, b0, nu);
-        __syncthreads();
+        int next = b0 + Q8_CHUNK, next_nu = min(Q8_CHUNK, nb - next);
+        // The next step's loads, in flight during this step's MMAs.
+        if (next < nb) mq_load_step<F>(st, arow, cols, xrow, xsc, next, next_nu);
+        MqTiles& s = s2.t[cur];
         float part[MMQ_MT][MMQ_NT][4];
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)
@@ -221,7 +243,7 @@ __device__ __forceinline__ void mq_products(MqTiles& s, const u8* const* arow, i
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         part[mt][nt][i] =
-                            fmaf((float)c[i], dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
+                            fmaf(small_int_to_f32(c[i]), dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
                 }
             }
         }
@@ -231,6 +253,11 @@ __device__ __forceinline__ void mq_products(MqTiles& s, const u8* const* arow, i
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) acc[mt][nt][i] += part[mt][nt][i];
+        // The other tiles were last read a step ago, before the barrier
+        // that ended it; the barrier below ends this step's reads of
+        // these before the step after stores into them.
+        if (next < nb) mq_store_step<F>(st, s2.t[cur ^ 1], next_nu);
+        __syncthreads();
     }
 }
 
@@ -253,7 +280,7 @@ __device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed 
 // kq.cu's formats bring theirs (KqProducts).
 template <int F>
 struct MqProducts {
-    using Tiles = MqTiles;
+    using Tiles = MqTiles2;
     __device__ __forceinline__ static void products(Tiles& s, const u8* const* arow, int cols,
                                                     const signed char* const* xrow,
                                                     const float* const* xsc, const int* ra, int tb,

@@ -9,7 +9,8 @@
 //   - q8one.cu's one-token kernels (the default) and q8dot.cu's per-row
 //     kernel, which the GPU conformance suite has checked on an H200;
 //   - q8one.cu's q/k/v kernel with the ropes and cache writes after the
-//     products (run_rope_case below).
+//     products (run_rope_case below);
+//   - mmq.cu's tensor-core tiles of a batch (prefill; run_batch_case).
 // Exit status 0 when every output matches; mismatches are printed.
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
@@ -173,6 +174,40 @@ void run_case(const Case& c, std::mt19937& rng) {
     }
 }
 
+// mmq.cu's batch tiles (mq_matmul_q8_0): n tokens, each its own codes and
+// scales, against the same reference token by token; rows and tokens not
+// multiples of the 64 × 64 tile, with and without a bias.
+void run_batch_case(std::mt19937& rng, int cols, int rows, int n, bool with_bias) {
+    int nb = cols / 32;
+    Rows m = random_rows(rng, rows, cols);
+    std::uniform_real_distribution<float> bias(-1.0f, 1.0f), scale(0.001f, 0.05f);
+    std::uniform_int_distribution<int> code(-127, 127);
+    std::vector<int8_t> q((size_t)n * cols);
+    for (auto& x : q) x = (int8_t)code(rng);
+    std::vector<float> d((size_t)n * nb), b;
+    for (auto& x : d) x = scale(rng);
+    if (with_bias)
+        for (int r = 0; r < rows; r++) b.push_back(bias(rng));
+    std::vector<float> want((size_t)n * rows), out((size_t)n * rows, -12345.0f);
+    for (int t = 0; t < n; t++) {
+        std::vector<int8_t> qt(q.begin() + (size_t)t * cols, q.begin() + (size_t)(t + 1) * cols);
+        std::vector<float> dt(d.begin() + (size_t)t * nb, d.begin() + (size_t)(t + 1) * nb);
+        for (int r = 0; r < rows; r++) {
+            float v = reference_dot(m, r, qt, dt);
+            want[(size_t)t * rows + r] = with_bias ? v + b[r] : v;
+        }
+    }
+    emu::launch({(unsigned)((rows + MQ_BM - 1) / MQ_BM), (unsigned)((n + MQ_BN - 1) / MQ_BN), 1},
+                {MQ_THREADS, 1, 1}, [&] {
+                    mq_matmul_q8_0(m.bytes.data(), rows, cols, (i64)m.row_bytes,
+                                   (const signed char*)q.data(), d.data(), n, out.data(),
+                                   with_bias ? b.data() : nullptr);
+                });
+    bits::expect_same("mmq.cu, " + std::to_string(cols) + " wide, " + std::to_string(rows) +
+                          " rows, " + std::to_string(n) + " tokens",
+                      out, want);
+}
+
 // q8one.cu's q/k/v products with the ropes of q and k and the cache
 // writes of k and v in their launch (matmul1_q8x_q8_0_rope, and its
 // 2880-wide form): the products as the reference above forms them, plus
@@ -290,5 +325,11 @@ int main() {
     // interleaved pairs, no biases, a position past the ring's capacity.
     run_rope_case(rng, 2880, 4, 2, 64, ROPE_NEOX, true, 37, 64);
     run_rope_case(rng, 256, 4, 1, 32, ROPE_INTERLEAVED, false, 9, 4);
+    // A prefill's batch on the tensor cores: gpt-oss's width (23 steps of
+    // 4 blocks, the last of 2), two token tiles, the second partial; the o
+    // projection's width; a width of one partial step.
+    run_batch_case(rng, 2880, 80, 70, true);
+    run_batch_case(rng, 4096, 64, 17, false);
+    run_batch_case(rng, 96, 21, 3, true);
     return bits::verdict();
 }

@@ -230,18 +230,6 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 #define F_Q6_K 10
 #define F_MXFP4 11
 
-// (float)c for an integer |c| <= 2^22, exactly, by full-rate ops: the bits
-// of 1.5 · 2^23 plus c are the float 1.5 · 2^23 + c (every value of
-// [2^23, 2^24] is a float one unit apart), and subtracting 1.5 · 2^23 is
-// exact. The conversion instruction (I2F) runs at 16 results a clock an
-// SM on sm_80/sm_90, an eighth of the FMA rate; a tensor-core tile converts
-// every integer MMA result (mmq.cu), so there it bounds the tile. Callers
-// bound |c|: a 32-element block's Σ of int8 products is at most 32 · 127 ·
-// 128 = 520192 < 2^22.
-__device__ __forceinline__ float small_int_to_f32(int c) {
-    return __int_as_float(0x4B400000 + c) - 12582912.0f;
-}
-
 // `2^(e - 128)` from bits, as GGML_E8M0_TO_FP32_HALF.
 __device__ __forceinline__ float e8m0_half(u8 e) {
     return e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float(((u32)e - 1u) << 23);

@@ -15,6 +15,12 @@
 // (MXFP4 decoded to int8 in the order the activations use) and the tokens'
 // quantized activations into shared memory with 16-byte loads, all issued
 // before any is used, then the warps take their MMA fragments from there.
+// Two sets of tiles: the next step's loads are issued before this step's
+// MMAs and stored into the other set after them, one barrier a step; the
+// step's blocks are unrolled, so their fragment reads take constant
+// offsets. (Each alone measured level with the single-buffered, rolled
+// step on an H100; together +2 % on pp512: BENCHMARKS.md, fortieth
+// session.)
 // Warp w covers rows 32·(w % 2) .. + 32 (two 16-row tiles) and tokens
 // 16·(w / 2) .. + 16 (two 8-token tiles): few accumulators a thread, so
 // that two blocks fit an SM's registers. For gate/up the 64 rows are 32
@@ -217,7 +223,9 @@ __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow,
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
-        for (int u = 0; u < nu; u++) {
+#pragma unroll
+        for (int u = 0; u < Q8_CHUNK; u++) {
+            if (u >= nu) break;  // uniform over the block (the last step's tail)
             u32 a[MMQ_MT][4];
             float dw[MMQ_MT][2];
 #pragma unroll
@@ -243,7 +251,7 @@ __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow,
 #pragma unroll
                     for (int i = 0; i < 4; i++)
                         part[mt][nt][i] =
-                            fmaf(small_int_to_f32(c[i]), dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
+                            fmaf((float)c[i], dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
                 }
             }
         }

@@ -477,7 +477,9 @@ PY
         # the router's join); one token's q/k/v products with their ropes
         # and cache writes in their launch (TURBOSPARK_CUDA_QKV_ROPE=1;
         # check_projections_then_rope compares the joined launch with the
-        # ops apart bit for bit). A setting may join several with commas.
+        # ops apart bit for bit); a batch's attention on the tensor cores
+        # (TURBOSPARK_CUDA_PREFILL_ATTN=tc; check_attention holds it to the
+        # f64 formula). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -486,7 +488,7 @@ PY
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream+route \
             TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait \
-            TURBOSPARK_CUDA_QKV_ROPE=1}; do
+            TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=tc}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -155,6 +155,9 @@ pub(crate) struct Kernels {
     /// 64 and 128 (`attention.cu`, flash-decoding).
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
+    /// A batch's attention on the tensor cores, f16 cache, heads 64 wide
+    /// (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
+    pub attention_prefill_tc_f16_64: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
@@ -251,6 +254,7 @@ impl Kernels {
             attention_group_f16,
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
+            attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
@@ -450,6 +454,22 @@ pub(crate) fn decode_split_keys(setting: Option<&str>) -> usize {
         .filter(|&k| k > 0 && k % 32 == 0)
         .unwrap_or(DECODE_KEYS_A_BLOCK)
 }
+/// Whether a batch's attention over an f16 cache takes the tensor cores
+/// where it fits (`kernels/attention_tc.cu`: fast numerics, heads
+/// [`PREFILL_TC_HEAD_DIM`] wide, at most [`PREFILL_TC_MAX_GROUP`] query
+/// heads a KV head): `TURBOSPARK_CUDA_PREFILL_ATTN=tc`. Opt-in until
+/// measured on a GPU (written in the fortieth session with no device time
+/// left; the host emulation checks it against the formula). Its bits are
+/// not the scalar kernel's (f16 queries and weights in the MMAs).
+pub(crate) fn prefill_attention_tc(setting: Option<&str>) -> bool {
+    setting.map(str::trim) == Some("tc")
+}
+/// Head width of the tensor-core prefill attention (`PA_HD`).
+pub(crate) const PREFILL_TC_HEAD_DIM: usize = 64;
+/// Query heads a KV head it serves, at most (`PA_MAX_GROUP`, a warp each).
+pub(crate) const PREFILL_TC_MAX_GROUP: usize = 8;
+/// Tokens a block of it (`PA_TOKENS`).
+pub(crate) const PREFILL_TC_TOKENS: usize = 16;
 /// Most past inputs a convolution state holds (`CONV_MAX_PAST`).
 pub(crate) const CONV_MAX_PAST: usize = 16;
 pub(crate) const MAX_EMBED_TOKENS: usize = 256;
@@ -555,6 +575,22 @@ pub(crate) struct AttnParams {
     pub has_sinks: i32,
 }
 
+/// Mirror of `PrefillAttnParams` in `kernels/attention_tc.cu`, passed by
+/// value.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct PrefillAttnParams {
+    pub first_pos: i32,
+    pub n_tokens: i32,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub capacity: i32,
+    pub window: i32,
+    pub scale: f32,
+    pub softcap: f32,
+    pub has_sinks: i32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct RouterParams {
@@ -611,6 +647,15 @@ mod tests {
         assert!(vector_norm(None));
         assert!(vector_norm(Some("vec")));
         assert!(!vector_norm(Some(" strided")));
+    }
+
+    /// `TURBOSPARK_CUDA_PREFILL_ATTN`: the tensor cores only when `tc`.
+    #[test]
+    fn prefill_attention_follows_the_setting() {
+        assert!(!prefill_attention_tc(None));
+        assert!(prefill_attention_tc(Some(" tc")));
+        assert!(!prefill_attention_tc(Some("scalar")));
+        assert!(!prefill_attention_tc(Some("")));
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

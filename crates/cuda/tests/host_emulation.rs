@@ -117,3 +117,11 @@ fn k_quant_integer_products_match_the_reference_order_bit_for_bit() {
 fn k_quant_integer_experts_match_the_reference_order_bit_for_bit() {
     build_and_run("kq_experts");
 }
+
+/// Prefill attention on the tensor cores (attention_tc.cu): within the
+/// f16 roundings of the f64 formula, with sinks, a sliding window over a
+/// ring, a soft-cap, grouped query heads and partial tiles of tokens.
+#[test]
+fn tensor_core_prefill_attention_matches_the_formula() {
+    build_and_run("attention_tc");
+}

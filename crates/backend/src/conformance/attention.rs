@@ -161,6 +161,16 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
             sinks: true,
             softcap: None,
         },
+        // Width 64, 4 query heads a KV head, no window: keys past one
+        // 16-key tile of a tensor-core kernel, a soft-cap.
+        Case {
+            n_heads: 8,
+            n_kv: 2,
+            hd: 64,
+            window: None,
+            sinks: false,
+            softcap: Some(5.0),
+        },
     ];
     let (total, chunk) = (23, 3);
     for c in &cases {

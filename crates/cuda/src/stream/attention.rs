@@ -242,6 +242,43 @@ impl CudaStream {
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
         self.bind("attention")?;
+        // A batch on the tensor cores where asked for and it fits: a block
+        // per KV head and 16 tokens, a warp per query head of the group.
+        if self.prefill_attention_tc
+            && !self.recording
+            && p.n_tokens > 1
+            && self.numerics == Numerics::Fast
+            && k_cache.dtype == DType::F16
+            && p.head_dim == kernels::PREFILL_TC_HEAD_DIM
+            && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
+            && p.n_heads == group * p.n_kv_heads
+        {
+            let tc = kernels::PrefillAttnParams {
+                first_pos: p.first_pos as i32,
+                n_tokens: p.n_tokens as i32,
+                n_heads: p.n_heads as i32,
+                n_kv_heads: p.n_kv_heads as i32,
+                capacity: p.capacity as i32,
+                window: params.window,
+                scale: p.scale,
+                softcap: params.softcap,
+                has_sinks: params.has_sinks,
+            };
+            let grid = (
+                p.n_kv_heads as u32,
+                p.n_tokens.div_ceil(kernels::PREFILL_TC_TOKENS) as u32,
+                1,
+            );
+            return launch(
+                "attention",
+                &self.k.attention_prefill_tc_f16_64,
+                self.raw(),
+                grid,
+                (32 * group) as u32,
+                0,
+                &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, tc, sp, op],
+            );
+        }
         // Prefill of grouped-query attention: a block per KV head and
         // token serves the group's query heads (each key read once).
         let sets = ((ATTN_THREADS as usize) / p.head_dim.max(1)).clamp(1, group.max(1));

@@ -94,6 +94,9 @@ pub struct CudaStream {
     /// Keys a split of one token's attention is sized for
     /// ([`kernels::decode_split_keys`]).
     decode_split_keys: usize,
+    /// Whether a batch's attention takes the tensor cores where it fits
+    /// ([`kernels::prefill_attention_tc`]).
+    prefill_attention_tc: bool,
     /// One token's MoE input quantized in MXFP4's order ahead of the MoE
     /// call — by the norm that also quantizes a Q8_0 router product's
     /// input (`matmul_q8`), or by the fused router launch — (codes, then
@@ -220,6 +223,11 @@ impl CudaStream {
             },
             decode_split_keys: kernels::decode_split_keys(
                 std::env::var("TURBOSPARK_CUDA_SPLIT_KEYS").ok().as_deref(),
+            ),
+            prefill_attention_tc: kernels::prefill_attention_tc(
+                std::env::var("TURBOSPARK_CUDA_PREFILL_ATTN")
+                    .ok()
+                    .as_deref(),
             ),
             routed_x: zeroed(match dev.numerics() {
                 Numerics::Fast => Q8Regions::new(widest, 0).bytes,

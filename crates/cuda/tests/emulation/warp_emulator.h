@@ -15,7 +15,8 @@
 //     8-byte value {b, a} (a the low word), s = selector nibble i; when
 //     s & 8 the selected byte's sign bit fills the byte.
 //   - `cvt.rn.bf16x2.f32` and `mma.sync.aligned.m16n8k16.row.col.f32.bf16`
-//     (see mma_m16n8k16_bf16 for what is and is not the hardware's);
+//     and `.f16` (see mma_m16n8k16_bf16 for what is and is not the
+//     hardware's);
 //   - `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`: D = A·B + C,
 //     A 16 × 32, B 32 × 8, C and D 16 × 8, in the fragments of the PTX
 //     ISA's "Matrix Fragments for mma.m16n8k32" (lane = 4g + q):
@@ -563,7 +564,18 @@ inline float bf16_value(uint16_t h) {
 // summed in f64, then rounded to f32: a function of its row of A, its
 // column of B and its C alone, as the hardware's is, which is all the
 // kernels' claims of equal bits rest on.
+template <class Half>
+inline void mma_m16n8k16(float* d, const u32* a, u32 b0, u32 b1, const float* c, Half half_value);
 inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    mma_m16n8k16(d, a, b0, b1, c, bf16_value);
+}
+// The same for .f16 operands (PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`:
+// the fragments as for .bf16, each half an IEEE half, f16_to_f32 above).
+inline void mma_m16n8k16_f16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    mma_m16n8k16(d, a, b0, b1, c, [](uint16_t h) { return ::f16_to_f32(h); });
+}
+template <class Half>
+inline void mma_m16n8k16(float* d, const u32* a, u32 b0, u32 b1, const float* c, Half half_value) {
     State& s = state();
     unsigned w = warp_id(), l = lane_id();
     uint32_t* dep = &s.mma_deposits[(size_t)w * 32 * 10];
@@ -575,7 +587,7 @@ inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const floa
     for (int i = 0; i < 4; i++) memcpy(&mine[6 + i], &c[i], 4);
     warp_sync();
     if (l == 0) {
-        auto half = [](uint32_t r, int j) { return bf16_value((uint16_t)(r >> (16 * j))); };
+        auto half = [&](uint32_t r, int j) { return half_value((uint16_t)(r >> (16 * j))); };
         float A[16][16], B[16][8];
         for (int lane = 0; lane < 32; lane++) {
             int g = lane / 4, q = lane % 4;
@@ -610,6 +622,10 @@ inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const floa
 inline void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
     float in[4] = {c[0], c[1], c[2], c[3]};
     emu::mma_m16n8k16_bf16(c, a, b0, b1, in);
+}
+inline void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    float in[4] = {c[0], c[1], c[2], c[3]};
+    emu::mma_m16n8k16_f16(c, a, b0, b1, in);
 }
 
 // PTX `cvt.rn.bf16x2.f32`: each f32 rounded to the nearest bf16, ties to

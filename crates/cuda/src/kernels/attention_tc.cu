@@ -124,7 +124,9 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
         // 0 · a stale row could be NaN).
         for (int i = threadIdx.x; i < 2 * PA_KEYS * (PA_HD / 8); i += blockDim.x) {
             int which = i / (PA_KEYS * (PA_HD / 8)), u = i % (PA_KEYS * (PA_HD / 8));
-            int key = u / (PA_HD / 8), piece = u % (PA_HD / 8), j = j0 + key;
+            // (Consecutive threads take consecutive keys, so a warp's
+            // transposed v stores meet 2 to a bank, not 8.)
+            int key = u % PA_KEYS, piece = u / PA_KEYS, j = j0 + key;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (j <= hi) {
                 i64 at = (i64)(j % p.capacity) * kv_row + (i64)kvh * PA_HD + 8 * piece;

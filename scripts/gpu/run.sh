@@ -710,7 +710,8 @@ PY
     variants)
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against those with
-        # both joins (TURBOSPARK_CUDA_FUSE=1), then pp512 and tg128 of each at
+        # both joins (TURBOSPARK_CUDA_FUSE=1), and how far their prefill
+        # logits are from those, then pp512 and tg128 of each at
         # the depths VARIANT_DEPTHS (bench's -d; default 0), alternated (REPS
         # rounds). A variant may be several settings joined
         # by commas (A=1,B=2).
@@ -729,6 +730,23 @@ for v in variants:
     x = np.load(f"{w}/bits-{v}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
     print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} TURBOSPARK_CUDA_FUSE=1's")
+PY
+        # Prefill logits of 300 tokens too (one chunk), as a share of max
+        # |logit|: a setting of the batch kernels (e.g. the tensor-core
+        # prefill attention) need not keep their bits.
+        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(300)))")
+        for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+            env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --tokens "$toks" \
+                --out "$WORK/prefill-$v.npy" > /dev/null || echo "prefill logits $v failed"
+        done
+        python3 - "$WORK" $VARIANTS <<'PY'
+import sys, numpy as np
+w, variants = sys.argv[1], sys.argv[2:]
+r = np.load(f"{w}/prefill-TURBOSPARK_CUDA_FUSE=1.npy").astype(np.float64)
+for v in variants:
+    x = np.load(f"{w}/prefill-{v}.npy").astype(np.float64)
+    rel = np.abs(x - r).max() / np.abs(r).max() if x.shape == r.shape else float("nan")
+    print(f"{v}: prefill logits {x.shape}, max|Δ|/max|logit| {rel:.2e} from TURBOSPARK_CUDA_FUSE=1's")
 PY
         for r in $(seq "$REPS"); do
             for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do

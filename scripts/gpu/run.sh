@@ -91,7 +91,9 @@
 #                model, then on a 512-token prefill: time, DRAM bytes and
 #                bandwidth per kernel (PROFILE=decode or prefill: only one)
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
-#                for the kernels matching DETAIL (decode and prefill)
+#                for the kernels matching DETAIL (decode and prefill;
+#                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for
+#                more sections, e.g. SourceCounters; reports under $OUT)
 #
 # Environment: BIN (turbospark and the test binaries; default .devcarry/bin),
 #   WORK (scratch, default /tmp/ts-gpu), LLAMA_TGZ (default
@@ -375,14 +377,25 @@ PY
         stage "detail: Nsight Compute sections of ${DETAIL:=^(matmul_q8x|moe_gate_up_q8x|moe_down_q8x|mq_gate_up|mq_down|mq_matmul|attention)}"
         NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
-        for bargs in "-p 1 -n 4" "-p 512 -n 1"; do
-            echo "--- $bargs"
+        # DETAIL_WHAT=decode or prefill: only that bench; DETAIL_SECTIONS:
+        # more Nsight Compute sections (e.g. "SourceCounters
+        # ComputeWorkloadAnalysis": where the warps stall, by instruction).
+        whats=("decode:-p 1 -n 4" "prefill:-p 512 -n 1")
+        [ "${DETAIL_WHAT:-all}" = decode ] && whats=("decode:-p 1 -n 4")
+        [ "${DETAIL_WHAT:-all}" = prefill ] && whats=("prefill:-p 512 -n 1")
+        extra=()
+        for sec in ${DETAIL_SECTIONS:-}; do extra+=(--section "$sec"); done
+        for what in "${whats[@]}"; do
+            IFS=: read -r label bargs <<< "$what"
+            report="$WORK/detail-$label.txt"
+            echo "--- $label ($bargs; the whole report: detail-$label.txt under \$OUT)"
             # shellcheck disable=SC2086
             "$NCU" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-                -k regex:"$DETAIL" -c "${DETAIL_COUNT:-8}" \
+                ${extra[@]+"${extra[@]}"} -k regex:"$DETAIL" -c "${DETAIL_COUNT:-8}" \
                 "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 --no-warmup \
-                --numerics fast 2> "$WORK/ncu.err" \
-                | grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared)|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Dynamic Shared|Static Shared|Grid Size|Block Size|Waves Per SM|Stall|stall' \
+                --numerics fast 2> "$WORK/ncu.err" > "$report"
+            [ -n "${OUT:-}" ] && cp "$report" "$OUT/"
+            grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared)|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Dynamic Shared|Static Shared|Grid Size|Block Size|Waves Per SM|Stall|stall' "$report" \
                 | grep -v '^ *----' || tail -5 "$WORK/ncu.err"
         done
         ;;

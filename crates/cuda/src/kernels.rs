@@ -155,9 +155,10 @@ pub(crate) struct Kernels {
     /// 64 and 128 (`attention.cu`, flash-decoding).
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
-    /// A batch's attention on the tensor cores, f16 cache, heads 64 wide
-    /// (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
+    /// A batch's attention on the tensor cores, f16 cache, heads 64 and
+    /// 128 wide (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
     pub attention_prefill_tc_f16_64: CudaFunction,
+    pub attention_prefill_tc_f16_128: CudaFunction,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
@@ -255,6 +256,7 @@ impl Kernels {
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
+            attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
@@ -455,17 +457,15 @@ pub(crate) fn decode_split_keys(setting: Option<&str>) -> usize {
         .unwrap_or(DECODE_KEYS_A_BLOCK)
 }
 /// Whether a batch's attention over an f16 cache takes the tensor cores
-/// where it fits (`kernels/attention_tc.cu`: fast numerics, heads
-/// [`PREFILL_TC_HEAD_DIM`] wide, at most [`PREFILL_TC_MAX_GROUP`] query
-/// heads a KV head): `TURBOSPARK_CUDA_PREFILL_ATTN=tc`. Opt-in until
+/// where it fits (`kernels/attention_tc.cu`: fast numerics, heads 64 or
+/// 128 wide, at most [`PREFILL_TC_MAX_GROUP`] query heads a KV head):
+/// `TURBOSPARK_CUDA_PREFILL_ATTN=tc`. Opt-in until
 /// measured on a GPU (written in the fortieth session with no device time
 /// left; the host emulation checks it against the formula). Its bits are
 /// not the scalar kernel's (f16 queries and weights in the MMAs).
 pub(crate) fn prefill_attention_tc(setting: Option<&str>) -> bool {
     setting.map(str::trim) == Some("tc")
 }
-/// Head width of the tensor-core prefill attention (`PA_HD`).
-pub(crate) const PREFILL_TC_HEAD_DIM: usize = 64;
 /// Query heads a KV head it serves, at most (`PA_MAX_GROUP`, a warp each).
 pub(crate) const PREFILL_TC_MAX_GROUP: usize = 8;
 /// Tokens a block of it (`PA_TOKENS`).

@@ -120,7 +120,8 @@ fn k_quant_integer_experts_match_the_reference_order_bit_for_bit() {
 
 /// Prefill attention on the tensor cores (attention_tc.cu): within the
 /// f16 roundings of the f64 formula, with sinks, a sliding window over a
-/// ring, a soft-cap, grouped query heads and partial tiles of tokens.
+/// ring, a soft-cap, grouped query heads, heads 64 and 128 wide and
+/// partial tiles of tokens.
 #[test]
 fn tensor_core_prefill_attention_matches_the_formula() {
     build_and_run("attention_tc");

@@ -171,6 +171,15 @@ pub fn check_attention<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Confo
             sinks: false,
             softcap: Some(5.0),
         },
+        // Width 128 (Qwen3-MoE, Mixtral), 2 query heads a KV head.
+        Case {
+            n_heads: 4,
+            n_kv: 2,
+            hd: 128,
+            window: Some(7),
+            sinks: true,
+            softcap: None,
+        },
     ];
     let (total, chunk) = (23, 3);
     for c in &cases {

@@ -1,5 +1,5 @@
 // Prefill attention on the tensor cores (fast numerics, f16 KV cache,
-// heads 64 wide): the same math as attention.cu's attention_impl (HF
+// heads HD = 64 or 128 wide): the same math as attention.cu's attention_impl (HF
 // `eager_attention_forward` with gpt-oss sinks and Gemma's soft-cap), for
 // query head h of the token at position p over keys j in [lo, p] (lo =
 // p - window + 1 on sliding layers, else 0), key j at cache row
@@ -34,10 +34,8 @@
 
 #define PA_TOKENS 16     // tokens a block (the MMA's m)
 #define PA_KEYS 16       // keys a tile (two n8 tiles for S, one k16 step for P·V)
-#define PA_HD 64         // head width
 #define PA_MAX_GROUP 8   // query heads a KV head, at most (warps a block)
-#define PA_K_LD (PA_HD + 8)    // halves a staged k row (16 B spare spread the banks)
-#define PA_V_LD (PA_KEYS + 8)  // halves a staged (transposed) v row
+#define PA_V_LD (PA_KEYS + 8)  // halves a staged (transposed) v row (16 B spare spread the banks)
 
 struct PrefillAttnParams {
     int first_pos;  // position of the batch's first token
@@ -71,11 +69,13 @@ __device__ __forceinline__ int pa_first_key(const PrefillAttnParams& p, int pos)
     return p.window > 0 ? max(0, pos + 1 - p.window) : 0;
 }
 
+template <int HD>
 __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                           const u16* __restrict__ vc, PrefillAttnParams p,
                                           const float* __restrict__ sinks, float* __restrict__ out) {
-    __shared__ __align__(16) u16 ks[PA_KEYS][PA_K_LD];
-    __shared__ __align__(16) u16 vt[PA_HD][PA_V_LD];
+    constexpr int K_LD = HD + 8;  // halves a staged k row (16 B spare spread the banks)
+    __shared__ __align__(16) u16 ks[PA_KEYS][K_LD];
+    __shared__ __align__(16) u16 vt[HD][PA_V_LD];
     int kvh = blockIdx.x, t0 = blockIdx.y * PA_TOKENS;
     int G = p.n_heads / p.n_kv_heads, h0 = kvh * G;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
@@ -94,15 +94,15 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
         first[r] = pa_first_key(p, pos[r]);
     }
     // The queries as A fragments (f16), dimension steps of 16.
-    u32 qa[PA_HD / 16][4];
-    const i64 q_row = (i64)p.n_heads * PA_HD;
+    u32 qa[HD / 16][4];
+    const i64 q_row = (i64)p.n_heads * HD;
 #pragma unroll
-    for (int kk = 0; kk < PA_HD / 16; kk++) {
+    for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             int r = i & 1, d = 16 * kk + 2 * qd + 8 * (i >> 1);
             float2 v = make_float2(0.0f, 0.0f);
-            if (live[r]) v = *(const float2*)(q + (t0 + g + 8 * r) * q_row + (i64)h * PA_HD + d);
+            if (live[r]) v = *(const float2*)(q + (t0 + g + 8 * r) * q_row + (i64)h * HD + d);
             qa[kk][i] = f16x2_rn(v.x, v.y);
         }
     }
@@ -111,25 +111,25 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
     float sink = p.has_sinks ? sinks[h] : -INFINITY;
     float m[2] = {sink, sink};
     float l[2] = {p.has_sinks && qd == 0 ? 1.0f : 0.0f, p.has_sinks && qd == 0 ? 1.0f : 0.0f};
-    float o[PA_HD / 8][4];
+    float o[HD / 8][4];
 #pragma unroll
-    for (int n = 0; n < PA_HD / 8; n++)
+    for (int n = 0; n < HD / 8; n++)
 #pragma unroll
         for (int i = 0; i < 4; i++) o[n][i] = 0.0f;
-    const i64 kv_row = (i64)p.n_kv_heads * PA_HD;
+    const i64 kv_row = (i64)p.n_kv_heads * HD;
     for (int j0 = lo; j0 <= hi; j0 += PA_KEYS) {
         __syncthreads();  // the previous tile's fragments are read
         // Stage the tile: k rows as they are, v rows transposed; keys past
         // the block's last position are zeros (their weights are 0, and
         // 0 · a stale row could be NaN).
-        for (int i = threadIdx.x; i < 2 * PA_KEYS * (PA_HD / 8); i += blockDim.x) {
-            int which = i / (PA_KEYS * (PA_HD / 8)), u = i % (PA_KEYS * (PA_HD / 8));
+        for (int i = threadIdx.x; i < 2 * PA_KEYS * (HD / 8); i += blockDim.x) {
+            int which = i / (PA_KEYS * (HD / 8)), u = i % (PA_KEYS * (HD / 8));
             // (Consecutive threads take consecutive keys, so a warp's
             // transposed v stores meet 2 to a bank, not 8.)
             int key = u % PA_KEYS, piece = u / PA_KEYS, j = j0 + key;
             uint4 v = make_uint4(0, 0, 0, 0);
             if (j <= hi) {
-                i64 at = (i64)(j % p.capacity) * kv_row + (i64)kvh * PA_HD + 8 * piece;
+                i64 at = (i64)(j % p.capacity) * kv_row + (i64)kvh * HD + 8 * piece;
                 v = *(const uint4*)((which ? vc : kc) + at);
             }
             if (which == 0) {
@@ -149,7 +149,7 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
 #pragma unroll
             for (int i = 0; i < 4; i++) s[n][i] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < PA_HD / 16; kk++) {
+            for (int kk = 0; kk < HD / 16; kk++) {
                 const u16* kr = &ks[8 * n + g][16 * kk + 2 * qd];
                 mma_f16(s[n], qa[kk], *(const u32*)kr, *(const u32*)(kr + 8));
             }
@@ -193,7 +193,7 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
                      f16x2_rn(w[1][0], w[1][1]), f16x2_rn(w[1][2], w[1][3])};
         // O = alpha · O + P·V, 8 dimensions an MMA.
 #pragma unroll
-        for (int n = 0; n < PA_HD / 8; n++) {
+        for (int n = 0; n < HD / 8; n++) {
 #pragma unroll
             for (int i = 0; i < 4; i++) o[n][i] *= alpha[i >> 1];
             const u16* vr = &vt[8 * n + g][2 * qd];
@@ -210,17 +210,21 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (!live[r]) continue;
-        float* orow = out + (t0 + g + 8 * r) * q_row + (i64)h * PA_HD;
+        float* orow = out + (t0 + g + 8 * r) * q_row + (i64)h * HD;
 #pragma unroll
-        for (int n = 0; n < PA_HD / 8; n++)
+        for (int n = 0; n < HD / 8; n++)
             *(float2*)(orow + 8 * n + 2 * qd) =
                 make_float2(o[n][2 * r] / l[r], o[n][2 * r + 1] / l[r]);
     }
 }
 
-KERNEL void __launch_bounds__(PA_MAX_GROUP * 32)
-    attention_prefill_tc_f16_64(const float* q, const u16* kc, const u16* vc, PrefillAttnParams p,
-                                const float* sinks, float* out) {
-    KERNEL_ENTRY();
-    attention_prefill_tc_impl(q, kc, vc, p, sinks, out);
-}
+#define PREFILL_TC_KERNEL(hd)                                                                 \
+    KERNEL void __launch_bounds__(PA_MAX_GROUP * 32) attention_prefill_tc_f16_##hd(             \
+        const float* q, const u16* kc, const u16* vc, PrefillAttnParams p, const float* sinks,   \
+        float* out) {                                                                            \
+        KERNEL_ENTRY();                                                                          \
+        attention_prefill_tc_impl<hd>(q, kc, vc, p, sinks, out);                                 \
+    }
+
+PREFILL_TC_KERNEL(64)
+PREFILL_TC_KERNEL(128)

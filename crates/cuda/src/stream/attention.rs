@@ -242,17 +242,24 @@ impl CudaStream {
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
         self.bind("attention")?;
-        // A batch on the tensor cores where asked for and it fits: a block
-        // per KV head and 16 tokens, a warp per query head of the group.
-        if self.prefill_attention_tc
-            && !self.recording
-            && p.n_tokens > 1
-            && self.numerics == Numerics::Fast
-            && k_cache.dtype == DType::F16
-            && p.head_dim == kernels::PREFILL_TC_HEAD_DIM
-            && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
-            && p.n_heads == group * p.n_kv_heads
-        {
+        // A batch on the tensor cores where asked for and it fits (heads 64
+        // or 128 wide): a block per KV head and 16 tokens, a warp per query
+        // head of the group.
+        let prefill_tc = match p.head_dim {
+            64 => Some(&self.k.attention_prefill_tc_f16_64),
+            128 => Some(&self.k.attention_prefill_tc_f16_128),
+            _ => None,
+        }
+        .filter(|_| {
+            self.prefill_attention_tc
+                && !self.recording
+                && p.n_tokens > 1
+                && self.numerics == Numerics::Fast
+                && k_cache.dtype == DType::F16
+                && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
+                && p.n_heads == group * p.n_kv_heads
+        });
+        if let Some(f) = prefill_tc {
             let tc = kernels::PrefillAttnParams {
                 first_pos: p.first_pos as i32,
                 n_tokens: p.n_tokens as i32,
@@ -271,7 +278,7 @@ impl CudaStream {
             );
             return launch(
                 "attention",
-                &self.k.attention_prefill_tc_f16_64,
+                f,
                 self.raw(),
                 grid,
                 (32 * group) as u32,

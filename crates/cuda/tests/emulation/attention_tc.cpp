@@ -27,7 +27,7 @@ namespace {
 
 struct Case {
     std::string name;
-    int n_tokens, first_pos, n_heads, n_kv_heads, capacity, window;
+    int hd, n_tokens, first_pos, n_heads, n_kv_heads, capacity, window;
     bool sinks;
     float softcap;
 };
@@ -35,7 +35,7 @@ struct Case {
 int failures = 0;
 
 void run_case(const Case& c, std::mt19937& rng) {
-    const int hd = PA_HD;
+    const int hd = c.hd;
     std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
     int G = c.n_heads / c.n_kv_heads;
     std::vector<float> q((size_t)c.n_tokens * c.n_heads * hd);
@@ -86,8 +86,8 @@ void run_case(const Case& c, std::mt19937& rng) {
     double t0 = bits::seconds();
     emu::launch({(unsigned)c.n_kv_heads, (unsigned)((c.n_tokens + PA_TOKENS - 1) / PA_TOKENS), 1},
                 {(unsigned)(32 * G), 1, 1}, [&] {
-                    attention_prefill_tc_f16_64(q.data(), kc.data(), vc.data(), p, sinks.data(),
-                                                out.data());
+                    auto kernel = hd == 64 ? attention_prefill_tc_f16_64 : attention_prefill_tc_f16_128;
+                    kernel(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data());
                 });
     double worst = 0.0;
     int bad = 0;
@@ -120,14 +120,17 @@ int main() {
     std::vector<Case> cases = {
         // gpt-oss's group (8 query heads a KV head), sinks, a full layer:
         // 37 tokens from position 0 (a partial last tile of tokens).
-        {"full, from 0, sinks", 37, 0, 16, 2, 64, 0, true, 0.0f},
+        {"full, from 0, sinks", 64, 37, 0, 16, 2, 64, 0, true, 0.0f},
         // A sliding layer (window 20) at depth, its ring smaller than the
         // positions (key j at row j % 56), tokens starting mid-tile.
-        {"window 20 at depth 50, ring of 56", 21, 50, 8, 1, 56, 20, true, 0.0f},
+        {"window 20 at depth 50, ring of 56", 64, 21, 50, 8, 1, 56, 20, true, 0.0f},
         // No sinks, a soft-cap (Gemma), 4 query heads a KV head.
-        {"soft-cap, 4 a KV head", 18, 7, 8, 2, 32, 0, false, 5.0f},
+        {"soft-cap, 4 a KV head", 64, 18, 7, 8, 2, 32, 0, false, 5.0f},
         // One token.
-        {"one token at 9", 1, 9, 8, 1, 16, 0, true, 0.0f},
+        {"one token at 9", 64, 1, 9, 8, 1, 16, 0, true, 0.0f},
+        // Heads 128 wide (Qwen3-MoE, Mixtral): 8 and 4 a KV head, a window.
+        {"128 wide, 8 a KV head", 128, 20, 3, 16, 2, 32, 0, false, 0.0f},
+        {"128 wide, window 9, 4 a KV head", 128, 17, 11, 8, 2, 40, 9, true, 0.0f},
     };
     for (const Case& c : cases) run_case(c, rng);
     return failures || bits::verdict() ? 1 : 0;

@@ -561,6 +561,8 @@ pub(crate) struct EmbedTokens {
     pub ids: [u32; MAX_EMBED_TOKENS],
 }
 
+/// Mirror of `AttnParams` in `kernels/common.cuh`, passed by value (the
+/// attention kernels of attention.cu and attention_tc.cu).
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct AttnParams {
@@ -568,22 +570,6 @@ pub(crate) struct AttnParams {
     pub n_heads: i32,
     pub n_kv_heads: i32,
     pub head_dim: i32,
-    pub capacity: i32,
-    pub window: i32,
-    pub scale: f32,
-    pub softcap: f32,
-    pub has_sinks: i32,
-}
-
-/// Mirror of `PrefillAttnParams` in `kernels/attention_tc.cu`, passed by
-/// value.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct PrefillAttnParams {
-    pub first_pos: i32,
-    pub n_tokens: i32,
-    pub n_heads: i32,
-    pub n_kv_heads: i32,
     pub capacity: i32,
     pub window: i32,
     pub scale: f32,

@@ -13,18 +13,6 @@
 #define ATTN_THREADS 128
 #define ATTN_VALUE_BATCH 16  // values a thread loads at once (attention_impl)
 
-struct AttnParams {
-    int first_pos;
-    int n_heads;
-    int n_kv_heads;
-    int head_dim;
-    int capacity;
-    int window;  // 0: none
-    float scale;
-    float softcap;  // 0: none
-    int has_sinks;
-};
-
 template <bool HALF>
 __device__ __forceinline__ float kv_at(const void* cache, i64 i) {
     if (HALF) return f16_to_f32(((const u16*)cache)[i]);

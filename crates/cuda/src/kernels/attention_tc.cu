@@ -37,18 +37,6 @@
 #define PA_MAX_GROUP 8   // query heads a KV head, at most (warps a block)
 #define PA_V_LD (PA_KEYS + 8)  // halves a staged (transposed) v row (16 B spare spread the banks)
 
-struct PrefillAttnParams {
-    int first_pos;  // position of the batch's first token
-    int n_tokens;
-    int n_heads;
-    int n_kv_heads;
-    int capacity;   // cache rows (key j at row j % capacity)
-    int window;     // 0: none
-    float scale;
-    float softcap;  // 0: none
-    int has_sinks;
-};
-
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
@@ -65,13 +53,13 @@ __device__ __forceinline__ u32 f16x2_rn(float lo, float hi) {
 }
 
 // The first key position of the token at position `pos`.
-__device__ __forceinline__ int pa_first_key(const PrefillAttnParams& p, int pos) {
+__device__ __forceinline__ int pa_first_key(const AttnParams& p, int pos) {
     return p.window > 0 ? max(0, pos + 1 - p.window) : 0;
 }
 
 template <int HD>
 __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16* __restrict__ kc,
-                                          const u16* __restrict__ vc, PrefillAttnParams p,
+                                          const u16* __restrict__ vc, AttnParams p, int n_tokens,
                                           const float* __restrict__ sinks, float* __restrict__ out) {
     constexpr int K_LD = HD + 8;  // halves a staged k row (16 B spare spread the banks)
     __shared__ __align__(16) u16 ks[PA_KEYS][K_LD];
@@ -80,7 +68,7 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
     int G = p.n_heads / p.n_kv_heads, h0 = kvh * G;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, qd = lane & 3;
     int h = h0 + warp;
-    int last = min(t0 + PA_TOKENS, p.n_tokens) - 1;  // the block's last token
+    int last = min(t0 + PA_TOKENS, n_tokens) - 1;  // the block's last token
     // The keys any of the block's tokens reads.
     int lo = pa_first_key(p, p.first_pos + t0), hi = p.first_pos + last;
     // This lane's rows: tokens t0 + g and t0 + g + 8 (positions, key ranges).
@@ -89,7 +77,7 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         int t = t0 + g + 8 * r;
-        live[r] = t < p.n_tokens;
+        live[r] = t < n_tokens;
         pos[r] = p.first_pos + t;
         first[r] = pa_first_key(p, pos[r]);
     }
@@ -220,10 +208,10 @@ __device__ void attention_prefill_tc_impl(const float* __restrict__ q, const u16
 
 #define PREFILL_TC_KERNEL(hd)                                                                 \
     KERNEL void __launch_bounds__(PA_MAX_GROUP * 32) attention_prefill_tc_f16_##hd(             \
-        const float* q, const u16* kc, const u16* vc, PrefillAttnParams p, const float* sinks,   \
-        float* out) {                                                                            \
+        const float* q, const u16* kc, const u16* vc, AttnParams p, int n_tokens,                \
+        const float* sinks, float* out) {                                                        \
         KERNEL_ENTRY();                                                                          \
-        attention_prefill_tc_impl<hd>(q, kc, vc, p, sinks, out);                                 \
+        attention_prefill_tc_impl<hd>(q, kc, vc, p, n_tokens, sinks, out);                       \
     }
 
 PREFILL_TC_KERNEL(64)

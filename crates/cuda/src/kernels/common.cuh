@@ -230,6 +230,20 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 #define F_Q6_K 10
 #define F_MXFP4 11
 
+// The parameters of an attention launch (attention.cu's kernels and
+// attention_tc.cu's; kernels.rs `AttnParams` mirrors it).
+struct AttnParams {
+    int first_pos;
+    int n_heads;
+    int n_kv_heads;
+    int head_dim;
+    int capacity;
+    int window;  // 0: none
+    float scale;
+    float softcap;  // 0: none
+    int has_sinks;
+};
+
 // `2^(e - 128)` from bits, as GGML_E8M0_TO_FP32_HALF.
 __device__ __forceinline__ float e8m0_half(u8 e) {
     return e < 2 ? __uint_as_float(0x00200000u << e) : __uint_as_float(((u32)e - 1u) << 23);

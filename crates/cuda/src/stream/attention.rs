@@ -260,17 +260,7 @@ impl CudaStream {
                 && p.n_heads == group * p.n_kv_heads
         });
         if let Some(f) = prefill_tc {
-            let tc = kernels::PrefillAttnParams {
-                first_pos: p.first_pos as i32,
-                n_tokens: p.n_tokens as i32,
-                n_heads: p.n_heads as i32,
-                n_kv_heads: p.n_kv_heads as i32,
-                capacity: p.capacity as i32,
-                window: params.window,
-                scale: p.scale,
-                softcap: params.softcap,
-                has_sinks: params.has_sinks,
-            };
+            let nt = p.n_tokens as i32;
             let grid = (
                 p.n_kv_heads as u32,
                 p.n_tokens.div_ceil(kernels::PREFILL_TC_TOKENS) as u32,
@@ -283,7 +273,7 @@ impl CudaStream {
                 grid,
                 (32 * group) as u32,
                 0,
-                &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, tc, sp, op],
+                &mut args![qp, k_cache.mem.ptr, v_cache.mem.ptr, params, nt, sp, op],
             );
         }
         // Prefill of grouped-query attention: a block per KV head and

@@ -81,13 +81,13 @@ void run_case(const Case& c, std::mt19937& rng) {
 
     const float SENTINEL = -12345.0f;
     std::vector<float> out(q.size(), SENTINEL);
-    PrefillAttnParams p = {c.first_pos, c.n_tokens, c.n_heads, c.n_kv_heads, c.capacity,
-                           c.window,    scale,      c.softcap, c.sinks ? 1 : 0};
+    AttnParams p = {c.first_pos, c.n_heads, c.n_kv_heads, hd,       c.capacity,
+                    c.window,    scale,     c.softcap,    c.sinks ? 1 : 0};
     double t0 = bits::seconds();
     emu::launch({(unsigned)c.n_kv_heads, (unsigned)((c.n_tokens + PA_TOKENS - 1) / PA_TOKENS), 1},
                 {(unsigned)(32 * G), 1, 1}, [&] {
                     auto kernel = hd == 64 ? attention_prefill_tc_f16_64 : attention_prefill_tc_f16_128;
-                    kernel(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data());
+                    kernel(q.data(), kc.data(), vc.data(), p, c.n_tokens, sinks.data(), out.data());
                 });
     double worst = 0.0;
     int bad = 0;

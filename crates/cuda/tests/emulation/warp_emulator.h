@@ -15,7 +15,7 @@
 //     8-byte value {b, a} (a the low word), s = selector nibble i; when
 //     s & 8 the selected byte's sign bit fills the byte.
 //   - `cvt.rn.bf16x2.f32` and `mma.sync.aligned.m16n8k16.row.col.f32.bf16`
-//     and `.f16` (see mma_m16n8k16_bf16 for what is and is not the
+//     and `.f16` (see mma_m16n8k16 for what is and is not the
 //     hardware's);
 //   - `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`: D = A·B + C,
 //     A 16 × 32, B 32 × 8, C and D 16 × 8, in the fragments of the PTX
@@ -554,7 +554,8 @@ inline float bf16_value(uint16_t h) {
     return f;
 }
 
-// One m16n8k16 bf16 MMA of the warp with f32 sums: D = A·B + C, its
+// One m16n8k16 MMA of halves (bf16 or f16, read by half_value) of the
+// warp with f32 sums: D = A·B + C, its
 // fragments as the PTX ISA defines them for .bf16 (lane = 4g + q; a
 // register's lower half the lower k): A reg 0 = row g, k 2q, 2q + 1;
 // reg 1 = row g + 8, same k; reg 2 = row g, k 2q + 8, 2q + 9; reg 3 =
@@ -564,16 +565,6 @@ inline float bf16_value(uint16_t h) {
 // summed in f64, then rounded to f32: a function of its row of A, its
 // column of B and its C alone, as the hardware's is, which is all the
 // kernels' claims of equal bits rest on.
-template <class Half>
-inline void mma_m16n8k16(float* d, const u32* a, u32 b0, u32 b1, const float* c, Half half_value);
-inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
-    mma_m16n8k16(d, a, b0, b1, c, bf16_value);
-}
-// The same for .f16 operands (PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`:
-// the fragments as for .bf16, each half an IEEE half, f16_to_f32 above).
-inline void mma_m16n8k16_f16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
-    mma_m16n8k16(d, a, b0, b1, c, [](uint16_t h) { return ::f16_to_f32(h); });
-}
 template <class Half>
 inline void mma_m16n8k16(float* d, const u32* a, u32 b0, u32 b1, const float* c, Half half_value) {
     State& s = state();
@@ -616,6 +607,14 @@ inline void mma_m16n8k16(float* d, const u32* a, u32 b0, u32 b1, const float* c,
     }
     warp_sync();
     for (int i = 0; i < 4; i++) memcpy(&d[i], &result[l * 4 + i], 4);
+}
+inline void mma_m16n8k16_bf16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    mma_m16n8k16(d, a, b0, b1, c, bf16_value);
+}
+// The same for .f16 operands (PTX `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`:
+// the fragments as for .bf16, each half an IEEE half, f16_to_f32 above).
+inline void mma_m16n8k16_f16(float* d, const u32* a, u32 b0, u32 b1, const float* c) {
+    mma_m16n8k16(d, a, b0, b1, c, [](uint16_t h) { return ::f16_to_f32(h); });
 }
 }  // namespace emu
 

@@ -490,9 +490,9 @@ PY
         # the router's join); one token's q/k/v products with their ropes
         # and cache writes in their launch (TURBOSPARK_CUDA_QKV_ROPE=1;
         # check_projections_then_rope compares the joined launch with the
-        # ops apart bit for bit); a batch's attention on the tensor cores
-        # (TURBOSPARK_CUDA_PREFILL_ATTN=tc; check_attention holds it to the
-        # f64 formula). A setting may join several with commas.
+        # ops apart bit for bit); a batch's attention in the scalar kernels
+        # rather than on the tensor cores (TURBOSPARK_CUDA_PREFILL_ATTN=scalar;
+        # check_attention holds both to the f64 formula). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -501,7 +501,7 @@ PY
             TURBOSPARK_CUDA_BF16=rows TURBOSPARK_CUDA_BF16=segments TURBOSPARK_CUDA_BF16=stream+route \
             TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait \
-            TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=tc}; do
+            TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=scalar}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

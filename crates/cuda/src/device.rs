@@ -335,7 +335,7 @@ impl Device for CudaDevice {
         Ok(CudaBuf {
             dtype,
             len,
-            mem: DevMem::zeroed(&self.ctx, bytes, "alloc")?,
+            mem: Arc::new(DevMem::zeroed(&self.ctx, bytes, "alloc")?),
         })
     }
 
@@ -343,7 +343,11 @@ impl Device for CudaDevice {
         Ok(CudaRoutes {
             max_tokens,
             top_k,
-            mem: DevMem::zeroed(&self.ctx, max_tokens * top_k * 8, "alloc_routes")?,
+            mem: Arc::new(DevMem::zeroed(
+                &self.ctx,
+                max_tokens * top_k * 8,
+                "alloc_routes",
+            )?),
             max_slot: 0,
         })
     }

@@ -459,12 +459,14 @@ pub(crate) fn decode_split_keys(setting: Option<&str>) -> usize {
 /// Whether a batch's attention over an f16 cache takes the tensor cores
 /// where it fits (`kernels/attention_tc.cu`: fast numerics, heads 64 or
 /// 128 wide, at most [`PREFILL_TC_MAX_GROUP`] query heads a KV head):
-/// `TURBOSPARK_CUDA_PREFILL_ATTN=tc`. Opt-in until
-/// measured on a GPU (written in the fortieth session with no device time
-/// left; the host emulation checks it against the formula). Its bits are
-/// not the scalar kernel's (f16 queries and weights in the MMAs).
+/// by default; `TURBOSPARK_CUDA_PREFILL_ATTN=scalar` keeps the scalar
+/// kernels (attention.cu). On an H100 (gpt-oss-20b shape) pp512 went from
+/// 12027 / 11994 to 13326 / 13418 tok/s and pp512 @ d512 from 9920 / 9927
+/// to 13127 / 13127 (BENCHMARKS.md, forty-first session). Its bits are not
+/// the scalar kernel's (f16 queries and weights in the MMAs); its logits
+/// lie as far from exact numerics' as the scalar kernel's do.
 pub(crate) fn prefill_attention_tc(setting: Option<&str>) -> bool {
-    setting.map(str::trim) == Some("tc")
+    setting.map(str::trim) != Some("scalar")
 }
 /// Query heads a KV head it serves, at most (`PA_MAX_GROUP`, a warp each).
 pub(crate) const PREFILL_TC_MAX_GROUP: usize = 8;
@@ -635,13 +637,13 @@ mod tests {
         assert!(!vector_norm(Some(" strided")));
     }
 
-    /// `TURBOSPARK_CUDA_PREFILL_ATTN`: the tensor cores only when `tc`.
+    /// `TURBOSPARK_CUDA_PREFILL_ATTN`: the tensor cores unless `scalar`.
     #[test]
     fn prefill_attention_follows_the_setting() {
-        assert!(!prefill_attention_tc(None));
-        assert!(prefill_attention_tc(Some(" tc")));
-        assert!(!prefill_attention_tc(Some("scalar")));
-        assert!(!prefill_attention_tc(Some("")));
+        assert!(prefill_attention_tc(None));
+        assert!(prefill_attention_tc(Some("tc")));
+        assert!(!prefill_attention_tc(Some(" scalar")));
+        assert!(prefill_attention_tc(Some("")));
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

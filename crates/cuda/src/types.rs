@@ -1,6 +1,7 @@
 //! The CUDA device's buffers, weights, expert banks and route buffers.
 
 use crate::memory::DevMem;
+use std::sync::Arc;
 use turbospark_backend::{DType, DeviceBuf, ExpertBank, Projection, RouteBuf};
 use turbospark_core::QuantFormat;
 
@@ -9,7 +10,9 @@ use turbospark_core::QuantFormat;
 pub struct CudaBuf {
     pub(crate) dtype: DType,
     pub(crate) len: usize,
-    pub(crate) mem: DevMem,
+    /// Shared with the streams whose ops were given the buffer, until
+    /// each next synchronizes ([`crate::CudaStream`]'s `retained`).
+    pub(crate) mem: Arc<DevMem>,
 }
 
 impl DeviceBuf for CudaBuf {
@@ -67,7 +70,8 @@ pub struct CudaVector {
 pub struct CudaRoutes {
     pub(crate) max_tokens: usize,
     pub(crate) top_k: usize,
-    pub(crate) mem: DevMem,
+    /// Shared as [`CudaBuf`]'s memory is.
+    pub(crate) mem: Arc<DevMem>,
     /// The largest slot the buffer's routes may name (routes live on the
     /// device, so the MoE ops check banks against this bound): the last
     /// expert of the router that wrote them, or the largest slot written

@@ -159,7 +159,8 @@ pub fn check_glu<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
     Ok(())
 }
 
-/// `dst += src` over a prefix; the rest stays.
+/// `dst += src` over a prefix; the rest stays. Also with the source
+/// dropped as soon as the call returns.
 pub fn check_add<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "add";
     let mut h = Harness::new(dev, Limits::default())?;
@@ -174,6 +175,22 @@ pub fn check_add<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         .map(|i| f64::from(a[i]) + if i < len { f64::from(b[i]) } else { 0.0 })
         .collect();
     compare_rel(OP, "prefix", &got, &want, tol.elementwise)?;
+    // The source dropped as soon as the add's call returns, and a new
+    // buffer of its size allocated and written before anything waits:
+    // the add (held back, or queued, by an asynchronous backend) must
+    // still read the source's values, not what took its memory.
+    let mut cb = h.buf(&a)?;
+    {
+        let dropped = h.buf(&b)?;
+        h.st.add(&mut cb, &dropped, LEN).at(OP, "dropped source")?;
+    }
+    let other = rng.vec(LEN);
+    let _taken = h.buf(&other)?;
+    let got = h.get(&cb, LEN)?;
+    let want: Vec<f64> = (0..LEN)
+        .map(|i| f64::from(a[i]) + f64::from(b[i]))
+        .collect();
+    compare_rel(OP, "dropped source", &got, &want, tol.elementwise)?;
     if h.st.add(&mut ab, &bb, LEN + 1).is_ok() {
         return Err(property(OP, "overlong", "read past the buffers".into()));
     }

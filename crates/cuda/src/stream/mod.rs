@@ -31,6 +31,7 @@ use crate::staging;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
+use std::collections::HashMap;
 use std::sync::Arc;
 use turbospark_backend::{
     check_len, check_tokens, AttentionParams, BackendError, ConvParams, DType, DeltaNetInput,
@@ -111,6 +112,18 @@ pub struct CudaStream {
     fuse: Fuse,
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
+    /// The memory of every buffer and route buffer an op was given since
+    /// the last [`Stream::synchronize`], kept alive until then: the caller
+    /// may drop a buffer as soon as the op's call returns, while the op is
+    /// still held back for the next (not launched yet) or queued. Freed at
+    /// once, its memory could be handed to another allocation — another
+    /// thread's, in the same context — before the op reads or writes it
+    /// (the conformance suite's two numerics on two threads showed it:
+    /// `check_router_then_experts` dropped an added vector while its add
+    /// was held, and the other thread's allocation took its place). Keyed
+    /// by address, so each allocation is held once (a retained
+    /// allocation's address cannot be handed out again).
+    retained: HashMap<u64, Arc<DevMem>>,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -236,6 +249,7 @@ impl CudaStream {
             routed_q8: std::cell::Cell::new(None),
             fuse: Fuse::from_setting(std::env::var("TURBOSPARK_CUDA_FUSE").ok().as_deref()),
             pending: std::cell::Cell::new(None),
+            retained: HashMap::new(),
             recording: false,
             graph: None,
             replayed: 0,
@@ -286,6 +300,14 @@ impl CudaStream {
     fn bind_holding(&self, op: &'static str) -> Result<(), BackendError> {
         self.routed_q8.set(None);
         self.ctx.bind_to_thread().map_err(runtime(op))
+    }
+
+    /// Keeps `mems` alive until the stream next synchronizes (see
+    /// `retained`).
+    fn retain(&mut self, mems: &[&Arc<DevMem>]) {
+        for m in mems {
+            self.retained.entry(m.ptr).or_insert_with(|| Arc::clone(m));
+        }
     }
 
     /// Launches the pending op, if any.
@@ -452,10 +474,14 @@ impl Stream<CudaDevice> for CudaStream {
 
     fn synchronize(&mut self) -> Result<(), BackendError> {
         self.bind("synchronize")?;
-        self.stream.synchronize().map_err(runtime("synchronize"))
+        self.stream.synchronize().map_err(runtime("synchronize"))?;
+        // Every op given so far is done: the buffers may go.
+        self.retained.clear();
+        Ok(())
     }
 
     fn write(&mut self, dst: &mut CudaBuf, src: &[f32]) -> Result<(), BackendError> {
+        self.retain(&[&dst.mem]);
         let ptr = dst.f32_ptr("write", "dst", src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -473,6 +499,7 @@ impl Stream<CudaDevice> for CudaStream {
         len: usize,
         dst: &mut PinnedF32,
     ) -> Result<(), BackendError> {
+        self.retain(&[&src.mem]);
         let ptr = src.f32_ptr("read_async", "src", len)?;
         check_len("read_async", "dst", dst.len(), len)?;
         if len == 0 {
@@ -488,6 +515,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn read(&mut self, src: &CudaBuf, dst: &mut [f32]) -> Result<(), BackendError> {
+        self.retain(&[&src.mem]);
         check_len("read", "src", src.len, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -525,6 +553,7 @@ impl Stream<CudaDevice> for CudaStream {
         dst_at: usize,
         len: usize,
     ) -> Result<(), BackendError> {
+        self.retain(&[&src.mem, &dst.mem]);
         if src.dtype != dst.dtype {
             return Err(dtype_err("copy", "dst", src.dtype, dst.dtype));
         }
@@ -583,6 +612,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn write_routes(&mut self, dst: &mut CudaRoutes, src: &[Route]) -> Result<(), BackendError> {
+        self.retain(&[&dst.mem]);
         check_len("write_routes", "dst", dst.max_tokens * dst.top_k, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -596,6 +626,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn read_routes(&mut self, src: &CudaRoutes, dst: &mut [Route]) -> Result<(), BackendError> {
+        self.retain(&[&src.mem]);
         check_len("read_routes", "src", src.max_tokens * src.top_k, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -650,6 +681,7 @@ impl Stream<CudaDevice> for CudaStream {
         tokens: &[u32],
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&out.mem]);
         let d = table.cols;
         let out_ptr = out.f32_ptr("embed", "out", tokens.len() * d)?;
         check_tokens(tokens, table.rows)?;
@@ -683,6 +715,7 @@ impl Stream<CudaDevice> for CudaStream {
         n: usize,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem, &out.mem]);
         self.enqueue_matmul(w, x, n, out)
     }
 
@@ -693,6 +726,7 @@ impl Stream<CudaDevice> for CudaStream {
         rows: usize,
         dim: usize,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem, &gate.mem]);
         const OP: &str = "mul_sigmoid_rows";
         let xp = x.f32_ptr(OP, "x", rows * dim)?;
         let gp = gate.f32_ptr(OP, "gate", rows)?;
@@ -716,6 +750,7 @@ impl Stream<CudaDevice> for CudaStream {
         params: &ConvParams,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem, &state.mem, &out.mem]);
         const OP: &str = "causal_conv1d_silu";
         params.check(x.len, state.len, weight.len, out.len)?;
         if params.kernel - 1 > kernels::CONV_MAX_PAST {
@@ -756,6 +791,7 @@ impl Stream<CudaDevice> for CudaStream {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&state.mem, &out.mem]);
         const OP: &str = "gated_delta_rule";
         params.check(&DeltaNetLens {
             qkv: input.qkv.len,
@@ -837,6 +873,7 @@ impl Stream<CudaDevice> for CudaStream {
         p: &HeadMatmul,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem, &out.mem]);
         let xp = x.f32_ptr("head_matmul", "x", 0)?;
         let op = out.f32_ptr("head_matmul", "out", 0)?;
         p.check(w.rows, w.cols, x.len, out.len)?;
@@ -875,6 +912,7 @@ impl Stream<CudaDevice> for CudaStream {
         bias: &CudaVector,
         n: usize,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         self.enqueue_add_bias(x, bias, n)
     }
 
@@ -886,6 +924,7 @@ impl Stream<CudaDevice> for CudaStream {
         spec: NormSpec,
         weight: Option<&CudaVector>,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         let xp = x.f32_ptr("rms_norm", "x", rows * dim)?;
         let w = match (spec.has_weight(), weight) {
             (true, Some(w)) if w.len == dim => w.mem.ptr,
@@ -945,6 +984,7 @@ impl Stream<CudaDevice> for CudaStream {
         first_pos: usize,
         table: &RopeTable,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         self.enqueue_rope(x, n_tokens, n_heads, head_dim, first_pos, table)
     }
 
@@ -957,6 +997,7 @@ impl Stream<CudaDevice> for CudaStream {
         first_pos: usize,
         capacity: usize,
     ) -> Result<(), BackendError> {
+        self.retain(&[&cache.mem, &src.mem]);
         self.enqueue_kv_write(cache, src, n_tokens, row_len, first_pos, capacity)
     }
 
@@ -969,6 +1010,7 @@ impl Stream<CudaDevice> for CudaStream {
         sinks: Option<&CudaVector>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&q.mem, &k_cache.mem, &v_cache.mem, &out.mem]);
         self.enqueue_attention(q, k_cache, v_cache, p, sinks, out)
     }
 
@@ -979,6 +1021,7 @@ impl Stream<CudaDevice> for CudaStream {
         len: usize,
         act: Activation,
     ) -> Result<(), BackendError> {
+        self.retain(&[&gate.mem, &up.mem]);
         let gp = gate.f32_ptr("glu", "gate", len)?;
         let upp = up.f32_ptr("glu", "up", len)?;
         let a = activation(act);
@@ -992,6 +1035,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn add(&mut self, dst: &mut CudaBuf, src: &CudaBuf, len: usize) -> Result<(), BackendError> {
+        self.retain(&[&dst.mem, &src.mem]);
         let dp = dst.f32_ptr("add", "dst", len)?;
         let sp = src.f32_ptr("add", "src", len)?;
         if len == 0 {
@@ -1028,6 +1072,7 @@ impl Stream<CudaDevice> for CudaStream {
         alpha: f32,
         beta: f32,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         let d = u.len;
         let xp = x.f32_ptr("adjust_projection", "x", n * d)?;
         if n == 0 || d == 0 {
@@ -1047,6 +1092,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn scale(&mut self, x: &mut CudaBuf, len: usize, s: f32) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         let xp = x.f32_ptr("scale", "x", len)?;
         let n = len as i64;
         self.elementwise("scale", &self.k.scale, len, &mut args![xp, n, s])
@@ -1058,6 +1104,7 @@ impl Stream<CudaDevice> for CudaStream {
         gate: &CudaBuf,
         len: usize,
     ) -> Result<(), BackendError> {
+        self.retain(&[&x.mem, &gate.mem]);
         let xp = x.f32_ptr("mul_sigmoid", "x", len)?;
         let gp = gate.f32_ptr("mul_sigmoid", "gate", len)?;
         let n = len as i64;
@@ -1070,6 +1117,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn softcap(&mut self, x: &mut CudaBuf, len: usize, cap: f32) -> Result<(), BackendError> {
+        self.retain(&[&x.mem]);
         let xp = x.f32_ptr("softcap", "x", len)?;
         let n = len as i64;
         self.elementwise("softcap", &self.k.softcap, len, &mut args![xp, n, cap])
@@ -1083,6 +1131,7 @@ impl Stream<CudaDevice> for CudaStream {
         tables: RouterTables<'_, CudaVector>,
         out: &mut CudaRoutes,
     ) -> Result<(), BackendError> {
+        self.retain(&[&logits.mem, &out.mem]);
         self.enqueue_route(logits, n_tokens, router, tables, out)
     }
 
@@ -1092,6 +1141,13 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &mut MoeScratch<CudaBuf>,
         only: Option<&[bool]>,
     ) -> Result<(), BackendError> {
+        self.retain(&[&input.x.mem, &input.routes.mem]);
+        self.retain(&[
+            &scratch.x.mem,
+            &scratch.gate.mem,
+            &scratch.up.mem,
+            &scratch.y.mem,
+        ]);
         self.enqueue_moe_experts(input, scratch, only)
     }
 
@@ -1104,6 +1160,7 @@ impl Stream<CudaDevice> for CudaStream {
         _scratch: &mut MoeScratch<CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&input.x.mem, &input.routes.mem, &out.mem]);
         self.enqueue_moe_intermediate(input, _scratch, out)
     }
 
@@ -1115,6 +1172,7 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &MoeScratch<CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&routes.mem, &scratch.y.mem, &out.mem]);
         self.enqueue_moe_combine(n_tokens, hidden, routes, scratch, out)
     }
 }

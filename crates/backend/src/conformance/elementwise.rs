@@ -160,7 +160,8 @@ pub fn check_glu<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
 }
 
 /// `dst += src` over a prefix; the rest stays. Also with the source
-/// dropped as soon as the call returns.
+/// dropped as soon as the call returns, and dropped after the add was
+/// recorded in a decode step that is then replayed.
 pub fn check_add<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), ConformanceError> {
     const OP: &str = "add";
     let mut h = Harness::new(dev, Limits::default())?;
@@ -191,6 +192,30 @@ pub fn check_add<D: Device>(dev: &D, tol: &Tolerances) -> Result<(), Conformance
         .map(|i| f64::from(a[i]) + f64::from(b[i]))
         .collect();
     compare_rel(OP, "dropped source", &got, &want, tol.elementwise)?;
+    // The same in a recorded decode step, where the backend records them:
+    // the source dropped once the step is recorded, a new buffer written
+    // before a replay; the replay must still add the source's values.
+    if h.st.records_steps() {
+        let mut acc = h.buf(&a)?;
+        h.st.synchronize().at(OP, "recorded step")?;
+        {
+            let dropped = h.buf(&b)?;
+            h.st.synchronize().at(OP, "recorded step")?;
+            h.st.begin_step(0, 0).at(OP, "recorded step")?;
+            h.st.add(&mut acc, &dropped, LEN).at(OP, "recorded step")?;
+            h.st.end_step().at(OP, "recorded step")?;
+            h.st.synchronize().at(OP, "recorded step")?;
+        }
+        let _taken = h.buf(&other)?;
+        if !h.st.replay_step(0, 1).at(OP, "recorded step")? {
+            return Err(property(OP, "recorded step", "no step to replay".into()));
+        }
+        let got = h.get(&acc, LEN)?;
+        let want: Vec<f64> = (0..LEN)
+            .map(|i| f64::from(a[i]) + f64::from(b[i]) + f64::from(b[i]))
+            .collect();
+        compare_rel(OP, "recorded step", &got, &want, tol.elementwise)?;
+    }
     if h.st.add(&mut ab, &bb, LEN + 1).is_ok() {
         return Err(property(OP, "overlong", "read past the buffers".into()));
     }

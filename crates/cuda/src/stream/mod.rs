@@ -122,7 +122,9 @@ pub struct CudaStream {
     /// `check_router_then_experts` dropped an added vector while its add
     /// was held, and the other thread's allocation took its place). Keyed
     /// by address, so each allocation is held once (a retained
-    /// allocation's address cannot be handed out again).
+    /// allocation's address cannot be handed out again). A dropped
+    /// buffer's memory thus returns to the device at the stream's next
+    /// synchronize (or drop), not at once.
     retained: HashMap<u64, Arc<DevMem>>,
     /// Whether ops are being recorded into a step.
     recording: bool,
@@ -174,8 +176,14 @@ pub const FAULT_STEP_VAR: &str = "TURBOSPARK_CUDA_FAULT_STEP";
 /// user address space).
 const FAULT_ADDRESS: u64 = 1 << 56;
 
-/// An instantiated CUDA graph of one decode step.
-struct StepGraph(sys::CUgraphExec);
+/// An instantiated CUDA graph of one decode step, and the buffers its
+/// ops were given (the stream's `retained` when the recording ended),
+/// kept for as long as it can be replayed, then until the stream next
+/// synchronizes ([`CudaStream`]'s `drop_graph`).
+struct StepGraph {
+    exec: sys::CUgraphExec,
+    buffers: HashMap<u64, Arc<DevMem>>,
+}
 
 // SAFETY: a graph exec is a handle usable from any thread of its context.
 unsafe impl Send for StepGraph {}
@@ -183,7 +191,19 @@ unsafe impl Send for StepGraph {}
 impl Drop for StepGraph {
     fn drop(&mut self) {
         // SAFETY: instantiated once by end_step, destroyed once here.
-        let _ = unsafe { result::graph::exec_destroy(self.0) };
+        let _ = unsafe { result::graph::exec_destroy(self.exec) };
+    }
+}
+
+impl Drop for CudaStream {
+    /// Waits for the stream's work before its buffers (and those it
+    /// retained) are freed; a failure (a device already lost) leaves
+    /// nothing to wait for.
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            let _ = self.flush();
+            let _ = self.stream.synchronize();
+        }
     }
 }
 
@@ -310,6 +330,15 @@ impl CudaStream {
         }
     }
 
+    /// Forgets the recorded step. Its buffers stay until the stream next
+    /// synchronizes, as a replay of it may still be queued (a graph exec
+    /// destroyed in flight is freed once it completes).
+    fn drop_graph(&mut self) {
+        if let Some(mut g) = self.graph.take() {
+            self.retained.extend(std::mem::take(&mut g.buffers));
+        }
+    }
+
     /// Launches the pending op, if any.
     fn flush(&self) -> Result<(), BackendError> {
         match self.pending.take() {
@@ -348,11 +377,16 @@ impl CudaStream {
                     have: self.q8.bytes,
                 });
             }
-            // A held product reads the old scratch.
+            // A held product reads the old scratch: launched, and the old
+            // scratch kept until the stream next synchronizes.
             self.flush()?;
-            self.graph = None;
+            self.drop_graph();
             self.quantized.set(None);
-            self.q8 = DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?;
+            let old = std::mem::replace(
+                &mut self.q8,
+                DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?,
+            );
+            self.retained.insert(old.ptr, Arc::new(old));
         }
         r.rebase(self.q8.ptr);
         Ok(r)
@@ -415,7 +449,7 @@ impl Stream<CudaDevice> for CudaStream {
             ));
         }
         self.bind("begin_step")?;
-        self.graph = None;
+        self.drop_graph();
         self.set_step(token, position)?;
         // SAFETY: a valid stream of the bound context; capture ends in end_step.
         unsafe {
@@ -443,16 +477,19 @@ impl Stream<CudaDevice> for CudaStream {
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
         // SAFETY: destroyed once; the instantiated exec does not need it.
         let _ = unsafe { result::graph::destroy(graph) };
-        let exec = StepGraph(exec.map_err(runtime("end_step"))?);
+        let exec = StepGraph {
+            exec: exec.map_err(runtime("end_step"))?,
+            buffers: std::mem::take(&mut self.retained),
+        };
         // SAFETY: a valid exec and stream.
-        unsafe { result::graph::launch(exec.0, self.raw().cu_stream()) }
+        unsafe { result::graph::launch(exec.exec, self.raw().cu_stream()) }
             .map_err(runtime("end_step"))?;
         self.graph = Some(exec);
         Ok(())
     }
 
     fn replay_step(&mut self, token: u32, position: usize) -> Result<bool, BackendError> {
-        let Some(exec) = self.graph.as_ref().map(|g| g.0) else {
+        let Some(exec) = self.graph.as_ref().map(|g| g.exec) else {
             return Ok(false);
         };
         self.bind("replay_step")?;
@@ -469,7 +506,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn forget_step(&mut self) {
-        self.graph = None;
+        self.drop_graph();
     }
 
     fn synchronize(&mut self) -> Result<(), BackendError> {

@@ -701,12 +701,13 @@ __device__ __forceinline__ void kq_stage(KqTiles& s, const u8* const* arow,
 // element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile
 // nt (shared tokens tb + 8 nt + g for B, + 2q + e for the scales): mmq.cu
 // mq_products's walk, a step of Q8_CHUNK blocks staged at a time, each
-// block's f32 steps in the documented order.
+// block's f32 steps in the documented order; token tiles past the first
+// `valid` token slots take no MMAs, as there.
 template <int F>
 __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, int cols,
                                             const signed char* const* xrow,
                                             const float* const* xsc, const int* ra, int tb,
-                                            float (*acc)[MMQ_NT][4]) {
+                                            int valid, float (*acc)[MMQ_NT][4]) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
@@ -756,6 +757,7 @@ __device__ __forceinline__ void kq_products(KqTiles& s, const u8* const* arow, i
                 }
 #pragma unroll
                 for (int nt = 0; nt < MMQ_NT; nt++) {
+                    if (tb + 8 * nt >= valid) break;  // uniform over the warp
                     const u8* x = &s.b[tb + 8 * nt + g][u * 32];
                     u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
                     float dx[2];
@@ -817,8 +819,8 @@ struct KqProducts {
     __device__ __forceinline__ static void products(Tiles& s, const u8* const* arow, int cols,
                                                     const signed char* const* xrow,
                                                     const float* const* xsc, const int* ra, int tb,
-                                                    float (*acc)[MMQ_NT][4]) {
-        kq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
+                                                    int valid, float (*acc)[MMQ_NT][4]) {
+        kq_products<F>(s, arow, cols, xrow, xsc, ra, tb, valid, acc);
     }
 };
 

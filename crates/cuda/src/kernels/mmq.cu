@@ -191,13 +191,16 @@ struct MqTiles2 {
 
 // The warp's products over all blocks (cols / 32): acc[mt][nt][i] for C
 // element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile nt
-// (shared tokens tb + 8 nt + g for B, + 2q + j for the scales). The
-// caller has synchronized the block since its last read of `s2`.
+// (shared tokens tb + 8 nt + g for B, + 2q + j for the scales). Only the
+// first `valid` token slots hold tokens: a token tile past them takes no
+// MMAs (its acc stays 0 and is not written), so a slot's last, partial
+// tile of routes costs the block its loads but few products. The caller
+// has synchronized the block since its last read of `s2`.
 template <int F>
 __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow, int cols,
                                             const signed char* const* xrow,
                                             const float* const* xsc, const int* ra, int tb,
-                                            float (*acc)[MMQ_NT][4]) {
+                                            int valid, float (*acc)[MMQ_NT][4]) {
     int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int nb = cols / 32;
 #pragma unroll
@@ -241,6 +244,7 @@ __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow,
             }
 #pragma unroll
             for (int nt = 0; nt < MMQ_NT; nt++) {
+                if (tb + 8 * nt >= valid) break;  // uniform over the warp
                 const u8* x = &s.b[tb + 8 * nt + g][u * 32];
                 u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
                 float dx[2] = {s.bs[tb + 8 * nt + 2 * q][u], s.bs[tb + 8 * nt + 2 * q + 1][u]};
@@ -284,7 +288,7 @@ __device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed 
 
 // The tiles below take their products from a policy P: its shared tiles
 // (P::Tiles) and the warp's products over a row's blocks (P::products,
-// mq_products's signature). mmq.cu's own, Q8_0 and MXFP4: MqProducts;
+// mq_products's signature, token tiles past `valid` skipped). mmq.cu's own, Q8_0 and MXFP4: MqProducts;
 // kq.cu's formats bring theirs (KqProducts).
 template <int F>
 struct MqProducts {
@@ -292,8 +296,8 @@ struct MqProducts {
     __device__ __forceinline__ static void products(Tiles& s, const u8* const* arow, int cols,
                                                     const signed char* const* xrow,
                                                     const float* const* xsc, const int* ra, int tb,
-                                                    float (*acc)[MMQ_NT][4]) {
-        mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, acc);
+                                                    int valid, float (*acc)[MMQ_NT][4]) {
+        mq_products<F>(s, arow, cols, xrow, xsc, ra, tb, valid, acc);
     }
 };
 
@@ -317,7 +321,7 @@ __device__ void mq_matmul_impl(const u8* __restrict__ W, int rows, int cols, i64
     int ra[MMQ_MT] = {32 * (warp & 1), 32 * (warp & 1) + 16};
     int tb = 8 * MMQ_NT * (warp >> 1);
     float acc[MMQ_MT][MMQ_NT][4];
-    P::products(s, arow, cols, xrow, xsc, ra, tb, acc);
+    P::products(s, arow, cols, xrow, xsc, ra, tb, tk.count, acc);
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
@@ -360,7 +364,7 @@ __device__ void mq_gate_up_impl(const signed char* __restrict__ xq, const float*
         mq_token_rows(tk, xq, xd, b.hidden, k, xrow, xsc);
         __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        P::products(s, arow, b.hidden, xrow, xsc, ra, tb, acc);
+        P::products(s, arow, b.hidden, xrow, xsc, ra, tb, tk.count, acc);
 #pragma unroll
         for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
@@ -399,7 +403,7 @@ __device__ void mq_down_impl(const signed char* __restrict__ aq, const float* __
         mq_token_rows(tk, aq, ad, b.inter, 1, xrow, xsc);
         __syncthreads();
         float acc[MMQ_MT][MMQ_NT][4];
-        P::products(s, arow, b.inter, xrow, xsc, ra, tb, acc);
+        P::products(s, arow, b.inter, xrow, xsc, ra, tb, tk.count, acc);
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll

@@ -228,9 +228,8 @@ pub fn bias_mismatch(expert: &ExpertTensors) -> BackendError {
 
 /// A per-session queue of ops on device `D` (see the module docs).
 ///
-/// An op borrows its buffers only for the call: the caller may drop or
-/// reuse a buffer as soon as the call returns, even while the op is still
-/// queued (or, on the CUDA backend, held back for the next op to join, or
+/// An op borrows its buffers only for the call: the caller may drop a
+/// buffer as soon as the call returns, even while the op is still queued (or, on the CUDA backend, held back for the next op to join, or
 /// recorded in a step that is replayed later). A stream whose ops run
 /// later keeps what they use alive until they have run
 /// (`check_add`'s dropped-source cases in the conformance suite).

@@ -229,10 +229,11 @@ pub fn bias_mismatch(expert: &ExpertTensors) -> BackendError {
 /// A per-session queue of ops on device `D` (see the module docs).
 ///
 /// An op borrows its buffers only for the call: the caller may drop a
-/// buffer as soon as the call returns, even while the op is still queued (or, on the CUDA backend, held back for the next op to join, or
+/// buffer as soon as the call returns, even while the op is still queued
+/// (or, on the CUDA backend, held back for the next op to join, or
 /// recorded in a step that is replayed later). A stream whose ops run
-/// later keeps what they use alive until they have run
-/// (`check_add`'s dropped-source cases in the conformance suite).
+/// later keeps what they use alive until they have run (`check_add`'s
+/// dropped-source cases in the conformance suite).
 pub trait Stream<D: Device>: Send {
     /// Waits until every queued op and copy has completed.
     fn synchronize(&mut self) -> Result<(), BackendError>;

@@ -828,6 +828,7 @@ impl Stream<CudaDevice> for CudaStream {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
+        self.retain(&[&input.qkv.mem, &input.alpha.mem, &input.beta.mem]);
         self.retain(&[&state.mem, &out.mem]);
         const OP: &str = "gated_delta_rule";
         params.check(&DeltaNetLens {

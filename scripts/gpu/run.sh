@@ -58,8 +58,9 @@
 #   variants     decode logits with each setting of VARIANTS (default:
 #                TURBOSPARK_CUDA_FUSE=0, no joined launches; unset is the
 #                attention's join alone, since the sixteenth session) bit
-#                for bit against TURBOSPARK_CUDA_FUSE=1 (the router and
-#                attention joins), and pp512 and tg128 of each (at the
+#                for bit against VARIANT_BASE (default
+#                TURBOSPARK_CUDA_FUSE=attention: the defaults), and how far
+#                their prefill logits are, and pp512 and tg128 of each (at the
 #                depths VARIANT_DEPTHS, default 0); a setting that changes
 #                the sums' order (TURBOSPARK_CUDA_SPLIT_KEYS) reports DIFFER
 #                by design, its correctness is the conformance suite's
@@ -722,47 +723,48 @@ PY
         ;;
     variants)
         # The kernel and fusion settings that must give the same bits: decode
-        # logits of 24 tokens with each setting of VARIANTS against those with
-        # both joins (TURBOSPARK_CUDA_FUSE=1), and how far their prefill
+        # logits of 24 tokens with each setting of VARIANTS against those of
+        # VARIANT_BASE (default TURBOSPARK_CUDA_FUSE=attention, the defaults;
+        # until the forty-first session both joins, =1), and how far their prefill
         # logits are from those, then pp512 and tg128 of each at
         # the depths VARIANT_DEPTHS (bench's -d; default 0), alternated (REPS
         # rounds). A variant may be several settings joined
         # by commas (A=1,B=2).
-        stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0}"
+        stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0} against ${VARIANT_BASE:=TURBOSPARK_CUDA_FUSE=attention}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
-        for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+        for v in $VARIANT_BASE $VARIANTS; do
             env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
                 --out "$WORK/bits-$v.npy" > /dev/null || echo "logits $v failed"
         done
-        python3 - "$WORK" $VARIANTS <<'PY'
+        python3 - "$WORK" "$VARIANT_BASE" $VARIANTS <<'PY'
 import sys, numpy as np
-w, variants = sys.argv[1], sys.argv[2:]
-r = np.load(f"{w}/bits-TURBOSPARK_CUDA_FUSE=1.npy")
+w, base, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
+r = np.load(f"{w}/bits-{base}.npy")
 for v in variants:
     x = np.load(f"{w}/bits-{v}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
-    print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} TURBOSPARK_CUDA_FUSE=1's")
+    print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} {base}'s")
 PY
         # Prefill logits of 300 tokens too (one chunk), as a share of max
         # |logit|: a setting of the batch kernels (e.g. the tensor-core
         # prefill attention) need not keep their bits.
         toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(300)))")
-        for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+        for v in $VARIANT_BASE $VARIANTS; do
             env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --tokens "$toks" \
                 --out "$WORK/prefill-$v.npy" > /dev/null || echo "prefill logits $v failed"
         done
-        python3 - "$WORK" $VARIANTS <<'PY'
+        python3 - "$WORK" "$VARIANT_BASE" $VARIANTS <<'PY'
 import sys, numpy as np
-w, variants = sys.argv[1], sys.argv[2:]
-r = np.load(f"{w}/prefill-TURBOSPARK_CUDA_FUSE=1.npy").astype(np.float64)
+w, base, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
+r = np.load(f"{w}/prefill-{base}.npy").astype(np.float64)
 for v in variants:
     x = np.load(f"{w}/prefill-{v}.npy").astype(np.float64)
     rel = np.abs(x - r).max() / np.abs(r).max() if x.shape == r.shape else float("nan")
-    print(f"{v}: prefill logits {x.shape}, max|Δ|/max|logit| {rel:.2e} from TURBOSPARK_CUDA_FUSE=1's")
+    print(f"{v}: prefill logits {x.shape}, max|Δ|/max|logit| {rel:.2e} from {base}'s")
 PY
         for r in $(seq "$REPS"); do
-            for v in TURBOSPARK_CUDA_FUSE=1 $VARIANTS; do
+            for v in $VARIANT_BASE $VARIANTS; do
                 echo "--- $v, round $r"
                 env ${v//,/ } "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 \
                     -d "${VARIANT_DEPTHS:-0}" -r 2 --numerics fast

@@ -13,14 +13,19 @@
 //! steps; the larger op families live beside it, as `enqueue_*` methods
 //! the impl calls: `products` (matrix products and their bias adds),
 //! `attention` (rope, KV-cache writes, attention), `moe` (routing and the
-//! routed experts) and `slots` (filling a streamed layer's expert slots).
+//! routed experts) and `slots` (filling a streamed layer's expert slots);
+//! `keepalive` holds the memory of the buffers an op was given until the
+//! work that may touch it is done, so that a caller may drop a buffer as
+//! soon as the call returns.
 
 mod attention;
+mod keepalive;
 mod moe;
 mod products;
 mod slots;
 
 use attention::{decode_heads, decode_split_bytes};
+use keepalive::KeepAlive;
 use moe::{activation, RoutedQ8};
 
 use crate::fusion::{self, NormLaunch, Pending};
@@ -31,7 +36,6 @@ use crate::staging;
 use crate::types::{CudaBank, CudaBuf, CudaMatrix, CudaRoutes, CudaVector};
 use crate::CudaDevice;
 use cudarc::driver::{result, sys, CudaContext, CudaStream as RawStream};
-use std::collections::HashMap;
 use std::sync::Arc;
 use turbospark_backend::{
     check_len, check_tokens, AttentionParams, BackendError, ConvParams, DType, DeltaNetInput,
@@ -113,19 +117,10 @@ pub struct CudaStream {
     /// The op held back for the next to join (see [`crate::fusion`]).
     pending: std::cell::Cell<Option<Pending>>,
     /// The memory of every buffer and route buffer an op was given since
-    /// the last [`Stream::synchronize`], kept alive until then: the caller
-    /// may drop a buffer as soon as the op's call returns, while the op is
-    /// still held back for the next (not launched yet) or queued. Freed at
-    /// once, its memory could be handed to another allocation — another
-    /// thread's, in the same context — before the op reads or writes it
-    /// (the conformance suite's two numerics on two threads showed it:
-    /// `check_router_then_experts` dropped an added vector while its add
-    /// was held, and the other thread's allocation took its place). Keyed
-    /// by address, so each allocation is held once (a retained
-    /// allocation's address cannot be handed out again). A dropped
-    /// buffer's memory thus returns to the device at the stream's next
-    /// synchronize (or drop), not at once.
-    retained: HashMap<u64, Arc<DevMem>>,
+    /// the last [`Stream::synchronize`], kept alive until then (see
+    /// [`keepalive`]): a dropped buffer's memory returns to the device at
+    /// the stream's next synchronize (or drop), not at once.
+    retained: KeepAlive,
     /// Whether ops are being recorded into a step.
     recording: bool,
     graph: Option<StepGraph>,
@@ -182,7 +177,7 @@ const FAULT_ADDRESS: u64 = 1 << 56;
 /// synchronizes ([`CudaStream`]'s `drop_graph`).
 struct StepGraph {
     exec: sys::CUgraphExec,
-    buffers: HashMap<u64, Arc<DevMem>>,
+    buffers: KeepAlive,
 }
 
 // SAFETY: a graph exec is a handle usable from any thread of its context.
@@ -269,7 +264,7 @@ impl CudaStream {
             routed_q8: std::cell::Cell::new(None),
             fuse: Fuse::from_setting(std::env::var("TURBOSPARK_CUDA_FUSE").ok().as_deref()),
             pending: std::cell::Cell::new(None),
-            retained: HashMap::new(),
+            retained: KeepAlive::default(),
             recording: false,
             graph: None,
             replayed: 0,
@@ -325,9 +320,7 @@ impl CudaStream {
     /// Keeps `mems` alive until the stream next synchronizes (see
     /// `retained`).
     fn retain(&mut self, mems: &[&Arc<DevMem>]) {
-        for m in mems {
-            self.retained.entry(m.ptr).or_insert_with(|| Arc::clone(m));
-        }
+        self.retained.hold(mems);
     }
 
     /// Forgets the recorded step. Its buffers stay until the stream next
@@ -335,7 +328,7 @@ impl CudaStream {
     /// destroyed in flight is freed once it completes).
     fn drop_graph(&mut self) {
         if let Some(mut g) = self.graph.take() {
-            self.retained.extend(std::mem::take(&mut g.buffers));
+            self.retained.absorb(&mut g.buffers);
         }
     }
 
@@ -386,7 +379,7 @@ impl CudaStream {
                 &mut self.q8,
                 DevMem::zeroed(&self.ctx, r.bytes, "stream scratch")?,
             );
-            self.retained.insert(old.ptr, Arc::new(old));
+            self.retained.hold_owned(old);
         }
         r.rebase(self.q8.ptr);
         Ok(r)
@@ -513,7 +506,7 @@ impl Stream<CudaDevice> for CudaStream {
         self.bind("synchronize")?;
         self.stream.synchronize().map_err(runtime("synchronize"))?;
         // Every op given so far is done: the buffers may go.
-        self.retained.clear();
+        self.retained.release();
         Ok(())
     }
 

@@ -288,8 +288,9 @@ __device__ __forceinline__ void mq_token_rows(const MmqTokens& tk, const signed 
 
 // The tiles below take their products from a policy P: its shared tiles
 // (P::Tiles) and the warp's products over a row's blocks (P::products,
-// mq_products's signature, token tiles past `valid` skipped). mmq.cu's own, Q8_0 and MXFP4: MqProducts;
-// kq.cu's formats bring theirs (KqProducts).
+// mq_products's signature, token tiles past `valid` skipped). mmq.cu's
+// own, Q8_0 and MXFP4: MqProducts; kq.cu's formats bring theirs
+// (KqProducts).
 template <int F>
 struct MqProducts {
     using Tiles = MqTiles2;

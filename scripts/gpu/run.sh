@@ -493,7 +493,8 @@ PY
         # check_projections_then_rope compares the joined launch with the
         # ops apart bit for bit); a batch's attention in the scalar kernels
         # rather than on the tensor cores (TURBOSPARK_CUDA_PREFILL_ATTN=scalar;
-        # check_attention holds both to the f64 formula). A setting may join several with commas.
+        # check_attention holds both to the f64 formula). A setting may join
+        # several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -725,38 +726,35 @@ PY
         # The kernel and fusion settings that must give the same bits: decode
         # logits of 24 tokens with each setting of VARIANTS against those of
         # VARIANT_BASE (default TURBOSPARK_CUDA_FUSE=attention, the defaults;
-        # until the forty-first session both joins, =1), and how far their prefill
-        # logits are from those, then pp512 and tg128 of each at
+        # until the forty-first session both joins, =1), and how far their
+        # prefill logits are from those, then pp512 and tg128 of each at
         # the depths VARIANT_DEPTHS (bench's -d; default 0), alternated (REPS
         # rounds). A variant may be several settings joined
         # by commas (A=1,B=2).
         stage "variants: bits and speed of ${VARIANTS:=TURBOSPARK_CUDA_FUSE=0} against ${VARIANT_BASE:=TURBOSPARK_CUDA_FUSE=attention}"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
-        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(24)))")
-        for v in $VARIANT_BASE $VARIANTS; do
-            env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --decode --tokens "$toks" \
-                --out "$WORK/bits-$v.npy" > /dev/null || echo "logits $v failed"
+        # Decode logits of 24 tokens, then prefill logits of 300 (one chunk),
+        # the latter as a share of max |logit|: a setting of the batch
+        # kernels (e.g. the tensor-core prefill attention) need not keep
+        # their bits.
+        for way in decode:24 prefill:300; do
+            IFS=: read -r label n <<< "$way"
+            flag=$([ "$label" = decode ] && echo --decode || true)
+            toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range($n)))")
+            for v in $VARIANT_BASE $VARIANTS; do
+                # shellcheck disable=SC2086
+                env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast $flag \
+                    --tokens "$toks" --out "$WORK/$label-$v.npy" > /dev/null || echo "$label logits $v failed"
+            done
         done
         python3 - "$WORK" "$VARIANT_BASE" $VARIANTS <<'PY'
 import sys, numpy as np
 w, base, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
-r = np.load(f"{w}/bits-{base}.npy")
+r = np.load(f"{w}/decode-{base}.npy")
 for v in variants:
-    x = np.load(f"{w}/bits-{v}.npy")
+    x = np.load(f"{w}/decode-{v}.npy")
     same = r.shape == x.shape and r.tobytes() == x.tobytes()
     print(f"{v}: decode logits {x.shape} {'bit-identical to' if same else 'DIFFER from'} {base}'s")
-PY
-        # Prefill logits of 300 tokens too (one chunk), as a share of max
-        # |logit|: a setting of the batch kernels (e.g. the tensor-core
-        # prefill attention) need not keep their bits.
-        toks=$(python3 -c "print(','.join(str(11 + 97 * i) for i in range(300)))")
-        for v in $VARIANT_BASE $VARIANTS; do
-            env ${v//,/ } "$TS" logits --model "$WORK/synth20b" --backend cuda --numerics fast --tokens "$toks" \
-                --out "$WORK/prefill-$v.npy" > /dev/null || echo "prefill logits $v failed"
-        done
-        python3 - "$WORK" "$VARIANT_BASE" $VARIANTS <<'PY'
-import sys, numpy as np
-w, base, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
 r = np.load(f"{w}/prefill-{base}.npy").astype(np.float64)
 for v in variants:
     x = np.load(f"{w}/prefill-{v}.npy").astype(np.float64)

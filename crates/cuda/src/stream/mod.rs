@@ -317,12 +317,6 @@ impl CudaStream {
         self.ctx.bind_to_thread().map_err(runtime(op))
     }
 
-    /// Keeps `mems` alive until the stream next synchronizes (see
-    /// `retained`).
-    fn retain(&mut self, mems: &[&Arc<DevMem>]) {
-        self.retained.hold(mems);
-    }
-
     /// Forgets the recorded step. Its buffers stay until the stream next
     /// synchronizes, as a replay of it may still be queued (a graph exec
     /// destroyed in flight is freed once it completes).
@@ -511,7 +505,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn write(&mut self, dst: &mut CudaBuf, src: &[f32]) -> Result<(), BackendError> {
-        self.retain(&[&dst.mem]);
+        self.retained.hold(&[&dst.mem]);
         let ptr = dst.f32_ptr("write", "dst", src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -529,7 +523,7 @@ impl Stream<CudaDevice> for CudaStream {
         len: usize,
         dst: &mut PinnedF32,
     ) -> Result<(), BackendError> {
-        self.retain(&[&src.mem]);
+        self.retained.hold(&[&src.mem]);
         let ptr = src.f32_ptr("read_async", "src", len)?;
         check_len("read_async", "dst", dst.len(), len)?;
         if len == 0 {
@@ -545,7 +539,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn read(&mut self, src: &CudaBuf, dst: &mut [f32]) -> Result<(), BackendError> {
-        self.retain(&[&src.mem]);
+        self.retained.hold(&[&src.mem]);
         check_len("read", "src", src.len, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -583,7 +577,7 @@ impl Stream<CudaDevice> for CudaStream {
         dst_at: usize,
         len: usize,
     ) -> Result<(), BackendError> {
-        self.retain(&[&src.mem, &dst.mem]);
+        self.retained.hold(&[&src.mem, &dst.mem]);
         if src.dtype != dst.dtype {
             return Err(dtype_err("copy", "dst", src.dtype, dst.dtype));
         }
@@ -642,7 +636,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn write_routes(&mut self, dst: &mut CudaRoutes, src: &[Route]) -> Result<(), BackendError> {
-        self.retain(&[&dst.mem]);
+        self.retained.hold(&[&dst.mem]);
         check_len("write_routes", "dst", dst.max_tokens * dst.top_k, src.len())?;
         if src.is_empty() {
             return Ok(());
@@ -656,7 +650,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn read_routes(&mut self, src: &CudaRoutes, dst: &mut [Route]) -> Result<(), BackendError> {
-        self.retain(&[&src.mem]);
+        self.retained.hold(&[&src.mem]);
         check_len("read_routes", "src", src.max_tokens * src.top_k, dst.len())?;
         if dst.is_empty() {
             return Ok(());
@@ -711,7 +705,7 @@ impl Stream<CudaDevice> for CudaStream {
         tokens: &[u32],
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&out.mem]);
+        self.retained.hold(&[&out.mem]);
         let d = table.cols;
         let out_ptr = out.f32_ptr("embed", "out", tokens.len() * d)?;
         check_tokens(tokens, table.rows)?;
@@ -745,7 +739,7 @@ impl Stream<CudaDevice> for CudaStream {
         n: usize,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem, &out.mem]);
+        self.retained.hold(&[&x.mem, &out.mem]);
         self.enqueue_matmul(w, x, n, out)
     }
 
@@ -756,7 +750,7 @@ impl Stream<CudaDevice> for CudaStream {
         rows: usize,
         dim: usize,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem, &gate.mem]);
+        self.retained.hold(&[&x.mem, &gate.mem]);
         const OP: &str = "mul_sigmoid_rows";
         let xp = x.f32_ptr(OP, "x", rows * dim)?;
         let gp = gate.f32_ptr(OP, "gate", rows)?;
@@ -780,7 +774,7 @@ impl Stream<CudaDevice> for CudaStream {
         params: &ConvParams,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem, &state.mem, &out.mem]);
+        self.retained.hold(&[&x.mem, &state.mem, &out.mem]);
         const OP: &str = "causal_conv1d_silu";
         params.check(x.len, state.len, weight.len, out.len)?;
         if params.kernel - 1 > kernels::CONV_MAX_PAST {
@@ -821,8 +815,9 @@ impl Stream<CudaDevice> for CudaStream {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&input.qkv.mem, &input.alpha.mem, &input.beta.mem]);
-        self.retain(&[&state.mem, &out.mem]);
+        self.retained
+            .hold(&[&input.qkv.mem, &input.alpha.mem, &input.beta.mem]);
+        self.retained.hold(&[&state.mem, &out.mem]);
         const OP: &str = "gated_delta_rule";
         params.check(&DeltaNetLens {
             qkv: input.qkv.len,
@@ -904,7 +899,7 @@ impl Stream<CudaDevice> for CudaStream {
         p: &HeadMatmul,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem, &out.mem]);
+        self.retained.hold(&[&x.mem, &out.mem]);
         let xp = x.f32_ptr("head_matmul", "x", 0)?;
         let op = out.f32_ptr("head_matmul", "out", 0)?;
         p.check(w.rows, w.cols, x.len, out.len)?;
@@ -943,7 +938,7 @@ impl Stream<CudaDevice> for CudaStream {
         bias: &CudaVector,
         n: usize,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         self.enqueue_add_bias(x, bias, n)
     }
 
@@ -955,7 +950,7 @@ impl Stream<CudaDevice> for CudaStream {
         spec: NormSpec,
         weight: Option<&CudaVector>,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         let xp = x.f32_ptr("rms_norm", "x", rows * dim)?;
         let w = match (spec.has_weight(), weight) {
             (true, Some(w)) if w.len == dim => w.mem.ptr,
@@ -1015,7 +1010,7 @@ impl Stream<CudaDevice> for CudaStream {
         first_pos: usize,
         table: &RopeTable,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         self.enqueue_rope(x, n_tokens, n_heads, head_dim, first_pos, table)
     }
 
@@ -1028,7 +1023,7 @@ impl Stream<CudaDevice> for CudaStream {
         first_pos: usize,
         capacity: usize,
     ) -> Result<(), BackendError> {
-        self.retain(&[&cache.mem, &src.mem]);
+        self.retained.hold(&[&cache.mem, &src.mem]);
         self.enqueue_kv_write(cache, src, n_tokens, row_len, first_pos, capacity)
     }
 
@@ -1041,7 +1036,8 @@ impl Stream<CudaDevice> for CudaStream {
         sinks: Option<&CudaVector>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&q.mem, &k_cache.mem, &v_cache.mem, &out.mem]);
+        self.retained
+            .hold(&[&q.mem, &k_cache.mem, &v_cache.mem, &out.mem]);
         self.enqueue_attention(q, k_cache, v_cache, p, sinks, out)
     }
 
@@ -1052,7 +1048,7 @@ impl Stream<CudaDevice> for CudaStream {
         len: usize,
         act: Activation,
     ) -> Result<(), BackendError> {
-        self.retain(&[&gate.mem, &up.mem]);
+        self.retained.hold(&[&gate.mem, &up.mem]);
         let gp = gate.f32_ptr("glu", "gate", len)?;
         let upp = up.f32_ptr("glu", "up", len)?;
         let a = activation(act);
@@ -1066,7 +1062,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn add(&mut self, dst: &mut CudaBuf, src: &CudaBuf, len: usize) -> Result<(), BackendError> {
-        self.retain(&[&dst.mem, &src.mem]);
+        self.retained.hold(&[&dst.mem, &src.mem]);
         let dp = dst.f32_ptr("add", "dst", len)?;
         let sp = src.f32_ptr("add", "src", len)?;
         if len == 0 {
@@ -1103,7 +1099,7 @@ impl Stream<CudaDevice> for CudaStream {
         alpha: f32,
         beta: f32,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         let d = u.len;
         let xp = x.f32_ptr("adjust_projection", "x", n * d)?;
         if n == 0 || d == 0 {
@@ -1123,7 +1119,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn scale(&mut self, x: &mut CudaBuf, len: usize, s: f32) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         let xp = x.f32_ptr("scale", "x", len)?;
         let n = len as i64;
         self.elementwise("scale", &self.k.scale, len, &mut args![xp, n, s])
@@ -1135,7 +1131,7 @@ impl Stream<CudaDevice> for CudaStream {
         gate: &CudaBuf,
         len: usize,
     ) -> Result<(), BackendError> {
-        self.retain(&[&x.mem, &gate.mem]);
+        self.retained.hold(&[&x.mem, &gate.mem]);
         let xp = x.f32_ptr("mul_sigmoid", "x", len)?;
         let gp = gate.f32_ptr("mul_sigmoid", "gate", len)?;
         let n = len as i64;
@@ -1148,7 +1144,7 @@ impl Stream<CudaDevice> for CudaStream {
     }
 
     fn softcap(&mut self, x: &mut CudaBuf, len: usize, cap: f32) -> Result<(), BackendError> {
-        self.retain(&[&x.mem]);
+        self.retained.hold(&[&x.mem]);
         let xp = x.f32_ptr("softcap", "x", len)?;
         let n = len as i64;
         self.elementwise("softcap", &self.k.softcap, len, &mut args![xp, n, cap])
@@ -1162,7 +1158,7 @@ impl Stream<CudaDevice> for CudaStream {
         tables: RouterTables<'_, CudaVector>,
         out: &mut CudaRoutes,
     ) -> Result<(), BackendError> {
-        self.retain(&[&logits.mem, &out.mem]);
+        self.retained.hold(&[&logits.mem, &out.mem]);
         self.enqueue_route(logits, n_tokens, router, tables, out)
     }
 
@@ -1172,8 +1168,8 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &mut MoeScratch<CudaBuf>,
         only: Option<&[bool]>,
     ) -> Result<(), BackendError> {
-        self.retain(&[&input.x.mem, &input.routes.mem]);
-        self.retain(&[
+        self.retained.hold(&[&input.x.mem, &input.routes.mem]);
+        self.retained.hold(&[
             &scratch.x.mem,
             &scratch.gate.mem,
             &scratch.up.mem,
@@ -1191,7 +1187,8 @@ impl Stream<CudaDevice> for CudaStream {
         _scratch: &mut MoeScratch<CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&input.x.mem, &input.routes.mem, &out.mem]);
+        self.retained
+            .hold(&[&input.x.mem, &input.routes.mem, &out.mem]);
         self.enqueue_moe_intermediate(input, _scratch, out)
     }
 
@@ -1203,7 +1200,7 @@ impl Stream<CudaDevice> for CudaStream {
         scratch: &MoeScratch<CudaBuf>,
         out: &mut CudaBuf,
     ) -> Result<(), BackendError> {
-        self.retain(&[&routes.mem, &scratch.y.mem, &out.mem]);
+        self.retained.hold(&[&routes.mem, &scratch.y.mem, &out.mem]);
         self.enqueue_moe_combine(n_tokens, hidden, routes, scratch, out)
     }
 }

@@ -17,6 +17,7 @@ fn run_on(numerics: Numerics, isa: Isa) -> Result<(), ConformanceError> {
         let tol = Tolerances::for_numerics(numerics);
         conformance::check_all(&device, &tol)?;
         conformance::check_delta_net(&device, &tol)?;
+        conformance::check_long_prefill_attention(&device, &tol)?;
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! The backend conformance suite on the GPU, in exact and fast numerics.
 //! Skips with a message on machines without an NVIDIA driver, GPU or NVRTC.
 
-use turbospark_backend::conformance::{check_all, check_delta_net, Tolerances};
-use turbospark_backend::Numerics;
+use turbospark_backend::conformance::{
+    check_all, check_delta_net, check_long_prefill_attention, ConformanceError, Tolerances,
+};
+use turbospark_backend::{BackendError, Numerics};
 use turbospark_cuda::{CudaDevice, CudaError};
 
 fn device(numerics: Numerics) -> Option<CudaDevice> {
@@ -31,6 +33,18 @@ fn exact_numerics_conform() {
     if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
+    // Exact numerics' prefill attention keeps a score a key in shared
+    // memory: past what that holds (~57k keys on an H100) it refuses the
+    // chunk with a clear error (fast numerics' tensor-core kernel has no
+    // bound; fast_numerics_conform holds it to the formula there).
+    match check_long_prefill_attention(&dev, &tol) {
+        Ok(()) => {}
+        Err(ConformanceError::Backend {
+            source: e @ BackendError::ScratchTooSmall { .. },
+            ..
+        }) => eprintln!("exact numerics refuse a prefill chunk past 60k keys, as documented: {e}"),
+        Err(e) => panic!("{e}"),
+    }
 }
 
 #[test]
@@ -39,7 +53,10 @@ fn fast_numerics_conform() {
         return;
     };
     let tol = Tolerances::for_numerics(Numerics::Fast);
-    if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
+    if let Err(e) = check_all(&dev, &tol)
+        .and_then(|()| check_delta_net(&dev, &tol))
+        .and_then(|()| check_long_prefill_attention(&dev, &tol))
+    {
         panic!("{e}");
     }
 }

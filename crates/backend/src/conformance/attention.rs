@@ -566,6 +566,104 @@ fn write_history<D: Device>(
     Ok(())
 }
 
+/// A prefill chunk past 60,000 keys, against the f64 formula: past what a
+/// kernel keeping a score a key in shared memory can hold (~57k keys on
+/// an H100's 227 KiB), so a backend must walk the keys in tiles — as the
+/// CUDA backend's tensor-core prefill attention does in fast numerics.
+/// gpt-oss's grouping (8 query heads a KV head, width 64) with sinks; 20
+/// tokens (a whole and a partial tile of 16) at positions 60000..60020.
+///
+/// The random keys are small, so each scores ~0; three "needle" keys
+/// (near the start, in the middle, among the last) are the queries'
+/// common direction scaled to score about ln(60000), so they share the
+/// weight with the 60,000 others (two thirds to one third): a kernel that
+/// skipped keys anywhere (lost needles, or a wrong denominator) is off by
+/// far more than the tolerance, where plain random keys would average to
+/// ~0.
+pub fn check_long_prefill_attention<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "attention (a prefill chunk past 60k keys)";
+    let (n_heads, n_kv, hd) = (8, 1, 64);
+    let (first, n) = (60_000, 20);
+    let total = first + n;
+    let capacity = total;
+    let case = format!("{n_heads} heads / {n_kv} kv × {hd}, positions {first}..{total}");
+    let mut rng = Rng(909);
+    let dir = rng.vec(hd);
+    let norm2: f32 = dir.iter().map(|x| x * x).sum();
+    let scale = 0.125f32;
+    let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.scaled(hd, 0.25)).collect();
+    let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(hd)).collect();
+    // Needle scores ≈ 10, 10.5 and 11 against e^0 · 60,000 ≈ e^11: a
+    // third of the weight on the other keys.
+    for (at, score) in [(7, 10.0f32), (31_000, 10.5), (59_990, 11.0)] {
+        let alpha = score / (scale * norm2);
+        ks[at] = dir.iter().map(|x| alpha * x).collect();
+    }
+    let q: Vec<f32> = (0..n * n_heads)
+        .flat_map(|_| {
+            let noise = rng.scaled(hd, 0.1);
+            dir.iter()
+                .zip(noise)
+                .map(|(d, e)| d + e)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let sinks = rng.scaled(n_heads, 2.0);
+    let sink_vec = dev
+        .upload_vector(&f32_tensor("sinks", vec![n_heads], &sinks))
+        .at(OP, &case)?;
+    let limits = Limits {
+        max_tokens: 64,
+        max_keys: capacity,
+        max_head_dim: hd,
+        max_experts: 0,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut kc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
+    let mut vc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
+    write_history(
+        (OP, &case),
+        &mut h,
+        &mut (&mut kc, &mut vc),
+        (&ks, &vs),
+        0..total,
+        capacity,
+    )?;
+    let qb = h.buf(&q)?;
+    let mut out = h.zeros(n * n_heads * hd)?;
+    let p = AttentionParams {
+        n_tokens: n,
+        first_pos: first,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        capacity,
+        window: None,
+        scale,
+        softcap: None,
+    };
+    h.st.attention(&qb, &kc, &vc, &p, Some(&sink_vec), &mut out)
+        .at(OP, &case)?;
+    let got = h.get(&out, n * n_heads * hd)?;
+    let want: Vec<f64> = (0..n * n_heads)
+        .flat_map(|i| {
+            let (t, head) = (i / n_heads, i % n_heads);
+            reference::attention(&p, &q, &ks, &vs, t, head, Some(sinks[head]))
+        })
+        .collect();
+    // Beyond the op's tolerance, the f32 rounding of sums over this many
+    // keys: at most N·u · Σ_j w_j·|v_j| for N keys (u = 2⁻²⁴, the
+    // weights w summing to at most 1, |v| ≤ 1), 3.6e-3 here — a CPU's
+    // exact sums in key order are ~2.4e-6 off, past exact numerics' 2e-6
+    // for short rows. Losing the last needle moves an output by ~0.3.
+    let length_term = total as f64 * f64::from(f32::EPSILON) / 2.0;
+    compare(OP, &case, &got, &want, tol.attention + length_term, |_| 1.0)
+}
+
 /// Attention of several sequences in one call (decode tokens and a prefill
 /// chunk, each over its own ring cache): against the f64 formula, and each
 /// part's rows bit for bit what `attention` gives that part alone.

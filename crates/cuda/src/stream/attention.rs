@@ -215,8 +215,27 @@ impl CudaStream {
                 && p.n_kv_heads <= self.decode_heads
                 && tickets + splits * p.n_heads * (p.head_dim + 2) * 4 <= self.decode_split.bytes
         });
+        // A batch on the tensor cores where asked for and it fits (heads 64
+        // or 128 wide): a block per KV head and 16 tokens, a warp per query
+        // head of the group. It walks the keys in tiles with a running
+        // softmax, so it has no bound on the keys (the scalar kernels keep
+        // a score a key in shared memory: ~57k keys at most).
+        let prefill_tc = match p.head_dim {
+            64 => Some(&self.k.attention_prefill_tc_f16_64),
+            128 => Some(&self.k.attention_prefill_tc_f16_128),
+            _ => None,
+        }
+        .filter(|_| {
+            self.prefill_attention_tc
+                && !self.recording
+                && p.n_tokens > 1
+                && self.numerics == Numerics::Fast
+                && k_cache.dtype == DType::F16
+                && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
+                && p.n_heads == group * p.n_kv_heads
+        });
         let smem = (p.head_dim + max_keys) * 4;
-        if split_kernel.is_none() && smem > self.k.dynamic_smem {
+        if split_kernel.is_none() && prefill_tc.is_none() && smem > self.k.dynamic_smem {
             return Err(BackendError::ScratchTooSmall {
                 op: "attention",
                 need: max_keys,
@@ -242,23 +261,6 @@ impl CudaStream {
         let sp = sinks.map_or(0, |s| s.mem.ptr);
         let step = self.step_ptr();
         self.bind("attention")?;
-        // A batch on the tensor cores where asked for and it fits (heads 64
-        // or 128 wide): a block per KV head and 16 tokens, a warp per query
-        // head of the group.
-        let prefill_tc = match p.head_dim {
-            64 => Some(&self.k.attention_prefill_tc_f16_64),
-            128 => Some(&self.k.attention_prefill_tc_f16_128),
-            _ => None,
-        }
-        .filter(|_| {
-            self.prefill_attention_tc
-                && !self.recording
-                && p.n_tokens > 1
-                && self.numerics == Numerics::Fast
-                && k_cache.dtype == DType::F16
-                && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
-                && p.n_heads == group * p.n_kv_heads
-        });
         if let Some(f) = prefill_tc {
             let nt = p.n_tokens as i32;
             let grid = (

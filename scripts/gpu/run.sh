@@ -47,7 +47,8 @@
 #                default) against the tensor cores (TURBOSPARK_CUDA_KQ=tc);
 #                LIKE_SETTINGS as likebench's (synth writes ~5 and ~17 GB)
 #   faults       bad requests on the GPU: more VRAM than exists, a KV cache
-#                that cannot fit, NVRTC missing with an empty kernel cache
+#                that cannot fit, exact numerics asked for more keys than
+#                their attention kernel takes, NVRTC missing with an empty kernel cache
 #                (hidden in a private mount namespace), a GPU memory fault
 #                in the middle of a decode (TURBOSPARK_CUDA_FAULT_STEP) —
 #                each must end with a clear error and no output file
@@ -275,7 +276,10 @@ json.dump({"version": "1.0", "added_tokens": [], "pre_tokenizer": bl, "decoder":
 PY
             "$TS" convert -q --force "$WORK/fx-llama-src" "$tinst"
         fi
-        fault "a KV cache past the GPU" "$TS" run --model "$tinst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 1500000000
+        fault "a KV cache past the GPU" "$TS" run --model "$tinst" --backend cuda --numerics fast --raw --prompt "hello" --max-tokens 2 --context 1500000000
+        # Exact numerics keep a score a key in shared memory (~57k keys on
+        # an H100): a longer context is refused before any work.
+        fault "exact numerics past the attention kernel's keys" "$TS" run --model "$tinst" --backend cuda --numerics exact --raw --prompt "hello" --max-tokens 2 --context 100000
         # NVRTC hidden: every folder the loader knows it from covered by an
         # empty tmpfs in a private mount namespace (root; this process only).
         nvrtc_dirs=$( { ldconfig -p | grep -o '/[^ ]*libnvrtc[^ ]*'; IFS=:; for d in ${LD_LIBRARY_PATH:-}; do ls "$d"/libnvrtc* 2>/dev/null; done; } \

@@ -33,16 +33,16 @@ fn exact_numerics_conform() {
     if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
-    // Exact numerics' prefill attention keeps a score a key in shared
-    // memory: past what that holds (~57k keys on an H100) it refuses the
-    // chunk with a clear error (fast numerics' tensor-core kernel has no
+    // Exact numerics' attention keeps a score a key in shared memory: a
+    // stream for more keys than that holds (~57k on an H100) is refused
+    // with a clear error (fast numerics' tensor-core prefill kernel has no
     // bound; fast_numerics_conform holds it to the formula there).
     match check_long_prefill_attention(&dev, &tol) {
         Ok(()) => {}
         Err(ConformanceError::Backend {
-            source: e @ BackendError::ScratchTooSmall { .. },
+            source: e @ BackendError::KeysPastKernel { .. },
             ..
-        }) => eprintln!("exact numerics refuse a prefill chunk past 60k keys, as documented: {e}"),
+        }) => eprintln!("exact numerics refuse a stream past 60k keys, as documented: {e}"),
         Err(e) => panic!("{e}"),
     }
 }

@@ -18,6 +18,28 @@ use turbospark_core::arch::RopeKind;
 /// Threads of an attention block.
 const ATTN_THREADS: u32 = 128;
 
+/// The most keys the scalar attention kernels take with heads `head_dim`
+/// wide: a score a key and the query in `dynamic_smem` bytes of shared
+/// memory.
+pub(super) fn scalar_attention_keys(dynamic_smem: usize, head_dim: usize) -> usize {
+    (dynamic_smem / 4).saturating_sub(head_dim)
+}
+
+/// What takes more keys than the scalar attention kernels, by numerics.
+pub(super) fn keys_hint(numerics: Numerics) -> &'static str {
+    match numerics {
+        Numerics::Exact => {
+            "exact numerics' CUDA attention keeps a score a key in the GPU's shared memory; \
+             --numerics fast has no bound for heads 64 or 128 wide, or use a shorter --context"
+        }
+        _ => {
+            "this layer's heads take the scalar kernels (the tensor-core kernel takes heads 64 \
+              or 128 wide, at most 8 query heads a KV head, unless \
+              TURBOSPARK_CUDA_PREFILL_ATTN=scalar); use a shorter --context"
+        }
+    }
+}
+
 /// Query heads whose split-attention partials a stream holds: a layer's
 /// heads times their width is at most the widest matrix input (its o
 /// projection's), or 64 heads of the widest head, and the split kernels'
@@ -236,10 +258,11 @@ impl CudaStream {
         });
         let smem = (p.head_dim + max_keys) * 4;
         if split_kernel.is_none() && prefill_tc.is_none() && smem > self.k.dynamic_smem {
-            return Err(BackendError::ScratchTooSmall {
+            return Err(BackendError::KeysPastKernel {
                 op: "attention",
-                need: max_keys,
-                have: self.k.dynamic_smem / 4 - p.head_dim,
+                keys: max_keys,
+                most: scalar_attention_keys(self.k.dynamic_smem, p.head_dim),
+                hint: keys_hint(self.numerics),
             });
         }
         let f = match k_cache.dtype {

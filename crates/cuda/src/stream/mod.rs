@@ -223,6 +223,18 @@ impl CudaStream {
         let act_len = limits.max_routes * limits.max_expert_intermediate;
         let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
         let widest = dev.widest.load(std::sync::atomic::Ordering::Relaxed);
+        // Exact numerics run every attention on the scalar kernels (an f32
+        // cache): a stream whose keys cannot fit them is refused now,
+        // before any work, rather than at the first attention past them.
+        let most = attention::scalar_attention_keys(dev.kernels.dynamic_smem, limits.max_head_dim);
+        if dev.numerics() == Numerics::Exact && limits.max_keys > most {
+            return Err(BackendError::KeysPastKernel {
+                op: "attention",
+                keys: limits.max_keys,
+                most,
+                hint: attention::keys_hint(Numerics::Exact),
+            });
+        }
         let q8_bytes = match dev.numerics() {
             Numerics::Fast => Q8Regions::new(limits.max_tokens * widest, act_len).bytes,
             _ => 0,

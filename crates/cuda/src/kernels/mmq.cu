@@ -29,7 +29,7 @@
 // registers.
 
 #define MMQ_MT 2  // 16-row tiles a warp
-#define MMQ_NT 2  // 8-token tiles a warp
+#define MMQ_NT 2  // 8-token tiles a warp (mq_products takes 2 or 1 of them)
 
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines these on the host
 __device__ __forceinline__ void mma_s8(int* c, const u32* a, const u32* b) {
@@ -47,6 +47,16 @@ __device__ __forceinline__ void mma_s8_acc(int* c, const u32* a, u32 b0, u32 b1)
         "{%0,%1,%2,%3};"
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// PTX ldmatrix.m8n8.x4 (b16): lane l names row l % 8 of 8×16-byte matrix
+// l / 8 in shared memory (16-byte aligned); register i of lane l gets
+// 32-bit word l % 4 of row l / 4 of matrix i — for int8 tiles, exactly
+// the m16n8k32 fragments' bytes 4q..4q+3 of row g.
+__device__ __forceinline__ void ldmatrix_x4(u32* r, const void* row) {
+    u32 s = (u32)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
 }
 #endif
 
@@ -189,6 +199,45 @@ struct MqTiles2 {
     MqTiles t[2];
 };
 
+// One step's MMAs of a warp into part (the first NV of its token tiles):
+// fragments by ldmatrix — lane l names row l % 8 (+ 8 for odd l / 8 in A)
+// and byte half (l / 16 in A, l / 8 % 2 in B) of the tile, so A's
+// registers are rows g / g + 8 × halves, B's both token tiles × halves —
+// then each block's scales in q8dot.cu's order.
+template <int NV>
+__device__ __forceinline__ void mq_step_mmas(const MqTiles& s, const int* ra, int tb, int nu,
+                                             float (*part)[MMQ_NT][4]) {
+    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int u = 0; u < Q8_CHUNK; u++) {
+        if (u >= nu) break;  // uniform over the block (the last step's tail)
+        u32 a[MMQ_MT][4];
+        float dw[MMQ_MT][2];
+#pragma unroll
+        for (int mt = 0; mt < MMQ_MT; mt++) {
+            ldmatrix_x4(a[mt], &s.a[ra[mt] + (lane & 7) + 8 * ((lane >> 3) & 1)]
+                                   [u * 32 + 16 * (lane >> 4)]);
+            dw[mt][0] = s.as[ra[mt] + g][u];
+            dw[mt][1] = s.as[ra[mt] + g + 8][u];
+        }
+        u32 bq[4];
+        ldmatrix_x4(bq, &s.b[tb + 8 * (lane >> 4) + (lane & 7)][u * 32 + 16 * ((lane >> 3) & 1)]);
+#pragma unroll
+        for (int nt = 0; nt < NV; nt++) {
+            u32 bx[2] = {bq[2 * nt], bq[2 * nt + 1]};
+            float dx[2] = {s.bs[tb + 8 * nt + 2 * q][u], s.bs[tb + 8 * nt + 2 * q + 1][u]};
+#pragma unroll
+            for (int mt = 0; mt < MMQ_MT; mt++) {
+                int c[4];
+                mma_s8(c, a[mt], bx);
+#pragma unroll
+                for (int i = 0; i < 4; i++)
+                    part[mt][nt][i] = fmaf((float)c[i], dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
+            }
+        }
+    }
+}
+
 // The warp's products over all blocks (cols / 32): acc[mt][nt][i] for C
 // element i of row tile mt (shared rows ra[mt] + g, + 8) and token tile nt
 // (shared tokens tb + 8 nt + g for B, + 2q + j for the scales). Only the
@@ -201,8 +250,9 @@ __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow,
                                             const signed char* const* xrow,
                                             const float* const* xsc, const int* ra, int tb,
                                             int valid, float (*acc)[MMQ_NT][4]) {
-    int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
     int nb = cols / 32;
+    // The warp's token tiles that hold tokens (0 .. MMQ_NT).
+    int nv = min(max(valid - tb + 7, 0) / 8, MMQ_NT);
 #pragma unroll
     for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll
@@ -226,39 +276,12 @@ __device__ __forceinline__ void mq_products(MqTiles2& s2, const u8* const* arow,
             for (int nt = 0; nt < MMQ_NT; nt++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) part[mt][nt][i] = 0.0f;
-#pragma unroll
-        for (int u = 0; u < Q8_CHUNK; u++) {
-            if (u >= nu) break;  // uniform over the block (the last step's tail)
-            u32 a[MMQ_MT][4];
-            float dw[MMQ_MT][2];
-#pragma unroll
-            for (int mt = 0; mt < MMQ_MT; mt++) {
-                const u8* r0 = &s.a[ra[mt] + g][u * 32];
-                const u8* r1 = &s.a[ra[mt] + g + 8][u * 32];
-                a[mt][0] = *(const u32*)(r0 + 4 * q);
-                a[mt][1] = *(const u32*)(r1 + 4 * q);
-                a[mt][2] = *(const u32*)(r0 + 16 + 4 * q);
-                a[mt][3] = *(const u32*)(r1 + 16 + 4 * q);
-                dw[mt][0] = s.as[ra[mt] + g][u];
-                dw[mt][1] = s.as[ra[mt] + g + 8][u];
-            }
-#pragma unroll
-            for (int nt = 0; nt < MMQ_NT; nt++) {
-                if (tb + 8 * nt >= valid) break;  // uniform over the warp
-                const u8* x = &s.b[tb + 8 * nt + g][u * 32];
-                u32 bx[2] = {*(const u32*)(x + 4 * q), *(const u32*)(x + 16 + 4 * q)};
-                float dx[2] = {s.bs[tb + 8 * nt + 2 * q][u], s.bs[tb + 8 * nt + 2 * q + 1][u]};
-#pragma unroll
-                for (int mt = 0; mt < MMQ_MT; mt++) {
-                    int c[4];
-                    mma_s8(c, a[mt], bx);
-#pragma unroll
-                    for (int i = 0; i < 4; i++)
-                        part[mt][nt][i] =
-                            fmaf((float)c[i], dw[mt][i >> 1] * dx[i & 1], part[mt][nt][i]);
-                }
-            }
-        }
+        // The warp's valid token tiles decide the code path once a step
+        // (uniform over the warp): a full warp's loop has no test in it.
+        if (nv == MMQ_NT)
+            mq_step_mmas<MMQ_NT>(s, ra, tb, nu, part);
+        else if (nv == 1)
+            mq_step_mmas<1>(s, ra, tb, nu, part);
 #pragma unroll
         for (int mt = 0; mt < MMQ_MT; mt++)
 #pragma unroll

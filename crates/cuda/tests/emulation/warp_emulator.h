@@ -639,6 +639,22 @@ inline u32 bf16x2_rn(float lo, float hi) {
     return rn(lo) | (rn(hi) << 16);
 }
 
+// PTX `ldmatrix.sync.aligned.m8n8.x4.shared.b16`: lane l names row l % 8
+// of matrix l / 8 (8 rows of 16 bytes); register i of lane l is 32-bit
+// word l % 4 of row l / 4 of matrix i. The rows' addresses are exchanged
+// as the hardware gathers them.
+inline void ldmatrix_x4(u32* r, const void* row) {
+    if ((uintptr_t)row % 16 != 0) {
+        fprintf(stderr, "ldmatrix: a row address not 16-byte aligned\n");
+        abort();
+    }
+    unsigned l = emu::lane_id();
+    for (unsigned i = 0; i < 4; i++) {
+        const void* p = emu::exchange(row, [&](unsigned lane) { return 8 * i + lane / 4; });
+        memcpy(&r[i], (const unsigned char*)p + 4 * (l % 4), 4);
+    }
+}
+
 inline void mma_s8(int* c, const u32* a, const u32* b) {
     int zero[4] = {0, 0, 0, 0};
     emu::mma_m16n8k32_s8(c, a, b[0], b[1], zero);

@@ -53,11 +53,20 @@ fn fast_numerics_conform() {
         return;
     };
     let tol = Tolerances::for_numerics(Numerics::Fast);
-    if let Err(e) = check_all(&dev, &tol)
-        .and_then(|()| check_delta_net(&dev, &tol))
-        .and_then(|()| check_long_prefill_attention(&dev, &tol))
-    {
+    if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
+    }
+    // The tensor-core prefill attention takes any number of keys; the
+    // scalar kernels it replaces (TURBOSPARK_CUDA_PREFILL_ATTN=scalar)
+    // refuse past their shared memory, as in exact numerics.
+    let scalar = std::env::var("TURBOSPARK_CUDA_PREFILL_ATTN").as_deref() == Ok("scalar");
+    match check_long_prefill_attention(&dev, &tol) {
+        Ok(()) => {}
+        Err(ConformanceError::Backend {
+            source: e @ BackendError::KeysPastKernel { .. },
+            ..
+        }) if scalar => eprintln!("the scalar prefill attention refuses 60k keys: {e}"),
+        Err(e) => panic!("{e}"),
     }
 }
 

@@ -86,16 +86,6 @@ pub enum BackendError {
         newest: usize,
         capacity: usize,
     },
-    /// An attention over more keys than the backend's kernel for it can
-    /// take (the CUDA backend's scalar kernels keep a score a key in the
-    /// GPU's shared memory); `hint` says what takes more.
-    #[error("{op}: {keys} keys, but this kernel takes at most {most}; {hint}")]
-    KeysPastKernel {
-        op: &'static str,
-        keys: usize,
-        most: usize,
-        hint: &'static str,
-    },
     /// The device (or the host's thread pool) could not be set up.
     #[error("backend setup: {0}")]
     Device(String),

@@ -148,6 +148,10 @@ pub(crate) struct Kernels {
     pub widen_f16: CudaFunction,
     pub attention_f32: CudaFunction,
     pub attention_f16: CudaFunction,
+    /// The same past the shared memory of their scores, the keys taken
+    /// [`ATTN_LONG_CHUNK`] at a time to the same bits (`attention.cu`).
+    pub attention_long_f32: CudaFunction,
+    pub attention_long_f16: CudaFunction,
     /// Prefill attention a block per (KV head, token) (`attention.cu`).
     pub attention_group_f32: CudaFunction,
     pub attention_group_f16: CudaFunction,
@@ -251,6 +255,8 @@ impl Kernels {
             widen_f16: f("widen_f16")?,
             attention_f32,
             attention_f16,
+            attention_long_f32: f("attention_long_f32")?,
+            attention_long_f16: f("attention_long_f16")?,
             attention_group_f32,
             attention_group_f16,
             attention_decode_f16_64: f("attention_decode_f16_64")?,
@@ -415,6 +421,13 @@ pub(crate) const MAX_ROPE_PAIRS: usize = 256;
 /// Most query heads a KV head serves in `attention_group_*` and
 /// `attention_decode_*`.
 pub(crate) const ATTN_MAX_GROUP: usize = 8;
+
+/// Keys a chunk of the long attention kernels (`attention_long_*`) takes:
+/// with the query, 32 KiB and up of shared memory (under the 48 KiB every
+/// kernel may use), a multiple of their 128 threads.
+pub(crate) const ATTN_LONG_CHUNK: usize = 8192;
+/// Widest heads the long attention kernels take (`ATTN_LONG_MAX_DIM`).
+pub(crate) const ATTN_LONG_MAX_DIM: usize = 512;
 /// Keys a split of `attention_decode_*` is sized for by default (a KV
 /// head's splits: the cache's keys over this, at most
 /// [`DECODE_MAX_SPLITS`]; `TURBOSPARK_CUDA_SPLIT_KEYS`, see

@@ -2,9 +2,9 @@
 //! Skips with a message on machines without an NVIDIA driver, GPU or NVRTC.
 
 use turbospark_backend::conformance::{
-    check_all, check_delta_net, check_long_prefill_attention, ConformanceError, Tolerances,
+    check_all, check_delta_net, check_long_prefill_attention, Tolerances,
 };
-use turbospark_backend::{BackendError, Numerics};
+use turbospark_backend::Numerics;
 use turbospark_cuda::{CudaDevice, CudaError};
 
 fn device(numerics: Numerics) -> Option<CudaDevice> {
@@ -33,17 +33,10 @@ fn exact_numerics_conform() {
     if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
-    // Exact numerics' attention keeps a score a key in shared memory: a
-    // stream for more keys than that holds (~57k on an H100) is refused
-    // with a clear error (fast numerics' tensor-core prefill kernel has no
-    // bound; fast_numerics_conform holds it to the formula there).
-    match check_long_prefill_attention(&dev, &tol) {
-        Ok(()) => {}
-        Err(ConformanceError::Backend {
-            source: e @ BackendError::KeysPastKernel { .. },
-            ..
-        }) => eprintln!("exact numerics refuse a stream past 60k keys, as documented: {e}"),
-        Err(e) => panic!("{e}"),
+    // A prefill chunk past the scalar kernels' shared memory (their long
+    // form in exact numerics).
+    if let Err(e) = check_long_prefill_attention(&dev, &tol) {
+        panic!("{e}");
     }
 }
 
@@ -56,17 +49,10 @@ fn fast_numerics_conform() {
     if let Err(e) = check_all(&dev, &tol).and_then(|()| check_delta_net(&dev, &tol)) {
         panic!("{e}");
     }
-    // The tensor-core prefill attention takes any number of keys; the
-    // scalar kernels it replaces (TURBOSPARK_CUDA_PREFILL_ATTN=scalar)
-    // refuse past their shared memory, as in exact numerics.
-    let scalar = std::env::var("TURBOSPARK_CUDA_PREFILL_ATTN").as_deref() == Ok("scalar");
-    match check_long_prefill_attention(&dev, &tol) {
-        Ok(()) => {}
-        Err(ConformanceError::Backend {
-            source: e @ BackendError::KeysPastKernel { .. },
-            ..
-        }) if scalar => eprintln!("the scalar prefill attention refuses 60k keys: {e}"),
-        Err(e) => panic!("{e}"),
+    // A prefill chunk past the scalar kernels' shared memory: on the
+    // tensor cores, or (TURBOSPARK_CUDA_PREFILL_ATTN=scalar) their long form.
+    if let Err(e) = check_long_prefill_attention(&dev, &tol) {
+        panic!("{e}");
     }
 }
 

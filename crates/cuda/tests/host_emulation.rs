@@ -118,6 +118,16 @@ fn k_quant_integer_experts_match_the_reference_order_bit_for_bit() {
     build_and_run("kq_experts");
 }
 
+/// The scalar attention's long form (attention.cu `attention_long_*`,
+/// taken past the shared memory of its scores): bit for bit the one-pass
+/// kernels' output and quantization, over windows, wrapped rings,
+/// soft-caps, sinks, grouped heads, f32 and f16 caches and heads 40, 64,
+/// 128 and 256 wide, with chunks of a few hundred keys.
+#[test]
+fn long_scalar_attention_matches_the_one_pass_kernels_bit_for_bit() {
+    build_and_run("attention_long");
+}
+
 /// Prefill attention on the tensor cores (attention_tc.cu): within the
 /// f16 roundings of the f64 formula, with sinks, a sliding window over a
 /// ring, a soft-cap, grouped query heads, heads 64 and 128 wide and

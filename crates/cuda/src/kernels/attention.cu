@@ -8,7 +8,9 @@
 //
 // One block per (query head, token) of ATTN_THREADS threads; a thread per
 // key for the scores (kept in shared memory, then turned into weights),
-// then threads per output dimension sum the weighted values.
+// then threads per output dimension sum the weighted values. Past the
+// shared memory of the scores, attention_long_impl forms the same bits a
+// chunk of keys at a time.
 
 #define ATTN_THREADS 128
 #define ATTN_VALUE_BATCH 16  // values a thread loads at once (attention_impl)
@@ -28,6 +30,68 @@ __device__ __forceinline__ void attention_quantize(float v, i64 e, signed char* 
     if ((e & 31) == 0) qd[e >> 5] = scale;
 }
 
+// Key j's score for the query in shared memory `qs` (of a block's head):
+// scale · q·k_j, soft-capped where asked; k_j at cache row at (elements).
+// One definition for every pass that forms it, so each forms the same bits.
+template <bool HALF>
+__device__ __forceinline__ float attention_score(const float* qs, const void* __restrict__ kc,
+                                                 i64 at, int hd, const AttnParams& p) {
+    float s = 0.0f;
+    if (HALF && (hd & 7) == 0) {
+        const uint4* kp = (const uint4*)((const u16*)kc + at);
+        for (int d = 0; d < hd; d += 8) {
+            uint4 v = kp[d >> 3];
+            u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                s = fmaf(qs[d + 2 * e], f16_to_f32((u16)(w[e] & 0xFFFF)), s);
+                s = fmaf(qs[d + 2 * e + 1], f16_to_f32((u16)(w[e] >> 16)), s);
+            }
+        }
+    } else if (!HALF && (hd & 3) == 0) {
+        const float4* kp = (const float4*)((const float*)kc + at);
+        for (int d = 0; d < hd; d += 4) {
+            float4 v = kp[d >> 2];
+            s = fmaf(qs[d], v.x, s);
+            s = fmaf(qs[d + 1], v.y, s);
+            s = fmaf(qs[d + 2], v.z, s);
+            s = fmaf(qs[d + 3], v.w, s);
+        }
+    } else {
+        for (int d = 0; d < hd; d++) s = fmaf(qs[d], kv_at<HALF>(kc, at + d), s);
+    }
+    // (__fmul_rn: never contracted into an FMA with what the caller does
+    // next, so a score kept in shared memory and one used at once agree)
+    s = __fmul_rn(s, p.scale);
+    if (p.softcap > 0.0f) s = __fmul_rn(tanhf(s / p.softcap), p.softcap);
+    return s;
+}
+
+// Output dimension d (of a head's row oh, element o_at of the output) from
+// this thread's sum over its set g of the keys: with `groups` > 1 sets the
+// sums meet in set order through `part` (ATTN_THREADS floats of shared
+// memory), then set 0 stores; else the thread stores its own. Also
+// quantized where asked (oq). Every thread of the block calls it.
+__device__ __forceinline__ void attention_store(float acc, int d, int g, int groups, int hd,
+                                               float* part, float* oh, i64 o_at, signed char* oq,
+                                               float* oqd) {
+    if (groups > 1) {
+        part[threadIdx.x] = acc;
+        __syncthreads();
+        if (g == 0) {
+            float o = part[d];
+            for (int k = 1; k < groups; k++) o += part[k * hd + d];
+            oh[d] = o;
+            // g == 0 is threads 0 .. hd - 1: whole warps.
+            if (oq) attention_quantize(o, o_at + d, oq, oqd);
+        }
+        __syncthreads();
+    } else if (d < hd) {
+        oh[d] = acc;
+        if (oq) attention_quantize(acc, o_at + d, oq, oqd);
+    }
+}
+
 // q (null: none): the output also quantized (attention_quantize); only for
 // head_dim a multiple of 32, so that each warp writes whole blocks.
 template <bool HALF>
@@ -36,7 +100,7 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
                                const float* __restrict__ sinks, float* __restrict__ out,
                                const int* __restrict__ step, signed char* __restrict__ oq,
                                float* __restrict__ oqd) {
-    extern __shared__ float sm[];
+    DYNAMIC_SHARED(float, sm);
     if (step) p.first_pos = step[1];
     __shared__ float red[32];
     int h = blockIdx.x, t = blockIdx.y;
@@ -55,32 +119,7 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
     // (independent of each other) against the query in shared memory.
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
         i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd;
-        float s = 0.0f;
-        if (HALF && (hd & 7) == 0) {
-            const uint4* kp = (const uint4*)((const u16*)kc + at);
-            for (int d = 0; d < hd; d += 8) {
-                uint4 v = kp[d >> 3];
-                u32 w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s = fmaf(qs[d + 2 * e], f16_to_f32((u16)(w[e] & 0xFFFF)), s);
-                    s = fmaf(qs[d + 2 * e + 1], f16_to_f32((u16)(w[e] >> 16)), s);
-                }
-            }
-        } else if (!HALF && (hd & 3) == 0) {
-            const float4* kp = (const float4*)((const float*)kc + at);
-            for (int d = 0; d < hd; d += 4) {
-                float4 v = kp[d >> 2];
-                s = fmaf(qs[d], v.x, s);
-                s = fmaf(qs[d + 1], v.y, s);
-                s = fmaf(qs[d + 2], v.z, s);
-                s = fmaf(qs[d + 3], v.w, s);
-            }
-        } else {
-            for (int d = 0; d < hd; d++) s = fmaf(qs[d], kv_at<HALF>(kc, at + d), s);
-        }
-        s *= p.scale;
-        if (p.softcap > 0.0f) s = tanhf(s / p.softcap) * p.softcap;
+        float s = attention_score<HALF>(qs, kc, at, hd, p);
         sc[j] = s;
     }
     __syncthreads();
@@ -136,21 +175,91 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
                 while (r >= p.capacity) r -= p.capacity;
             }
         }
-        if (groups > 1) {
-            part[threadIdx.x] = acc;
-            __syncthreads();
-            if (g == 0) {
-                float o = part[d];
-                for (int k = 1; k < groups; k++) o += part[k * hd + d];
-                oh[d] = o;
-                // g == 0 is threads 0 .. hd - 1: whole warps.
-                if (oq) attention_quantize(o, ((i64)t * p.n_heads + h) * hd + d, oq, oqd);
+        attention_store(acc, d, g, groups, hd, part, oh, ((i64)t * p.n_heads + h) * hd, oq, oqd);
+    }
+}
+
+// The same attention for more keys than the scores of attention_impl fit
+// in shared memory, with the same bits: its passes over the keys are
+// taken `chunk` keys at a time (a multiple of ATTN_THREADS), each score
+// formed again where a pass needs it (attention_score, the same bits):
+//   1. the maximum: each thread's keys j = tid, tid + blockDim, … (max
+//      does not depend on the order), then block_max and the sink;
+//   2. the denominator: each thread adds e^(s_j - m) over the same keys in
+//      the same order, then block_sum and the sink's term;
+//   3. the weights e^(s_j - m) / denom of a chunk into shared memory, then
+//      each output thread's multiply-adds over that chunk's keys of its
+//      set, ascending — across the chunks the order of attention_impl —
+//      its sums held in registers from chunk to chunk.
+// The keys are read three times. Dynamic shared memory: (head_dim +
+// chunk) floats. Heads up to ATTN_LONG_MAX_DIM wide.
+#define ATTN_LONG_MAX_DIM 512
+template <bool HALF>
+__device__ void attention_long_impl(const float* __restrict__ q, const void* __restrict__ kc,
+                                    const void* __restrict__ vc, AttnParams p, int chunk,
+                                    const float* __restrict__ sinks, float* __restrict__ out,
+                                    const int* __restrict__ step, signed char* __restrict__ oq,
+                                    float* __restrict__ oqd) {
+    DYNAMIC_SHARED(float, sm);
+    if (step) p.first_pos = step[1];
+    __shared__ float red[32];
+    __shared__ float part[ATTN_THREADS];
+    constexpr int D_SETS = ATTN_LONG_MAX_DIM / ATTN_THREADS;  // output dims a thread, at most
+    int h = blockIdx.x, t = blockIdx.y;
+    int hd = p.head_dim;
+    int pos = p.first_pos + t;
+    int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
+    int nk = pos - lo + 1;
+    float* qs = sm;
+    float* sc = sm + hd;
+    const float* qh = q + ((i64)t * p.n_heads + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
+    __syncthreads();
+    i64 row = (i64)p.n_kv_heads * hd;
+    int kvh = h / (p.n_heads / p.n_kv_heads);
+    auto key_at = [&](int j) { return (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd; };
+    float sink = p.has_sinks ? sinks[h] : -INFINITY;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x)
+        m = fmaxf(m, attention_score<HALF>(qs, kc, key_at(j), hd, p));
+    m = fmaxf(block_max(m, red), sink);
+    float local = 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x)
+        local += expf(attention_score<HALF>(qs, kc, key_at(j), hd, p) - m);
+    float denom = block_sum(local, red);
+    if (p.has_sinks) denom += expf(sink - m);
+    int groups = hd <= (int)blockDim.x ? (int)blockDim.x / hd : 1;
+    int g = threadIdx.x / hd;
+    float acc[D_SETS];
+#pragma unroll
+    for (int i = 0; i < D_SETS; i++) acc[i] = 0.0f;
+    for (int c0 = 0; c0 < nk; c0 += chunk) {
+        int cn = min(chunk, nk - c0);
+        __syncthreads();  // the last chunk's weights are read
+        for (int j = threadIdx.x; j < cn; j += blockDim.x)
+            sc[j] = expf(attention_score<HALF>(qs, kc, key_at(c0 + j), hd, p) - m) / denom;
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < D_SETS; i++) {
+            int d = i * (int)blockDim.x + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
+            if (i * (int)blockDim.x >= hd || g >= groups || d >= hd) continue;
+            i64 base = (i64)kvh * hd + d;
+            // Keys c0 + g, c0 + g + groups, … (chunk is a multiple of groups).
+            int r = (lo + c0 + g) % p.capacity;
+            for (int j = g; j < cn; j += groups) {
+                acc[i] = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc[i]);
+                r += groups;
+                while (r >= p.capacity) r -= p.capacity;
             }
-            __syncthreads();
-        } else if (d < hd) {
-            oh[d] = acc;
-            if (oq) attention_quantize(acc, ((i64)t * p.n_heads + h) * hd + d, oq, oqd);
         }
+    }
+    float* oh = out + ((i64)t * p.n_heads + h) * hd;
+#pragma unroll
+    for (int i = 0; i < D_SETS; i++) {
+        if (i * (int)blockDim.x >= hd) break;  // uniform over the block
+        int d = i * (int)blockDim.x + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
+        attention_store(acc[i], d, g, groups, hd, part, oh, ((i64)t * p.n_heads + h) * hd, oq,
+                        oqd);
     }
 }
 
@@ -166,6 +275,20 @@ KERNEL void attention_f16(const float* q, const u16* kc, const u16* vc,
                                          const int* step, signed char* oq, float* oqd) {
     KERNEL_ENTRY();
     attention_impl<true>(q, kc, vc, p, sinks, out, step, oq, oqd);
+}
+
+KERNEL void attention_long_f32(const float* q, const float* kc, const float* vc, AttnParams p,
+                               int chunk, const float* sinks, float* out, const int* step,
+                               signed char* oq, float* oqd) {
+    KERNEL_ENTRY();
+    attention_long_impl<false>(q, kc, vc, p, chunk, sinks, out, step, oq, oqd);
+}
+
+KERNEL void attention_long_f16(const float* q, const u16* kc, const u16* vc, AttnParams p,
+                               int chunk, const float* sinks, float* out, const int* step,
+                               signed char* oq, float* oqd) {
+    KERNEL_ENTRY();
+    attention_long_impl<true>(q, kc, vc, p, chunk, sinks, out, step, oq, oqd);
 }
 
 // Grouped-query attention of a batch (prefill): one block per (KV head,
@@ -184,7 +307,7 @@ template <bool HALF>
 __device__ void attention_group_impl(const float* __restrict__ q, const void* __restrict__ kc,
                                      const void* __restrict__ vc, AttnParams p,
                                      const float* __restrict__ sinks, float* __restrict__ out) {
-    extern __shared__ float sm[];
+    DYNAMIC_SHARED(float, sm);
     int kvh = blockIdx.x, t = blockIdx.y;
     int G = p.n_heads / p.n_kv_heads, hd = p.head_dim, h0 = kvh * G;
     int pos = p.first_pos + t;
@@ -329,11 +452,13 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 #define DEC_TILE 32
 #define DEC_BATCH 16  // values a lane loads before their multiply-adds
 
+#ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ float ld_cg(const float* p) {
     float v;
     asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
 }
+#endif
 
 // Loads of a partial: from the L2 (other blocks wrote it) or, when the
 // block holds the only split, from its own shared memory.

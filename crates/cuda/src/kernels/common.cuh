@@ -90,6 +90,12 @@ __device__ __forceinline__ float ld_f32_after_wait(const float* p) {
     return v;
 }
 
+// A kernel's dynamic shared memory as an array `name` of T (tests/emulation
+// gives a block's fibers one buffer of its own instead).
+#ifndef TURBOSPARK_HOST_EMULATION
+#define DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 // Fetches the line holding p from memory into the L2 (nothing returned).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));

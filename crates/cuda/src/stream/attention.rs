@@ -2,7 +2,9 @@
 //! `rope` (HF `apply_rotary_pos_emb`, NeoX or interleaved pairs), the
 //! cache writes of a step's keys and values (f32 or f16 rows), and
 //! softmax attention over the cache (`kernels/attention.cu`: a block per
-//! head for prefill, flash-decoding splits over the keys for one token),
+//! head for prefill, its keys a chunk at a time past the shared memory of
+//! their scores, flash-decoding splits over the keys for one token; a
+//! batch on the tensor cores in fast numerics, `kernels/attention_tc.cu`),
 //! with the rope and writes of one position joined into one launch where
 //! they follow each other (`crate::fusion`).
 
@@ -17,28 +19,6 @@ use turbospark_core::arch::RopeKind;
 
 /// Threads of an attention block.
 const ATTN_THREADS: u32 = 128;
-
-/// The most keys the scalar attention kernels take with heads `head_dim`
-/// wide: a score a key and the query in `dynamic_smem` bytes of shared
-/// memory.
-pub(super) fn scalar_attention_keys(dynamic_smem: usize, head_dim: usize) -> usize {
-    (dynamic_smem / 4).saturating_sub(head_dim)
-}
-
-/// What takes more keys than the scalar attention kernels, by numerics.
-pub(super) fn keys_hint(numerics: Numerics) -> &'static str {
-    match numerics {
-        Numerics::Exact => {
-            "exact numerics' CUDA attention keeps a score a key in the GPU's shared memory; \
-             --numerics fast has no bound for heads 64 or 128 wide, or use a shorter --context"
-        }
-        _ => {
-            "this layer's heads take the scalar kernels (the tensor-core kernel takes heads 64 \
-              or 128 wide, at most 8 query heads a KV head, unless \
-              TURBOSPARK_CUDA_PREFILL_ATTN=scalar); use a shorter --context"
-        }
-    }
-}
 
 /// Query heads whose split-attention partials a stream holds: a layer's
 /// heads times their width is at most the widest matrix input (its o
@@ -239,9 +219,7 @@ impl CudaStream {
         });
         // A batch on the tensor cores where asked for and it fits (heads 64
         // or 128 wide): a block per KV head and 16 tokens, a warp per query
-        // head of the group. It walks the keys in tiles with a running
-        // softmax, so it has no bound on the keys (the scalar kernels keep
-        // a score a key in shared memory: ~57k keys at most).
+        // head of the group, the keys walked in tiles with a running softmax.
         let prefill_tc = match p.head_dim {
             64 => Some(&self.k.attention_prefill_tc_f16_64),
             128 => Some(&self.k.attention_prefill_tc_f16_128),
@@ -256,20 +234,32 @@ impl CudaStream {
                 && (1..=kernels::PREFILL_TC_MAX_GROUP).contains(&group)
                 && p.n_heads == group * p.n_kv_heads
         });
-        let smem = (p.head_dim + max_keys) * 4;
-        if split_kernel.is_none() && prefill_tc.is_none() && smem > self.k.dynamic_smem {
-            return Err(BackendError::KeysPastKernel {
-                op: "attention",
-                keys: max_keys,
-                most: scalar_attention_keys(self.k.dynamic_smem, p.head_dim),
-                hint: keys_hint(self.numerics),
-            });
+        // The scalar kernels keep a score a key in shared memory (about 57k
+        // keys on an H100 or H200); past that, attention_long_* takes the
+        // keys a chunk at a time, to the same bits.
+        let mut smem = (p.head_dim + max_keys) * 4;
+        let long = smem > self.k.dynamic_smem || self.attention_long_always;
+        if long && split_kernel.is_none() && p.head_dim > kernels::ATTN_LONG_MAX_DIM {
+            return Err(shape(
+                "attention",
+                format!(
+                    "{max_keys} keys of heads {} wide: past the shared memory of the scalar \
+                     kernels, whose chunked form takes heads up to {} wide",
+                    p.head_dim,
+                    kernels::ATTN_LONG_MAX_DIM
+                ),
+            ));
         }
-        let f = match k_cache.dtype {
-            DType::F32 => &self.k.attention_f32,
-            DType::F16 => &self.k.attention_f16,
-            other => return Err(dtype_err("attention", "k_cache", DType::F16, other)),
+        let f = match (k_cache.dtype, long) {
+            (DType::F32, false) => &self.k.attention_f32,
+            (DType::F16, false) => &self.k.attention_f16,
+            (DType::F32, true) => &self.k.attention_long_f32,
+            (DType::F16, true) => &self.k.attention_long_f16,
+            (other, _) => return Err(dtype_err("attention", "k_cache", DType::F16, other)),
         };
+        if long {
+            smem = (p.head_dim + kernels::ATTN_LONG_CHUNK) * 4;
+        }
         let params = AttnParams {
             first_pos: p.first_pos as i32,
             n_heads: p.n_heads as i32,
@@ -367,6 +357,29 @@ impl CudaStream {
                         oqd,
                         pp,
                         tp
+                    ],
+                )?
+            }
+            _ if long => {
+                let chunk = kernels::ATTN_LONG_CHUNK as i32;
+                launch(
+                    "attention",
+                    f,
+                    self.raw(),
+                    (p.n_heads as u32, p.n_tokens as u32, 1),
+                    ATTN_THREADS,
+                    smem as u32,
+                    &mut args![
+                        qp,
+                        k_cache.mem.ptr,
+                        v_cache.mem.ptr,
+                        params,
+                        chunk,
+                        sp,
+                        op,
+                        step,
+                        oq,
+                        oqd
                     ],
                 )?
             }

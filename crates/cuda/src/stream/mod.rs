@@ -102,6 +102,10 @@ pub struct CudaStream {
     /// Whether a batch's attention takes the tensor cores where it fits
     /// ([`kernels::prefill_attention_tc`]).
     prefill_attention_tc: bool,
+    /// Whether the scalar attention takes its long form at every length
+    /// (`TURBOSPARK_CUDA_ATTN_LONG=1`, for checking that it gives the
+    /// one-pass kernels' bits), not only past their shared memory.
+    attention_long_always: bool,
     /// One token's MoE input quantized in MXFP4's order ahead of the MoE
     /// call — by the norm that also quantizes a Q8_0 router product's
     /// input (`matmul_q8`), or by the fused router launch — (codes, then
@@ -223,18 +227,6 @@ impl CudaStream {
         let act_len = limits.max_routes * limits.max_expert_intermediate;
         let zeroed = |bytes| DevMem::zeroed(&ctx, bytes, "stream scratch");
         let widest = dev.widest.load(std::sync::atomic::Ordering::Relaxed);
-        // Exact numerics run every attention on the scalar kernels (an f32
-        // cache): a stream whose keys cannot fit them is refused now,
-        // before any work, rather than at the first attention past them.
-        let most = attention::scalar_attention_keys(dev.kernels.dynamic_smem, limits.max_head_dim);
-        if dev.numerics() == Numerics::Exact && limits.max_keys > most {
-            return Err(BackendError::KeysPastKernel {
-                op: "attention",
-                keys: limits.max_keys,
-                most,
-                hint: attention::keys_hint(Numerics::Exact),
-            });
-        }
         let q8_bytes = match dev.numerics() {
             Numerics::Fast => Q8Regions::new(limits.max_tokens * widest, act_len).bytes,
             _ => 0,
@@ -264,6 +256,7 @@ impl CudaStream {
             decode_split_keys: kernels::decode_split_keys(
                 std::env::var("TURBOSPARK_CUDA_SPLIT_KEYS").ok().as_deref(),
             ),
+            attention_long_always: std::env::var("TURBOSPARK_CUDA_ATTN_LONG").as_deref() == Ok("1"),
             prefill_attention_tc: kernels::prefill_attention_tc(
                 std::env::var("TURBOSPARK_CUDA_PREFILL_ATTN")
                     .ok()

@@ -415,6 +415,17 @@ inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
 inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
 inline float ld_f32_after_wait(const float* p) { return *p; }
 inline void prefetch_l2(const void*) {}
+inline float ld_cg(const float* p) { return *p; }
+
+// A block's dynamic shared memory (common.cuh DYNAMIC_SHARED): one buffer,
+// as blocks run one after another; 256 KiB, past any GPU's.
+namespace emu {
+inline void* dynamic_shared() {
+    alignas(16) static unsigned char buffer[256 * 1024];
+    return buffer;
+}
+}  // namespace emu
+#define DYNAMIC_SHARED(T, name) T* name = (T*)emu::dynamic_shared()
 
 // PTX `cp.async` (16 bytes, global to shared), `cp.async.commit_group`
 // and `cp.async.wait_group N`: a thread's copies land only when a wait

@@ -181,7 +181,7 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
 
 // The same attention for more keys than the scores of attention_impl fit
 // in shared memory, with the same bits: its passes over the keys are
-// taken `chunk` keys at a time (a multiple of ATTN_THREADS), each score
+// taken `chunk` keys at a time, each score
 // formed again where a pass needs it (attention_score, the same bits):
 //   1. the maximum: each thread's keys j = tid, tid + blockDim, … (max
 //      does not depend on the order), then block_max and the sink;
@@ -244,9 +244,10 @@ __device__ void attention_long_impl(const float* __restrict__ q, const void* __r
             int d = i * (int)blockDim.x + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
             if (i * (int)blockDim.x >= hd || g >= groups || d >= hd) continue;
             i64 base = (i64)kvh * hd + d;
-            // Keys c0 + g, c0 + g + groups, … (chunk is a multiple of groups).
-            int r = (lo + c0 + g) % p.capacity;
-            for (int j = g; j < cn; j += groups) {
+            // The chunk's keys of set g: c0 + j for j ≡ g - c0 (mod groups).
+            int j = ((g - c0) % groups + groups) % groups;
+            int r = (lo + c0 + j) % p.capacity;
+            for (; j < cn; j += groups) {
                 acc[i] = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc[i]);
                 r += groups;
                 while (r >= p.capacity) r -= p.capacity;

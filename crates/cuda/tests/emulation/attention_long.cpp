@@ -99,8 +99,9 @@ int main() {
         {"64 wide, 4 heads / 2 kv, f16, window over a ring", 64, 4, 2, 3, 1290, 650, 600, 256, true,
          true, true, 0.0f},
         // A window over the ring, a soft-cap, f32, width 40 (3 sets of
-        // threads, 8 idle), chunks of 384.
-        {"40 wide, window 700, softcap, f32", 40, 2, 1, 2, 2000, 900, 700, 384, false, false,
+        // threads, 8 idle), chunks of 256: not a multiple of the 3 sets, so
+        // a set's first key in a chunk moves from chunk to chunk.
+        {"40 wide, window 700, softcap, f32", 40, 2, 1, 2, 2000, 900, 700, 256, false, false,
          false, 5.0f},
         // Width 128 (one set), f16, quantized output, chunks of 128.
         {"128 wide, f16, quantized", 128, 2, 2, 2, 700, 800, 0, 128, true, true, true, 0.0f},

@@ -180,9 +180,9 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
 }
 
 // The same attention for more keys than the scores of attention_impl fit
-// in shared memory, with the same bits: its passes over the keys are
-// taken `chunk` keys at a time, each score
-// formed again where a pass needs it (attention_score, the same bits):
+// in shared memory, with the same bits: its passes over the keys are taken
+// `chunk` keys at a time, each score formed again where a pass needs it
+// (attention_score, the same bits):
 //   1. the maximum: each thread's keys j = tid, tid + blockDim, … (max
 //      does not depend on the order), then block_max and the sink;
 //   2. the denominator: each thread adds e^(s_j - m) over the same keys in

@@ -568,8 +568,9 @@ fn write_history<D: Device>(
 
 /// A prefill chunk past 60,000 keys, against the f64 formula: past what a
 /// kernel keeping a score a key in shared memory can hold (~57k keys on
-/// an H100's 227 KiB), so a backend must walk the keys in tiles — as the
-/// CUDA backend's tensor-core prefill attention does in fast numerics.
+/// an H100's 227 KiB), so a backend must walk the keys in tiles or chunks
+/// — as the CUDA backend's tensor-core prefill attention does in fast
+/// numerics, and its scalar kernels' long form in exact numerics.
 /// gpt-oss's grouping (8 query heads a KV head, width 64) with sinks; 20
 /// tokens (a whole and a partial tile of 16) at positions 60000..60020.
 ///

@@ -244,9 +244,23 @@ __device__ void attention_long_impl(const float* __restrict__ q, const void* __r
             int d = i * (int)blockDim.x + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
             if (i * (int)blockDim.x >= hd || g >= groups || d >= hd) continue;
             i64 base = (i64)kvh * hd + d;
-            // The chunk's keys of set g: c0 + j for j ≡ g - c0 (mod groups).
+            // The chunk's keys of set g: c0 + j for j ≡ g - c0 (mod groups),
+            // ATTN_VALUE_BATCH values loaded before their multiply-adds, as
+            // attention_impl loads them (the order of the adds is the same).
             int j = ((g - c0) % groups + groups) % groups;
             int r = (lo + c0 + j) % p.capacity;
+            for (; j + (ATTN_VALUE_BATCH - 1) * groups < cn; j += ATTN_VALUE_BATCH * groups) {
+                float v[ATTN_VALUE_BATCH];
+#pragma unroll
+                for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
+                    v[b] = kv_at<HALF>(vc, (i64)r * row + base);
+                    r += groups;
+                    while (r >= p.capacity) r -= p.capacity;
+                }
+#pragma unroll
+                for (int b = 0; b < ATTN_VALUE_BATCH; b++)
+                    acc[i] = fmaf(sc[j + b * groups], v[b], acc[i]);
+            }
             for (; j < cn; j += groups) {
                 acc[i] = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc[i]);
                 r += groups;

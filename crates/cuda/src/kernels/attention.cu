@@ -67,6 +67,63 @@ __device__ __forceinline__ float attention_score(const float* qs, const void* __
     return s;
 }
 
+// A thread's weighted sum of one value dimension (element `base` of a
+// cache row `row` elements long) over keys j = j0, j0 + groups, … < end,
+// from acc: one acc = fmaf(w[j], v_j, acc) after another in ascending j
+// (the order that fixes the bits, however the loop is blocked); the
+// values of ATTN_VALUE_BATCH keys are loaded before their multiply-adds,
+// so at long context a thread waits for memory once a batch, not once
+// every few keys. r: key j0's cache row, stepped instead of taken modulo
+// the capacity key by key.
+template <bool HALF>
+__device__ __forceinline__ float attention_value_sum(const float* w, int j0, int end, int groups,
+                                                     int r, int capacity,
+                                                     const void* __restrict__ vc, i64 row,
+                                                     i64 base, float acc) {
+    int j = j0;
+    for (; j + (ATTN_VALUE_BATCH - 1) * groups < end; j += ATTN_VALUE_BATCH * groups) {
+        float v[ATTN_VALUE_BATCH];
+#pragma unroll
+        for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
+            v[b] = kv_at<HALF>(vc, (i64)r * row + base);
+            r += groups;
+            while (r >= capacity) r -= capacity;
+        }
+#pragma unroll
+        for (int b = 0; b < ATTN_VALUE_BATCH; b++) acc = fmaf(w[j + b * groups], v[b], acc);
+    }
+    for (; j < end; j += groups) {
+        acc = fmaf(w[j], kv_at<HALF>(vc, (i64)r * row + base), acc);
+        r += groups;
+        while (r >= capacity) r -= capacity;
+    }
+    return acc;
+}
+
+// A block's (query head, token) of the scalar kernels: its head h and
+// token t, its keys lo .. lo + nk - 1, its KV head and the cache row's
+// length; the query is staged in shared memory at qs (every thread calls
+// it; it ends with a barrier).
+struct AttnBlock {
+    int h, t, lo, nk, kvh;
+    i64 row;
+};
+__device__ __forceinline__ AttnBlock attention_block(const float* __restrict__ q,
+                                                     const AttnParams& p, float* qs) {
+    AttnBlock b;
+    b.h = blockIdx.x;
+    b.t = blockIdx.y;
+    int hd = p.head_dim, pos = p.first_pos + b.t;
+    b.lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
+    b.nk = pos - b.lo + 1;
+    const float* qh = q + ((i64)b.t * p.n_heads + b.h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
+    __syncthreads();
+    b.row = (i64)p.n_kv_heads * hd;
+    b.kvh = b.h / (p.n_heads / p.n_kv_heads);
+    return b;
+}
+
 // Output dimension d (of a head's row oh, element o_at of the output) from
 // this thread's sum over its set g of the keys: with `groups` > 1 sets the
 // sums meet in set order through `part` (ATTN_THREADS floats of shared
@@ -103,18 +160,10 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
     DYNAMIC_SHARED(float, sm);
     if (step) p.first_pos = step[1];
     __shared__ float red[32];
-    int h = blockIdx.x, t = blockIdx.y;
-    int hd = p.head_dim;
-    int pos = p.first_pos + t;
-    int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
-    int nk = pos - lo + 1;
-    float* qs = sm;
-    float* sc = sm + hd;
-    const float* qh = q + ((i64)t * p.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
-    __syncthreads();
-    i64 row = (i64)p.n_kv_heads * hd;
-    int kvh = h / (p.n_heads / p.n_kv_heads);
+    AttnBlock ab = attention_block(q, p, sm);
+    int h = ab.h, t = ab.t, hd = p.head_dim, lo = ab.lo, nk = ab.nk, kvh = ab.kvh;
+    i64 row = ab.row;
+    float *qs = sm, *sc = sm + hd;
     // Scores: a thread per key, reading its key row with 16-byte loads
     // (independent of each other) against the query in shared memory.
     for (int j = threadIdx.x; j < nk; j += blockDim.x) {
@@ -149,31 +198,9 @@ __device__ void attention_impl(const float* __restrict__ q, const void* __restri
         float acc = 0.0f;
         if (g < groups && d < hd) {
             i64 base = (i64)kvh * hd + d;
-            // Keys j = g, g + groups, … in ascending order, one
-            // acc = fmaf(sc[j], v_j, acc) after another (the order that fixes
-            // the bits, however the loop is blocked); the values of
-            // ATTN_VALUE_BATCH keys are loaded before their multiply-adds,
-            // so at long context a thread waits for memory once a batch, not
-            // once every few keys. r: key j's cache row, stepped instead of
-            // taken modulo the capacity key by key.
-            int j = g;
-            int r = (lo + j) % p.capacity;
-            for (; j + (ATTN_VALUE_BATCH - 1) * groups < nk; j += ATTN_VALUE_BATCH * groups) {
-                float v[ATTN_VALUE_BATCH];
-#pragma unroll
-                for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
-                    v[b] = kv_at<HALF>(vc, (i64)r * row + base);
-                    r += groups;
-                    while (r >= p.capacity) r -= p.capacity;
-                }
-#pragma unroll
-                for (int b = 0; b < ATTN_VALUE_BATCH; b++) acc = fmaf(sc[j + b * groups], v[b], acc);
-            }
-            for (; j < nk; j += groups) {
-                acc = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc);
-                r += groups;
-                while (r >= p.capacity) r -= p.capacity;
-            }
+            // Keys j = g, g + groups, … in ascending order.
+            acc = attention_value_sum<HALF>(sc, g, nk, groups, (lo + g) % p.capacity, p.capacity,
+                                            vc, row, base, acc);
         }
         attention_store(acc, d, g, groups, hd, part, oh, ((i64)t * p.n_heads + h) * hd, oq, oqd);
     }
@@ -205,18 +232,10 @@ __device__ void attention_long_impl(const float* __restrict__ q, const void* __r
     __shared__ float red[32];
     __shared__ float part[ATTN_THREADS];
     constexpr int D_SETS = ATTN_LONG_MAX_DIM / ATTN_THREADS;  // output dims a thread, at most
-    int h = blockIdx.x, t = blockIdx.y;
-    int hd = p.head_dim;
-    int pos = p.first_pos + t;
-    int lo = p.window > 0 ? max(0, pos + 1 - p.window) : 0;
-    int nk = pos - lo + 1;
-    float* qs = sm;
-    float* sc = sm + hd;
-    const float* qh = q + ((i64)t * p.n_heads + h) * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qh[d];
-    __syncthreads();
-    i64 row = (i64)p.n_kv_heads * hd;
-    int kvh = h / (p.n_heads / p.n_kv_heads);
+    AttnBlock ab = attention_block(q, p, sm);
+    int h = ab.h, t = ab.t, hd = p.head_dim, lo = ab.lo, nk = ab.nk, kvh = ab.kvh;
+    i64 row = ab.row;
+    float *qs = sm, *sc = sm + hd;
     auto key_at = [&](int j) { return (i64)((lo + j) % p.capacity) * row + (i64)kvh * hd; };
     float sink = p.has_sinks ? sinks[h] : -INFINITY;
     float m = -INFINITY;
@@ -244,28 +263,10 @@ __device__ void attention_long_impl(const float* __restrict__ q, const void* __r
             int d = i * (int)blockDim.x + (groups > 1 ? threadIdx.x % hd : threadIdx.x);
             if (i * (int)blockDim.x >= hd || g >= groups || d >= hd) continue;
             i64 base = (i64)kvh * hd + d;
-            // The chunk's keys of set g: c0 + j for j ≡ g - c0 (mod groups),
-            // ATTN_VALUE_BATCH values loaded before their multiply-adds, as
-            // attention_impl loads them (the order of the adds is the same).
+            // The chunk's keys of set g: c0 + j for j ≡ g - c0 (mod groups).
             int j = ((g - c0) % groups + groups) % groups;
-            int r = (lo + c0 + j) % p.capacity;
-            for (; j + (ATTN_VALUE_BATCH - 1) * groups < cn; j += ATTN_VALUE_BATCH * groups) {
-                float v[ATTN_VALUE_BATCH];
-#pragma unroll
-                for (int b = 0; b < ATTN_VALUE_BATCH; b++) {
-                    v[b] = kv_at<HALF>(vc, (i64)r * row + base);
-                    r += groups;
-                    while (r >= p.capacity) r -= p.capacity;
-                }
-#pragma unroll
-                for (int b = 0; b < ATTN_VALUE_BATCH; b++)
-                    acc[i] = fmaf(sc[j + b * groups], v[b], acc[i]);
-            }
-            for (; j < cn; j += groups) {
-                acc[i] = fmaf(sc[j], kv_at<HALF>(vc, (i64)r * row + base), acc[i]);
-                r += groups;
-                while (r >= p.capacity) r -= p.capacity;
-            }
+            acc[i] = attention_value_sum<HALF>(sc, j, cn, groups, (lo + c0 + j) % p.capacity,
+                                               p.capacity, vc, row, base, acc[i]);
         }
     }
     float* oh = out + ((i64)t * p.n_heads + h) * hd;

@@ -360,8 +360,13 @@ impl CudaStream {
                     ],
                 )?
             }
-            _ if long => {
+            _ => {
+                // The long form takes its chunk after the parameters.
+                let (kp, vp) = (k_cache.mem.ptr, v_cache.mem.ptr);
                 let chunk = kernels::ATTN_LONG_CHUNK as i32;
+                let long_args = &mut args![qp, kp, vp, params, chunk, sp, op, step, oq, oqd];
+                let one_pass_args = &mut args![qp, kp, vp, params, sp, op, step, oq, oqd];
+                let args: &mut [_] = if long { long_args } else { one_pass_args };
                 launch(
                     "attention",
                     f,
@@ -369,39 +374,9 @@ impl CudaStream {
                     (p.n_heads as u32, p.n_tokens as u32, 1),
                     ATTN_THREADS,
                     smem as u32,
-                    &mut args![
-                        qp,
-                        k_cache.mem.ptr,
-                        v_cache.mem.ptr,
-                        params,
-                        chunk,
-                        sp,
-                        op,
-                        step,
-                        oq,
-                        oqd
-                    ],
+                    args,
                 )?
             }
-            _ => launch(
-                "attention",
-                f,
-                self.raw(),
-                (p.n_heads as u32, p.n_tokens as u32, 1),
-                ATTN_THREADS,
-                smem as u32,
-                &mut args![
-                    qp,
-                    k_cache.mem.ptr,
-                    v_cache.mem.ptr,
-                    params,
-                    sp,
-                    op,
-                    step,
-                    oq,
-                    oqd
-                ],
-            )?,
         }
         if oq != 0 {
             self.quantized.set(Some((op, q_len, 0)));

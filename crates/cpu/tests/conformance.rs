@@ -18,6 +18,7 @@ fn run_on(numerics: Numerics, isa: Isa) -> Result<(), ConformanceError> {
         conformance::check_all(&device, &tol)?;
         conformance::check_delta_net(&device, &tol)?;
         conformance::check_long_prefill_attention(&device, &tol)?;
+        conformance::check_long_decode_attention(&device, &tol)?;
     }
     Ok(())
 }

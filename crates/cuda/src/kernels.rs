@@ -163,6 +163,13 @@ pub(crate) struct Kernels {
     /// 128 wide (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
     pub attention_prefill_tc_f16_64: CudaFunction,
     pub attention_prefill_tc_f16_128: CudaFunction,
+    /// One token's attention on the tensor cores over long caches, f16,
+    /// heads 64 and 128 wide (`attention_dec.cu`; taken under
+    /// [`DecodeAttention`]).
+    pub attention_decode_tc_f16_64: CudaFunction,
+    pub attention_decode_tc_f16_128: CudaFunction,
+    /// The GPU's multiprocessors.
+    pub sms: usize,
     pub route: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
@@ -263,6 +270,9 @@ impl Kernels {
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
+            attention_decode_tc_f16_64: f("attention_decode_tc_f16_64")?,
+            attention_decode_tc_f16_128: f("attention_decode_tc_f16_128")?,
+            sms: sms as usize,
             route: f("route")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
@@ -443,6 +453,86 @@ pub(crate) const DECODE_THREADS: u32 = 512;
 /// (`DEC_MAX_SPLITS` in `kernels/attention.cu`: the finishing block loads
 /// that many splits' partials at once.)
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;
+
+/// Most splits of `attention_decode_tc_*` (its finishing block adds
+/// them [`DECODE_MAX_SPLITS`] at a time).
+pub(crate) const DECODE_TC_MAX_SPLITS: usize = 64;
+/// Threads of an `attention_decode_tc_*` block (`DT_WARPS` warps).
+pub(crate) const DECODE_TC_THREADS: u32 = 256;
+
+/// Which kernel takes one token's attention over an f16 cache (fast
+/// numerics): `attention_decode_*` (attention.cu: a warp a query head,
+/// tuned for short caches) or `attention_decode_tc_*` (attention_dec.cu:
+/// each key read once for the group's heads, on the tensor cores), and how
+/// its splits are sized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DecodeAttention {
+    /// Layers whose keys (the cache's rows, or the window) number at least
+    /// this take the tensor cores (`usize::MAX`: never, 0: always).
+    pub tc_from_keys: usize,
+    /// Keys a tensor-core split takes at least.
+    pub tc_keys_a_split: usize,
+    /// Blocks a tensor-core launch is sized for at most (its KV heads ×
+    /// splits): enough to fill the GPU, while each split more is a partial
+    /// more for the finishing block to add.
+    pub tc_blocks: usize,
+}
+
+impl DecodeAttention {
+    /// Caches of at least this many keys take the tensor cores by default.
+    pub const TC_FROM_KEYS: usize = 4096;
+    /// Keys a tensor-core split takes at least by default: 2 tiles a warp.
+    pub const TC_KEYS_A_SPLIT: usize = 256;
+    /// Blocks by default, a multiple of the multiprocessors: 2 (what an SM
+    /// holds of the 64-wide kernel).
+    pub const TC_BLOCKS_AN_SM: usize = 2;
+
+    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, or the default
+    /// by the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
+    /// multiple of 16) and `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU
+    /// of `sms` multiprocessors.
+    pub fn from_settings(
+        kernel: Option<&str>,
+        split_keys: Option<&str>,
+        blocks: Option<&str>,
+        sms: usize,
+    ) -> Self {
+        DecodeAttention {
+            tc_from_keys: match kernel.map(str::trim) {
+                Some("scalar") => usize::MAX,
+                Some("tc") => 0,
+                _ => Self::TC_FROM_KEYS,
+            },
+            tc_keys_a_split: split_keys
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .filter(|&k| k > 0 && k % 16 == 0)
+                .unwrap_or(Self::TC_KEYS_A_SPLIT),
+            tc_blocks: blocks
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .filter(|&b| b > 0)
+                .unwrap_or(Self::TC_BLOCKS_AN_SM * sms.max(1)),
+        }
+    }
+
+    /// Whether a layer of `capacity` rows (`window`: a sliding layer's)
+    /// and `kv_heads` KV heads takes the tensor cores, and then with how
+    /// many splits: from the cache alone, as [`decode_splits`] — the keys
+    /// over `tc_keys_a_split`, at most `tc_blocks` blocks (and
+    /// [`DECODE_TC_MAX_SPLITS`]).
+    pub fn tc_splits(
+        &self,
+        capacity: usize,
+        window: Option<usize>,
+        kv_heads: usize,
+    ) -> Option<usize> {
+        let keys = window.map_or(capacity, |w| w.min(capacity));
+        (keys >= self.tc_from_keys).then(|| {
+            keys.div_ceil(self.tc_keys_a_split)
+                .min(self.tc_blocks / kv_heads.max(1))
+                .clamp(1, DECODE_TC_MAX_SPLITS)
+        })
+    }
+}
 
 /// Splits of one token's attention over a cache of `capacity` rows
 /// (`window`: a sliding layer's), from the cache alone so that a
@@ -657,6 +747,41 @@ mod tests {
         assert!(prefill_attention_tc(Some("tc")));
         assert!(!prefill_attention_tc(Some(" scalar")));
         assert!(prefill_attention_tc(Some("")));
+    }
+
+    /// `TURBOSPARK_CUDA_DECODE_ATTN`, `TURBOSPARK_CUDA_TC_SPLIT_KEYS` and
+    /// `TURBOSPARK_CUDA_TC_BLOCKS`: the tensor cores from `TC_FROM_KEYS`
+    /// keys (a window bounding them), always or never; splits of at least
+    /// `TC_KEYS_A_SPLIT` keys (or the setting's, a positive multiple of
+    /// 16), at most 2 blocks an SM (or the setting's) over the KV heads,
+    /// 1 to `DECODE_TC_MAX_SPLITS` of them.
+    #[test]
+    fn decode_attention_follows_the_settings() {
+        let d = DecodeAttention::from_settings(None, None, None, 132);
+        assert_eq!(d.tc_blocks, 264);
+        assert_eq!(d.tc_splits(640, None, 8), None);
+        assert_eq!(
+            d.tc_splits(DecodeAttention::TC_FROM_KEYS - 1, None, 8),
+            None
+        );
+        assert_eq!(
+            d.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
+            Some(16)
+        );
+        assert_eq!(d.tc_splits(60_500, None, 8), Some(33));
+        assert_eq!(d.tc_splits(1 << 20, None, 1), Some(DECODE_TC_MAX_SPLITS));
+        assert_eq!(d.tc_splits(1 << 20, None, 512), Some(1));
+        assert_eq!(d.tc_splits(60_500, Some(128), 8), None);
+        let tc = DecodeAttention::from_settings(Some(" tc"), Some("1024"), Some("100"), 132);
+        assert_eq!(tc.tc_splits(60_500, Some(128), 8), Some(1));
+        assert_eq!(tc.tc_splits(60_500, None, 8), Some(12));
+        assert_eq!(tc.tc_splits(5000, None, 8), Some(5));
+        assert_eq!(tc.tc_splits(1, None, 8), Some(1));
+        let odd = DecodeAttention::from_settings(Some("tc"), Some("1000"), Some("0"), 132);
+        assert_eq!(odd.tc_keys_a_split, DecodeAttention::TC_KEYS_A_SPLIT);
+        assert_eq!(odd.tc_blocks, 264);
+        let scalar = DecodeAttention::from_settings(Some("scalar"), None, None, 132);
+        assert_eq!(scalar.tc_splits(1 << 20, None, 8), None);
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

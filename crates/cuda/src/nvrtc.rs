@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 18] = [
+const SOURCES: [(&str, &str); 19] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -27,6 +27,7 @@ const SOURCES: [(&str, &str); 18] = [
     ("deltanet.cu", include_str!("kernels/deltanet.cu")),
     ("attention.cu", include_str!("kernels/attention.cu")),
     ("attention_tc.cu", include_str!("kernels/attention_tc.cu")),
+    ("attention_dec.cu", include_str!("kernels/attention_dec.cu")),
     ("route.cu", include_str!("kernels/route.cu")),
     ("moe.cu", include_str!("kernels/moe.cu")),
     ("q8dot.cu", include_str!("kernels/q8dot.cu")),
@@ -54,7 +55,13 @@ pub const PROGRAMS: [&[&str]; 9] = [
     &["tcmm.cu"],
     &["matmul.cu", "headmm.cu"],
     &["q8cta.cu", "deltanet.cu", "elementwise.cu"],
-    &["q8one.cu", "attention.cu", "attention_tc.cu", "mmq.cu"],
+    &[
+        "q8one.cu",
+        "attention.cu",
+        "attention_tc.cu",
+        "attention_dec.cu",
+        "mmq.cu",
+    ],
     &["q8mma.cu", "route.cu", "layout.cu"],
 ];
 

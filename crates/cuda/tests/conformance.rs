@@ -2,7 +2,8 @@
 //! Skips with a message on machines without an NVIDIA driver, GPU or NVRTC.
 
 use turbospark_backend::conformance::{
-    check_all, check_delta_net, check_long_prefill_attention, Tolerances,
+    check_all, check_delta_net, check_long_decode_attention, check_long_prefill_attention,
+    Tolerances,
 };
 use turbospark_backend::Numerics;
 use turbospark_cuda::{CudaDevice, CudaError};
@@ -38,6 +39,9 @@ fn exact_numerics_conform() {
     if let Err(e) = check_long_prefill_attention(&dev, &tol) {
         panic!("{e}");
     }
+    if let Err(e) = check_long_decode_attention(&dev, &tol) {
+        panic!("{e}");
+    }
 }
 
 #[test]
@@ -52,6 +56,11 @@ fn fast_numerics_conform() {
     // A prefill chunk past the scalar kernels' shared memory: on the
     // tensor cores, or (TURBOSPARK_CUDA_PREFILL_ATTN=scalar) their long form.
     if let Err(e) = check_long_prefill_attention(&dev, &tol) {
+        panic!("{e}");
+    }
+    // One token over 40k keys: the tensor-core decode kernel, 64 splits
+    // (or the split kernel under TURBOSPARK_CUDA_DECODE_ATTN=scalar).
+    if let Err(e) = check_long_decode_attention(&dev, &tol) {
         panic!("{e}");
     }
 }

@@ -136,3 +136,13 @@ fn long_scalar_attention_matches_the_one_pass_kernels_bit_for_bit() {
 fn tensor_core_prefill_attention_matches_the_formula() {
     build_and_run("attention_tc");
 }
+
+/// One token's attention on the tensor cores (attention_dec.cu), beside
+/// attention.cu's split kernel on the same inputs: within the f16
+/// roundings of the f64 formula, with more splits than the finishing block
+/// adds at once, empty splits, one split, sinks, a wrapped sliding ring,
+/// a soft-cap, groups of 1 to 8 query heads and heads 64 and 128 wide.
+#[test]
+fn tensor_core_decode_attention_matches_the_formula() {
+    build_and_run("attention_decode_tc");
+}

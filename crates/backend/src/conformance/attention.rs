@@ -665,6 +665,109 @@ pub fn check_long_prefill_attention<D: Device>(
     compare(OP, &case, &got, &want, tol.attention + length_term, |_| 1.0)
 }
 
+/// One token's attention over 40,000 keys, three decode steps in turn,
+/// against the f64 formula: long enough that the CUDA backend takes its
+/// tensor-core decode kernel (`attention_dec.cu`, from 4096 keys) with
+/// more splits than its finishing block adds at once (64 for one KV head
+/// by default, 16 at a time: the partials' groups rescaled). gpt-oss's
+/// grouping with sinks; the
+/// keys and needles as [`check_long_prefill_attention`]'s, needles near
+/// the start, in the middle and among the last keys.
+pub fn check_long_decode_attention<D: Device>(
+    dev: &D,
+    tol: &Tolerances,
+) -> Result<(), ConformanceError> {
+    const OP: &str = "attention (one token over 40k keys)";
+    let (n_heads, n_kv, hd) = (8, 1, 64);
+    let first = 40_000;
+    let total = first + 3;
+    let capacity = total + 400;
+    let case = format!("{n_heads} heads / {n_kv} kv × {hd}, capacity {capacity}");
+    let mut rng = Rng(911);
+    let dir = rng.vec(hd);
+    let norm2: f32 = dir.iter().map(|x| x * x).sum();
+    let scale = 0.125f32;
+    let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.scaled(hd, 0.25)).collect();
+    let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(hd)).collect();
+    // Needle scores ≈ 10, 10.5 and 11 against e^0 · 40,000 ≈ e^10.6.
+    for (at, score) in [(7, 10.0f32), (20_500, 10.5), (39_990, 11.0)] {
+        let alpha = score / (scale * norm2);
+        ks[at] = dir.iter().map(|x| alpha * x).collect();
+    }
+    let sinks = rng.scaled(n_heads, 2.0);
+    let sink_vec = dev
+        .upload_vector(&f32_tensor("sinks", vec![n_heads], &sinks))
+        .at(OP, &case)?;
+    let limits = Limits {
+        max_tokens: 64,
+        max_keys: capacity,
+        max_head_dim: hd,
+        max_experts: 0,
+        ..Limits::default()
+    };
+    let mut h = Harness::new(dev, limits)?;
+    let mut kc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
+    let mut vc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
+    let mut caches = (&mut kc, &mut vc);
+    write_history(
+        (OP, &case),
+        &mut h,
+        &mut caches,
+        (&ks, &vs),
+        0..first,
+        capacity,
+    )?;
+    for pos in first..total {
+        write_history(
+            (OP, &case),
+            &mut h,
+            &mut caches,
+            (&ks, &vs),
+            pos..pos + 1,
+            capacity,
+        )?;
+        let q: Vec<f32> = (0..n_heads)
+            .flat_map(|_| {
+                let noise = rng.scaled(hd, 0.1);
+                dir.iter()
+                    .zip(noise)
+                    .map(|(d, e)| d + e)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let qb = h.buf(&q)?;
+        let mut out = h.zeros(n_heads * hd)?;
+        let p = AttentionParams {
+            n_tokens: 1,
+            first_pos: pos,
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            capacity,
+            window: None,
+            scale,
+            softcap: None,
+        };
+        h.st.attention(&qb, caches.0, caches.1, &p, Some(&sink_vec), &mut out)
+            .at(OP, &case)?;
+        let got = h.get(&out, n_heads * hd)?;
+        let want: Vec<f64> = (0..n_heads)
+            .flat_map(|head| reference::attention(&p, &q, &ks, &vs, 0, head, Some(sinks[head])))
+            .collect();
+        // The f32 sums' length term, as check_long_prefill_attention's.
+        let length_term = (pos + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
+        compare(
+            OP,
+            &format!("{case}, position {pos}"),
+            &got,
+            &want,
+            tol.attention + length_term,
+            |_| 1.0,
+        )?;
+    }
+    Ok(())
+}
+
 /// Attention of several sequences in one call (decode tokens and a prefill
 /// chunk, each over its own ring cache): against the f64 formula, and each
 /// part's rows bit for bit what `attention` gives that part alone.

@@ -29,8 +29,8 @@ use crate::{BackendError, DType, Device, Limits, Numerics, Stream};
 
 pub use attention::{
     check_attention, check_attention_parts, check_attention_then_product, check_decode_attention,
-    check_kv_write, check_long_prefill_attention, check_projections_then_rope,
-    check_rope_then_decode_attention,
+    check_kv_write, check_long_decode_attention, check_long_prefill_attention,
+    check_projections_then_rope, check_rope_then_decode_attention,
 };
 pub use delta_net::{
     check_causal_conv1d, check_delta_net, check_gated_delta_rule, check_gated_delta_rule_chunks,

@@ -483,12 +483,15 @@ __device__ __forceinline__ float part_ld(const float* p) {
     return CG ? ld_cg(p) : *p;
 }
 
-// The splits' partials of KV head group h0 (kp0: S ≤ DEC_MAX_SPLITS
-// partials of `stride` floats) added in split order with the sink, into
-// out (and oq, oqd). A thread loads every split's m, l and o of its output
-// first (all in flight together), then adds them.
+// The splits' partials of KV head group h0 (kp0: S partials of `stride`
+// floats) added in split order with the sink, into out (and oq, oqd). A
+// thread loads every split's m, l and o of its output first (all in flight
+// together), then adds them. MANY (S past DEC_MAX_SPLITS, attention_dec.cu):
+// DEC_MAX_SPLITS splits at a time, the sums so far rescaled by e^(M - M')
+// when a later group raises the maximum; without it (attention_decode_impl,
+// S ≤ DEC_MAX_SPLITS) one group.
 #define DEC_MAX_SPLITS 16  // kernels.rs DECODE_MAX_SPLITS
-template <int HD, bool CG>
+template <int HD, bool CG, bool MANY = false>
 __device__ __forceinline__ void attention_decode_finish(const float* kp0, int S, int stride, int G,
                                                         int h0, const AttnParams& p,
                                                         const float* __restrict__ sinks,
@@ -501,28 +504,38 @@ __device__ __forceinline__ void attention_decode_finish(const float* kp0, int S,
         int i = i0 + threadIdx.x;
         if (i >= G * HD) break;
         int g = i / HD;
-        float ms[DEC_MAX_SPLITS], ls[DEC_MAX_SPLITS], os[DEC_MAX_SPLITS];
-#pragma unroll
-        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
-            if (sp >= S) break;
-            const float* pp = kp0 + sp * stride;
-            ms[sp] = part_ld<CG>(pp + G * HD + g);
-            ls[sp] = part_ld<CG>(pp + G * HD + G + g);
-            os[sp] = part_ld<CG>(pp + i);
-        }
         float M = p.has_sinks ? sinks[h0 + g] : -INFINITY;
-#pragma unroll
-        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
-            if (sp >= S) break;
-            M = fmaxf(M, ms[sp]);
-        }
         float den = 0.0f, acc = 0.0f;
+        for (int s0 = 0; s0 < (MANY ? S : 1); s0 += DEC_MAX_SPLITS) {
+            int n = MANY ? min(DEC_MAX_SPLITS, S - s0) : S;
+            float ms[DEC_MAX_SPLITS], ls[DEC_MAX_SPLITS], os[DEC_MAX_SPLITS];
 #pragma unroll
-        for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
-            if (sp >= S) break;
-            float c = ms[sp] == -INFINITY ? 0.0f : expf(ms[sp] - M);
-            den = fmaf(c, ls[sp], den);
-            acc = fmaf(c, os[sp], acc);
+            for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+                if (sp >= n) break;
+                const float* pp = kp0 + (s0 + sp) * stride;
+                ms[sp] = part_ld<CG>(pp + G * HD + g);
+                ls[sp] = part_ld<CG>(pp + G * HD + G + g);
+                os[sp] = part_ld<CG>(pp + i);
+            }
+            float Mg = M;
+#pragma unroll
+            for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+                if (sp >= n) break;
+                Mg = fmaxf(Mg, ms[sp]);
+            }
+            if (MANY && Mg != M) {  // (the first group's den and acc are 0: no change)
+                float r = expf(M - Mg);
+                den *= r;
+                acc *= r;
+            }
+            M = Mg;
+#pragma unroll
+            for (int sp = 0; sp < DEC_MAX_SPLITS; sp++) {
+                if (sp >= n) break;
+                float c = ms[sp] == -INFINITY ? 0.0f : expf(ms[sp] - M);
+                den = fmaf(c, ls[sp], den);
+                acc = fmaf(c, os[sp], acc);
+            }
         }
         if (p.has_sinks) den += expf(sinks[h0 + g] - M);
         float r = acc / den;

@@ -3,8 +3,9 @@
 //! cache writes of a step's keys and values (f32 or f16 rows), and
 //! softmax attention over the cache (`kernels/attention.cu`: a block per
 //! head for prefill, its keys a chunk at a time past the shared memory of
-//! their scores, flash-decoding splits over the keys for one token; a
-//! batch on the tensor cores in fast numerics, `kernels/attention_tc.cu`),
+//! their scores, flash-decoding splits over the keys for one token; in
+//! fast numerics a batch on the tensor cores, `kernels/attention_tc.cu`,
+//! and one token over a long cache too, `kernels/attention_dec.cu`),
 //! with the rope and writes of one position joined into one launch where
 //! they follow each other (`crate::fusion`).
 
@@ -28,12 +29,14 @@ pub(super) fn decode_heads(widest: usize, max_head_dim: usize) -> usize {
     widest.max(64 * max_head_dim) / 64
 }
 
-/// Bytes of [`CudaStream`]'s `decode_split`: the tickets, then
-/// `DECODE_MAX_SPLITS` partials (`head_dim + 2` floats) of every head.
+/// Bytes of [`CudaStream`]'s `decode_split`: the tickets, then the most
+/// splits' partials (`head_dim + 2` floats) of every head that either
+/// split kernel makes.
 pub(super) fn decode_split_bytes(widest: usize, max_head_dim: usize) -> usize {
     let heads = decode_heads(widest, max_head_dim);
     let width = widest.max(64 * max_head_dim);
-    (heads * 4).next_multiple_of(16) + kernels::DECODE_MAX_SPLITS * (width + 2 * heads) * 4
+    let splits = kernels::DECODE_MAX_SPLITS.max(kernels::DECODE_TC_MAX_SPLITS);
+    (heads * 4).next_multiple_of(16) + splits * (width + 2 * heads) * 4
 }
 
 impl CudaStream {
@@ -202,15 +205,34 @@ impl CudaStream {
         let group = p.n_heads / p.n_kv_heads.max(1);
         // One token over an f16 cache: split over the keys (no shared
         // memory per key), a block per KV head and split serving the
-        // group's query heads.
-        let splits = kernels::decode_splits(p.capacity, p.window, self.decode_split_keys);
+        // group's query heads; over long caches in fast numerics on the
+        // tensor cores, each key read once for the group.
+        let tc_splits = self
+            .decode_attention
+            .tc_splits(p.capacity, p.window, p.n_kv_heads)
+            .filter(|_| self.numerics == Numerics::Fast);
+        let (split_kernel, splits, split_threads) = match tc_splits {
+            Some(s) => (
+                match p.head_dim {
+                    64 => Some(&self.k.attention_decode_tc_f16_64),
+                    128 => Some(&self.k.attention_decode_tc_f16_128),
+                    _ => None,
+                },
+                s,
+                kernels::DECODE_TC_THREADS,
+            ),
+            None => (
+                match p.head_dim {
+                    64 => Some(&self.k.attention_decode_f16_64),
+                    128 => Some(&self.k.attention_decode_f16_128),
+                    _ => None,
+                },
+                kernels::decode_splits(p.capacity, p.window, self.decode_split_keys),
+                kernels::DECODE_THREADS,
+            ),
+        };
         let tickets = (self.decode_heads * 4).next_multiple_of(16);
-        let split_kernel = match p.head_dim {
-            64 => Some(&self.k.attention_decode_f16_64),
-            128 => Some(&self.k.attention_decode_f16_128),
-            _ => None,
-        }
-        .filter(|_| {
+        let split_kernel = split_kernel.filter(|_| {
             p.n_tokens == 1
                 && k_cache.dtype == DType::F16
                 && (1..=kernels::ATTN_MAX_GROUP).contains(&group)
@@ -343,7 +365,7 @@ impl CudaStream {
                     f,
                     self.raw(),
                     (p.n_kv_heads as u32, splits as u32, 1),
-                    kernels::DECODE_THREADS,
+                    split_threads,
                     0,
                     &mut args![
                         qp,

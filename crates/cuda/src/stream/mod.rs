@@ -99,6 +99,9 @@ pub struct CudaStream {
     /// Keys a split of one token's attention is sized for
     /// ([`kernels::decode_split_keys`]).
     decode_split_keys: usize,
+    /// Which kernel takes one token's attention over which caches
+    /// ([`kernels::DecodeAttention`]).
+    decode_attention: kernels::DecodeAttention,
     /// Whether a batch's attention takes the tensor cores where it fits
     /// ([`kernels::prefill_attention_tc`]).
     prefill_attention_tc: bool,
@@ -255,6 +258,14 @@ impl CudaStream {
             },
             decode_split_keys: kernels::decode_split_keys(
                 std::env::var("TURBOSPARK_CUDA_SPLIT_KEYS").ok().as_deref(),
+            ),
+            decode_attention: kernels::DecodeAttention::from_settings(
+                std::env::var("TURBOSPARK_CUDA_DECODE_ATTN").ok().as_deref(),
+                std::env::var("TURBOSPARK_CUDA_TC_SPLIT_KEYS")
+                    .ok()
+                    .as_deref(),
+                std::env::var("TURBOSPARK_CUDA_TC_BLOCKS").ok().as_deref(),
+                dev.kernels.sms,
             ),
             attention_long_always: std::env::var("TURBOSPARK_CUDA_ATTN_LONG").as_deref() == Ok("1"),
             prefill_attention_tc: kernels::prefill_attention_tc(

@@ -481,8 +481,11 @@ pub(crate) struct DecodeAttention {
 impl DecodeAttention {
     /// Caches of at least this many keys take the tensor cores by default.
     pub const TC_FROM_KEYS: usize = 4096;
-    /// Keys a tensor-core split takes at least by default: 2 tiles a warp.
-    pub const TC_KEYS_A_SPLIT: usize = 256;
+    /// Keys a tensor-core split takes at least by default: 16 tiles a
+    /// warp. On an H100 (gpt-oss-20b shape) tg32 @ d60000 was 484 tok/s
+    /// with 2048, 455 with 1024 and 468 with 4096; @ d4096 584, 605 and 556
+    /// (BENCHMARKS.md, forty-third session).
+    pub const TC_KEYS_A_SPLIT: usize = 2048;
     /// Blocks by default, a multiple of the multiprocessors: 2 (what an SM
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
@@ -764,11 +767,9 @@ mod tests {
             d.tc_splits(DecodeAttention::TC_FROM_KEYS - 1, None, 8),
             None
         );
-        assert_eq!(
-            d.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
-            Some(16)
-        );
-        assert_eq!(d.tc_splits(60_500, None, 8), Some(33));
+        assert_eq!(d.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8), Some(2));
+        assert_eq!(d.tc_splits(60_500, None, 8), Some(30));
+        assert_eq!(d.tc_splits(200_000, None, 8), Some(33));
         assert_eq!(d.tc_splits(1 << 20, None, 1), Some(DECODE_TC_MAX_SPLITS));
         assert_eq!(d.tc_splits(1 << 20, None, 512), Some(1));
         assert_eq!(d.tc_splits(60_500, Some(128), 8), None);

@@ -481,11 +481,12 @@ pub(crate) struct DecodeAttention {
 impl DecodeAttention {
     /// Caches of at least this many keys take the tensor cores by default.
     pub const TC_FROM_KEYS: usize = 4096;
-    /// Keys a tensor-core split takes at least by default: 16 tiles a
-    /// warp. On an H100 (gpt-oss-20b shape) tg32 @ d60000 was 484 tok/s
-    /// with 2048, 455 with 1024 and 468 with 4096; @ d4096 584, 605 and 556
-    /// (BENCHMARKS.md, forty-third session).
-    pub const TC_KEYS_A_SPLIT: usize = 2048;
+    /// Keys a tensor-core split takes at least by default: 2 tiles a warp,
+    /// the blocks' cap deciding past ~4k keys (8 KV heads). On an H100
+    /// (gpt-oss-20b shape) tg32 @ d4096 was 614.7 tok/s with 256 against
+    /// 584.7 with 2048 keys a split, @ d16384 567.8 against 557.7, and @
+    /// d60000 481.6 against 483.4 (BENCHMARKS.md, forty-third session).
+    pub const TC_KEYS_A_SPLIT: usize = 256;
     /// Blocks by default, a multiple of the multiprocessors: 2 (what an SM
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
@@ -767,9 +768,12 @@ mod tests {
             d.tc_splits(DecodeAttention::TC_FROM_KEYS - 1, None, 8),
             None
         );
-        assert_eq!(d.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8), Some(2));
-        assert_eq!(d.tc_splits(60_500, None, 8), Some(30));
-        assert_eq!(d.tc_splits(200_000, None, 8), Some(33));
+        assert_eq!(
+            d.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
+            Some(16)
+        );
+        assert_eq!(d.tc_splits(16_416, None, 8), Some(33));
+        assert_eq!(d.tc_splits(60_500, None, 8), Some(33));
         assert_eq!(d.tc_splits(1 << 20, None, 1), Some(DECODE_TC_MAX_SPLITS));
         assert_eq!(d.tc_splits(1 << 20, None, 512), Some(1));
         assert_eq!(d.tc_splits(60_500, Some(128), 8), None);

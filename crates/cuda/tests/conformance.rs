@@ -58,7 +58,7 @@ fn fast_numerics_conform() {
     if let Err(e) = check_long_prefill_attention(&dev, &tol) {
         panic!("{e}");
     }
-    // One token over 40k keys: the tensor-core decode kernel, 20 splits
+    // One token over 40k keys: the tensor-core decode kernel, 64 splits
     // (or the split kernel under TURBOSPARK_CUDA_DECODE_ATTN=scalar).
     if let Err(e) = check_long_decode_attention(&dev, &tol) {
         panic!("{e}");

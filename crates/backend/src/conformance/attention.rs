@@ -668,8 +668,8 @@ pub fn check_long_prefill_attention<D: Device>(
 /// One token's attention over 40,000 keys, three decode steps in turn,
 /// against the f64 formula: long enough that the CUDA backend takes its
 /// tensor-core decode kernel (`attention_dec.cu`, from 4096 keys) with
-/// more splits than its finishing block adds at once (20 by default, 16
-/// at a time: the partials' groups rescaled). gpt-oss's
+/// more splits than its finishing block adds at once (64 by default for
+/// its one KV head, 16 at a time: the partials' groups rescaled). gpt-oss's
 /// grouping with sinks; the
 /// keys and needles as [`check_long_prefill_attention`]'s, needles near
 /// the start, in the middle and among the last keys.

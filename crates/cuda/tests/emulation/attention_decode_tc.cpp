@@ -177,6 +177,9 @@ int main() {
         {"701 keys of 4096, 40 splits", 64, 8, 1, 4096, 700, 0, 40, true, 0.0f},
         // 36 splits, all holding keys (three groups for the finishing block).
         {"5000 keys, 36 splits", 64, 8, 1, 5000, 4999, 0, 36, true, 0.0f},
+        // The most splits (DECODE_TC_MAX_SPLITS: four groups), all holding
+        // keys, as one KV head over a long cache takes by default.
+        {"9000 keys, 64 splits", 64, 8, 1, 9100, 8999, 0, 64, true, 0.0f},
         // A sliding layer whose ring wrapped (key j at row j % 320).
         {"window 300 over a ring of 320 at 1234", 64, 8, 1, 320, 1234, 300, 3, true, 0.0f},
         // No sinks, a soft-cap (Gemma), 4 query heads a KV head.

@@ -495,8 +495,10 @@ PY
         # rather than on the tensor cores (TURBOSPARK_CUDA_PREFILL_ATTN=scalar;
         # check_attention holds both to the f64 formula), and the scalar
         # kernels' long form at every length (TURBOSPARK_CUDA_ATTN_LONG=1,
-        # taken by itself only past their shared memory). A setting may join
-        # several with commas.
+        # taken by itself only past their shared memory), and one token's
+        # attention on the tensor cores at every length, or never
+        # (TURBOSPARK_CUDA_DECODE_ATTN=tc / =scalar; by itself from 4096
+        # keys). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -506,7 +508,8 @@ PY
             TURBOSPARK_CUDA_MXFP4=mma \
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait \
             TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=scalar \
-            TURBOSPARK_CUDA_PREFILL_ATTN=scalar,TURBOSPARK_CUDA_ATTN_LONG=1}; do
+            TURBOSPARK_CUDA_PREFILL_ATTN=scalar,TURBOSPARK_CUDA_ATTN_LONG=1 \
+            TURBOSPARK_CUDA_DECODE_ATTN=tc TURBOSPARK_CUDA_DECODE_ATTN=scalar}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -31,12 +31,13 @@
 // the tensor cores' order. The conformance suite holds it to the fast
 // numerics' tolerance against the f64 formula.
 //
-// The kernel reads nothing before waiting for the one before it (common.cuh
-// KERNEL_ENTRY). A block's warps meet in shared memory (in warp order), its partial goes
-// to `part` like attention_decode_impl's (o [G][HD], m [G], l [G], l
-// without the sink), and the last block of a KV head adds the splits in
-// order (attention.cu attention_decode_finish, with the sink and the
-// output's quantization).
+// The kernel reads nothing before waiting for the one before it
+// (common.cuh KERNEL_ENTRY). A block's warps meet in shared memory (in
+// warp order), its partial goes to `part` like attention_decode_impl's
+// (o [G][HD], m [G], l [G], l without the sink), and the last block of a
+// KV head adds the splits in order (attention.cu attention_decode_finish,
+// with the sink and the output's quantization). The host takes it from
+// 4096 keys and sizes its splits (kernels.rs `DecodeAttention`).
 
 #define DT_WARPS 8  // warps a block (kernels.rs DECODE_TC_THREADS / 32)
 #define DT_KEYS 16  // keys a tile: two n8 tiles of S, one k16 step of P·V

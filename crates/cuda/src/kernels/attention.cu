@@ -544,6 +544,56 @@ __device__ __forceinline__ void attention_decode_finish(const float* kp0, int S,
     }
 }
 
+// A split's block, its warps' partials in shared memory: key group k of
+// head hg has its maximum and denominator at wm[k·mk + hg], wl[k·mk + hg]
+// and output i (of the group's G·HD) at wo[k·ok + i], for k < groups.
+// Adds them in key-group order into the block's partial (o [G][HD], m [G],
+// l [G], l without the sink): with one split (S = 1) in `fin` (shared
+// memory, G·(HD + 2) floats), where the block finishes at once; else in
+// `part`, where the last of the KV head's S blocks to finish (a ticket
+// counted in tickets[kvh], put back to 0) adds them (MANY: more than
+// DEC_MAX_SPLITS of them, attention_decode_finish). `last`: a shared flag.
+template <int HD, bool MANY>
+__device__ __forceinline__ void attention_decode_close(
+    const float* wm, const float* wl, const float* wo, int groups, int mk, int ok, int G,
+    int kvh, int split, int S, const AttnParams& p, const float* __restrict__ sinks,
+    float* __restrict__ out, signed char* __restrict__ oq, float* __restrict__ oqd,
+    float* __restrict__ part, u32* __restrict__ tickets, float* fin, bool& last) {
+    int h0 = kvh * G;
+    int stride = G * (HD + 2);  // a partial: o [G][HD], m [G], l [G]
+    float* bp = S == 1 ? fin : part + ((i64)kvh * S + split) * stride;
+    for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
+        int hg = i < G * HD ? i / HD : i - G * HD;
+        float M = -INFINITY;
+        for (int k = 0; k < groups; k++) M = fmaxf(M, wm[k * mk + hg]);
+        float acc = 0.0f;
+        for (int k = 0; k < groups; k++) {
+            float mw = wm[k * mk + hg];
+            float c = mw == -INFINITY ? 0.0f : expf(mw - M);
+            acc = fmaf(c, i < G * HD ? wo[k * ok + i] : wl[k * mk + hg], acc);
+        }
+        if (i < G * HD) bp[i] = acc;
+        else {
+            bp[G * HD + hg] = M;
+            bp[G * HD + G + hg] = acc;
+        }
+    }
+    if (S == 1) {
+        __syncthreads();
+        attention_decode_finish<HD, false>(fin, 1, stride, G, h0, p, sinks, out, oq, oqd);
+        return;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&tickets[kvh], 1u) == (u32)S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    attention_decode_finish<HD, true, MANY>(part + (i64)kvh * S * stride, S, stride, G, h0, p,
+                                            sinks, out, oq, oqd);
+    if (threadIdx.x == 0) tickets[kvh] = 0;
+}
+
 template <int HD>
 __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                       const u16* __restrict__ vc, AttnParams p,
@@ -673,41 +723,12 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 #pragma unroll
     for (int x = 0; x < PER; x++) wo[warp][lane * PER + x] = o[x];
     __syncthreads();
-    int stride = G * (HD + 2);  // a partial: o [G][HD], m [G], l [G]
     // A single split's partial stays in shared memory and the block
-    // finishes at once (the same arithmetic as below with S = 1); else
-    // the partials meet in global memory and the last block finishes.
-    float* bp = S == 1 ? fin : part + ((i64)kvh * S + split) * stride;
-    for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
-        int hg = i < G * HD ? i / HD : i - G * HD;
-        float M = -INFINITY;
-        for (int k = 0; k < KG; k++) M = fmaxf(M, wm[k * G + hg]);
-        float acc = 0.0f;
-        for (int k = 0; k < KG; k++) {
-            int w = k * G + hg;
-            float c = wm[w] == -INFINITY ? 0.0f : expf(wm[w] - M);
-            acc = fmaf(c, i < G * HD ? wo[w][i - hg * HD] : wl[w], acc);
-        }
-        if (i < G * HD) bp[i] = acc;
-        else {
-            bp[G * HD + hg] = M;
-            bp[G * HD + G + hg] = acc;
-        }
-    }
-    if (S == 1) {
-        __syncthreads();
-        attention_decode_finish<HD, false>(fin, 1, stride, G, h0, p, sinks, out, oq, oqd);
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&tickets[kvh], 1u) == (u32)S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    attention_decode_finish<HD, true>(part + (i64)kvh * S * stride, S, stride, G, h0, p, sinks,
-                                      out, oq, oqd);
-    if (threadIdx.x == 0) tickets[kvh] = 0;
+    // finishes at once; else the partials meet in global memory and the
+    // last block finishes. (Warp w = k·G + hg: its m at wm[k·G + hg], its
+    // output i at wo[w][i - hg·HD] = wo[0][k·G·HD + i].)
+    attention_decode_close<HD, false>(wm, wl, &wo[0][0], KG, G, G * HD, G, kvh, split, S, p,
+                                      sinks, out, oq, oqd, part, tickets, fin, last);
 }
 
 // (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after

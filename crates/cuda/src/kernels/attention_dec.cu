@@ -180,37 +180,9 @@ __device__ void attention_decode_tc_impl(const float* __restrict__ q, const u16*
     }
     __syncthreads();
     // The block's partial: its warps in order.
-    int stride = G * (HD + 2);
-    float* bp = S == 1 ? fin : part + ((i64)kvh * S + split) * stride;
-    for (int i = threadIdx.x; i < G * (HD + 1); i += blockDim.x) {
-        int hg = i < G * HD ? i / HD : i - G * HD;
-        float M = -INFINITY;
-        for (int k = 0; k < DT_WARPS; k++) M = fmaxf(M, wm[k][hg]);
-        float acc = 0.0f;
-        for (int k = 0; k < DT_WARPS; k++) {
-            float c = wm[k][hg] == -INFINITY ? 0.0f : expf(wm[k][hg] - M);
-            acc = fmaf(c, i < G * HD ? wo[k][i] : wl[k][hg], acc);
-        }
-        if (i < G * HD) bp[i] = acc;
-        else {
-            bp[G * HD + hg] = M;
-            bp[G * HD + G + hg] = acc;
-        }
-    }
-    if (S == 1) {
-        __syncthreads();
-        attention_decode_finish<HD, false>(fin, 1, stride, G, h0, p, sinks, out, oq, oqd);
-        return;
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&tickets[kvh], 1u) == (u32)S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    attention_decode_finish<HD, true, true>(part + (i64)kvh * S * stride, S, stride, G, h0, p, sinks,
-                                      out, oq, oqd);
-    if (threadIdx.x == 0) tickets[kvh] = 0;
+    attention_decode_close<HD, true>(&wm[0][0], &wl[0][0], &wo[0][0], DT_WARPS, MG, MG * HD, G,
+                                     kvh, split, S, p, sinks, out, oq, oqd, part, tickets, fin,
+                                     last);
 }
 
 // Blocks an SM holds (registers: ptxas 13.0 for sm_90, no spills).

@@ -566,202 +566,232 @@ fn write_history<D: Device>(
     Ok(())
 }
 
+/// The inputs of the long checks below: gpt-oss's grouping (8 query heads
+/// a KV head, width 64, scale 1/8) with sinks, over small random keys, so
+/// each scores ~0, and three "needle" keys (near the start, in the middle,
+/// among the last) that are the queries' common direction scaled to score
+/// about ln of the keys' count, so they share the weight with all the
+/// others (two thirds to one third): a kernel that skipped keys anywhere
+/// (lost needles, or a wrong denominator) is off by far more than the
+/// tolerance, where plain random keys would average to ~0.
+struct NeedleKeys {
+    dir: Vec<f32>,
+    ks: Vec<Vec<f32>>,
+    vs: Vec<Vec<f32>>,
+}
+
+/// What [`NeedleKeys::setup`] makes: the sinks on the device, the stream
+/// and the k and v caches.
+struct NeedleRun<'d, D: Device> {
+    sink_vec: D::Vector,
+    h: Harness<'d, D>,
+    kc: D::Buf,
+    vc: D::Buf,
+}
+
+/// (query heads, KV heads, width) of the long checks.
+const NEEDLE_SHAPE: (usize, usize, usize) = (8, 1, 64);
+const NEEDLE_SCALE: f32 = 0.125;
+
+impl NeedleKeys {
+    /// `total` positions' keys and values; key `at` of each of `needles`
+    /// scores ≈ `score` against the queries.
+    fn new(rng: &mut Rng, total: usize, needles: [(usize, f32); 3]) -> Self {
+        let hd = NEEDLE_SHAPE.2;
+        let dir = rng.vec(hd);
+        let norm2: f32 = dir.iter().map(|x| x * x).sum();
+        let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.scaled(hd, 0.25)).collect();
+        let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(hd)).collect();
+        for (at, score) in needles {
+            let alpha = score / (NEEDLE_SCALE * norm2);
+            ks[at] = dir.iter().map(|x| alpha * x).collect();
+        }
+        NeedleKeys { dir, ks, vs }
+    }
+
+    /// `rows` query rows: the needles' direction plus small noise.
+    fn queries(&self, rng: &mut Rng, rows: usize) -> Vec<f32> {
+        (0..rows)
+            .flat_map(|_| {
+                let noise = rng.scaled(self.dir.len(), 0.1);
+                self.dir
+                    .iter()
+                    .zip(noise)
+                    .map(|(d, e)| d + e)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// The sinks uploaded (before the stream, which sees what the device
+    /// holds when it is made), a harness, and k and v caches of `capacity`
+    /// rows holding positions `0..upto`.
+    fn setup<'d, D: Device>(
+        &self,
+        dev: &'d D,
+        (op, case): (&'static str, &str),
+        sinks: &[f32],
+        capacity: usize,
+        upto: usize,
+    ) -> Result<NeedleRun<'d, D>, ConformanceError> {
+        let (n_heads, _, hd) = NEEDLE_SHAPE;
+        let sink_vec = dev
+            .upload_vector(&f32_tensor("sinks", vec![n_heads], sinks))
+            .at(op, case)?;
+        let limits = Limits {
+            max_tokens: 64,
+            max_keys: capacity,
+            max_head_dim: hd,
+            max_experts: 0,
+            ..Limits::default()
+        };
+        let mut h = Harness::new(dev, limits)?;
+        let mut kc = dev.alloc(dev.kv_dtype(), capacity * hd).at(op, case)?;
+        let mut vc = dev.alloc(dev.kv_dtype(), capacity * hd).at(op, case)?;
+        write_history(
+            (op, case),
+            &mut h,
+            &mut (&mut kc, &mut vc),
+            (&self.ks, &self.vs),
+            0..upto,
+            capacity,
+        )?;
+        Ok(NeedleRun {
+            sink_vec,
+            h,
+            kc,
+            vc,
+        })
+    }
+
+    /// The attention's parameters for `n_tokens` from `first_pos`.
+    fn params(n_tokens: usize, first_pos: usize, capacity: usize) -> AttentionParams {
+        let (n_heads, n_kv_heads, head_dim) = NEEDLE_SHAPE;
+        AttentionParams {
+            n_tokens,
+            first_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            capacity,
+            window: None,
+            scale: NEEDLE_SCALE,
+            softcap: None,
+        }
+    }
+
+    /// Beyond the op's tolerance, the f32 rounding of sums over `keys`
+    /// keys: at most N·u · Σ_j w_j·|v_j| for N keys (u = 2⁻²⁴, the weights
+    /// w summing to at most 1, |v| ≤ 1) — 3.6e-3 at 60k keys, where a
+    /// CPU's exact sums in key order are ~2.4e-6 off, past exact numerics'
+    /// 2e-6 for short rows. Losing the last needle moves an output by ~0.3.
+    fn length_term(keys: usize) -> f64 {
+        keys as f64 * f64::from(f32::EPSILON) / 2.0
+    }
+}
+
 /// A prefill chunk past 60,000 keys, against the f64 formula: past what a
 /// kernel keeping a score a key in shared memory can hold (~57k keys on
 /// an H100's 227 KiB), so a backend must walk the keys in tiles or chunks
 /// — as the CUDA backend's tensor-core prefill attention does in fast
-/// numerics, and its scalar kernels' long form in exact numerics.
-/// gpt-oss's grouping (8 query heads a KV head, width 64) with sinks; 20
-/// tokens (a whole and a partial tile of 16) at positions 60000..60020.
-///
-/// The random keys are small, so each scores ~0; three "needle" keys
-/// (near the start, in the middle, among the last) are the queries'
-/// common direction scaled to score about ln(60000), so they share the
-/// weight with the 60,000 others (two thirds to one third): a kernel that
-/// skipped keys anywhere (lost needles, or a wrong denominator) is off by
-/// far more than the tolerance, where plain random keys would average to
-/// ~0.
+/// numerics, and its scalar kernels' long form in exact numerics. 20
+/// tokens (a whole and a partial tile of 16) at positions 60000..60020,
+/// over [`NeedleKeys`].
 pub fn check_long_prefill_attention<D: Device>(
     dev: &D,
     tol: &Tolerances,
 ) -> Result<(), ConformanceError> {
     const OP: &str = "attention (a prefill chunk past 60k keys)";
-    let (n_heads, n_kv, hd) = (8, 1, 64);
+    let (n_heads, n_kv, hd) = NEEDLE_SHAPE;
     let (first, n) = (60_000, 20);
     let total = first + n;
     let capacity = total;
     let case = format!("{n_heads} heads / {n_kv} kv × {hd}, positions {first}..{total}");
     let mut rng = Rng(909);
-    let dir = rng.vec(hd);
-    let norm2: f32 = dir.iter().map(|x| x * x).sum();
-    let scale = 0.125f32;
-    let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.scaled(hd, 0.25)).collect();
-    let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(hd)).collect();
     // Needle scores ≈ 10, 10.5 and 11 against e^0 · 60,000 ≈ e^11: a
     // third of the weight on the other keys.
-    for (at, score) in [(7, 10.0f32), (31_000, 10.5), (59_990, 11.0)] {
-        let alpha = score / (scale * norm2);
-        ks[at] = dir.iter().map(|x| alpha * x).collect();
-    }
-    let q: Vec<f32> = (0..n * n_heads)
-        .flat_map(|_| {
-            let noise = rng.scaled(hd, 0.1);
-            dir.iter()
-                .zip(noise)
-                .map(|(d, e)| d + e)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let keys = NeedleKeys::new(&mut rng, total, [(7, 10.0), (31_000, 10.5), (59_990, 11.0)]);
+    let q = keys.queries(&mut rng, n * n_heads);
     let sinks = rng.scaled(n_heads, 2.0);
-    let sink_vec = dev
-        .upload_vector(&f32_tensor("sinks", vec![n_heads], &sinks))
-        .at(OP, &case)?;
-    let limits = Limits {
-        max_tokens: 64,
-        max_keys: capacity,
-        max_head_dim: hd,
-        max_experts: 0,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(dev, limits)?;
-    let mut kc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
-    let mut vc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
-    write_history(
-        (OP, &case),
-        &mut h,
-        &mut (&mut kc, &mut vc),
-        (&ks, &vs),
-        0..total,
-        capacity,
-    )?;
+    let NeedleRun {
+        sink_vec,
+        mut h,
+        kc,
+        vc,
+    } = keys.setup(dev, (OP, &case), &sinks, capacity, total)?;
     let qb = h.buf(&q)?;
     let mut out = h.zeros(n * n_heads * hd)?;
-    let p = AttentionParams {
-        n_tokens: n,
-        first_pos: first,
-        n_heads,
-        n_kv_heads: n_kv,
-        head_dim: hd,
-        capacity,
-        window: None,
-        scale,
-        softcap: None,
-    };
+    let p = NeedleKeys::params(n, first, capacity);
     h.st.attention(&qb, &kc, &vc, &p, Some(&sink_vec), &mut out)
         .at(OP, &case)?;
     let got = h.get(&out, n * n_heads * hd)?;
     let want: Vec<f64> = (0..n * n_heads)
         .flat_map(|i| {
             let (t, head) = (i / n_heads, i % n_heads);
-            reference::attention(&p, &q, &ks, &vs, t, head, Some(sinks[head]))
+            reference::attention(&p, &q, &keys.ks, &keys.vs, t, head, Some(sinks[head]))
         })
         .collect();
-    // Beyond the op's tolerance, the f32 rounding of sums over this many
-    // keys: at most N·u · Σ_j w_j·|v_j| for N keys (u = 2⁻²⁴, the
-    // weights w summing to at most 1, |v| ≤ 1), 3.6e-3 here — a CPU's
-    // exact sums in key order are ~2.4e-6 off, past exact numerics' 2e-6
-    // for short rows. Losing the last needle moves an output by ~0.3.
-    let length_term = total as f64 * f64::from(f32::EPSILON) / 2.0;
-    compare(OP, &case, &got, &want, tol.attention + length_term, |_| 1.0)
+    let tol = tol.attention + NeedleKeys::length_term(total);
+    compare(OP, &case, &got, &want, tol, |_| 1.0)
 }
 
 /// One token's attention over 40,000 keys, three decode steps in turn,
 /// against the f64 formula: long enough that the CUDA backend takes its
 /// tensor-core decode kernel (`attention_dec.cu`, from 4096 keys) with
 /// more splits than its finishing block adds at once (64 by default for
-/// its one KV head, 16 at a time: the partials' groups rescaled). gpt-oss's
-/// grouping with sinks; the
-/// keys and needles as [`check_long_prefill_attention`]'s, needles near
-/// the start, in the middle and among the last keys.
+/// its one KV head, 16 at a time: the partials' groups rescaled), over
+/// [`NeedleKeys`] (needles near the start, in the middle and among the
+/// last keys).
 pub fn check_long_decode_attention<D: Device>(
     dev: &D,
     tol: &Tolerances,
 ) -> Result<(), ConformanceError> {
     const OP: &str = "attention (one token over 40k keys)";
-    let (n_heads, n_kv, hd) = (8, 1, 64);
+    let (n_heads, n_kv, hd) = NEEDLE_SHAPE;
     let first = 40_000;
     let total = first + 3;
     let capacity = total + 400;
     let case = format!("{n_heads} heads / {n_kv} kv × {hd}, capacity {capacity}");
     let mut rng = Rng(911);
-    let dir = rng.vec(hd);
-    let norm2: f32 = dir.iter().map(|x| x * x).sum();
-    let scale = 0.125f32;
-    let mut ks: Vec<Vec<f32>> = (0..total).map(|_| rng.scaled(hd, 0.25)).collect();
-    let vs: Vec<Vec<f32>> = (0..total).map(|_| rng.vec(hd)).collect();
     // Needle scores ≈ 10, 10.5 and 11 against e^0 · 40,000 ≈ e^10.6.
-    for (at, score) in [(7, 10.0f32), (20_500, 10.5), (39_990, 11.0)] {
-        let alpha = score / (scale * norm2);
-        ks[at] = dir.iter().map(|x| alpha * x).collect();
-    }
+    let keys = NeedleKeys::new(&mut rng, total, [(7, 10.0), (20_500, 10.5), (39_990, 11.0)]);
     let sinks = rng.scaled(n_heads, 2.0);
-    let sink_vec = dev
-        .upload_vector(&f32_tensor("sinks", vec![n_heads], &sinks))
-        .at(OP, &case)?;
-    let limits = Limits {
-        max_tokens: 64,
-        max_keys: capacity,
-        max_head_dim: hd,
-        max_experts: 0,
-        ..Limits::default()
-    };
-    let mut h = Harness::new(dev, limits)?;
-    let mut kc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
-    let mut vc = dev.alloc(dev.kv_dtype(), capacity * hd).at(OP, &case)?;
+    let NeedleRun {
+        sink_vec,
+        mut h,
+        mut kc,
+        mut vc,
+    } = keys.setup(dev, (OP, &case), &sinks, capacity, first)?;
     let mut caches = (&mut kc, &mut vc);
-    write_history(
-        (OP, &case),
-        &mut h,
-        &mut caches,
-        (&ks, &vs),
-        0..first,
-        capacity,
-    )?;
     for pos in first..total {
+        let history = (&keys.ks[..], &keys.vs[..]);
         write_history(
             (OP, &case),
             &mut h,
             &mut caches,
-            (&ks, &vs),
+            history,
             pos..pos + 1,
             capacity,
         )?;
-        let q: Vec<f32> = (0..n_heads)
-            .flat_map(|_| {
-                let noise = rng.scaled(hd, 0.1);
-                dir.iter()
-                    .zip(noise)
-                    .map(|(d, e)| d + e)
-                    .collect::<Vec<_>>()
-            })
-            .collect();
+        let q = keys.queries(&mut rng, n_heads);
         let qb = h.buf(&q)?;
         let mut out = h.zeros(n_heads * hd)?;
-        let p = AttentionParams {
-            n_tokens: 1,
-            first_pos: pos,
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            capacity,
-            window: None,
-            scale,
-            softcap: None,
-        };
+        let p = NeedleKeys::params(1, pos, capacity);
         h.st.attention(&qb, caches.0, caches.1, &p, Some(&sink_vec), &mut out)
             .at(OP, &case)?;
         let got = h.get(&out, n_heads * hd)?;
         let want: Vec<f64> = (0..n_heads)
-            .flat_map(|head| reference::attention(&p, &q, &ks, &vs, 0, head, Some(sinks[head])))
+            .flat_map(|head| {
+                reference::attention(&p, &q, &keys.ks, &keys.vs, 0, head, Some(sinks[head]))
+            })
             .collect();
-        // The f32 sums' length term, as check_long_prefill_attention's.
-        let length_term = (pos + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
+        let tol = tol.attention + NeedleKeys::length_term(pos + 1);
         compare(
             OP,
             &format!("{case}, position {pos}"),
             &got,
             &want,
-            tol.attention + length_term,
+            tol,
             |_| 1.0,
         )?;
     }

@@ -23,6 +23,7 @@
 #include "../../src/kernels/attention_tc.cu"
 #include "../../src/kernels/attention_dec.cu"
 #include "bit_checks.h"
+#include "attention_reference.h"
 
 #include <cmath>
 #include <cstdint>
@@ -41,31 +42,6 @@ struct Case {
 };
 
 int failures = 0;
-
-// Every output within 4e-3 of its reference row's largest |value|.
-int compare(const Case& c, const char* kernel, const std::vector<float>& out,
-            const std::vector<double>& want) {
-    int bad = 0;
-    double worst = 0.0;
-    for (int h = 0; h < c.n_heads; h++) {
-        size_t row = (size_t)h * c.hd;
-        double big = 0.0;
-        for (int d = 0; d < c.hd; d++) big = std::max(big, std::fabs(want[row + d]));
-        for (int d = 0; d < c.hd; d++) {
-            double err = std::fabs((double)out[row + d] - want[row + d]) / std::max(big, 1e-30);
-            if (!(err <= 4e-3)) {
-                if (bad < 5)
-                    std::printf("  %s, %s: head %d dim %d is %.7g, the reference %.7g\n",
-                                c.name.c_str(), kernel, h, d, out[row + d], want[row + d]);
-                bad++;
-            }
-            if (err == err) worst = std::max(worst, err);
-        }
-    }
-    std::printf("%s %s, %s: %zu values, %d off, worst %.2e of the row's largest\n",
-                bad ? "FAIL" : "ok  ", c.name.c_str(), kernel, out.size(), bad, worst);
-    return bad;
-}
 
 void run_case(const Case& c, std::mt19937& rng) {
     const int hd = c.hd;
@@ -102,31 +78,10 @@ void run_case(const Case& c, std::mt19937& rng) {
     float scale = 1.0f / std::sqrt((float)hd);
 
     std::vector<double> want(q.size());
-    for (int h = 0; h < c.n_heads; h++) {
-        int kvh = h / G;
-        const float* qh = &q[(size_t)h * hd];
-        std::vector<double> s;
-        double m = c.sinks ? (double)sinks[h] : -INFINITY;
-        for (int j = lo; j <= c.pos; j++) {
-            const u16* kr = &kc[((size_t)(j % c.capacity) * c.n_kv_heads + kvh) * hd];
-            double dot = 0.0;
-            for (int d = 0; d < hd; d++) dot += (double)qh[d] * (double)f16_to_f32(kr[d]);
-            double v = dot * scale;
-            if (c.softcap > 0.0f) v = std::tanh(v / c.softcap) * c.softcap;
-            s.push_back(v);
-            m = std::max(m, v);
-        }
-        double denom = c.sinks ? std::exp((double)sinks[h] - m) : 0.0;
-        for (double v : s) denom += std::exp(v - m);
-        for (int d = 0; d < hd; d++) {
-            double acc = 0.0;
-            for (int j = lo; j <= c.pos; j++) {
-                const u16* vr = &vc[((size_t)(j % c.capacity) * c.n_kv_heads + kvh) * hd];
-                acc += std::exp(s[j - lo] - m) * (double)f16_to_f32(vr[d]);
-            }
-            want[(size_t)h * hd + d] = acc / denom;
-        }
-    }
+    attn_ref::F16Cache cache = {kc.data(), vc.data(), c.n_kv_heads, hd, c.capacity};
+    for (int h = 0; h < c.n_heads; h++)
+        attn_ref::head(&q[(size_t)h * hd], h / G, c.pos, c.window, scale, c.softcap,
+                       c.sinks ? &sinks[h] : nullptr, cache, &want[(size_t)h * hd]);
 
     AttnParams p = {c.pos,    c.n_heads, c.n_kv_heads, hd,       c.capacity,
                     c.window, scale,     c.softcap,    c.sinks ? 1 : 0};
@@ -152,7 +107,12 @@ void run_case(const Case& c, std::mt19937& rng) {
             }
         });
         const char* name = tc ? "tensor cores" : "split kernel";
-        bad += compare(c, name, out, want);
+        std::string label = c.name + ", " + name;
+        double worst;
+        int off = attn_ref::compare(label.c_str(), out, want, c.n_heads, hd, 4e-3, worst);
+        std::printf("%s %s: %zu values, %d off, worst %.2e of the row's largest\n",
+                    off ? "FAIL" : "ok  ", label.c_str(), out.size(), off, worst);
+        bad += off;
         for (int h = 0; h < c.n_kv_heads; h++)
             if (tickets[h] != 0) {
                 std::printf("  %s, %s: KV head %d's ticket left at %u\n", c.name.c_str(), name, h,

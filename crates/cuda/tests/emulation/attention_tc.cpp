@@ -15,6 +15,7 @@
 #include "../../src/kernels/common.cuh"
 #include "../../src/kernels/attention_tc.cu"
 #include "bit_checks.h"
+#include "attention_reference.h"
 
 #include <cmath>
 #include <cstdint>
@@ -49,35 +50,13 @@ void run_case(const Case& c, std::mt19937& rng) {
     float scale = 1.0f / std::sqrt((float)hd);
 
     std::vector<double> want(q.size());
-    for (int t = 0; t < c.n_tokens; t++) {
-        int pos = c.first_pos + t;
-        int lo = c.window > 0 ? std::max(0, pos + 1 - c.window) : 0;
+    attn_ref::F16Cache cache = {kc.data(), vc.data(), c.n_kv_heads, hd, c.capacity};
+    for (int t = 0; t < c.n_tokens; t++)
         for (int h = 0; h < c.n_heads; h++) {
-            int kvh = h / G;
-            const float* qh = &q[((size_t)t * c.n_heads + h) * hd];
-            std::vector<double> s;
-            double m = c.sinks ? (double)sinks[h] : -INFINITY;
-            for (int j = lo; j <= pos; j++) {
-                const u16* kr = &kc[((size_t)(j % c.capacity) * c.n_kv_heads + kvh) * hd];
-                double dot = 0.0;
-                for (int d = 0; d < hd; d++) dot += (double)qh[d] * (double)f16_to_f32(kr[d]);
-                double v = dot * scale;
-                if (c.softcap > 0.0f) v = std::tanh(v / c.softcap) * c.softcap;
-                s.push_back(v);
-                m = std::max(m, v);
-            }
-            double denom = c.sinks ? std::exp((double)sinks[h] - m) : 0.0;
-            for (double v : s) denom += std::exp(v - m);
-            for (int d = 0; d < hd; d++) {
-                double acc = 0.0;
-                for (int j = lo; j <= pos; j++) {
-                    const u16* vr = &vc[((size_t)(j % c.capacity) * c.n_kv_heads + kvh) * hd];
-                    acc += std::exp(s[j - lo] - m) * (double)f16_to_f32(vr[d]);
-                }
-                want[((size_t)t * c.n_heads + h) * hd + d] = acc / denom;
-            }
+            size_t row = ((size_t)t * c.n_heads + h) * hd;
+            attn_ref::head(&q[row], h / G, c.first_pos + t, c.window, scale, c.softcap,
+                           c.sinks ? &sinks[h] : nullptr, cache, &want[row]);
         }
-    }
 
     const float SENTINEL = -12345.0f;
     std::vector<float> out(q.size(), SENTINEL);
@@ -89,24 +68,8 @@ void run_case(const Case& c, std::mt19937& rng) {
                     auto kernel = hd == 64 ? attention_prefill_tc_f16_64 : attention_prefill_tc_f16_128;
                     kernel(q.data(), kc.data(), vc.data(), p, c.n_tokens, sinks.data(), out.data());
                 });
-    double worst = 0.0;
-    int bad = 0;
-    for (int t = 0; t < c.n_tokens; t++)
-        for (int h = 0; h < c.n_heads; h++) {
-            size_t row = ((size_t)t * c.n_heads + h) * hd;
-            double big = 0.0;
-            for (int d = 0; d < hd; d++) big = std::max(big, std::fabs(want[row + d]));
-            for (int d = 0; d < hd; d++) {
-                double err = std::fabs((double)out[row + d] - want[row + d]) / std::max(big, 1e-30);
-                if (!(err <= 4e-3)) {
-                    if (bad < 5)
-                        std::printf("  %s: token %d head %d dim %d is %.7g, the reference %.7g\n",
-                                    c.name.c_str(), t, h, d, out[row + d], want[row + d]);
-                    bad++;
-                }
-                if (err == err) worst = std::max(worst, err);
-            }
-        }
+    double worst;
+    int bad = attn_ref::compare(c.name.c_str(), out, want, c.n_heads, hd, 4e-3, worst);
     std::printf("%s %s: %zu values, %d off, worst %.2e of the row's largest (%.1f s)\n",
                 bad ? "FAIL" : "ok  ", c.name.c_str(), out.size(), bad, worst,
                 bits::seconds() - t0);

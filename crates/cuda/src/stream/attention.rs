@@ -30,12 +30,15 @@ pub(super) fn decode_heads(widest: usize, max_head_dim: usize) -> usize {
 }
 
 /// Bytes of [`CudaStream`]'s `decode_split`: the tickets, then the most
-/// splits' partials (`head_dim + 2` floats) of every head that either
-/// split kernel makes.
-pub(super) fn decode_split_bytes(widest: usize, max_head_dim: usize) -> usize {
+/// splits' partials (`head_dim + 2` floats) of every head that a split
+/// kernel makes (the tensor-core one only in fast numerics).
+pub(super) fn decode_split_bytes(widest: usize, max_head_dim: usize, numerics: Numerics) -> usize {
     let heads = decode_heads(widest, max_head_dim);
     let width = widest.max(64 * max_head_dim);
-    let splits = kernels::DECODE_MAX_SPLITS.max(kernels::DECODE_TC_MAX_SPLITS);
+    let splits = match numerics {
+        Numerics::Fast => kernels::DECODE_MAX_SPLITS.max(kernels::DECODE_TC_MAX_SPLITS),
+        _ => kernels::DECODE_MAX_SPLITS,
+    };
     (heads * 4).next_multiple_of(16) + splits * (width + 2 * heads) * 4
 }
 

@@ -251,7 +251,11 @@ impl CudaStream {
             fills: None,
             quantized: std::cell::Cell::new(None),
             ticket: zeroed(16)?,
-            decode_split: zeroed(decode_split_bytes(widest, limits.max_head_dim))?,
+            decode_split: zeroed(decode_split_bytes(
+                widest,
+                limits.max_head_dim,
+                dev.numerics(),
+            ))?,
             decode_heads: match std::env::var("TURBOSPARK_CUDA_SPLIT").as_deref() {
                 Ok("0") => 0,
                 _ => decode_heads(widest, limits.max_head_dim),

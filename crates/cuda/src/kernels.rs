@@ -303,7 +303,7 @@ pub(crate) fn launch(
     smem: u32,
     args: &mut [*mut c_void],
 ) -> Result<(), BackendError> {
-    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+    if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || crate::knockout::skips(f, stream) {
         return Ok(());
     }
     if dependent_launch() {

@@ -21,6 +21,7 @@ pub mod device;
 pub mod error;
 mod fusion;
 mod kernels;
+mod knockout;
 mod layout;
 mod memory;
 pub mod nvrtc;

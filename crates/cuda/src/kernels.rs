@@ -480,6 +480,10 @@ pub(crate) struct DecodeAttention {
 
 impl DecodeAttention {
     /// Caches of at least this many keys take the tensor cores by default.
+    /// Below it the split kernel stays: at 640 keys (tg128 @ d512, H100)
+    /// the tensor cores were 0.9 % faster at 128 keys a split and 0.5 %
+    /// slower at 256, not worth other bits at short caches (BENCHMARKS.md,
+    /// forty-fourth session).
     pub const TC_FROM_KEYS: usize = 4096;
     /// Keys a tensor-core split takes at least by default: 2 tiles a warp,
     /// the blocks' cap deciding past ~4k keys (8 KV heads). On an H100

@@ -19,13 +19,29 @@ use std::collections::HashSet;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
-/// The setting's names, parsed once a process.
+/// The setting's names, parsed once a process (none, with a message, on a
+/// driver older than CUDA 12.3's, which cannot name a kernel:
+/// `cuFuncGetName`).
 fn patterns() -> &'static [String] {
     static PATTERNS: OnceLock<Vec<String>> = OnceLock::new();
     PATTERNS.get_or_init(|| {
-        std::env::var("TURBOSPARK_CUDA_KNOCKOUT")
+        let names = std::env::var("TURBOSPARK_CUDA_KNOCKOUT")
             .map(|s| parse(&s))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if names.is_empty() {
+            return names;
+        }
+        let mut version = 0;
+        // SAFETY: `version` is a valid place for the driver to write.
+        let ok = unsafe { sys::cuDriverGetVersion(&mut version) } == sys::CUresult::CUDA_SUCCESS;
+        if !ok || version < 12030 {
+            eprintln!(
+                "TURBOSPARK_CUDA_KNOCKOUT ignored: it needs a driver of CUDA 12.3 or later \
+                 (this one reports {version})"
+            );
+            return Vec::new();
+        }
+        names
     })
 }
 

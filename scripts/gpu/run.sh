@@ -91,6 +91,12 @@
 #   profile      Nsight Compute on a few decode steps of the synthetic
 #                model, then on a 512-token prefill: time, DRAM bytes and
 #                bandwidth per kernel (PROFILE=decode or prefill: only one)
+#   knockout     where a decode step's time goes inside the replayed graph:
+#                tg128 at VARIANT_DEPTHS (default 512) with each set of
+#                KNOCKOUTS (space-separated; a set is comma-separated kernel
+#                names for TURBOSPARK_CUDA_KNOCKOUT) left out of the
+#                recorded step, alternated with none (REPS rounds); the
+#                results are wrong by design, only the rates count
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill;
 #                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for
@@ -772,6 +778,20 @@ PY
                 echo "--- $v, round $r"
                 env ${v//,/ } "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 512 -n 128 \
                     -d "${VARIANT_DEPTHS:-0}" -r 2 --numerics fast
+            done
+        done
+        ;;
+    knockout)
+        # (crates/cuda/src/knockout.rs; BENCHMARKS.md, forty-fourth session)
+        : "${KNOCKOUTS:=rms_norm rope_kv attention_decode route\$ rms_norm,quantize_q8,route\$ rms_norm,rope_kv,attention_decode,route\$,quantize_q8 matmul1_,moe_}"
+        stage "knockout: tg128 @ d${VARIANT_DEPTHS:=512} without each of: $KNOCKOUTS"
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
+        for r in $(seq "$REPS"); do
+            for v in none $KNOCKOUTS none; do
+                # (`none` names no kernel: the default step)
+                rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident \
+                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast 2> /dev/null | grep -E '\| *tg128' | awk -F'|' '{print $9}')
+                echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS $rate"
             done
         done
         ;;

@@ -10,8 +10,9 @@
 //! the kernels it begins (`rms_norm` matches `rms_norm_vec`), or only
 //! itself when it ends in `$` (`route$`). A step recorded with kernels left
 //! out computes wrong values by design: their consumers read whatever the
-//! skipped kernels last wrote (the prefill's, as only recorded steps skip),
-//! so every buffer stays in bounds and finite, and the logits mean nothing.
+//! skipped kernels last wrote (the prefill's, as only recorded steps skip:
+//! routes stay valid expert slots, so every read stays in bounds), and the
+//! logits mean nothing.
 //! The first skip of each kernel is reported on stderr.
 
 use cudarc::driver::{sys, CudaFunction, CudaStream};

@@ -785,6 +785,7 @@ PY
         # (crates/cuda/src/knockout.rs; BENCHMARKS.md, forty-fourth session)
         : "${KNOCKOUTS:=rms_norm rope_kv attention_decode route\$ rms_norm,quantize_q8,route\$ rms_norm,rope_kv,attention_decode,route\$,quantize_q8 matmul1_,moe_}"
         stage "knockout: tg128 @ d${VARIANT_DEPTHS:=512} without each of: $KNOCKOUTS"
+        rm -f "$WORK/knockout.txt"
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
         for r in $(seq "$REPS"); do
             for v in none $KNOCKOUTS none; do
@@ -792,8 +793,32 @@ PY
                 rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident \
                     -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast 2> /dev/null | grep -E '\| *tg128' | awk -F'|' '{print $9}')
                 echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS $rate"
+                read -r first _ <<< "$rate"
+                [ -n "$first" ] && echo "$v $first" >> "$WORK/knockout.txt"
             done
         done
+        # Each set's mean rate, µs a token, and what leaving it out saved
+        # against the mean of the runs with none left out.
+        [ -s "$WORK/knockout.txt" ] || { echo "knockout: no rates (did the benches fail?)"; continue; }
+        python3 - "$WORK/knockout.txt" <<'PY'
+import collections, sys
+rates = collections.defaultdict(list)
+for line in open(sys.argv[1]):
+    parts = line.split()
+    if len(parts) == 2:
+        try:
+            rates[parts[0]].append(float(parts[1]))
+        except ValueError:
+            pass
+if "none" not in rates:
+    sys.exit("knockout: no rate with nothing left out")
+base = 1e6 / (sum(rates["none"]) / len(rates["none"]))
+print(f"{'left out':<60} {'tok/s':>9} {'us/token':>9} {'saved':>8}")
+for v, r in rates.items():
+    us = 1e6 / (sum(r) / len(r))
+    print(f"{v[:60]:<60} {sum(r) / len(r):>9.2f} {us:>9.1f} {base - us:>8.1f}")
+PY
+        rm -f "$WORK/knockout.txt"
         ;;
     ab)
         # Another build of ours (AB_BASE, e.g. .devcarry/bin-base/turbospark)

@@ -790,11 +790,17 @@ PY
         for r in $(seq "$REPS"); do
             for v in none $KNOCKOUTS none; do
                 # (`none` names no kernel: the default step)
+                # (bench --json: the rate by its name, not a table column)
                 rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident \
-                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast 2> /dev/null | grep -E '\| *tg128' | awk -F'|' '{print $9}')
-                echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS $rate"
-                read -r first _ <<< "$rate"
-                [ -n "$first" ] && echo "$v $first" >> "$WORK/knockout.txt"
+                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> /dev/null \
+                    | python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        d = json.loads(line)
+        print("%.2f %.2f" % (d["tok_per_s"], d["sd"]))')
+                read -r mean sd <<< "$rate"
+                echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS ${mean:-failed} ± ${sd:-}"
+                [ -n "$mean" ] && echo "$v $mean" >> "$WORK/knockout.txt"
             done
         done
         # Each set's mean rate, µs a token, and what leaving it out saved

@@ -16,7 +16,7 @@
 //! The first skip of each kernel is reported on stderr.
 
 use cudarc::driver::{sys, CudaFunction, CudaStream};
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
@@ -94,12 +94,9 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
     if !matches(patterns, &name) {
         return false;
     }
-    static REPORTED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
+    static REPORTED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     if let Ok(mut seen) = REPORTED.lock() {
-        if seen
-            .get_or_insert_with(HashSet::new)
-            .insert(name.to_string())
-        {
+        if seen.insert(name.to_string()) {
             eprintln!(
                 "TURBOSPARK_CUDA_KNOCKOUT: {name} left out of recorded steps (results are wrong)"
             );

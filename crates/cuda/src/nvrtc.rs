@@ -693,6 +693,14 @@ mod tests {
                     || (name.starts_with("moe_gate_up_early_q8x_")
                         && body.starts_with("moe_gate_up_q8_impl<F, W, true>(")
                         && gate_up_waits_on_every_path(text))
+                    // (the flagged form: first the routing's flag, which
+                    // reads only the step's serial and the flag, then as
+                    // the early form)
+                    || (name.starts_with("moe_gate_up_flag_q8x_")
+                        && compact(body).replace('\\', "").starts_with(
+                            "wait_for_flag(flag,step);moe_gate_up_q8_impl<F,W,true>(",
+                        )
+                        && gate_up_waits_on_every_path(text))
                     || (name.starts_with("moe_down_mma_")
                         && body.starts_with("moe_down_mma_impl<")
                         && mma_down_waits_on_every_path(text));

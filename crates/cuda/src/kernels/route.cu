@@ -270,3 +270,14 @@ KERNEL void route(const float* logits, int n_tokens, RouterParams p,
     if ((int)blockIdx.x >= n_tokens) return;
     route_token(logits, blockIdx.x, p, correction, expert_scale, out);
 }
+
+// One token's routing in a recorded decode step whose gate/up products
+// follow with no launch between (TURBOSPARK_CUDA_GATE_UP=flag): `route`,
+// then the routes published through `flag` (common.cuh `publish_flag`).
+// One block of one warp.
+KERNEL void route_flag(const float* logits, RouterParams p, const float* correction,
+                       const float* expert_scale, RouteOut* out, const int* step, u32* flag) {
+    KERNEL_ENTRY();
+    route_token(logits, 0, p, correction, expert_scale, out);
+    publish_flag(flag, step);
+}

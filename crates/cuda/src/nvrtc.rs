@@ -736,6 +736,7 @@ mod tests {
                 let early = name.starts_with("matmul1_q8x_")
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
+                    || name == "router1_flag_q8x_q8_0"
                     || name == "router1c_q8x_q8_0";
                 // (The template argument EARLY: the third of
                 // one_token_units, the second of cta_token_units.)

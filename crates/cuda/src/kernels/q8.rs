@@ -304,6 +304,10 @@ pub(crate) struct OneSet {
     /// One token's router product with its routing (Q8_0 only:
     /// `router1_q8x_q8_0`, `router1c_q8x_q8_0`).
     pub router: Option<OneKernel>,
+    /// The same whose routing block publishes the routes through a flag
+    /// (`router1_flag_q8x_q8_0`; q8one.cu's Q8_0 kernels under
+    /// [`GateUpStart::Flag`] only).
+    pub router_flag: Option<OneKernel>,
     /// One token's q, k and v products with their ropes and cache writes
     /// (q8one.cu `matmul1_q8x_q8_0_rope`; Q8_0 on q8one.cu's kernels only,
     /// opt-in, see [`qkv_rope`]), by width: 0 for any, else the width
@@ -505,6 +509,12 @@ impl Q8Set {
                 },
                 router: match fmt {
                     QuantFormat::Q8_0 => Some(with_cap(format!("router1{c}_q8x_{n}"))?),
+                    _ => None,
+                },
+                router_flag: match (kind, fmt, start) {
+                    (OneKind::Rows, QuantFormat::Q8_0, GateUpStart::Flag) => {
+                        Some(with_cap(format!("router1_flag_q8x_{n}"))?)
+                    }
                     _ => None,
                 },
                 qkv_rope: match (kind, fmt) {

@@ -189,6 +189,45 @@ impl CudaStream {
         let rows = kernels::OneWork::Rows(&g.group.rows[..1]);
         let l = one.config(QuantFormat::Q8_0, g.cols, rows)?;
         let (cols, ticket) = (g.cols as i32, self.ticket.ptr);
+        // In a recorded step with flagged gate/up products, the form that
+        // publishes its routes to them.
+        let flagging = self
+            .k
+            .q8
+            .get(QuantFormat::Q8_0)
+            .and_then(|s| s.one.as_ref()?.router_flag.as_ref())
+            .filter(|_| self.recording && self.flags_used < FLAG_SLOTS && self.flag_gate_up());
+        if let Some(f1) = flagging {
+            let flag = self.flags.ptr + 4 * self.flags_used as u64;
+            self.flags_used += 1;
+            let step = self.step.ptr;
+            let args = &mut args![
+                g.group,
+                cols,
+                g.xq,
+                g.xd,
+                p,
+                correction,
+                expert_scale,
+                out,
+                ticket,
+                g.x,
+                mq,
+                md,
+                step,
+                flag
+            ];
+            let l = f1.config(QuantFormat::Q8_0, g.cols, rows)?;
+            launch("route", &f1.f, self.raw(), l.grid, l.threads, l.smem, args)?;
+            self.routed_q8.set(made.or(premade.then_some(RoutedQ8 {
+                x: g.x,
+                values: g.cols,
+                xq: mq,
+                xd: md,
+            })));
+            self.flagged.set(Some(Flagged { routes: out, flag }));
+            return Ok(());
+        }
         let args = &mut args![
             g.group,
             cols,

@@ -175,6 +175,10 @@ pub(crate) struct Kernels {
     /// products after it (`route.cu` `route_flag`; kernels/q8.rs
     /// [`GateUpStart::Flag`](crate::kernels::q8::GateUpStart)).
     pub route_flag: CudaFunction,
+    /// One token's routing that lets the launch after it in only once its
+    /// routes are written (`route.cu` `route_trigger`;
+    /// [`GateUpStart::Trigger`](crate::kernels::q8::GateUpStart)).
+    pub route_trigger: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
     /// than the default 48 KiB (attention, the chunked delta rule) may use
@@ -279,6 +283,7 @@ impl Kernels {
             sms: sms as usize,
             route: f("route")?,
             route_flag: f("route_flag")?,
+            route_trigger: f("route_trigger")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
         })

@@ -728,6 +728,13 @@ mod tests {
                         && body.starts_with("kq_down1_impl<F>(")
                         && kq_route_waits_on_every_path(text, "kq_down1_impl", 1)))
                     && kq_waits_before_the_tokens(text);
+                // (waits first, then lets the next launch in only at its
+                // end: route.cu)
+                let trigger_late = name == "route_trigger" && {
+                    let whole = compact(&body[..body.find("\n}").unwrap_or(body.len())]);
+                    whole.starts_with("grid_wait();route_token(")
+                        && whole.ends_with("__threadfence();__syncthreads();let_dependents_in();")
+                };
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
@@ -765,6 +772,7 @@ mod tests {
                         || attention_early
                         || down_early
                         || rope_early
+                        || trigger_late
                         || q8_mma_early
                         || kq_early
                         || tc_early

@@ -71,6 +71,21 @@ __device__ __forceinline__ void kernel_entry() {
 }
 #define KERNEL_ENTRY() kernel_entry()
 
+// KERNEL_ENTRY's two halves, for a kernel that lets the next one in only
+// once it has written what that one reads before its own wait (route.cu
+// `route_trigger`): the wait, and (after a __threadfence by every writer
+// and a barrier) the release of the dependents.
+__device__ __forceinline__ void grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void let_dependents_in() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Loads kept after an earlier KERNEL_ENTRY's wait, of what the kernel
 // before writes: `volatile`, so the compiler keeps them in order with the
 // wait (a read through a `const __restrict__` pointer may be hoisted above

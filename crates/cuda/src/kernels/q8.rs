@@ -93,6 +93,8 @@ pub(crate) struct RouteKernels {
     early: Option<(CudaFunction, Option<CudaFunction>)>,
     /// The flagged gate/up kernels ([`GateUpStart::Flag`]), likewise.
     flag: Option<(CudaFunction, Option<CudaFunction>)>,
+    /// How one token's gate/up products start (the setting's).
+    start: GateUpStart,
 }
 
 impl RouteKernels {
@@ -106,6 +108,7 @@ impl RouteKernels {
         wide: bool,
         early: Option<&str>,
         flag: Option<&str>,
+        start: GateUpStart,
     ) -> Result<RouteKernels, CudaError> {
         let f = |name: String| kernel(m, &name);
         let at_width = |name: &str| f(format!("{name}_w{WIDE_WIDTH}"));
@@ -124,6 +127,7 @@ impl RouteKernels {
                 Some(e) => Some((f(e.to_string())?, wide.then(|| at_width(e)).transpose()?)),
                 None => None,
             },
+            start,
         })
     }
 
@@ -135,14 +139,9 @@ impl RouteKernels {
         }
     }
 
-    /// Whether the early gate/up kernels were loaded (see [`GateUpStart`]).
-    pub(crate) fn has_early(&self) -> bool {
-        self.early.is_some()
-    }
-
-    /// Whether the flagged gate/up kernels were loaded (see [`GateUpStart`]).
-    pub(crate) fn has_flag(&self) -> bool {
-        self.flag.is_some()
+    /// How one token's gate/up products start (see [`GateUpStart`]).
+    pub(crate) fn start(&self) -> GateUpStart {
+        self.start
     }
 
     /// The flagged gate/up kernel for rows `hidden` wide, where loaded: it
@@ -272,12 +271,19 @@ pub(crate) enum GateUpStart {
     /// reads its route and first weights before its wait for the routing's
     /// end. Elsewhere (prefill, steps not recorded) as `Wait`.
     Flag,
+    /// `trigger`, a measurement (forty-fifth session): in a recorded
+    /// decode step the early kernels follow the routing with no launch
+    /// between (the ffn norm quantizes their input), the routing letting
+    /// them in only once its routes are written (route.cu
+    /// `route_trigger`). Elsewhere as `Wait`.
+    Trigger,
 }
 
 fn gate_up_start(setting: Option<&str>) -> GateUpStart {
     match setting.map(str::trim) {
         Some("wait") => GateUpStart::Wait,
         Some("flag") => GateUpStart::Flag,
+        Some("trigger") => GateUpStart::Trigger,
         _ => GateUpStart::Early,
     }
 }
@@ -542,12 +548,13 @@ impl Q8Set {
                 &format!("moe_gate_up_q8x_{n}"),
                 &format!("moe_down_q8x_{n}"),
                 fmt == QuantFormat::Mxfp4 && wide.0,
-                (start == GateUpStart::Early)
+                matches!(start, GateUpStart::Early | GateUpStart::Trigger)
                     .then(|| format!("moe_gate_up_early_q8x_{n}"))
                     .as_deref(),
                 (start == GateUpStart::Flag)
                     .then(|| format!("moe_gate_up_flag_q8x_{n}"))
                     .as_deref(),
+                start,
             )?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
@@ -568,6 +575,7 @@ impl Q8Set {
                         wide.0,
                         None,
                         None,
+                        GateUpStart::Wait,
                     )?)
                 }
                 _ => None,
@@ -641,6 +649,7 @@ mod tests {
         assert_eq!(gate_up_start(Some("wait")), GateUpStart::Wait);
         assert_eq!(gate_up_start(Some(" wait ")), GateUpStart::Wait);
         assert_eq!(gate_up_start(Some("flag")), GateUpStart::Flag);
+        assert_eq!(gate_up_start(Some("trigger")), GateUpStart::Trigger);
     }
 
     /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.

@@ -8,6 +8,7 @@
 
 use super::{shape, CudaStream, Q8Regions};
 use crate::fusion::{self, GroupLaunch, Pending};
+use crate::kernels::q8::GateUpStart;
 use crate::kernels::{self, args, launch, BankView, MoeAct};
 use crate::memory::DevMem;
 use crate::types::{CudaBank, CudaBuf, CudaRoutes, CudaVector};
@@ -288,16 +289,21 @@ impl CudaStream {
     /// they then need a launch between the routing and them, the
     /// quantization of their input.
     pub(super) fn early_gate_up(&self) -> bool {
+        self.gate_up_start() == GateUpStart::Early
+    }
+
+    /// How one token's MXFP4 gate/up products start (kernels/q8.rs
+    /// `GateUpStart`; `Wait` without fast numerics' kernels).
+    fn gate_up_start(&self) -> GateUpStart {
         self.q8_set(QuantFormat::Mxfp4)
-            .is_some_and(|s| s.route.has_early())
+            .map_or(GateUpStart::Wait, |s| s.route.start())
     }
 
     /// Whether one token's MXFP4 gate/up products in a recorded step
     /// follow a routing that publishes its routes through a flag
     /// (`TURBOSPARK_CUDA_GATE_UP=flag`, kernels/q8.rs `GateUpStart`).
     fn flag_gate_up(&self) -> bool {
-        self.q8_set(QuantFormat::Mxfp4)
-            .is_some_and(|s| s.route.has_flag())
+        self.gate_up_start() == GateUpStart::Flag
     }
 
     /// The kernels of a bank whose experts take kq.cu's (fast numerics,
@@ -435,6 +441,25 @@ impl CudaStream {
             self.flagged.set(Some(Flagged {
                 routes: out_p,
                 flag,
+            }));
+            return Ok(());
+        }
+        if n_tokens == 1 && self.recording && self.gate_up_start() == GateUpStart::Trigger {
+            // One token's routing in a recorded step that lets the early
+            // gate/up products after it in once its routes are written.
+            let out_p = out.mem.ptr;
+            launch(
+                "route",
+                &self.k.route_trigger,
+                self.raw(),
+                (1, 1, 1),
+                32,
+                0,
+                &mut args![lp, p, cp, sp, out_p],
+            )?;
+            self.flagged.set(Some(Flagged {
+                routes: out_p,
+                flag: 0,
             }));
             return Ok(());
         }
@@ -647,12 +672,16 @@ impl CudaStream {
             // Or, after a routing that published its routes through a
             // flag, the flagged form, which starts early with no launch
             // between.
+            // (Or the early form right after a routing that lets it in
+            // only once its routes are written.)
             let flag_kernel = flagged.and_then(|f| {
                 let k = gate.route.gate_up_flag_for(hidden)?;
-                (!grouped).then_some((k, f.flag))
+                (!grouped && f.flag != 0).then_some((k, f.flag))
             });
+            let triggered = flagged.is_some_and(|f| f.flag == 0) && !grouped;
             let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {
                 (None, Some(early)) => early,
+                (Some(_), Some(early)) if triggered => early,
                 _ => gate.route.gate_up_for(hidden),
             };
             if let Some((f, flag)) = flag_kernel {

@@ -171,14 +171,6 @@ pub(crate) struct Kernels {
     /// The GPU's multiprocessors.
     pub sms: usize,
     pub route: CudaFunction,
-    /// One token's routing that publishes its routes to the gate/up
-    /// products after it (`route.cu` `route_flag`; kernels/q8.rs
-    /// [`GateUpStart::Flag`](crate::kernels::q8::GateUpStart)).
-    pub route_flag: CudaFunction,
-    /// One token's routing that lets the launch after it in only once its
-    /// routes are written (`route.cu` `route_trigger`;
-    /// [`GateUpStart::Trigger`](crate::kernels::q8::GateUpStart)).
-    pub route_trigger: CudaFunction,
     pub moe_combine: CudaFunction,
     /// Dynamic shared memory a block of the kernels that ask for more
     /// than the default 48 KiB (attention, the chunked delta rule) may use
@@ -282,8 +274,6 @@ impl Kernels {
             attention_decode_tc_f16_128: f("attention_decode_tc_f16_128")?,
             sms: sms as usize,
             route: f("route")?,
-            route_flag: f("route_flag")?,
-            route_trigger: f("route_trigger")?,
             moe_combine: f("moe_combine")?,
             dynamic_smem,
         })

@@ -693,14 +693,6 @@ mod tests {
                     || (name.starts_with("moe_gate_up_early_q8x_")
                         && body.starts_with("moe_gate_up_q8_impl<F, W, true>(")
                         && gate_up_waits_on_every_path(text))
-                    // (the flagged form: first the routing's flag, which
-                    // reads only the step's serial and the flag, then as
-                    // the early form)
-                    || (name.starts_with("moe_gate_up_flag_q8x_")
-                        && compact(body).replace('\\', "").starts_with(
-                            "wait_for_flag(flag,step);moe_gate_up_q8_impl<F,W,true>(",
-                        )
-                        && gate_up_waits_on_every_path(text))
                     || (name.starts_with("moe_down_mma_")
                         && body.starts_with("moe_down_mma_impl<")
                         && mma_down_waits_on_every_path(text));
@@ -728,13 +720,6 @@ mod tests {
                         && body.starts_with("kq_down1_impl<F>(")
                         && kq_route_waits_on_every_path(text, "kq_down1_impl", 1)))
                     && kq_waits_before_the_tokens(text);
-                // (waits first, then lets the next launch in only at its
-                // end: route.cu)
-                let trigger_late = name == "route_trigger" && {
-                    let whole = compact(&body[..body.find("\n}").unwrap_or(body.len())]);
-                    whole.starts_with("grid_wait();route_token(")
-                        && whole.ends_with("__threadfence();__syncthreads();let_dependents_in();")
-                };
                 let rope_early = name == "rope_kv"
                     && matches!(
                         (body.find("KERNEL_ENTRY();"), body.find("head[a]"), body.find("cache_store(")),
@@ -743,7 +728,6 @@ mod tests {
                 let early = name.starts_with("matmul1_q8x_")
                     || name.starts_with("matmul1c_q8x_")
                     || name == "router1_q8x_q8_0"
-                    || name == "router1_flag_q8x_q8_0"
                     || name == "router1c_q8x_q8_0";
                 // (The template argument EARLY: the third of
                 // one_token_units, the second of cta_token_units.)
@@ -772,7 +756,6 @@ mod tests {
                         || attention_early
                         || down_early
                         || rope_early
-                        || trigger_late
                         || q8_mma_early
                         || kq_early
                         || tc_early

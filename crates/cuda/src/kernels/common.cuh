@@ -71,21 +71,6 @@ __device__ __forceinline__ void kernel_entry() {
 }
 #define KERNEL_ENTRY() kernel_entry()
 
-// KERNEL_ENTRY's two halves, for a kernel that lets the next one in only
-// once it has written what that one reads before its own wait (route.cu
-// `route_trigger`): the wait, and (after a __threadfence by every writer
-// and a barrier) the release of the dependents.
-__device__ __forceinline__ void grid_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void let_dependents_in() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // Loads kept after an earlier KERNEL_ENTRY's wait, of what the kernel
 // before writes: `volatile`, so the compiler keeps them in order with the
 // wait (a read through a `const __restrict__` pointer may be hoisted above
@@ -103,41 +88,6 @@ __device__ __forceinline__ float ld_f32_after_wait(const float* p) {
     float v;
     asm volatile("ld.global.f32 %0, [%1];" : "=f"(v) : "l"(p));
     return v;
-}
-
-// A recorded decode step's routes handed from the routing to the gate/up
-// products launched right after it (TURBOSPARK_CUDA_GATE_UP=flag: route.cu
-// `route_flag`, q8dot.cu `moe_gate_up_flag_q8x_*`), without the launch
-// between them that the early gate/up products need. The routing writes
-// the routes, then every thread fences (`__threadfence`), the block meets,
-// and thread 0 stores the step's serial number (step[2], set before the
-// step's first kernel, never 0 and never the same twice in a stream) into
-// the layer's flag with release semantics. A gate/up block's thread 0
-// polls the flag with acquire loads until it holds that serial, and the
-// block meets behind it: the routes it then reads from the L2
-// (`route_slot`'s `ld.global.cg`) are this step's. A poll that has not
-// seen the serial after ~2 s (the routing was never launched: a host bug)
-// traps, so the launch fails with an error instead of hanging.
-__device__ __forceinline__ void publish_flag(u32* flag, const int* step) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0)
-        asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(flag), "r"((u32)__ldcg(step + 2))
-                     : "memory");
-}
-__device__ __forceinline__ void wait_for_flag(const u32* flag, const int* step) {
-    if (threadIdx.x == 0) {
-        u32 want = (u32)__ldcg(step + 2);
-        long long start = clock64();
-        for (;;) {
-            u32 seen;
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(seen) : "l"(flag) : "memory");
-            if (seen == want) break;
-            if (clock64() - start > 4000000000ll) __trap();
-            __nanosleep(20);
-        }
-    }
-    __syncthreads();
 }
 
 // A kernel's dynamic shared memory as an array `name` of T (tests/emulation

@@ -82,8 +82,8 @@ fn q8_tensor_cores(setting: Option<&str>) -> bool {
 /// A pair of per-route gate/up and down kernels for rows of any width and,
 /// where compiled, for rows [`WIDE_WIDTH`] wide (the width a compile-time
 /// constant, `_w2880`: none with `TURBOSPARK_CUDA_WIDE=0`, see
-/// [`wide_kernels`]); where asked for, the gate/up kernels' early or
-/// flagged form (see [`GateUpStart`]).
+/// [`wide_kernels`]); where asked for, the gate/up kernels' early form
+/// (see [`early_gate_up`]).
 pub(crate) struct RouteKernels {
     gate_up: CudaFunction,
     down: CudaFunction,
@@ -91,24 +91,18 @@ pub(crate) struct RouteKernels {
     /// The early gate/up kernels: any width, and [`WIDE_WIDTH`] where
     /// `wide` is compiled.
     early: Option<(CudaFunction, Option<CudaFunction>)>,
-    /// The flagged gate/up kernels ([`GateUpStart::Flag`]), likewise.
-    flag: Option<(CudaFunction, Option<CudaFunction>)>,
-    /// How one token's gate/up products start (the setting's).
-    start: GateUpStart,
 }
 
 impl RouteKernels {
     /// `{gate_up}` and `{down}`, and with `wide` also `{gate_up}_w2880`
-    /// and `{down}_w2880`; with `early` (`flag`), the gate/up kernels
-    /// named `{early}` (`{flag}`) and `{early}_w2880` (`{flag}_w2880`).
+    /// and `{down}_w2880`; with `early`, the gate/up kernels named
+    /// `{early}` (and `{early}_w2880`).
     fn load(
         m: &Modules,
         gate_up: &str,
         down: &str,
         wide: bool,
         early: Option<&str>,
-        flag: Option<&str>,
-        start: GateUpStart,
     ) -> Result<RouteKernels, CudaError> {
         let f = |name: String| kernel(m, &name);
         let at_width = |name: &str| f(format!("{name}_w{WIDE_WIDTH}"));
@@ -123,11 +117,6 @@ impl RouteKernels {
                 Some(e) => Some((f(e.to_string())?, wide.then(|| at_width(e)).transpose()?)),
                 None => None,
             },
-            flag: match flag {
-                Some(e) => Some((f(e.to_string())?, wide.then(|| at_width(e)).transpose()?)),
-                None => None,
-            },
-            start,
         })
     }
 
@@ -139,23 +128,9 @@ impl RouteKernels {
         }
     }
 
-    /// How one token's gate/up products start (see [`GateUpStart`]).
-    pub(crate) fn start(&self) -> GateUpStart {
-        self.start
-    }
-
-    /// The flagged gate/up kernel for rows `hidden` wide, where loaded: it
-    /// waits for the routing's flag (common.cuh `wait_for_flag`), then
-    /// reads its route and issues its first weight loads before it waits
-    /// for the launch before it, so the caller must launch it only after a
-    /// routing that publishes its routes to that flag (route.cu
-    /// `route_flag`), with the step's serial number set.
-    pub(crate) fn gate_up_flag_for(&self, hidden: usize) -> Option<&CudaFunction> {
-        let (any, wide) = self.flag.as_ref()?;
-        Some(match wide {
-            Some(w) if hidden == WIDE_WIDTH => w,
-            _ => any,
-        })
+    /// Whether the early gate/up kernels were loaded (see [`early_gate_up`]).
+    pub(crate) fn has_early(&self) -> bool {
+        self.early.is_some()
     }
 
     /// The early gate/up kernel for rows `hidden` wide, where loaded: it
@@ -246,46 +221,19 @@ impl OneSet {
     }
 }
 
-/// How the per-route gate/up products of one token start
-/// (`TURBOSPARK_CUDA_GATE_UP`); the same bits every way.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum GateUpStart {
-    /// The default: they read their route and issue their first weight
-    /// loads before waiting for the launch before them, where a launch
-    /// stands between the routing and them: the experts' input
-    /// quantization, so the ffn norm does not write it beside the router's
-    /// input (stream/products.rs). The down products have done so since
-    /// the sixteenth session (BENCHMARKS.md). On an H100 (gpt-oss-20b
-    /// shape) decode went from 656.9 / 654.5 to 660.8 / 660.1 tok/s on the
-    /// Q8_0 layout and from 466.1 / 467.7 to 473.0 / 472.4 on the bf16
-    /// layout, alternated (BENCHMARKS.md, twenty-ninth session).
-    Early,
-    /// `wait`: they read everything after their wait, right after the
-    /// routing; the ffn norm quantizes their input.
-    Wait,
-    /// `flag`, a measurement (forty-fifth session): in a recorded decode
-    /// step they follow the routing with no launch between (the ffn norm
-    /// quantizes their input, as with `Wait`), and start early all the
-    /// same: each block waits until the routing has published this step's
-    /// routes through a flag in memory (common.cuh `wait_for_flag`), then
-    /// reads its route and first weights before its wait for the routing's
-    /// end. Elsewhere (prefill, steps not recorded) as `Wait`.
-    Flag,
-    /// `trigger`, a measurement (forty-fifth session): in a recorded
-    /// decode step the early kernels follow the routing with no launch
-    /// between (the ffn norm quantizes their input), the routing letting
-    /// them in only once its routes are written (route.cu
-    /// `route_trigger`). Elsewhere as `Wait`.
-    Trigger,
-}
-
-fn gate_up_start(setting: Option<&str>) -> GateUpStart {
-    match setting.map(str::trim) {
-        Some("wait") => GateUpStart::Wait,
-        Some("flag") => GateUpStart::Flag,
-        Some("trigger") => GateUpStart::Trigger,
-        _ => GateUpStart::Early,
-    }
+/// Whether the per-route gate/up products of one token read their route
+/// and issue their first weight loads before waiting for the launch
+/// before them, where a launch stands between the routing and them
+/// (`TURBOSPARK_CUDA_GATE_UP`): yes unless `wait`. The down products have
+/// done so since the sixteenth session (BENCHMARKS.md); the same bits
+/// either way. The launch between is the experts' input quantization, so
+/// the ffn norm no longer writes it beside the router's input
+/// (stream/products.rs). On an H100 (gpt-oss-20b shape) decode went from
+/// 656.9 / 654.5 to 660.8 / 660.1 tok/s on the Q8_0 layout and from
+/// 466.1 / 467.7 to 473.0 / 472.4 on the bf16 layout, alternated
+/// (BENCHMARKS.md, twenty-ninth session).
+fn early_gate_up(setting: Option<&str>) -> bool {
+    setting.map(str::trim) != Some("wait")
 }
 
 /// Which kernels compiled for one width are used where they fit
@@ -310,10 +258,6 @@ pub(crate) struct OneSet {
     /// One token's router product with its routing (Q8_0 only:
     /// `router1_q8x_q8_0`, `router1c_q8x_q8_0`).
     pub router: Option<OneKernel>,
-    /// The same whose routing block publishes the routes through a flag
-    /// (`router1_flag_q8x_q8_0`; q8one.cu's Q8_0 kernels under
-    /// [`GateUpStart::Flag`] only).
-    pub router_flag: Option<OneKernel>,
     /// One token's q, k and v products with their ropes and cache writes
     /// (q8one.cu `matmul1_q8x_q8_0_rope`; Q8_0 on q8one.cu's kernels only,
     /// opt-in, see [`qkv_rope`]), by width: 0 for any, else the width
@@ -496,7 +440,6 @@ impl Q8Set {
         let n = fmt.name();
         let kind = one_token_kernels(fmt);
         let wide = wide_kernels(std::env::var("TURBOSPARK_CUDA_WIDE").ok().as_deref());
-        let start = gate_up_start(std::env::var("TURBOSPARK_CUDA_GATE_UP").ok().as_deref());
         let with_cap = |name: String| -> Result<OneKernel, CudaError> {
             Ok(OneKernel::new(f(name)?, kind, sms))
         };
@@ -515,12 +458,6 @@ impl Q8Set {
                 },
                 router: match fmt {
                     QuantFormat::Q8_0 => Some(with_cap(format!("router1{c}_q8x_{n}"))?),
-                    _ => None,
-                },
-                router_flag: match (kind, fmt, start) {
-                    (OneKind::Rows, QuantFormat::Q8_0, GateUpStart::Flag) => {
-                        Some(with_cap(format!("router1_flag_q8x_{n}"))?)
-                    }
                     _ => None,
                 },
                 qkv_rope: match (kind, fmt) {
@@ -548,13 +485,9 @@ impl Q8Set {
                 &format!("moe_gate_up_q8x_{n}"),
                 &format!("moe_down_q8x_{n}"),
                 fmt == QuantFormat::Mxfp4 && wide.0,
-                matches!(start, GateUpStart::Early | GateUpStart::Trigger)
+                early_gate_up(std::env::var("TURBOSPARK_CUDA_GATE_UP").ok().as_deref())
                     .then(|| format!("moe_gate_up_early_q8x_{n}"))
                     .as_deref(),
-                (start == GateUpStart::Flag)
-                    .then(|| format!("moe_gate_up_flag_q8x_{n}"))
-                    .as_deref(),
-                start,
             )?,
             gate_up_grouped: f(format!("moe_gate_up_grouped_q8x_{n}"))?,
             down_grouped: f(format!("moe_down_grouped_q8x_{n}"))?,
@@ -574,8 +507,6 @@ impl Q8Set {
                         &format!("moe_down_mma_{n}"),
                         wide.0,
                         None,
-                        None,
-                        GateUpStart::Wait,
                     )?)
                 }
                 _ => None,
@@ -640,16 +571,13 @@ mod tests {
         }
     }
 
-    /// `TURBOSPARK_CUDA_GATE_UP`: the early gate/up kernels unless `wait`
-    /// or `flag`.
+    /// `TURBOSPARK_CUDA_GATE_UP`: the early gate/up kernels unless `wait`.
     #[test]
-    fn gate_up_start_follows_the_setting() {
-        assert_eq!(gate_up_start(Some("early")), GateUpStart::Early);
-        assert_eq!(gate_up_start(None), GateUpStart::Early);
-        assert_eq!(gate_up_start(Some("wait")), GateUpStart::Wait);
-        assert_eq!(gate_up_start(Some(" wait ")), GateUpStart::Wait);
-        assert_eq!(gate_up_start(Some("flag")), GateUpStart::Flag);
-        assert_eq!(gate_up_start(Some("trigger")), GateUpStart::Trigger);
+    fn early_gate_up_follows_the_setting() {
+        assert!(early_gate_up(Some("early")));
+        assert!(early_gate_up(None));
+        assert!(!early_gate_up(Some("wait")));
+        assert!(!early_gate_up(Some(" wait ")));
     }
 
     /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.

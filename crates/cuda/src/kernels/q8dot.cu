@@ -716,13 +716,6 @@ __device__ void moe_down_grouped_q8_impl(const signed char* __restrict__ aq,
         BankView b, MoeAct a, float* act) {                                                      \
         moe_gate_up_q8_impl<F, W, true>(xq, xd, routes, k, only, b, a, act);                     \
     }                                                                                            \
-    KERNEL void Q8_GATE_UP_EARLY_BOUNDS_##fmt##TAIL                                             \
-        moe_gate_up_flag_q8x_##fmt##TAIL(                                                        \
-        const signed char* xq, const float* xd, const RouteOut* routes, int k, SlotMask only,   \
-        BankView b, MoeAct a, float* act, const int* step, const u32* flag) {                    \
-        wait_for_flag(flag, step);                                                               \
-        moe_gate_up_q8_impl<F, W, true>(xq, xd, routes, k, only, b, a, act);                     \
-    }                                                                                            \
     KERNEL void Q8_DOWN_BOUNDS_##fmt moe_down_q8x_##fmt##TAIL(                                  \
         const signed char* aq, const float* ad, const RouteOut* routes, SlotMask only, BankView b, \
         float* y) {                                                                              \

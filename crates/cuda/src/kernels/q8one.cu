@@ -504,7 +504,7 @@ Q8_ONE_QKV_ROPE(_w2880, 2880)
 // `mq` is set (warp w of the grid takes blocks w, w + warps, …), then the
 // ticket, and the routing by the last block. Shared with q8cta.cu's
 // router1c_q8x_q8_0.
-__device__ __forceinline__ bool router_finish(const MatGroup& g, int cols, const RouterParams& p,
+__device__ __forceinline__ void router_finish(const MatGroup& g, int cols, const RouterParams& p,
                                               const float* correction,
                                               const float* expert_scale, RouteOut* out,
                                               u32* ticket, const float* x, signed char* mq,
@@ -519,13 +519,12 @@ __device__ __forceinline__ bool router_finish(const MatGroup& g, int cols, const
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
     __syncthreads();
-    if (!last) return false;
+    if (!last) return;
     __threadfence();
     if (threadIdx.x < 32) {
         route_token(g.out[0], 0, p, correction, expert_scale, out);
         if (threadIdx.x == 0) *ticket = 0;
     }
-    return true;  // (this block routed the token)
 }
 
 KERNEL void __launch_bounds__(ONE_WARPS * 32)
@@ -534,18 +533,4 @@ KERNEL void __launch_bounds__(ONE_WARPS * 32)
                      u32* ticket, const float* x, signed char* mq, float* md) {
     one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
     router_finish(g, cols, p, correction, expert_scale, out, ticket, x, mq, md);
-}
-
-// router1_q8x_q8_0 in a recorded decode step whose gate/up products follow
-// it with no launch between (TURBOSPARK_CUDA_GATE_UP=flag with the router's
-// join, TURBOSPARK_CUDA_FUSE=1): the block that routes the token then
-// publishes the routes through `flag` (common.cuh `publish_flag`).
-KERNEL void __launch_bounds__(ONE_WARPS * 32)
-    router1_flag_q8x_q8_0(MatGroup g, int cols, const signed char* xq, const float* xd,
-                          RouterParams p, const float* correction, const float* expert_scale,
-                          RouteOut* out, u32* ticket, const float* x, signed char* mq, float* md,
-                          const int* step, u32* flag) {
-    one_token_units<F_Q8_0, 1, true>(OneMat{g, cols, xq, xd}, g.rows[0], cols);
-    if (router_finish(g, cols, p, correction, expert_scale, out, ticket, x, mq, md))
-        publish_flag(flag, step);
 }

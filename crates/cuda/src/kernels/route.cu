@@ -270,33 +270,3 @@ KERNEL void route(const float* logits, int n_tokens, RouterParams p,
     if ((int)blockIdx.x >= n_tokens) return;
     route_token(logits, blockIdx.x, p, correction, expert_scale, out);
 }
-
-// One token's routing in a recorded decode step whose early gate/up
-// products follow it with no launch between (TURBOSPARK_CUDA_GATE_UP=
-// trigger): it lets them in only once the routes are written and fenced
-// (every lane's __threadfence: its stores performed at the GPU's scope,
-// in the L2, before the block meets), where `route` does at its start. The
-// gate/up blocks then start, read their route from the L2 (`route_slot`'s
-// `ld.global.cg`) and issue their first weight loads before they wait for
-// this launch's end. (PTX promises visibility to a dependent only after
-// its griddepcontrol.wait; the fence before the release is what carries
-// the routes here.) One block of one warp.
-KERNEL void route_trigger(const float* logits, RouterParams p, const float* correction,
-                          const float* expert_scale, RouteOut* out) {
-    grid_wait();
-    route_token(logits, 0, p, correction, expert_scale, out);
-    __threadfence();
-    __syncthreads();
-    let_dependents_in();
-}
-
-// One token's routing in a recorded decode step whose gate/up products
-// follow with no launch between (TURBOSPARK_CUDA_GATE_UP=flag): `route`,
-// then the routes published through `flag` (common.cuh `publish_flag`).
-// One block of one warp.
-KERNEL void route_flag(const float* logits, RouterParams p, const float* correction,
-                       const float* expert_scale, RouteOut* out, const int* step, u32* flag) {
-    KERNEL_ENTRY();
-    route_token(logits, 0, p, correction, expert_scale, out);
-    publish_flag(flag, step);
-}

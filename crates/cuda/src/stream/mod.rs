@@ -26,7 +26,7 @@ mod slots;
 
 use attention::{decode_heads, decode_split_bytes};
 use keepalive::KeepAlive;
-use moe::{activation, Flagged, RoutedQ8, FLAG_SLOTS};
+use moe::{activation, RoutedQ8};
 
 use crate::fusion::{self, NormLaunch, Pending};
 use crate::kernels::{self, args, launch, Kernels};
@@ -57,20 +57,9 @@ pub struct CudaStream {
     /// in that list (`[MAX_MASK_SLOTS + 1]` u32), for batched MoE calls.
     order: DevMem,
     offsets: DevMem,
-    /// A recorded decode step's `{token, position, serial}` (three i32),
-    /// which the position-dependent kernels read while a step is recorded;
-    /// the serial number (never 0, never the same twice: `serial`) tells
-    /// this step's routes from an earlier step's in the routing flags.
+    /// A recorded decode step's `{token, position}` (two i32), which the
+    /// position-dependent kernels read while a step is recorded.
     step: DevMem,
-    serial: std::cell::Cell<u32>,
-    /// The routing flags of [`kernels::q8::GateUpStart::Flag`]: a u32 a
-    /// routing of a recorded step ([`FLAG_SLOTS`]), taken in order
-    /// (`flags_used`, from 0 at each `begin_step`).
-    flags: DevMem,
-    flags_used: usize,
-    /// The routes the last routing published, and its flag, until the next
-    /// op but the MoE call that reads them (cleared by `bind_holding`).
-    flagged: std::cell::Cell<Option<Flagged>>,
     /// Quantized activations of the fast kernels (`kernels/q8dot.cu`):
     /// a matmul's or MoE call's input, then the MoE activations.
     q8: DevMem,
@@ -253,11 +242,7 @@ impl CudaStream {
             act_len,
             order: zeroed(limits.max_routes * 4)?,
             offsets: zeroed((kernels::MAX_MASK_SLOTS + 1) * 4)?,
-            step: zeroed(12)?,
-            serial: std::cell::Cell::new(0),
-            flags: zeroed(FLAG_SLOTS * 4)?,
-            flags_used: 0,
-            flagged: std::cell::Cell::new(None),
+            step: zeroed(8)?,
             q8: zeroed(q8_bytes)?,
             ring: staging::Ring::default(),
             copies: None,
@@ -319,16 +304,12 @@ impl CudaStream {
         }
     }
 
-    /// Queues writing `{token, position, serial}` into the step
-    /// parameters, with the next serial number.
+    /// Queues writing `{token, position}` into the step parameters.
     fn set_step(&self, token: u32, position: usize) -> Result<(), BackendError> {
         let pos = i32::try_from(position)
             .map_err(|_| shape("decode step", format!("position {position} beyond i32")))?;
-        // (0 is what the flags hold before any routing wrote them.)
-        let serial = self.serial.get().checked_add(1).unwrap_or(1);
-        self.serial.set(serial);
-        for (at, v) in [(0u64, token), (4, pos as u32), (8, serial)] {
-            // SAFETY: `step` holds three 4-byte words; the value travels by value.
+        for (at, v) in [(0u64, token), (4, pos as u32)] {
+            // SAFETY: `step` holds two 4-byte words; the value travels by value.
             unsafe { sys::cuMemsetD32Async(self.step.ptr + at, v, 1, self.raw().cu_stream()) }
                 .result()
                 .map_err(runtime("decode step"))?;
@@ -353,7 +334,6 @@ impl CudaStream {
     /// Binds the context for `op`, keeping the pending op.
     fn bind_holding(&self, op: &'static str) -> Result<(), BackendError> {
         self.routed_q8.set(None);
-        self.flagged.set(None);
         self.ctx.bind_to_thread().map_err(runtime(op))
     }
 
@@ -478,7 +458,6 @@ impl Stream<CudaDevice> for CudaStream {
         self.bind("begin_step")?;
         self.drop_graph();
         self.set_step(token, position)?;
-        self.flags_used = 0;
         // SAFETY: a valid stream of the bound context; capture ends in end_step.
         unsafe {
             result::stream::begin_capture(

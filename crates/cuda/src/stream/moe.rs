@@ -8,7 +8,6 @@
 
 use super::{shape, CudaStream, Q8Regions};
 use crate::fusion::{self, GroupLaunch, Pending};
-use crate::kernels::q8::GateUpStart;
 use crate::kernels::{self, args, launch, BankView, MoeAct};
 use crate::memory::DevMem;
 use crate::types::{CudaBank, CudaBuf, CudaRoutes, CudaVector};
@@ -28,19 +27,6 @@ pub(super) struct RoutedQ8 {
     pub(super) values: usize,
     pub(super) xq: u64,
     pub(super) xd: u64,
-}
-
-/// Routings of one recorded step that publish their routes through flags
-/// of their own ([`kernels::q8::GateUpStart::Flag`]); past these, a step's
-/// routings take `route` and the gate/up products after them wait.
-pub(super) const FLAG_SLOTS: usize = 256;
-
-/// The routes a `route_flag` launch published (`routes`) and the flag it
-/// published them through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Flagged {
-    pub(super) routes: u64,
-    pub(super) flag: u64,
 }
 
 pub(super) fn activation(act: Activation) -> MoeAct {
@@ -190,45 +176,6 @@ impl CudaStream {
         let rows = kernels::OneWork::Rows(&g.group.rows[..1]);
         let l = one.config(QuantFormat::Q8_0, g.cols, rows)?;
         let (cols, ticket) = (g.cols as i32, self.ticket.ptr);
-        // In a recorded step with flagged gate/up products, the form that
-        // publishes its routes to them.
-        let flagging = self
-            .k
-            .q8
-            .get(QuantFormat::Q8_0)
-            .and_then(|s| s.one.as_ref()?.router_flag.as_ref())
-            .filter(|_| self.recording && self.flags_used < FLAG_SLOTS && self.flag_gate_up());
-        if let Some(f1) = flagging {
-            let flag = self.flags.ptr + 4 * self.flags_used as u64;
-            self.flags_used += 1;
-            let step = self.step.ptr;
-            let args = &mut args![
-                g.group,
-                cols,
-                g.xq,
-                g.xd,
-                p,
-                correction,
-                expert_scale,
-                out,
-                ticket,
-                g.x,
-                mq,
-                md,
-                step,
-                flag
-            ];
-            let l = f1.config(QuantFormat::Q8_0, g.cols, rows)?;
-            launch("route", &f1.f, self.raw(), l.grid, l.threads, l.smem, args)?;
-            self.routed_q8.set(made.or(premade.then_some(RoutedQ8 {
-                x: g.x,
-                values: g.cols,
-                xq: mq,
-                xd: md,
-            })));
-            self.flagged.set(Some(Flagged { routes: out, flag }));
-            return Ok(());
-        }
         let args = &mut args![
             g.group,
             cols,
@@ -289,21 +236,8 @@ impl CudaStream {
     /// they then need a launch between the routing and them, the
     /// quantization of their input.
     pub(super) fn early_gate_up(&self) -> bool {
-        self.gate_up_start() == GateUpStart::Early
-    }
-
-    /// How one token's MXFP4 gate/up products start (kernels/q8.rs
-    /// `GateUpStart`; `Wait` without fast numerics' kernels).
-    fn gate_up_start(&self) -> GateUpStart {
         self.q8_set(QuantFormat::Mxfp4)
-            .map_or(GateUpStart::Wait, |s| s.route.start())
-    }
-
-    /// Whether one token's MXFP4 gate/up products in a recorded step
-    /// follow a routing that publishes its routes through a flag
-    /// (`TURBOSPARK_CUDA_GATE_UP=flag`, kernels/q8.rs `GateUpStart`).
-    fn flag_gate_up(&self) -> bool {
-        self.gate_up_start() == GateUpStart::Flag
+            .is_some_and(|s| s.route.has_early())
     }
 
     /// The kernels of a bank whose experts take kq.cu's (fast numerics,
@@ -423,46 +357,6 @@ impl CudaStream {
         let routed = self.routed_q8.get();
         self.bind("route")?;
         self.routed_q8.set(routed);
-        if n_tokens == 1 && self.recording && self.flags_used < FLAG_SLOTS && self.flag_gate_up() {
-            // One token's routing in a recorded step, published to the
-            // flagged gate/up products after it.
-            let flag = self.flags.ptr + 4 * self.flags_used as u64;
-            self.flags_used += 1;
-            let (out_p, step) = (out.mem.ptr, self.step.ptr);
-            launch(
-                "route",
-                &self.k.route_flag,
-                self.raw(),
-                (1, 1, 1),
-                32,
-                0,
-                &mut args![lp, p, cp, sp, out_p, step, flag],
-            )?;
-            self.flagged.set(Some(Flagged {
-                routes: out_p,
-                flag,
-            }));
-            return Ok(());
-        }
-        if n_tokens == 1 && self.recording && self.gate_up_start() == GateUpStart::Trigger {
-            // One token's routing in a recorded step that lets the early
-            // gate/up products after it in once its routes are written.
-            let out_p = out.mem.ptr;
-            launch(
-                "route",
-                &self.k.route_trigger,
-                self.raw(),
-                (1, 1, 1),
-                32,
-                0,
-                &mut args![lp, p, cp, sp, out_p],
-            )?;
-            self.flagged.set(Some(Flagged {
-                routes: out_p,
-                flag: 0,
-            }));
-            return Ok(());
-        }
         launch(
             "route",
             &self.k.route,
@@ -536,11 +430,6 @@ impl CudaStream {
         let premade = self.routed_q8.get().filter(|r| {
             r.x == xp && r.values == n * hidden && bank.gate.format == QuantFormat::Mxfp4
         });
-        // The routing's flag, when it published these very routes.
-        let flagged = self
-            .flagged
-            .get()
-            .filter(|f| f.routes == routes.mem.ptr && n == 1 && only.is_none());
         self.bind("moe")?;
         let threads = (kernels::MM_WARPS * 32) as u32;
         let passes: &[(turbospark_core::QuantFormat, i32)] = if bank.gate.format == bank.up.format {
@@ -669,38 +558,20 @@ impl CudaStream {
             // first weights before its wait (unless TURBOSPARK_CUDA_GATE_UP=wait)
             // where the quantization above stands between the routing and
             // it (not when the router's launch made the input).
-            // Or, after a routing that published its routes through a
-            // flag, the flagged form, which starts early with no launch
-            // between.
-            // (Or the early form right after a routing that lets it in
-            // only once its routes are written.)
-            let flag_kernel = flagged.and_then(|f| {
-                let k = gate.route.gate_up_flag_for(hidden)?;
-                (!grouped && f.flag != 0).then_some((k, f.flag))
-            });
-            let triggered = flagged.is_some_and(|f| f.flag == 0) && !grouped;
             let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {
                 (None, Some(early)) => early,
-                (Some(_), Some(early)) if triggered => early,
                 _ => gate.route.gate_up_for(hidden),
             };
-            if let Some((f, flag)) = flag_kernel {
-                let step = self.step.ptr;
-                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr, step, flag];
-                let grid = q8_grid(inter, kernels::Q8_BLOCK_ROWS);
-                launch("moe", f, self.raw(), grid, kernels::Q8_THREADS, 0, args)?;
-            } else {
-                let (f, per, threads) = pick(
-                    &gate.mq_gate_up,
-                    &gate.gate_up_grouped,
-                    route_gate_up,
-                    kernels::MQ_BM / 2,
-                );
-                let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
-                let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
-                let args = if grouped { grouped_args } else { route_args };
-                launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
-            }
+            let (f, per, threads) = pick(
+                &gate.mq_gate_up,
+                &gate.gate_up_grouped,
+                route_gate_up,
+                kernels::MQ_BM / 2,
+            );
+            let grouped_args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
+            let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
+            let args = if grouped { grouped_args } else { route_args };
+            launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
             self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let (f, per, threads) = pick(
                 &down.mq_down,

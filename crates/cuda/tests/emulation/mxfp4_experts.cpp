@@ -273,17 +273,6 @@ void run_case(const Case& c, std::mt19937& rng) {
             });
             bits::expect_same(c.name + ": q8dot.cu gate/up, early, 2880 when compiled", act,
                               want_act);
-            // The flagged form, its routes published for this step's serial
-            // (7) as route.cu's route_flag leaves them.
-            const int step[3] = {0, 0, 7};
-            const u32 flag = 7;
-            act = fresh(want_act.size());
-            emu::launch({(unsigned)c.inter / Q8_BLOCK_ROWS, routes_n, 1}, threads, [&] {
-                moe_gate_up_flag_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank,
-                                                 act_fn, act.data(), step, &flag);
-            });
-            bits::expect_same(c.name + ": q8dot.cu gate/up, flagged, 2880 when compiled", act,
-                              want_act);
         }
         if (c.inter == 2880) {
             auto y = fresh(want_y.size());
@@ -314,15 +303,6 @@ void run_case(const Case& c, std::mt19937& rng) {
                                                     act_fn, act.data());
                     });
         bits::expect_same(c.name + ": q8dot.cu gate/up, early", act, want_act);
-        const int step[3] = {0, 0, 7};
-        const u32 flag = 7;
-        act = fresh(want_act.size());
-        emu::launch({(unsigned)(c.inter + Q8_BLOCK_ROWS - 1) / Q8_BLOCK_ROWS, routes_n, 1}, threads,
-                    [&] {
-                        moe_gate_up_flag_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank,
-                                                   act_fn, act.data(), step, &flag);
-                    });
-        bits::expect_same(c.name + ": q8dot.cu gate/up, flagged", act, want_act);
     }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {

@@ -414,19 +414,6 @@ inline u32 ld_stream_u16(const void* p) { return ld_aligned<u16>(p); }
 inline u32 ld_stream_u8(const void* p) { return *(const u8*)p; }
 inline int4 ld_i4_after_wait(const void* p) { return *(const int4*)p; }
 inline float ld_f32_after_wait(const float* p) { return *p; }
-// (The routing runs to its end before a later kernel's first block here.)
-inline void publish_flag(u32* flag, const int* step) {
-    __syncthreads();
-    if (threadIdx.x == 0) *flag = (u32)step[2];
-}
-inline void wait_for_flag(const u32* flag, const int* step) {
-    if (threadIdx.x == 0 && *flag != (u32)step[2]) {
-        fprintf(stderr, "wait_for_flag: the routes of serial %u were never published\n",
-                (u32)step[2]);
-        abort();
-    }
-    __syncthreads();
-}
 inline void prefetch_l2(const void*) {}
 inline float ld_cg(const float* p) { return *p; }
 

@@ -94,9 +94,12 @@
 #   knockout     where a decode step's time goes inside the replayed graph:
 #                tg128 at VARIANT_DEPTHS (default 512) with each set of
 #                KNOCKOUTS (space-separated; a set is comma-separated kernel
-#                names for TURBOSPARK_CUDA_KNOCKOUT) left out of the
-#                recorded step, alternated with none (REPS rounds); the
-#                results are wrong by design, only the rates count
+#                names for TURBOSPARK_CUDA_KNOCKOUT; NAME%P=R picks a
+#                kernel's launches by their order in the step, e.g.
+#                matmul1_q8x_q8_0_w2880$%2=1 the router products) left
+#                out of the recorded step, alternated with none (REPS
+#                rounds); the results are wrong by design, only the rates
+#                count
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill;
 #                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for

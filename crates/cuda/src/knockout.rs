@@ -8,7 +8,13 @@
 //!
 //! The setting is a comma-separated list of kernel names: a name matches
 //! the kernels it begins (`rms_norm` matches `rms_norm_vec`), or only
-//! itself when it ends in `$` (`route$`). A step recorded with kernels left
+//! itself when it ends in `$` (`route$`). A name may pick some of its
+//! launches in each recorded step by their order: `NAME%P=R` leaves out
+//! the launches it matches whose index among them (from 0, counted
+//! afresh in each recording) leaves R when divided by P — one kernel
+//! serving two products of a layer is told apart that way, e.g.
+//! `matmul1_q8x_q8_0_w2880$%2=1` for the second of each layer's two
+//! (gpt-oss: q/k/v, then the router). A step recorded with kernels left
 //! out computes wrong values by design: their consumers read whatever the
 //! skipped kernels last wrote (the prefill's, as only recorded steps skip:
 //! routes stay valid expert slots, so every read stays in bounds), and the
@@ -20,11 +26,19 @@ use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
+/// One entry of the setting: a kernel name (a prefix, or exact with a
+/// trailing `$`) and, with `%P=R`, which of its launches (index mod P = R).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Pattern {
+    name: String,
+    every: Option<(u64, u64)>,
+}
+
 /// The setting's names, parsed once a process (none, with a message, on a
 /// driver older than CUDA 12.3's, which cannot name a kernel:
 /// `cuFuncGetName`).
-fn patterns() -> &'static [String] {
-    static PATTERNS: OnceLock<Vec<String>> = OnceLock::new();
+fn patterns() -> &'static [Pattern] {
+    static PATTERNS: OnceLock<Vec<Pattern>> = OnceLock::new();
     PATTERNS.get_or_init(|| {
         let names = std::env::var("TURBOSPARK_CUDA_KNOCKOUT")
             .map(|s| parse(&s))
@@ -46,22 +60,77 @@ fn patterns() -> &'static [String] {
     })
 }
 
-/// The names of a setting: trimmed, empty entries dropped.
-fn parse(setting: &str) -> Vec<String> {
+/// The entries of a setting: trimmed, empty ones dropped. An entry whose
+/// `%P=R` does not parse as integers with R < P is reported and dropped.
+fn parse(setting: &str) -> Vec<Pattern> {
     setting
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+        .filter_map(|entry| match entry.split_once('%') {
+            None => Some(Pattern {
+                name: entry.to_owned(),
+                every: None,
+            }),
+            Some((name, pick)) => {
+                let every = pick
+                    .split_once('=')
+                    .and_then(|(p, r)| Some((p.trim().parse().ok()?, r.trim().parse().ok()?)))
+                    .filter(|&(p, r): &(u64, u64)| r < p);
+                if every.is_none() {
+                    eprintln!(
+                        "TURBOSPARK_CUDA_KNOCKOUT: {entry:?} ignored (expected NAME%P=R, R < P)"
+                    );
+                }
+                Some(Pattern {
+                    name: name.trim().to_owned(),
+                    every: Some(every?),
+                })
+            }
+        })
         .collect()
 }
 
-/// Whether kernel `name` matches one of `patterns`.
-fn matches(patterns: &[String], name: &str) -> bool {
-    patterns.iter().any(|p| match p.strip_suffix('$') {
-        Some(exact) => name == exact,
-        None => name.starts_with(p.as_str()),
-    })
+impl Pattern {
+    /// Whether kernel `name` is one this entry names.
+    fn names(&self, name: &str) -> bool {
+        match self.name.strip_suffix('$') {
+            Some(exact) => name == exact,
+            None => name.starts_with(self.name.as_str()),
+        }
+    }
+}
+
+/// Each entry's launches counted so far in one recording (`capture`, the
+/// driver's id of the stream capture).
+#[derive(Debug, Default)]
+struct Counts {
+    capture: u64,
+    seen: Vec<u64>,
+}
+
+impl Counts {
+    /// Whether the launch of kernel `name` in capture `capture` is left
+    /// out: some entry names it and, with `%P=R`, this is a launch it
+    /// picks (every entry naming it counts it).
+    fn skips(&mut self, patterns: &[Pattern], capture: u64, name: &str) -> bool {
+        if self.capture != capture || self.seen.len() != patterns.len() {
+            self.capture = capture;
+            self.seen = vec![0; patterns.len()];
+        }
+        let mut skip = false;
+        for (p, seen) in patterns.iter().zip(self.seen.iter_mut()) {
+            if !p.names(name) {
+                continue;
+            }
+            let index = *seen;
+            *seen += 1;
+            skip |= p
+                .every
+                .is_none_or(|(period, residue)| index % period == residue);
+        }
+        skip
+    }
 }
 
 /// Whether the launch of `f` on `stream` is to be left out: the setting
@@ -72,10 +141,22 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
         return false;
     }
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
-    // SAFETY: the stream handle is alive (borrowed) and `status` is a
-    // valid place for the driver to write.
-    let capturing = unsafe { sys::cuStreamIsCapturing(stream.cu_stream(), &mut status) }
-        == sys::CUresult::CUDA_SUCCESS
+    let mut capture: sys::cuuint64_t = 0;
+    // SAFETY: the stream handle is alive (borrowed); `status` and
+    // `capture` are valid places for the driver to write, and the other
+    // outputs are optional (null: not asked for; CUDA 12.3's driver API,
+    // which `patterns` requires).
+    let capturing = unsafe {
+        sys::cuStreamGetCaptureInfo_v3(
+            stream.cu_stream(),
+            &mut status,
+            &mut capture,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        )
+    } == sys::CUresult::CUDA_SUCCESS
         && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
     if !capturing {
         return false;
@@ -91,9 +172,17 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
     }
     // SAFETY: checked non-null above; NUL-terminated by the driver.
     let name = unsafe { CStr::from_ptr(name_ptr) }.to_string_lossy();
-    if !matches(patterns, &name) {
+    static COUNTS: Mutex<Counts> = Mutex::new(Counts {
+        capture: 0,
+        seen: Vec::new(),
+    });
+    let Ok(mut counts) = COUNTS.lock() else {
+        return false;
+    };
+    if !counts.skips(patterns, capture, &name) {
         return false;
     }
+    drop(counts);
     static REPORTED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     if let Ok(mut seen) = REPORTED.lock() {
         if seen.insert(name.to_string()) {
@@ -109,15 +198,42 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
 mod tests {
     use super::*;
 
+    /// Whether any entry of `p` names kernel `name`.
+    fn named(p: &[Pattern], name: &str) -> bool {
+        p.iter().any(|p| p.names(name))
+    }
+
     #[test]
     fn names_match_as_prefixes_or_exactly() {
         let p = parse(" rms_norm, route$ ,,attention_decode");
-        assert_eq!(p, ["rms_norm", "route$", "attention_decode"]);
-        assert!(matches(&p, "rms_norm_vec"));
-        assert!(matches(&p, "route"));
-        assert!(!matches(&p, "router1_q8x_q8_0"));
-        assert!(matches(&p, "attention_decode_tc_f16_64"));
-        assert!(!matches(&p, "attention_prefill_tc_f16_64"));
-        assert!(!matches(&[], "route"));
+        let names: Vec<&str> = p.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["rms_norm", "route$", "attention_decode"]);
+        assert!(p.iter().all(|p| p.every.is_none()));
+        assert!(named(&p, "rms_norm_vec"));
+        assert!(named(&p, "route"));
+        assert!(!named(&p, "router1_q8x_q8_0"));
+        assert!(named(&p, "attention_decode_tc_f16_64"));
+        assert!(!named(&p, "attention_prefill_tc_f16_64"));
+        assert!(!named(&[], "route"));
+    }
+
+    #[test]
+    fn a_period_picks_launches_by_their_order_in_each_recording() {
+        let p = parse("matmul1_q8x_q8_0_w2880$%2=1, route$, bad%2=2, worse%x=1");
+        assert_eq!(p.len(), 2, "the malformed entries are dropped: {p:?}");
+        assert_eq!(p[0].every, Some((2, 1)));
+        let mut c = Counts::default();
+        // A layer's q/k/v then router product, twice, then the head (the
+        // same kernel): only the routers (launches 1 and 3) are left out.
+        let product = "matmul1_q8x_q8_0_w2880";
+        let picked: Vec<bool> = (0..5).map(|_| c.skips(&p, 7, product)).collect();
+        assert_eq!(picked, [false, true, false, true, false]);
+        // Other kernels: by name alone, and uncounted by the period.
+        assert!(c.skips(&p, 7, "route"));
+        assert!(!c.skips(&p, 7, "matmul1_q8x_q8_0_w4096"));
+        assert!(c.skips(&p, 7, product), "launch 5 of the recording");
+        // A new recording counts afresh.
+        assert!(!c.skips(&p, 8, product));
+        assert!(c.skips(&p, 8, product));
     }
 }

@@ -98,8 +98,9 @@
 #                kernel's launches by their order in the step, e.g.
 #                matmul1_q8x_q8_0_w2880$%2=1 the router products) left
 #                out of the recorded step, alternated with none (REPS
-#                rounds); the results are wrong by design, only the rates
-#                count
+#                rounds; round 1 also prints how many launches each entry
+#                named and left out in a step); the results are wrong by
+#                design, only the rates count
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill;
 #                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for
@@ -795,7 +796,7 @@ PY
                 # (`none` names no kernel: the default step)
                 # (bench --json: the rate by its name, not a table column)
                 rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident \
-                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> /dev/null \
+                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> "$WORK/knockout.err" \
                     | python3 -c 'import json, sys
 for line in sys.stdin:
     if line.startswith("{"):
@@ -803,6 +804,8 @@ for line in sys.stdin:
         print("%.2f %.2f" % (d["tok_per_s"], d["sd"]))')
                 read -r mean sd <<< "$rate"
                 echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS ${mean:-failed} ± ${sd:-}"
+                # (what each entry matched in the first recorded step, once a set)
+                [ "$r" = 1 ] && [ "$v" != none ] && sed -n 's/^TURBOSPARK_CUDA_KNOCKOUT: in the first recorded step, /    /p' "$WORK/knockout.err"
                 [ -n "$mean" ] && echo "$v $mean" >> "$WORK/knockout.txt"
             done
         done

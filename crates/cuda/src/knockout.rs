@@ -19,7 +19,8 @@
 //! skipped kernels last wrote (the prefill's, as only recorded steps skip:
 //! routes stay valid expert slots, so every read stays in bounds), and the
 //! logits mean nothing.
-//! The first skip of each kernel is reported on stderr.
+//! The first skip of each kernel is reported on stderr, and once the
+//! first such step is recorded, what each entry named and left out in it.
 
 use cudarc::driver::{sys, CudaFunction, CudaStream};
 use std::collections::BTreeSet;
@@ -101,12 +102,25 @@ impl Pattern {
     }
 }
 
+impl std::fmt::Display for Pattern {
+    /// The entry as the setting spells it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)?;
+        match self.every {
+            Some((period, residue)) => write!(f, "%{period}={residue}"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Each entry's launches counted so far in one recording (`capture`, the
-/// driver's id of the stream capture).
+/// driver's id of the stream capture): those it names (`seen`) and those
+/// it left out (`left`).
 #[derive(Debug, Default)]
 struct Counts {
     capture: u64,
     seen: Vec<u64>,
+    left: Vec<u64>,
 }
 
 impl Counts {
@@ -117,19 +131,65 @@ impl Counts {
         if self.capture != capture || self.seen.len() != patterns.len() {
             self.capture = capture;
             self.seen = vec![0; patterns.len()];
+            self.left = vec![0; patterns.len()];
         }
         let mut skip = false;
-        for (p, seen) in patterns.iter().zip(self.seen.iter_mut()) {
+        let counts = self.seen.iter_mut().zip(self.left.iter_mut());
+        for (p, (seen, left)) in patterns.iter().zip(counts) {
             if !p.names(name) {
                 continue;
             }
             let index = *seen;
             *seen += 1;
-            skip |= p
+            let picked = p
                 .every
                 .is_none_or(|(period, residue)| index % period == residue);
+            *left += u64::from(picked);
+            skip |= picked;
         }
         skip
+    }
+
+    /// A line for each entry: how many launches of the recording counted
+    /// so far it named and how many it left out — so that a measurement
+    /// says what its setting matched (e.g. whether the output head shares
+    /// q/k/v's kernel).
+    fn summary(&self, patterns: &[Pattern]) -> Vec<String> {
+        let (seen, left) = (self.seen.iter(), self.left.iter());
+        patterns
+            .iter()
+            .zip(seen.zip(left))
+            .map(|(p, (seen, left))| {
+                format!("{p}: left out {left} of the {seen} launches it names")
+            })
+            .collect()
+    }
+}
+
+static COUNTS: Mutex<Counts> = Mutex::new(Counts {
+    capture: 0,
+    seen: Vec::new(),
+    left: Vec::new(),
+});
+
+/// Called once a step's recording has ended: the first recording of the
+/// process with any kernel left out reports, on stderr, what each entry
+/// of the setting matched in it and left out.
+pub(crate) fn step_recorded() {
+    let patterns = patterns();
+    if patterns.is_empty() {
+        return;
+    }
+    static REPORTED: Mutex<bool> = Mutex::new(false);
+    let (Ok(counts), Ok(mut reported)) = (COUNTS.lock(), REPORTED.lock()) else {
+        return;
+    };
+    if *reported || counts.seen.len() != patterns.len() {
+        return;
+    }
+    *reported = true;
+    for line in counts.summary(patterns) {
+        eprintln!("TURBOSPARK_CUDA_KNOCKOUT: in the first recorded step, {line}");
     }
 }
 
@@ -172,10 +232,6 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
     }
     // SAFETY: checked non-null above; NUL-terminated by the driver.
     let name = unsafe { CStr::from_ptr(name_ptr) }.to_string_lossy();
-    static COUNTS: Mutex<Counts> = Mutex::new(Counts {
-        capture: 0,
-        seen: Vec::new(),
-    });
     let Ok(mut counts) = COUNTS.lock() else {
         return false;
     };
@@ -232,8 +288,19 @@ mod tests {
         assert!(c.skips(&p, 7, "route"));
         assert!(!c.skips(&p, 7, "matmul1_q8x_q8_0_w4096"));
         assert!(c.skips(&p, 7, product), "launch 5 of the recording");
+        assert_eq!(
+            c.summary(&p),
+            [
+                "matmul1_q8x_q8_0_w2880$%2=1: left out 3 of the 6 launches it names",
+                "route$: left out 1 of the 1 launches it names",
+            ]
+        );
         // A new recording counts afresh.
         assert!(!c.skips(&p, 8, product));
         assert!(c.skips(&p, 8, product));
+        assert_eq!(
+            c.summary(&p)[0],
+            "matmul1_q8x_q8_0_w2880$%2=1: left out 1 of the 2 launches it names"
+        );
     }
 }

@@ -480,6 +480,7 @@ impl Stream<CudaDevice> for CudaStream {
         // over the graph, destroyed below once instantiated.
         let graph = unsafe { result::stream::end_capture(self.raw().cu_stream()) }
             .map_err(runtime("end_step"))?;
+        crate::knockout::step_recorded();
         // SAFETY: `graph` is the valid graph just captured.
         let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
         // SAFETY: destroyed once; the instantiated exec does not need it.

@@ -113,14 +113,20 @@ impl std::fmt::Display for Pattern {
     }
 }
 
+/// One entry's launches in a recording: those it names and those of them
+/// it left out.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    seen: u64,
+    left: u64,
+}
+
 /// Each entry's launches counted so far in one recording (`capture`, the
-/// driver's id of the stream capture): those it names (`seen`) and those
-/// it left out (`left`).
+/// driver's id of the stream capture), in the setting's order.
 #[derive(Debug, Default)]
 struct Counts {
     capture: u64,
-    seen: Vec<u64>,
-    left: Vec<u64>,
+    tallies: Vec<Tally>,
 }
 
 impl Counts {
@@ -128,23 +134,21 @@ impl Counts {
     /// out: some entry names it and, with `%P=R`, this is a launch it
     /// picks (every entry naming it counts it).
     fn skips(&mut self, patterns: &[Pattern], capture: u64, name: &str) -> bool {
-        if self.capture != capture || self.seen.len() != patterns.len() {
+        if self.capture != capture || self.tallies.len() != patterns.len() {
             self.capture = capture;
-            self.seen = vec![0; patterns.len()];
-            self.left = vec![0; patterns.len()];
+            self.tallies = vec![Tally::default(); patterns.len()];
         }
         let mut skip = false;
-        let counts = self.seen.iter_mut().zip(self.left.iter_mut());
-        for (p, (seen, left)) in patterns.iter().zip(counts) {
+        for (p, t) in patterns.iter().zip(self.tallies.iter_mut()) {
             if !p.names(name) {
                 continue;
             }
-            let index = *seen;
-            *seen += 1;
+            let index = t.seen;
+            t.seen += 1;
             let picked = p
                 .every
                 .is_none_or(|(period, residue)| index % period == residue);
-            *left += u64::from(picked);
+            t.left += u64::from(picked);
             skip |= picked;
         }
         skip
@@ -155,12 +159,14 @@ impl Counts {
     /// says what its setting matched (e.g. whether the output head shares
     /// q/k/v's kernel).
     fn summary(&self, patterns: &[Pattern]) -> Vec<String> {
-        let (seen, left) = (self.seen.iter(), self.left.iter());
         patterns
             .iter()
-            .zip(seen.zip(left))
-            .map(|(p, (seen, left))| {
-                format!("{p}: left out {left} of the {seen} launches it names")
+            .zip(&self.tallies)
+            .map(|(p, t)| {
+                format!(
+                    "{p}: left out {} of the {} launches it names",
+                    t.left, t.seen
+                )
             })
             .collect()
     }
@@ -168,8 +174,7 @@ impl Counts {
 
 static COUNTS: Mutex<Counts> = Mutex::new(Counts {
     capture: 0,
-    seen: Vec::new(),
-    left: Vec::new(),
+    tallies: Vec::new(),
 });
 
 /// Called once a step's recording has ended: the first recording of the
@@ -184,7 +189,7 @@ pub(crate) fn step_recorded() {
     let (Ok(counts), Ok(mut reported)) = (COUNTS.lock(), REPORTED.lock()) else {
         return;
     };
-    if *reported || counts.seen.len() != patterns.len() {
+    if *reported || counts.tallies.len() != patterns.len() {
         return;
     }
     *reported = true;

@@ -25,6 +25,7 @@
 use cudarc::driver::{sys, CudaFunction, CudaStream};
 use std::collections::BTreeSet;
 use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// One entry of the setting: a kernel name (a prefix, or exact with a
@@ -177,22 +178,21 @@ static COUNTS: Mutex<Counts> = Mutex::new(Counts {
     tallies: Vec::new(),
 });
 
-/// Called once a step's recording has ended: the first recording of the
-/// process with any kernel left out reports, on stderr, what each entry
+/// Called once a step's recording has ended: under a knockout setting,
+/// the first recording of the process reports, on stderr, what each entry
 /// of the setting matched in it and left out.
 pub(crate) fn step_recorded() {
     let patterns = patterns();
     if patterns.is_empty() {
         return;
     }
-    static REPORTED: Mutex<bool> = Mutex::new(false);
-    let (Ok(counts), Ok(mut reported)) = (COUNTS.lock(), REPORTED.lock()) else {
+    static REPORTED: AtomicBool = AtomicBool::new(false);
+    let Ok(counts) = COUNTS.lock() else {
         return;
     };
-    if *reported || counts.tallies.len() != patterns.len() {
+    if counts.tallies.len() != patterns.len() || REPORTED.swap(true, Ordering::Relaxed) {
         return;
     }
-    *reported = true;
     for line in counts.summary(patterns) {
         eprintln!("TURBOSPARK_CUDA_KNOCKOUT: in the first recorded step, {line}");
     }

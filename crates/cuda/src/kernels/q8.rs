@@ -38,6 +38,32 @@ pub(crate) struct Q8Set {
     /// .. `_c4`, by chunks a warp; Q8_0 only), where asked for
     /// ([`q8_tensor_cores`]).
     pub mma1: Option<[CudaFunction; MMA_Q8_MAX_CPW]>,
+    /// One token's per-route gate/up kernels a lane a row
+    /// (`moe_gate_up_lane_q8x_mxfp4`, and its [`WIDE_WIDTH`] form where the
+    /// wide kernels are on; MXFP4 only), where asked for ([`lane_gate_up`]).
+    pub lane: Option<(CudaFunction, Option<CudaFunction>)>,
+}
+
+/// Intermediate rows of a `moe_gate_up_lane_q8x_mxfp4` block
+/// (`LANE_BLOCK_ROWS`: `LANE_WARPS` warps of 16 row pairs), its threads,
+/// and the widest rows it takes (`LANE_MAX_COLS`, the token it stages).
+pub(crate) const LANE_BLOCK_ROWS: usize = 32;
+pub(crate) const LANE_THREADS: u32 = 64;
+pub(crate) const LANE_MAX_COLS: usize = 4096;
+
+impl Q8Set {
+    /// The gate/up kernel a lane a row for rows `hidden` wide, where
+    /// loaded and where they fit.
+    pub(crate) fn lane_gate_up_for(&self, hidden: usize) -> Option<&CudaFunction> {
+        let (any, wide) = self.lane.as_ref()?;
+        if hidden > LANE_MAX_COLS || hidden % 32 != 0 {
+            return None;
+        }
+        Some(match wide {
+            Some(w) if hidden == WIDE_WIDTH => w,
+            _ => any,
+        })
+    }
 }
 
 /// Warps of a `matmul1_mma_q8_0` block (`MMA_Q8_WARPS`, one 16-row tile),
@@ -234,6 +260,21 @@ impl OneSet {
 /// (BENCHMARKS.md, twenty-ninth session).
 fn early_gate_up(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("wait")
+}
+
+/// Whether one token's MXFP4 gate/up products take the kernel a lane a
+/// row (`TURBOSPARK_CUDA_GATE_UP=lane`; q8dot.cu
+/// `moe_gate_up_lane_impl`): the same bits as the per-route kernels (the
+/// host emulation test checks both against a scalar reference of the sum
+/// order), about a third of their instructions. Opt-in until measured.
+/// `lane` asks the L2 for a lane's row 4 groups ahead of its loads
+/// (`moe_gate_up_lane_l2_*`), `lane0` does not: `Some(asks)`, or `None`.
+fn lane_gate_up(setting: Option<&str>) -> Option<bool> {
+    match setting.map(str::trim) {
+        Some("lane") => Some(true),
+        Some("lane0") => Some(false),
+        _ => None,
+    }
 }
 
 /// Which kernels compiled for one width are used where they fit
@@ -511,6 +552,27 @@ impl Q8Set {
                 }
                 _ => None,
             },
+            lane: match fmt {
+                QuantFormat::Mxfp4 => {
+                    match lane_gate_up(std::env::var("TURBOSPARK_CUDA_GATE_UP").ok().as_deref()) {
+                        Some(asks) => {
+                            let name = if asks {
+                                "moe_gate_up_lane_l2"
+                            } else {
+                                "moe_gate_up_lane"
+                            };
+                            let any = f(format!("{name}_q8x_{n}"))?;
+                            let wide = match wide.0 {
+                                true => Some(f(format!("{name}_q8x_{n}_w{WIDE_WIDTH}"))?),
+                                false => None,
+                            };
+                            Some((any, wide))
+                        }
+                        None => None,
+                    }
+                }
+                _ => None,
+            },
             mma1: match fmt {
                 QuantFormat::Q8_0
                     if q8_tensor_cores(std::env::var("TURBOSPARK_CUDA_Q8").ok().as_deref()) =>
@@ -578,6 +640,18 @@ mod tests {
         assert!(early_gate_up(None));
         assert!(!early_gate_up(Some("wait")));
         assert!(!early_gate_up(Some(" wait ")));
+    }
+
+    /// `TURBOSPARK_CUDA_GATE_UP=lane`: the gate/up a lane a row (and the
+    /// early form stays loaded for the other formats).
+    #[test]
+    fn lane_gate_up_follows_the_setting() {
+        assert_eq!(lane_gate_up(Some("lane")), Some(true));
+        assert_eq!(lane_gate_up(Some(" lane ")), Some(true));
+        assert_eq!(lane_gate_up(Some("lane0")), Some(false));
+        assert_eq!(lane_gate_up(None), None);
+        assert_eq!(lane_gate_up(Some("early")), None);
+        assert!(early_gate_up(Some("lane")));
     }
 
     /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.

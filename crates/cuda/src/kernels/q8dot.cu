@@ -753,3 +753,173 @@ Q8_KERNELS(mxfp4, F_MXFP4)
 #define Q8_WIDE_KERNELS(fmt, F, W) Q8_ROUTE_KERNELS(fmt, F, _w##W, W)
 
 Q8_WIDE_KERNELS(mxfp4, F_MXFP4, 2880)
+
+// One token's MXFP4 gate and up rows, a lane a row (opt-in,
+// TURBOSPARK_CUDA_GATE_UP=lane; kernels.rs `q8::lane_gate_up`): the same
+// sums in the same canonical order as moe_gate_up_q8_impl, so the same
+// bits, with none of its cross-lane work. There a warp takes a row pair,
+// lane l block l of each 32-block stretch, and the chunks' fmaf chains
+// pass from lane to lane by shuffles and meet in shared memory; about two
+// thirds of its ~840 instructions a warp are that reduction, and on an
+// H200 these products are bound by their instructions, not by the HBM
+// (BENCHMARKS.md, seventeenth and forty-ninth sessions). Here lane 2j of a
+// warp owns gate row j of the warp's LANE_ROW_PAIRS, lane 2j + 1 up row j,
+// and walks its row's blocks in order: per chunk of Q8_CHUNK blocks
+// p = fmaf((float)Σ, dw · dx, p) from 0, the total adding the parts in
+// order, with no shuffle until the pair meets for the GLU.
+//
+// The token's codes and scales, shared by every row, are staged in shared
+// memory (read as broadcasts). A lane's weight loads are issued a group of
+// LANE_GROUP blocks (two chunks) ahead of the group it sums, codes as one
+// 16-byte load a block and scales as one word a chunk, so ~270 bytes a
+// lane are in flight while it computes. A warp's loads touch 32 rows, a
+// 16-byte piece each; consecutive pieces of a row share a sector, which
+// the L1 holds between them.
+//
+// grid (ceil(inter / LANE_BLOCK_ROWS), routes), LANE_WARPS warps a block;
+// rows up to LANE_MAX_COLS wide (the staged token). WIDTH as Q8_WIDE_KERNELS.
+#define LANE_ROW_PAIRS 16
+#define LANE_WARPS 2
+#define LANE_BLOCK_ROWS (LANE_WARPS * LANE_ROW_PAIRS)
+#define LANE_GROUP 8
+#define LANE_MAX_COLS 4096
+
+// A group's weights: LANE_GROUP blocks' codes, their e8m0 scales packed a
+// chunk a word (byte u of word c: block c · Q8_CHUNK + u).
+struct LaneGroup {
+    uint4 w[LANE_GROUP];
+    u32 s[LANE_GROUP / Q8_CHUNK];
+};
+
+// Group g of a split MXFP4 row of nb blocks. FULL: the group lies wholly in
+// the row; else zeros past its end, and a chunk's scale word read whole
+// only when its blocks all lie in the row.
+template <bool FULL>
+__device__ __forceinline__ void lane_load_group(const u8* row, int nb, int g, LaneGroup& L) {
+    int b0 = g * LANE_GROUP;
+#pragma unroll
+    for (int u = 0; u < LANE_GROUP; u++) {
+        int b = b0 + u;
+        L.w[u] = FULL || b < nb ? ld_stream_u4(split_codes<F_MXFP4>(row, b))
+                                : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int c = 0; c < LANE_GROUP / Q8_CHUNK; c++) {
+        int first = b0 + c * Q8_CHUNK;
+        const u8* sc = split_scale<F_MXFP4>(row, nb * 32, first);
+        if (FULL || first + Q8_CHUNK <= nb) {
+            L.s[c] = ld_stream_u32(sc);
+        } else {
+            u32 v = 0;
+            for (int u = 0; first + u < nb; u++) v |= ld_stream_u8(sc + u) << (8 * u);
+            L.s[c] = v;
+        }
+    }
+}
+
+// `total` with group g's chunks added in the canonical order (blocks past
+// nb left out, as q8_chunk_part leaves them; none when FULL).
+template <bool FULL>
+__device__ __forceinline__ float lane_add_group(const LaneGroup& L, int nb, int g,
+                                                const int4* __restrict__ xs,
+                                                const float* __restrict__ xds, Mxfp4Tables t,
+                                                float total) {
+    int b0 = g * LANE_GROUP;
+#pragma unroll
+    for (int c = 0; c < LANE_GROUP / Q8_CHUNK; c++) {
+        int first = b0 + c * Q8_CHUNK;
+        if (!FULL && first >= nb) break;
+        float p = 0.0f;
+#pragma unroll
+        for (int u = 0; u < Q8_CHUNK; u++) {
+            int b = first + u;
+            if (!FULL && b >= nb) break;
+            Q8Act<F_MXFP4> x = {xs[2 * b], xs[2 * b + 1]};
+            int v = q8_piece_dot<F_MXFP4>(L.w[c * Q8_CHUNK + u], x, t);
+            float gw = q8_weight_scale<F_MXFP4>((L.s[c] >> (8 * u)) & 0xFFu) * xds[b];
+            p = fmaf((float)v, gw, p);
+        }
+        total += p;
+    }
+    return total;
+}
+
+// Asks the L2 for group g of the row (its codes' first line; the lines
+// between are asked for by the groups before and after, the row's last by
+// the caller) where the row has it.
+__device__ __forceinline__ void lane_prefetch_group(const u8* row, int nb, int g) {
+    if (g * LANE_GROUP < nb) prefetch_l2(split_codes<F_MXFP4>(row, g * LANE_GROUP));
+}
+
+// PREFETCH: groups a lane asks the L2 for ahead of the one it loads (0:
+// none), so that its loads, issued a group ahead of their use, wait on the
+// L2 rather than the HBM — with ~5 warps an SM streaming (one token's
+// 11520 row pairs of gpt-oss), a group's sums are too short to cover a
+// load from memory.
+template <int WIDTH = 0, int PREFETCH = 0>
+__device__ void moe_gate_up_lane_impl(const signed char* __restrict__ xq,
+                                      const float* __restrict__ xd,
+                                      const RouteOut* __restrict__ routes, int k, SlotMask only,
+                                      BankView b, MoeAct a, float* __restrict__ act) {
+    __shared__ __align__(16) int4 xs[LANE_MAX_COLS / 16];
+    __shared__ float xds[LANE_MAX_COLS / 32];
+    if (WIDTH) b.hidden = WIDTH;
+    int i = blockIdx.y, lane = threadIdx.x & 31;
+    int row = blockIdx.x * LANE_BLOCK_ROWS + (threadIdx.x >> 5) * LANE_ROW_PAIRS + (lane >> 1);
+    bool live = row < b.inter, up = lane & 1;
+    u32 slot = routes[i].slot;
+    if (!slot_computed(only, slot, b.slots)) return;
+    int t = i < k ? 0 : i / k, nb = b.hidden / 32;
+    i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
+    const u8* wr = up ? b.up + r * b.up_row_bytes : b.gate + r * b.gate_row_bytes;
+    // The groups wholly in the row, two a pass so that neither buffer is
+    // copied, the first and the partial last (if any) loaded before the
+    // token is staged.
+    int full = nb / LANE_GROUP;
+    if (PREFETCH) {
+        prefetch_l2(split_scale<F_MXFP4>(wr, b.hidden, 0));
+        prefetch_l2(split_scale<F_MXFP4>(wr, b.hidden, nb - 1));
+        prefetch_l2(split_codes<F_MXFP4>(wr, nb) - 1);
+#pragma unroll
+        for (int p = 1; p <= PREFETCH; p++) lane_prefetch_group(wr, nb, p);
+    }
+    LaneGroup even, odd, last;
+    if (full > 0) lane_load_group<true>(wr, nb, 0, even);
+    bool partial = full * LANE_GROUP < nb;
+    if (partial) lane_load_group<false>(wr, nb, full, last);
+    // The block's token, staged whole.
+    const int4* xt = (const int4*)(xq + (i64)t * b.hidden);
+    for (int j = threadIdx.x; j < b.hidden / 16; j += blockDim.x) xs[j] = xt[j];
+    for (int j = threadIdx.x; j < nb; j += blockDim.x) xds[j] = xd[(i64)t * nb + j];
+    __syncthreads();
+    Mxfp4Tables tables = Mxfp4Tables::held();
+    float total = 0.0f;
+    int g = 0;
+    for (; g + 1 < full; g += 2) {
+        if (PREFETCH) {
+            lane_prefetch_group(wr, nb, g + 1 + PREFETCH);
+            lane_prefetch_group(wr, nb, g + 2 + PREFETCH);
+        }
+        lane_load_group<true>(wr, nb, g + 1, odd);
+        total = lane_add_group<true>(even, nb, g, xs, xds, tables, total);
+        if (g + 2 < full) lane_load_group<true>(wr, nb, g + 2, even);
+        total = lane_add_group<true>(odd, nb, g + 1, xs, xds, tables, total);
+    }
+    if (g < full) total = lane_add_group<true>(even, nb, g, xs, xds, tables, total);
+    if (partial) total = lane_add_group<false>(last, nb, full, xs, xds, tables, total);
+    float other = __shfl_xor_sync(FULL_MASK, total, 1);
+    if (live && !up) act[(i64)i * b.inter + row] = moe_act_value(b, a, r, total, other);
+}
+
+// The gate/up a lane a row (`_l2`: asking the L2 for 4 groups ahead), for
+// rows of any width and compiled for gpt-oss's 2880.
+#define Q8_LANE_KERNEL(NAME, W, PREFETCH)                                                      \
+    KERNEL void NAME(const signed char* xq, const float* xd, const RouteOut* routes, int k,    \
+                     SlotMask only, BankView b, MoeAct a, float* act) {                        \
+        KERNEL_ENTRY();                                                                        \
+        moe_gate_up_lane_impl<W, PREFETCH>(xq, xd, routes, k, only, b, a, act);                \
+    }
+Q8_LANE_KERNEL(moe_gate_up_lane_q8x_mxfp4, 0, 0)
+Q8_LANE_KERNEL(moe_gate_up_lane_q8x_mxfp4_w2880, 2880, 0)
+Q8_LANE_KERNEL(moe_gate_up_lane_l2_q8x_mxfp4, 0, 4)
+Q8_LANE_KERNEL(moe_gate_up_lane_l2_q8x_mxfp4_w2880, 2880, 4)

@@ -558,6 +558,21 @@ impl CudaStream {
             // first weights before its wait (unless TURBOSPARK_CUDA_GATE_UP=wait)
             // where the quantization above stands between the routing and
             // it (not when the router's launch made the input).
+            // Or a lane a row, where asked for (the same bits).
+            if let (false, Some(f)) = (grouped, gate.lane_gate_up_for(hidden)) {
+                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
+                let grid = (
+                    inter.div_ceil(kernels::LANE_BLOCK_ROWS) as u32,
+                    (n * k) as u32,
+                    1,
+                );
+                launch("moe", f, self.raw(), grid, kernels::LANE_THREADS, 0, args)?;
+                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
+                let f = down.route.down_for(inter);
+                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
+                return launch("moe", f, self.raw(), grid, kernels::Q8_THREADS, 0, args);
+            }
             let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {
                 (None, Some(early)) => early,
                 _ => gate.route.gate_up_for(hidden),

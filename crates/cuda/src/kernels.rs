@@ -14,8 +14,8 @@ use kq::kq_setting;
 pub(crate) use kq::{kq_fits, KqKernels, KqSet};
 
 pub(crate) use q8::{
-    OneKernel, OneWork, Q8Kernels, Q8Set, LANE_BLOCK_ROWS, LANE_THREADS, MMA_GU_ROWS,
-    MMA_GU_THREADS, MMA_MAX_COLS, MMA_Q8_WARPS, MMA_ROWS, MMA_THREADS, ONE_MAX_COLS,
+    OneKernel, OneWork, Q8Kernels, Q8Set, MMA_GU_ROWS, MMA_GU_THREADS, MMA_MAX_COLS, MMA_Q8_WARPS,
+    MMA_ROWS, MMA_THREADS, ONE_MAX_COLS,
 };
 use tc::tc_setting;
 pub(crate) use tc::{

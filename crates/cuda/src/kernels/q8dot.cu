@@ -923,3 +923,86 @@ Q8_LANE_KERNEL(moe_gate_up_lane_q8x_mxfp4, 0, 0)
 Q8_LANE_KERNEL(moe_gate_up_lane_q8x_mxfp4_w2880, 2880, 0)
 Q8_LANE_KERNEL(moe_gate_up_lane_l2_q8x_mxfp4, 0, 4)
 Q8_LANE_KERNEL(moe_gate_up_lane_l2_q8x_mxfp4_w2880, 2880, 4)
+
+// One token's MXFP4 gate and up rows, 8 lanes a row pair (opt-in,
+// TURBOSPARK_CUDA_GATE_UP=oct): the same sums in the same canonical order
+// as moe_gate_up_q8_impl, so the same bits, with its cross-lane work
+// shared by four row pairs. A warp takes OCT_PAIRS row pairs, lanes
+// 8j..8j+7 (the octet) pair j; lane o of an octet owns block o of each
+// 8-block stretch of both rows, so a warp's load is four rows' 128
+// contiguous bytes. A stretch is two chunks: each chunk's fmaf chain
+// passes up four lanes (q8_chunk_part), and lane 7 of the octet adds
+// chunk 0's part (from lane 3) and chunk 1's (its own) to the totals.
+// The moe_gate_up_q8_impl warp forms that chain for one row pair, over 32
+// blocks, with the same number of shuffles. OCT_UNROLL stretches' weight
+// loads are issued before any is used.
+//
+// grid (ceil(inter / OCT_BLOCK_ROWS), routes), OCT_WARPS warps a block.
+// WIDTH as Q8_WIDE_KERNELS.
+#define OCT_PAIRS 4
+#define OCT_WARPS 4
+#define OCT_BLOCK_ROWS (OCT_WARPS * OCT_PAIRS)
+#define OCT_UNROLL 6
+
+template <int WIDTH = 0>
+__device__ void moe_gate_up_oct_impl(const signed char* __restrict__ xq,
+                                     const float* __restrict__ xd,
+                                     const RouteOut* __restrict__ routes, int k, SlotMask only,
+                                     BankView b, MoeAct a, float* __restrict__ act) {
+    if (WIDTH) b.hidden = WIDTH;
+    int i = blockIdx.y, lane = threadIdx.x & 31, o = lane & 7;
+    int row = blockIdx.x * OCT_BLOCK_ROWS + (threadIdx.x >> 5) * OCT_PAIRS + (lane >> 3);
+    bool live = row < b.inter;
+    u32 slot = routes[i].slot;
+    if (!slot_computed(only, slot, b.slots)) return;
+    int t = i < k ? 0 : i / k, nb = b.hidden / 32;
+    i64 r = (i64)slot * b.inter + min(row, b.inter - 1);
+    const u8* wr[2] = {b.gate + r * b.gate_row_bytes, b.up + r * b.up_row_bytes};
+    const signed char* xt = xq + (i64)t * b.hidden;
+    const float* dt = xd + (i64)t * nb;
+    Mxfp4Tables tables = Mxfp4Tables::held();
+    float total[2] = {0.0f, 0.0f};  // lane 7 of the octet's
+    int stretches = (nb + 7) / 8;
+    // (With the width known, both rounds unrolled: the bounds checks fold.)
+#pragma unroll
+    for (int s0 = 0; s0 < stretches; s0 += OCT_UNROLL) {
+        uint4 w[OCT_UNROLL][2];
+        u32 sw[OCT_UNROLL][2];
+#pragma unroll
+        for (int u = 0; u < OCT_UNROLL; u++) {
+            int bl = (s0 + u) * 8 + o;
+            q8_load_weights<F_MXFP4, 2>(wr, b.hidden, bl, 0, bl < nb, w[u], sw[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < OCT_UNROLL; u++) {
+            int first = (s0 + u) * 8;
+            if (first >= nb) break;  // uniform over the warp
+            int bl = first + o;
+            bool valid = bl < nb;
+            Q8Act<F_MXFP4> x = valid ? q8_load_act<F_MXFP4>(xt, bl, 0)
+                                     : Q8Act<F_MXFP4>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+            float dx = valid ? dt[bl] : 0.0f;
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                int v = valid ? q8_piece_dot<F_MXFP4>(w[u][rr], x, tables) : 0;
+                float g = (valid ? q8_weight_scale<F_MXFP4>(sw[u][rr]) : 0.0f) * dx;
+                float p = q8_chunk_part((float)v, g, o & 3, 1);
+                float first_part = __shfl_sync(FULL_MASK, p, (lane & ~7) | 3);
+                if (o == 7) {
+                    total[rr] += first_part;
+                    total[rr] += p;
+                }
+            }
+        }
+    }
+    if (live && o == 7) act[(i64)i * b.inter + row] = moe_act_value(b, a, r, total[0], total[1]);
+}
+
+#define Q8_OCT_KERNEL(NAME, W)                                                                 \
+    KERNEL void NAME(const signed char* xq, const float* xd, const RouteOut* routes, int k,    \
+                     SlotMask only, BankView b, MoeAct a, float* act) {                        \
+        KERNEL_ENTRY();                                                                        \
+        moe_gate_up_oct_impl<W>(xq, xd, routes, k, only, b, a, act);                           \
+    }
+Q8_OCT_KERNEL(moe_gate_up_oct_q8x_mxfp4, 0)
+Q8_OCT_KERNEL(moe_gate_up_oct_q8x_mxfp4_w2880, 2880)

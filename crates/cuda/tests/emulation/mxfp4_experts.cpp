@@ -325,6 +325,25 @@ void run_case(const Case& c, std::mt19937& rng) {
             bits::expect_same(c.name + ": q8dot.cu gate/up, a lane a row" + what, act, want_act);
         }
     }
+    {  // q8dot.cu's gate/up 8 lanes a row pair (opt-in)
+        dim3 grid = {(unsigned)(c.inter + OCT_BLOCK_ROWS - 1) / OCT_BLOCK_ROWS, routes_n, 1};
+        dim3 threads = {OCT_WARPS * 32, 1, 1};
+        auto act = fresh(want_act.size());
+        emu::launch(grid, threads, [&] {
+            moe_gate_up_oct_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank, act_fn,
+                                      act.data());
+        });
+        bits::expect_same(c.name + ": q8dot.cu gate/up, 8 lanes a row pair", act, want_act);
+        if (c.hidden == 2880) {
+            act = fresh(want_act.size());
+            emu::launch(grid, threads, [&] {
+                moe_gate_up_oct_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank,
+                                                act_fn, act.data());
+            });
+            bits::expect_same(c.name + ": q8dot.cu gate/up, 8 lanes a row pair, 2880 when compiled",
+                              act, want_act);
+        }
+    }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {
         ExpertOrder g = expert_order(routes, c.slots);

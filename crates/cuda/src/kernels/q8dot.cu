@@ -934,21 +934,79 @@ Q8_LANE_KERNEL(moe_gate_up_lane_l2_q8x_mxfp4_w2880, 2880, 4)
 // passes up four lanes (q8_chunk_part), and lane 7 of the octet adds
 // chunk 0's part (from lane 3) and chunk 1's (its own) to the totals.
 // The moe_gate_up_q8_impl warp forms that chain for one row pair, over 32
-// blocks, with the same number of shuffles. OCT_UNROLL stretches' weight
-// loads are issued before any is used.
+// blocks, with the same number of shuffles. The weights go through shared
+// memory by cp.async, a round of OCT_UNROLL stretches in flight while the
+// round before is summed (ptxas 13.0 issued register loads just before
+// their use, a few in flight a warp, whatever barrier stood between).
 //
 // grid (ceil(inter / OCT_BLOCK_ROWS), routes), OCT_WARPS warps a block.
 // WIDTH as Q8_WIDE_KERNELS.
 #define OCT_PAIRS 4
 #define OCT_WARPS 4
 #define OCT_BLOCK_ROWS (OCT_WARPS * OCT_PAIRS)
-#define OCT_UNROLL 6
+#define OCT_UNROLL 4
+
+// A warp's round of OCT_UNROLL stretches in shared memory: lane l's code
+// bytes of each row, and each octet's 8 scale bytes of a stretch's row
+// (byte o: lane o's block).
+struct OctStage {
+    uint4 w[OCT_UNROLL][2][32];
+    uint2 s[OCT_UNROLL][2][4];
+};
+
+// Round q's copies into S (blocks past the row's end not copied: their
+// lanes add nothing). Only lane 0 of an octet copies its scales.
+__device__ __forceinline__ void oct_issue(const u8* const* wr, int nb, int q, int lane,
+                                          OctStage& S) {
+    int o = lane & 7, oc = lane >> 3;
+#pragma unroll
+    for (int u = 0; u < OCT_UNROLL; u++) {
+        int first = (q * OCT_UNROLL + u) * 8, bl = first + o;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            if (bl < nb) tc_cp16(&S.w[u][rr][lane], split_codes<F_MXFP4>(wr[rr], bl));
+            if (o == 0 && first < nb)
+                tc_cp8(&S.s[u][rr][oc], split_scale<F_MXFP4>(wr[rr], nb * 32, first));
+        }
+    }
+}
+
+// Round q's stretches (landed in S) added to the totals (lane 7 of the
+// octet's) in the canonical order.
+__device__ __forceinline__ void oct_add(const OctStage& S, const signed char* __restrict__ xt,
+                                        const float* __restrict__ dt, int nb, int q, int lane,
+                                        Mxfp4Tables tables, float* total) {
+    int o = lane & 7, oc = lane >> 3;
+#pragma unroll
+    for (int u = 0; u < OCT_UNROLL; u++) {
+        int first = (q * OCT_UNROLL + u) * 8;
+        if (first >= nb) break;  // uniform over the warp
+        int bl = first + o;
+        bool valid = bl < nb;
+        Q8Act<F_MXFP4> x = valid ? q8_load_act<F_MXFP4>(xt, bl, 0)
+                                 : Q8Act<F_MXFP4>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
+        float dx = valid ? dt[bl] : 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            int v = valid ? q8_piece_dot<F_MXFP4>(S.w[u][rr][lane], x, tables) : 0;
+            u32 raw = ((const u8*)&S.s[u][rr][oc])[o];
+            float g = (valid ? q8_weight_scale<F_MXFP4>(raw) : 0.0f) * dx;
+            float p = q8_chunk_part((float)v, g, o & 3, 1);
+            float first_part = __shfl_sync(FULL_MASK, p, (lane & ~7) | 3);
+            if (o == 7) {
+                total[rr] += first_part;
+                total[rr] += p;
+            }
+        }
+    }
+}
 
 template <int WIDTH = 0>
 __device__ void moe_gate_up_oct_impl(const signed char* __restrict__ xq,
                                      const float* __restrict__ xd,
                                      const RouteOut* __restrict__ routes, int k, SlotMask only,
                                      BankView b, MoeAct a, float* __restrict__ act) {
+    __shared__ OctStage stages[OCT_WARPS][2];
     if (WIDTH) b.hidden = WIDTH;
     int i = blockIdx.y, lane = threadIdx.x & 31, o = lane & 7;
     int row = blockIdx.x * OCT_BLOCK_ROWS + (threadIdx.x >> 5) * OCT_PAIRS + (lane >> 3);
@@ -961,39 +1019,22 @@ __device__ void moe_gate_up_oct_impl(const signed char* __restrict__ xq,
     const signed char* xt = xq + (i64)t * b.hidden;
     const float* dt = xd + (i64)t * nb;
     Mxfp4Tables tables = Mxfp4Tables::held();
-    float total[2] = {0.0f, 0.0f};  // lane 7 of the octet's
-    int stretches = (nb + 7) / 8;
-    // (With the width known, both rounds unrolled: the bounds checks fold.)
-#pragma unroll
-    for (int s0 = 0; s0 < stretches; s0 += OCT_UNROLL) {
-        uint4 w[OCT_UNROLL][2];
-        u32 sw[OCT_UNROLL][2];
-#pragma unroll
-        for (int u = 0; u < OCT_UNROLL; u++) {
-            int bl = (s0 + u) * 8 + o;
-            q8_load_weights<F_MXFP4, 2>(wr, b.hidden, bl, 0, bl < nb, w[u], sw[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < OCT_UNROLL; u++) {
-            int first = (s0 + u) * 8;
-            if (first >= nb) break;  // uniform over the warp
-            int bl = first + o;
-            bool valid = bl < nb;
-            Q8Act<F_MXFP4> x = valid ? q8_load_act<F_MXFP4>(xt, bl, 0)
-                                     : Q8Act<F_MXFP4>{make_int4(0, 0, 0, 0), make_int4(0, 0, 0, 0)};
-            float dx = valid ? dt[bl] : 0.0f;
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
-                int v = valid ? q8_piece_dot<F_MXFP4>(w[u][rr], x, tables) : 0;
-                float g = (valid ? q8_weight_scale<F_MXFP4>(sw[u][rr]) : 0.0f) * dx;
-                float p = q8_chunk_part((float)v, g, o & 3, 1);
-                float first_part = __shfl_sync(FULL_MASK, p, (lane & ~7) | 3);
-                if (o == 7) {
-                    total[rr] += first_part;
-                    total[rr] += p;
-                }
-            }
-        }
+    float total[2] = {0.0f, 0.0f};
+    int rounds = ((nb + 7) / 8 + OCT_UNROLL - 1) / OCT_UNROLL;
+    // The weights copied into the warp's two stages (cp.async, which the
+    // compiler issues where written): round q + 1's in flight while round
+    // q is summed. A round's scales are copied by other lanes: __syncwarp
+    // after the wait makes them visible, and before the stage is refilled.
+    OctStage* stage = stages[threadIdx.x >> 5];
+    oct_issue(wr, nb, 0, lane, stage[0]);
+    tc_cp_commit();
+    for (int q = 0; q < rounds; q++) {
+        if (q + 1 < rounds) oct_issue(wr, nb, q + 1, lane, stage[(q + 1) & 1]);
+        tc_cp_commit();
+        tc_cp_wait<1>();
+        __syncwarp();
+        oct_add(stage[q & 1], xt, dt, nb, q, lane, tables, total);
+        __syncwarp();
     }
     if (live && o == 7) act[(i64)i * b.inter + row] = moe_act_value(b, a, r, total[0], total[1]);
 }

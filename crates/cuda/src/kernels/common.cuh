@@ -549,28 +549,3 @@ __device__ __forceinline__ void rows_dot(const u8* row, int cols, const float* c
 #pragma unroll
     for (int t = 0; t < T; t++) acc[t] = warp_sum(acc[t]);
 }
-
-// Asynchronous copies from global to shared memory (cp.async): tcmm.cu's
-// streamed bf16 products, q8dot.cu's octet gate/up.
-#ifndef TURBOSPARK_HOST_EMULATION
-// 16 bytes from global to shared memory, asynchronously, past the L1.
-// (With an evict-first `.L2::cache_hint`, ptxas 13.0 for sm_90 encoded the
-// policy in an odd uniform register and the H100 stopped at the first
-// copy with an illegal instruction: BENCHMARKS.md, thirtieth session.)
-__device__ __forceinline__ void tc_cp16(void* dst, const void* src) {
-    u32 s = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-// 8 bytes (both addresses 8-byte aligned), through the L1.
-__device__ __forceinline__ void tc_cp8(void* dst, const void* src) {
-    u32 s = (u32)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-// Waits until at most N of this thread's groups are pending: every group
-// but the last N committed has landed.
-template <int N>
-__device__ __forceinline__ void tc_cp_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-#endif

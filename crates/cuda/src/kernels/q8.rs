@@ -38,73 +38,6 @@ pub(crate) struct Q8Set {
     /// .. `_c4`, by chunks a warp; Q8_0 only), where asked for
     /// ([`q8_tensor_cores`]).
     pub mma1: Option<[CudaFunction; MMA_Q8_MAX_CPW]>,
-    /// One token's per-route MXFP4 gate/up kernels that share less of a
-    /// row between lanes than `route`'s, where asked for ([`row_kernels`]).
-    pub rows: Option<RowKernels>,
-}
-
-/// One token's per-route MXFP4 gate/up kernels of q8dot.cu other than the
-/// default's (a warp a row pair): `moe_gate_up_lane_*` (a lane a row) or
-/// `moe_gate_up_oct_*` (8 lanes a row pair), for any width and, where the
-/// wide kernels are on, for [`WIDE_WIDTH`]; the same bits.
-pub(crate) struct RowKernels {
-    any: CudaFunction,
-    wide: Option<CudaFunction>,
-    /// Intermediate rows a block takes, and its threads.
-    pub block_rows: usize,
-    pub threads: u32,
-    /// The widest rows it takes (the lane kernels stage the token).
-    max_cols: usize,
-}
-
-/// Rows and threads of the lane kernels' blocks (`LANE_BLOCK_ROWS`,
-/// `LANE_WARPS` warps) and the widest rows (`LANE_MAX_COLS`); of the octet
-/// kernels' (`OCT_BLOCK_ROWS`, `OCT_WARPS`).
-const LANE_BLOCK_ROWS: usize = 32;
-const LANE_THREADS: u32 = 64;
-const LANE_MAX_COLS: usize = 4096;
-const OCT_BLOCK_ROWS: usize = 16;
-const OCT_THREADS: u32 = 128;
-
-impl RowKernels {
-    fn load(m: &Modules, kind: RowKind, wide: bool) -> Result<RowKernels, CudaError> {
-        let (name, block_rows, threads, max_cols) = match kind {
-            RowKind::LaneAsking => (
-                "moe_gate_up_lane_l2",
-                LANE_BLOCK_ROWS,
-                LANE_THREADS,
-                LANE_MAX_COLS,
-            ),
-            RowKind::Lane => (
-                "moe_gate_up_lane",
-                LANE_BLOCK_ROWS,
-                LANE_THREADS,
-                LANE_MAX_COLS,
-            ),
-            RowKind::Octet => ("moe_gate_up_oct", OCT_BLOCK_ROWS, OCT_THREADS, usize::MAX),
-        };
-        Ok(RowKernels {
-            any: kernel(m, &format!("{name}_q8x_mxfp4"))?,
-            wide: match wide {
-                true => Some(kernel(m, &format!("{name}_q8x_mxfp4_w{WIDE_WIDTH}"))?),
-                false => None,
-            },
-            block_rows,
-            threads,
-            max_cols,
-        })
-    }
-
-    /// The kernel for rows `hidden` wide, where it takes them.
-    pub(crate) fn for_width(&self, hidden: usize) -> Option<&CudaFunction> {
-        if hidden > self.max_cols || hidden % 32 != 0 {
-            return None;
-        }
-        Some(match &self.wide {
-            Some(w) if hidden == WIDE_WIDTH => w,
-            _ => &self.any,
-        })
-    }
 }
 
 /// Warps of a `matmul1_mma_q8_0` block (`MMA_Q8_WARPS`, one 16-row tile),
@@ -301,33 +234,6 @@ impl OneSet {
 /// (BENCHMARKS.md, twenty-ninth session).
 fn early_gate_up(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("wait")
-}
-
-/// Which of q8dot.cu's other one-token MXFP4 gate/up kernels
-/// `TURBOSPARK_CUDA_GATE_UP` asks for (the early per-route kernels stay
-/// loaded for the other formats).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum RowKind {
-    /// `lane`: a lane a row, asking the L2 for its row 4 groups ahead.
-    LaneAsking,
-    /// `lane0`: a lane a row, no asks.
-    Lane,
-    /// `oct`: 8 lanes a row pair.
-    Octet,
-}
-
-/// `TURBOSPARK_CUDA_GATE_UP=lane`, `=lane0` or `=oct`: the same bits as
-/// the per-route kernels (the host emulation test checks each against a
-/// scalar reference of the sum order) with fewer instructions. Opt-in:
-/// on an H100 the lane kernels decoded the gpt-oss-shaped model 11–13 %
-/// slower (BENCHMARKS.md, fifty-first session).
-fn row_kernels(setting: Option<&str>) -> Option<RowKind> {
-    match setting.map(str::trim) {
-        Some("lane") => Some(RowKind::LaneAsking),
-        Some("lane0") => Some(RowKind::Lane),
-        Some("oct") => Some(RowKind::Octet),
-        _ => None,
-    }
 }
 
 /// Which kernels compiled for one width are used where they fit
@@ -605,13 +511,6 @@ impl Q8Set {
                 }
                 _ => None,
             },
-            rows: match (
-                fmt,
-                row_kernels(std::env::var("TURBOSPARK_CUDA_GATE_UP").ok().as_deref()),
-            ) {
-                (QuantFormat::Mxfp4, Some(kind)) => Some(RowKernels::load(m, kind, wide.0)?),
-                _ => None,
-            },
             mma1: match fmt {
                 QuantFormat::Q8_0
                     if q8_tensor_cores(std::env::var("TURBOSPARK_CUDA_Q8").ok().as_deref()) =>
@@ -679,19 +578,6 @@ mod tests {
         assert!(early_gate_up(None));
         assert!(!early_gate_up(Some("wait")));
         assert!(!early_gate_up(Some(" wait ")));
-    }
-
-    /// `TURBOSPARK_CUDA_GATE_UP=lane`, `=lane0`, `=oct`: q8dot.cu's other
-    /// gate/up kernels (the early form stays loaded for the other formats).
-    #[test]
-    fn other_gate_up_kernels_follow_the_setting() {
-        assert_eq!(row_kernels(Some("lane")), Some(RowKind::LaneAsking));
-        assert_eq!(row_kernels(Some(" lane ")), Some(RowKind::LaneAsking));
-        assert_eq!(row_kernels(Some("lane0")), Some(RowKind::Lane));
-        assert_eq!(row_kernels(Some("oct")), Some(RowKind::Octet));
-        assert_eq!(row_kernels(None), None);
-        assert_eq!(row_kernels(Some("early")), None);
-        assert!(early_gate_up(Some("oct")));
     }
 
     /// `TURBOSPARK_CUDA_WIDE`: both unless `0` (none) or `experts`.

@@ -421,7 +421,23 @@ __device__ __forceinline__ void matmul_tc1r_impl(const MatGroup& g, int cols,
 #define TC_RING 8          // chunks in flight a warp
 #define TC_STREAM_PMAX 8   // chunks a segment at most (tc.rs TC_STREAM_MAX_PER)
 
-// (The copies, tc_cp16 and the rest: common.cuh.)
+#ifndef TURBOSPARK_HOST_EMULATION
+// 16 bytes from global to shared memory, asynchronously, past the L1.
+// (With an evict-first `.L2::cache_hint`, ptxas 13.0 for sm_90 encoded the
+// policy in an odd uniform register and the H100 stopped at the first
+// copy with an illegal instruction: BENCHMARKS.md, thirtieth session.)
+__device__ __forceinline__ void tc_cp16(void* dst, const void* src) {
+    u32 s = (u32)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void tc_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's groups are pending: every group
+// but the last N committed has landed.
+template <int N>
+__device__ __forceinline__ void tc_cp_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+#endif
 
 // Where unit u of a warp's stream (tile u / cnt of the block's, chunk
 // c0 + u % cnt) is read from, for lane group (gr, q): rows gr and gr + 8.

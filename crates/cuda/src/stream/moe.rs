@@ -558,21 +558,6 @@ impl CudaStream {
             // first weights before its wait (unless TURBOSPARK_CUDA_GATE_UP=wait)
             // where the quantization above stands between the routing and
             // it (not when the router's launch made the input).
-            // Or fewer lanes a row, where asked for (the same bits).
-            let rows_f = gate
-                .rows
-                .as_ref()
-                .and_then(|k| Some((k, k.for_width(hidden)?)));
-            if let (false, Some((rk, f))) = (grouped, rows_f) {
-                let args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
-                let grid = (inter.div_ceil(rk.block_rows) as u32, (n * k) as u32, 1);
-                launch("moe", f, self.raw(), grid, rk.threads, 0, args)?;
-                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
-                let args = &mut args![r.aq, r.ad, rp, mask, view, yp];
-                let f = down.route.down_for(inter);
-                let grid = q8_grid(hidden, kernels::Q8_BLOCK_ROWS);
-                return launch("moe", f, self.raw(), grid, kernels::Q8_THREADS, 0, args);
-            }
             let route_gate_up = match (premade, gate.route.gate_up_early_for(hidden)) {
                 (None, Some(early)) => early,
                 _ => gate.route.gate_up_for(hidden),

@@ -304,46 +304,6 @@ void run_case(const Case& c, std::mt19937& rng) {
                     });
         bits::expect_same(c.name + ": q8dot.cu gate/up, early", act, want_act);
     }
-    // q8dot.cu's gate/up a lane a row (opt-in; `_l2` asking the L2 ahead),
-    // rows up to LANE_MAX_COLS wide.
-    if (c.hidden <= LANE_MAX_COLS) {
-        dim3 grid = {(unsigned)(c.inter + LANE_BLOCK_ROWS - 1) / LANE_BLOCK_ROWS, routes_n, 1};
-        dim3 threads = {LANE_WARPS * 32, 1, 1};
-        using Kernel = void (*)(const signed char*, const float*, const RouteOut*, int, SlotMask,
-                                BankView, MoeAct, float*);
-        std::vector<std::pair<std::string, Kernel>> kernels = {
-            {"", moe_gate_up_lane_q8x_mxfp4}, {", l2", moe_gate_up_lane_l2_q8x_mxfp4}};
-        if (c.hidden == 2880) {
-            kernels.push_back({", 2880 when compiled", moe_gate_up_lane_q8x_mxfp4_w2880});
-            kernels.push_back({", l2, 2880 when compiled", moe_gate_up_lane_l2_q8x_mxfp4_w2880});
-        }
-        for (auto& [what, f] : kernels) {
-            auto act = fresh(want_act.size());
-            emu::launch(grid, threads, [&, f = f] {
-                f(xq, x.d.data(), routes.data(), k, mask, bank, act_fn, act.data());
-            });
-            bits::expect_same(c.name + ": q8dot.cu gate/up, a lane a row" + what, act, want_act);
-        }
-    }
-    {  // q8dot.cu's gate/up 8 lanes a row pair (opt-in)
-        dim3 grid = {(unsigned)(c.inter + OCT_BLOCK_ROWS - 1) / OCT_BLOCK_ROWS, routes_n, 1};
-        dim3 threads = {OCT_WARPS * 32, 1, 1};
-        auto act = fresh(want_act.size());
-        emu::launch(grid, threads, [&] {
-            moe_gate_up_oct_q8x_mxfp4(xq, x.d.data(), routes.data(), k, mask, bank, act_fn,
-                                      act.data());
-        });
-        bits::expect_same(c.name + ": q8dot.cu gate/up, 8 lanes a row pair", act, want_act);
-        if (c.hidden == 2880) {
-            act = fresh(want_act.size());
-            emu::launch(grid, threads, [&] {
-                moe_gate_up_oct_q8x_mxfp4_w2880(xq, x.d.data(), routes.data(), k, mask, bank,
-                                                act_fn, act.data());
-            });
-            bits::expect_same(c.name + ": q8dot.cu gate/up, 8 lanes a row pair, 2880 when compiled",
-                              act, want_act);
-        }
-    }
     // mmq.cu, the routes grouped by slot (every route valid).
     if (!c.mma_only && c.masked_out.empty()) {
         ExpertOrder g = expert_order(routes, c.slots);
@@ -385,11 +345,6 @@ int main() {
         {"800 x 96, two tokens", 800, 96, 4, 2, 2, {2, 0, 0, 3}, {}, false},
         // A slot left out by the mask and one past the bank: not written.
         {"masked and bad slots", 640, 64, 4, 1, 4, {1, 2, 9, 3}, {2}, true},
-        // Rows 4064 wide (127 blocks: a lane's last group of 7 blocks, its
-        // last chunk 3).
-        {"4064 x 96", 4064, 96, 3, 1, 2, {2, 1}, {}, true},
-        // Rows 96 wide (3 blocks: no whole group of a lane's 8).
-        {"96 x 64", 96, 64, 2, 1, 2, {1, 0}, {}, true},
         // The widest rows (64 chunks), one route.
         {"8192 wide", 8192, 64, 2, 1, 1, {1}, {}, true},
     };

@@ -427,20 +427,15 @@ inline void* dynamic_shared() {
 }  // namespace emu
 #define DYNAMIC_SHARED(T, name) T* name = (T*)emu::dynamic_shared()
 
-// PTX `cp.async` (16 or 8 bytes, global to shared), `cp.async.commit_group`
+// PTX `cp.async` (16 bytes, global to shared), `cp.async.commit_group`
 // and `cp.async.wait_group N`: a thread's copies land only when a wait
 // leaves at most N of its groups pending, so a kernel that reads its
 // shared memory before waiting for the group that fills it reads what was
 // there before.
 namespace emu {
-struct CpCopy {
-    void* dst;
-    const void* src;
-    size_t bytes;
-};
 struct CpGroups {
-    std::vector<CpCopy> open;
-    std::deque<std::vector<CpCopy>> pending;
+    std::vector<std::pair<void*, const void*>> open;
+    std::deque<std::vector<std::pair<void*, const void*>>> pending;
 };
 inline CpGroups& cp_groups() {
     static std::map<unsigned, CpGroups> groups;
@@ -450,12 +445,7 @@ inline CpGroups& cp_groups() {
 inline void tc_cp16(void* dst, const void* src) {
     expect_aligned(dst, 16);
     expect_aligned(src, 16);
-    emu::cp_groups().open.push_back({dst, src, 16});
-}
-inline void tc_cp8(void* dst, const void* src) {
-    expect_aligned(dst, 8);
-    expect_aligned(src, 8);
-    emu::cp_groups().open.push_back({dst, src, 8});
+    emu::cp_groups().open.push_back({dst, src});
 }
 inline void tc_cp_commit() {
     emu::CpGroups& g = emu::cp_groups();
@@ -466,7 +456,7 @@ template <int N>
 inline void tc_cp_wait() {
     emu::CpGroups& g = emu::cp_groups();
     while (g.pending.size() > (size_t)N) {
-        for (auto& c : g.pending.front()) memcpy(c.dst, c.src, c.bytes);
+        for (auto& c : g.pending.front()) memcpy(c.first, c.second, 16);
         g.pending.pop_front();
     }
 }

@@ -97,7 +97,10 @@
 #                names for TURBOSPARK_CUDA_KNOCKOUT; NAME%P=R picks a
 #                kernel's launches by their order in the step, e.g.
 #                matmul1_q8x_q8_0_w2880$%2=1 the router products) left
-#                out of the recorded step, alternated with none (REPS
+#                out of the recorded step (~NAME hollows them instead: an
+#                empty launch of the same shape in each one's place, so a
+#                kernel's cost splits into its place in the chain and its
+#                work), alternated with none (REPS
 #                rounds; round 1 also prints how many launches each entry
 #                named and left out in a step); the results are wrong by
 #                design, only the rates count

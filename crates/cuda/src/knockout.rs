@@ -19,21 +19,50 @@
 //! skipped kernels last wrote (the prefill's, as only recorded steps skip:
 //! routes stay valid expert slots, so every read stays in bounds), and the
 //! logits mean nothing.
+//! An entry that opens with `~` (`~attention_decode`) hollows its
+//! launches instead of leaving them out: each is replaced by a launch of
+//! `hollow_step` (kernels/knockout.cu) with the same grid, block and
+//! dynamic shared memory, which only waits for the kernel before it and
+//! lets the next one in. So a step keeps the launch's place in the chain
+//! (its dependent-launch boundary, its blocks' scheduling) and loses its
+//! work: with the two settings side by side, a kernel's cost splits into
+//! its place in the chain and its work. Where two entries name a launch,
+//! leaving it out wins over hollowing it.
 //! The first skip of each kernel is reported on stderr, and once the
-//! first such step is recorded, what each entry named and left out in it.
+//! first such step is recorded, what each entry named and left out (or
+//! hollowed) in it.
 
-use cudarc::driver::{sys, CudaFunction, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaStream};
 use std::collections::BTreeSet;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// One entry of the setting: a kernel name (a prefix, or exact with a
-/// trailing `$`) and, with `%P=R`, which of its launches (index mod P = R).
+/// trailing `$`), with `%P=R` which of its launches (index mod P = R),
+/// and whether the launches it picks are hollowed (a leading `~`) rather
+/// than left out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Pattern {
     name: String,
     every: Option<(u64, u64)>,
+    hollow: bool,
+}
+
+/// What becomes of one launch while a step is recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Kept,
+    Hollowed,
+    LeftOut,
+}
+
+/// What [`knock`] says to do with a launch: run it, leave it out, or
+/// launch this `hollow_step` in its place.
+pub(crate) enum Knock {
+    Run,
+    Skip,
+    Hollow(CudaFunction),
 }
 
 /// The setting's names, parsed once a process (none, with a message, on a
@@ -69,10 +98,16 @@ fn parse(setting: &str) -> Vec<Pattern> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .filter_map(|entry| match entry.split_once('%') {
+        .map(|entry| match entry.strip_prefix('~') {
+            Some(rest) => (true, rest.trim()),
+            None => (false, entry),
+        })
+        .filter(|(_, name)| !name.is_empty())
+        .filter_map(|(hollow, entry)| match entry.split_once('%') {
             None => Some(Pattern {
                 name: entry.to_owned(),
                 every: None,
+                hollow,
             }),
             Some((name, pick)) => {
                 let every = pick
@@ -87,6 +122,7 @@ fn parse(setting: &str) -> Vec<Pattern> {
                 Some(Pattern {
                     name: name.trim().to_owned(),
                     every: Some(every?),
+                    hollow,
                 })
             }
         })
@@ -106,6 +142,9 @@ impl Pattern {
 impl std::fmt::Display for Pattern {
     /// The entry as the setting spells it.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.hollow {
+            f.write_str("~")?;
+        }
         f.write_str(&self.name)?;
         match self.every {
             Some((period, residue)) => write!(f, "%{period}={residue}"),
@@ -131,15 +170,16 @@ struct Counts {
 }
 
 impl Counts {
-    /// Whether the launch of kernel `name` in capture `capture` is left
-    /// out: some entry names it and, with `%P=R`, this is a launch it
-    /// picks (every entry naming it counts it).
-    fn skips(&mut self, patterns: &[Pattern], capture: u64, name: &str) -> bool {
+    /// What becomes of the launch of kernel `name` in capture `capture`:
+    /// left out (or hollowed) where some entry names it and, with `%P=R`,
+    /// this is a launch it picks (every entry naming it counts it); left
+    /// out where any entry that picks it leaves it out.
+    fn fate(&mut self, patterns: &[Pattern], capture: u64, name: &str) -> Fate {
         if self.capture != capture || self.tallies.len() != patterns.len() {
             self.capture = capture;
             self.tallies = vec![Tally::default(); patterns.len()];
         }
-        let mut skip = false;
+        let mut fate = Fate::Kept;
         for (p, t) in patterns.iter().zip(self.tallies.iter_mut()) {
             if !p.names(name) {
                 continue;
@@ -150,9 +190,14 @@ impl Counts {
                 .every
                 .is_none_or(|(period, residue)| index % period == residue);
             t.left += u64::from(picked);
-            skip |= picked;
+            fate = match (picked, p.hollow, fate) {
+                (false, _, f) => f,
+                (true, false, _) => Fate::LeftOut,
+                (true, true, Fate::LeftOut) => Fate::LeftOut,
+                (true, true, _) => Fate::Hollowed,
+            };
         }
-        skip
+        fate
     }
 
     /// A line for each entry: how many launches of the recording counted
@@ -164,10 +209,8 @@ impl Counts {
             .iter()
             .zip(&self.tallies)
             .map(|(p, t)| {
-                format!(
-                    "{p}: left out {} of the {} launches it names",
-                    t.left, t.seen
-                )
+                let done = if p.hollow { "hollowed" } else { "left out" };
+                format!("{p}: {done} {} of the {} launches it names", t.left, t.seen)
             })
             .collect()
     }
@@ -198,12 +241,56 @@ pub(crate) fn step_recorded() {
     }
 }
 
-/// Whether the launch of `f` on `stream` is to be left out: the setting
-/// names it and the stream is recording a graph.
-pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
+/// Whether some entry of the setting hollows launches (so the device's
+/// kernels must register their `hollow_step`: [`register_hollow`]).
+pub(crate) fn hollows() -> bool {
+    patterns().iter().any(|p| p.hollow)
+}
+
+/// Each context's `hollow_step` (by the driver's context handle), for the
+/// launches a `~` entry hollows.
+static HOLLOW: Mutex<Vec<(usize, CudaFunction)>> = Mutex::new(Vec::new());
+
+/// Keeps `ctx`'s `hollow_step` for the launches on its streams that the
+/// setting hollows.
+pub(crate) fn register_hollow(ctx: &Arc<CudaContext>, f: CudaFunction) {
+    if let Ok(mut all) = HOLLOW.lock() {
+        let key = ctx.cu_ctx() as usize;
+        all.retain(|(k, _)| *k != key);
+        all.push((key, f));
+    }
+}
+
+/// The `hollow_step` of `stream`'s context, if one was registered.
+fn hollow_for(stream: &CudaStream) -> Option<CudaFunction> {
+    let key = stream.context().cu_ctx() as usize;
+    let all = HOLLOW.lock().ok()?;
+    all.iter().find(|(k, _)| *k == key).map(|(_, f)| f.clone())
+}
+
+/// What to do with the launch of `f` on `stream`: run it, unless the
+/// stream is recording a graph and the setting names it (then leave it
+/// out, or launch a hollow step in its place).
+pub(crate) fn knock(f: &CudaFunction, stream: &CudaStream) -> Knock {
+    match fate(f, stream) {
+        Fate::Kept => Knock::Run,
+        Fate::LeftOut => Knock::Skip,
+        Fate::Hollowed => match hollow_for(stream) {
+            Some(h) => Knock::Hollow(h),
+            None => {
+                eprintln!("TURBOSPARK_CUDA_KNOCKOUT: no hollow_step for this GPU; launch kept");
+                Knock::Run
+            }
+        },
+    }
+}
+
+/// What becomes of the launch of `f` on `stream` (kept unless the stream
+/// is recording a graph and the setting names it).
+fn fate(f: &CudaFunction, stream: &CudaStream) -> Fate {
     let patterns = patterns();
     if patterns.is_empty() {
-        return false;
+        return Fate::Kept;
     }
     let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
     let mut capture: sys::cuuint64_t = 0;
@@ -224,7 +311,7 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
     } == sys::CUresult::CUDA_SUCCESS
         && status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE;
     if !capturing {
-        return false;
+        return Fate::Kept;
     }
     let mut name_ptr: *const std::ffi::c_char = std::ptr::null();
     // SAFETY: the function handle is alive (borrowed); on success the driver
@@ -233,26 +320,29 @@ pub(crate) fn skips(f: &CudaFunction, stream: &CudaStream) -> bool {
     let ok = unsafe { sys::cuFuncGetName(&mut name_ptr, f.cu_function()) }
         == sys::CUresult::CUDA_SUCCESS;
     if !ok || name_ptr.is_null() {
-        return false;
+        return Fate::Kept;
     }
     // SAFETY: checked non-null above; NUL-terminated by the driver.
     let name = unsafe { CStr::from_ptr(name_ptr) }.to_string_lossy();
     let Ok(mut counts) = COUNTS.lock() else {
-        return false;
+        return Fate::Kept;
     };
-    if !counts.skips(patterns, capture, &name) {
-        return false;
-    }
+    let fate = counts.fate(patterns, capture, &name);
     drop(counts);
+    if fate == Fate::Kept {
+        return Fate::Kept;
+    }
     static REPORTED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
     if let Ok(mut seen) = REPORTED.lock() {
         if seen.insert(name.to_string()) {
-            eprintln!(
-                "TURBOSPARK_CUDA_KNOCKOUT: {name} left out of recorded steps (results are wrong)"
-            );
+            let done = match fate {
+                Fate::Hollowed => "hollowed in",
+                _ => "left out of",
+            };
+            eprintln!("TURBOSPARK_CUDA_KNOCKOUT: {name} {done} recorded steps (results are wrong)");
         }
     }
-    true
+    fate
 }
 
 #[cfg(test)]
@@ -287,12 +377,18 @@ mod tests {
         // A layer's q/k/v then router product, twice, then the head (the
         // same kernel): only the routers (launches 1 and 3) are left out.
         let product = "matmul1_q8x_q8_0_w2880";
-        let picked: Vec<bool> = (0..5).map(|_| c.skips(&p, 7, product)).collect();
+        let picked: Vec<bool> = (0..5)
+            .map(|_| c.fate(&p, 7, product) == Fate::LeftOut)
+            .collect();
         assert_eq!(picked, [false, true, false, true, false]);
         // Other kernels: by name alone, and uncounted by the period.
-        assert!(c.skips(&p, 7, "route"));
-        assert!(!c.skips(&p, 7, "matmul1_q8x_q8_0_w4096"));
-        assert!(c.skips(&p, 7, product), "launch 5 of the recording");
+        assert_eq!(c.fate(&p, 7, "route"), Fate::LeftOut);
+        assert_eq!(c.fate(&p, 7, "matmul1_q8x_q8_0_w4096"), Fate::Kept);
+        assert_eq!(
+            c.fate(&p, 7, product),
+            Fate::LeftOut,
+            "launch 5 of the recording"
+        );
         assert_eq!(
             c.summary(&p),
             [
@@ -301,11 +397,39 @@ mod tests {
             ]
         );
         // A new recording counts afresh.
-        assert!(!c.skips(&p, 8, product));
-        assert!(c.skips(&p, 8, product));
+        assert_eq!(c.fate(&p, 8, product), Fate::Kept);
+        assert_eq!(c.fate(&p, 8, product), Fate::LeftOut);
         assert_eq!(
             c.summary(&p)[0],
             "matmul1_q8x_q8_0_w2880$%2=1: left out 1 of the 2 launches it names"
+        );
+    }
+
+    #[test]
+    fn a_tilde_hollows_and_leaving_out_wins() {
+        let p = parse("~attention_decode, ~ rms_norm%2=0, ~, rms_norm_vec$");
+        assert_eq!(p.len(), 3, "a lone ~ names nothing and is dropped: {p:?}");
+        assert!(p[0].hollow && p[1].hollow && !p[2].hollow);
+        assert_eq!(p[1].name, "rms_norm");
+        assert_eq!(p[1].to_string(), "~rms_norm%2=0");
+        let mut c = Counts::default();
+        assert_eq!(c.fate(&p, 1, "attention_decode_f16_64"), Fate::Hollowed);
+        // rms_norm_vec's first launch: the hollowing entry's launch 0
+        // (picked) and the exact entry's: left out wins. Its second: the
+        // hollowing entry's launch 1 (not picked), the exact entry's.
+        assert_eq!(c.fate(&p, 1, "rms_norm_vec"), Fate::LeftOut);
+        assert_eq!(c.fate(&p, 1, "rms_norm_vec"), Fate::LeftOut);
+        // rms_norm itself: the hollowing entry's launches 2 (picked) and 3.
+        assert_eq!(c.fate(&p, 1, "rms_norm"), Fate::Hollowed);
+        assert_eq!(c.fate(&p, 1, "rms_norm"), Fate::Kept);
+        assert_eq!(c.fate(&p, 1, "route"), Fate::Kept);
+        assert_eq!(
+            c.summary(&p),
+            [
+                "~attention_decode: hollowed 1 of the 1 launches it names",
+                "~rms_norm%2=0: hollowed 2 of the 4 launches it names",
+                "rms_norm_vec$: left out 2 of the 2 launches it names",
+            ]
         );
     }
 }

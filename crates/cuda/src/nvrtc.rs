@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use std::path::PathBuf;
 
 /// The kernel sources, in the order they are concatenated.
-const SOURCES: [(&str, &str); 19] = [
+const SOURCES: [(&str, &str); 20] = [
     ("common.cuh", include_str!("kernels/common.cuh")),
     ("matmul.cu", include_str!("kernels/matmul.cu")),
     ("elementwise.cu", include_str!("kernels/elementwise.cu")),
@@ -38,6 +38,7 @@ const SOURCES: [(&str, &str); 19] = [
     ("tcmoe.cu", include_str!("kernels/tcmoe.cu")),
     ("q8mma.cu", include_str!("kernels/q8mma.cu")),
     ("kq.cu", include_str!("kernels/kq.cu")),
+    ("knockout.cu", include_str!("kernels/knockout.cu")),
 ];
 
 /// The programs the kernels are compiled as, each by the files whose
@@ -62,7 +63,7 @@ pub const PROGRAMS: [&[&str]; 9] = [
         "attention_dec.cu",
         "mmq.cu",
     ],
-    &["q8mma.cu", "route.cu", "layout.cu"],
+    &["q8mma.cu", "route.cu", "layout.cu", "knockout.cu"],
 ];
 
 /// Every source in one program that emits every kernel, with `#line`

@@ -26,7 +26,7 @@
 //! lets the next one in. So a step keeps the launch's place in the chain
 //! (its dependent-launch boundary, its blocks' scheduling) and loses its
 //! work: with the two settings side by side, a kernel's cost splits into
-//! its place in the chain and its work. Where two entries name a launch,
+//! its place in the chain and its work. Where two entries pick a launch,
 //! leaving it out wins over hollowing it.
 //! The first skip of each kernel is reported on stderr, and once the
 //! first such step is recorded, what each entry named and left out (or

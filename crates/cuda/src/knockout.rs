@@ -97,11 +97,11 @@ fn parse(setting: &str) -> Vec<Pattern> {
     setting
         .split(',')
         .map(str::trim)
-        .filter(|s| !s.is_empty())
         .map(|entry| match entry.strip_prefix('~') {
             Some(rest) => (true, rest.trim()),
             None => (false, entry),
         })
+        // (Empty entries, and a `~` naming nothing.)
         .filter(|(_, name)| !name.is_empty())
         .filter_map(|(hollow, entry)| match entry.split_once('%') {
             None => Some(Pattern {

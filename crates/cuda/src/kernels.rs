@@ -200,6 +200,13 @@ impl Kernels {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
+        let allow_dynamic_smem = |k: &CudaFunction| {
+            k.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                dynamic_smem as i32,
+            )
+            .map_err(CudaError::driver("raising a kernel's shared memory"))
+        };
         for k in [
             &attention_f32,
             &attention_f16,
@@ -207,22 +214,13 @@ impl Kernels {
             &attention_group_f16,
             &gated_delta_rule_chunked,
         ] {
-            k.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                dynamic_smem as i32,
-            )
-            .map_err(CudaError::driver("raising a kernel's shared memory"))?;
+            allow_dynamic_smem(k)?;
         }
         // The knockout switch's stand-in for the launches it hollows, which
         // takes any of their dynamic shared memory (only when asked for).
         if crate::knockout::hollows() {
             let hollow = f("hollow_step")?;
-            hollow
-                .set_attribute(
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    dynamic_smem as i32,
-                )
-                .map_err(CudaError::driver("raising a kernel's shared memory"))?;
+            allow_dynamic_smem(&hollow)?;
             crate::knockout::register_hollow(ctx, hollow);
         }
         Ok(Kernels {

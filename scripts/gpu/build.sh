@@ -2,7 +2,8 @@
 # build.sh — builds, on this machine, what scripts/gpu/run.sh runs on the
 # GPU machine: the release `turbospark` binary and the CUDA crate's test
 # binaries, copied into OUT (default .devcarry/bin), the sm_90 kernels
-# compiled into .devcarry/cache (when NVRTC is here), plus the packed
+# compiled into .devcarry/cache (when NVRTC is here), the kernel tracer
+# (kernel_trace.so and its libcupti.so.13), plus the packed
 # llama.cpp sources (.devcarry/llama.cpp-cuda.tgz) when missing, the
 # cached real models' layouts (.devcarry/layout-*.json) and Q4_K_M layouts
 # of larger models made from them (.devcarry/kquant); all of it but
@@ -39,6 +40,23 @@ if [ -d "$NVRTC_LIB" ]; then
         target/release/examples/kernel_cache 90
 else
     echo "no NVRTC at $NVRTC_LIB (scripts/test.sh installs it): no prebuilt kernel cache"
+fi
+# The kernel tracer (run.sh `trace`), with the CUPTI library it was built
+# against beside it (found there through its $ORIGIN run path, whatever
+# CUPTI the device machine has): CUPTI's, the CUDA runtime's and the
+# compiler's headers come from PyPI, as NVRTC does.
+CUPTI_DIR=${CUPTI_DIR:-$HOME/.cache/turbospark/cupti-13.0}
+if [ ! -e "$CUPTI_DIR/nvidia/cu13/include/crt/host_defines.h" ]; then
+    python3 -m pip install --quiet --no-deps --target "$CUPTI_DIR" "nvidia-cuda-cupti==13.0.*" \
+        "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*" ||
+        python3 -m pip install --quiet --no-deps --break-system-packages --target "$CUPTI_DIR" \
+            "nvidia-cuda-cupti==13.0.*" "nvidia-cuda-runtime==13.0.*" "nvidia-cuda-crt==13.0.*" ||
+        echo "CUPTI could not be installed: no kernel tracer (run.sh trace builds one there)"
+fi
+if [ -e "$CUPTI_DIR/nvidia/cu13/lib/libcupti.so.13" ]; then
+    gcc -O2 -Wall -shared -fPIC -o "$OUT/kernel_trace.so" scripts/gpu/kernel_trace.c \
+        -I"$CUPTI_DIR/nvidia/cu13/include" "$CUPTI_DIR/nvidia/cu13/lib/libcupti.so.13" \
+        -Wl,-rpath,'$ORIGIN' && cp "$CUPTI_DIR/nvidia/cu13/lib/libcupti.so.13" "$OUT/"
 fi
 [ -f .devcarry/llama.cpp-cuda.tgz ] || scripts/gpu/pack-llamacpp.sh .devcarry/llama.cpp-cuda.tgz
 # The real models' layouts (no weights; run.sh `like` and `likebench`

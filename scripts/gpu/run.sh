@@ -104,6 +104,18 @@
 #                rounds; round 1 also prints how many launches each entry
 #                named and left out in a step); the results are wrong by
 #                design, only the rates count
+#   trace        a timeline of the replayed decode step, launch by launch
+#                (the device machine has no Nsight Systems): tg128 at
+#                VARIANT_DEPTHS (default 512) under each set of TRACES
+#                (space-separated knockout sets as KNOCKOUTS'; default
+#                none, the default step), first untraced, then with
+#                scripts/gpu/kernel_trace.c (CUPTI, loaded through
+#                CUDA_INJECTION64_PATH) writing every graph kernel's start
+#                and end; scripts/gpu/trace_report.py then gives each
+#                kernel's advance (its end less the end of the launch
+#                before it: what it adds to the chain), summed by kernel
+#                and side by side across the sets; every launch of each
+#                set's step in $OUT/trace-nodes.txt (or $WORK)
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill;
 #                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for
@@ -834,6 +846,45 @@ for v, r in rates.items():
     print(f"{v[:60]:<60} {sum(r) / len(r):>9.2f} {us:>9.1f} {base - us:>8.1f}")
 PY
         rm -f "$WORK/knockout.txt"
+        ;;
+    trace)
+        # (scripts/gpu/kernel_trace.c, scripts/gpu/trace_report.py)
+        stage "trace: tg128 @ d${VARIANT_DEPTHS:=512}, each launch of the replayed step, under: ${TRACES:=none}"
+        lib="$BIN/kernel_trace.so"
+        if [ ! -f "$lib" ]; then
+            # (not carried: build it here against the toolkit's CUPTI)
+            lib="$WORK/kernel_trace.so"
+            cupti=/usr/local/cuda/extras/CUPTI
+            gcc -O2 -shared -fPIC -o "$lib" scripts/gpu/kernel_trace.c -I"$cupti/include" \
+                -I/usr/local/cuda/include -L"$cupti/lib64" -lcupti -Wl,-rpath,"$cupti/lib64" ||
+                { echo "trace: no kernel_trace.so (build.sh makes one)"; continue; }
+        fi
+        lib=$(realpath "$lib")
+        [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
+        bench_rate() {
+            "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 0 -n 128 \
+                -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> "$WORK/trace.err" \
+                | python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        d = json.loads(line)
+        print("%.2f ± %.2f" % (d["tok_per_s"], d["sd"]))'
+        }
+        sets=()
+        i=0
+        for v in $TRACES; do
+            i=$((i + 1))
+            echo "--- [$v] untraced: tg128 @ d$VARIANT_DEPTHS $(TURBOSPARK_CUDA_KNOCKOUT="$v" bench_rate)"
+            rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" CUDA_INJECTION64_PATH="$lib" \
+                KERNEL_TRACE_OUT="$WORK/trace-$i.csv" bench_rate)
+            echo "--- [$v] traced:   tg128 @ d$VARIANT_DEPTHS $rate"
+            grep '^kernel_trace' "$WORK/trace.err"
+            [ -s "$WORK/trace-$i.csv" ] && sets+=("$v=$WORK/trace-$i.csv")
+        done
+        [ ${#sets[@]} -gt 0 ] || { echo "trace: no trace written"; continue; }
+        nodes="${OUT:-$WORK}/trace-nodes.txt"
+        python3 scripts/gpu/trace_report.py --nodes "$nodes" "${sets[@]}"
+        echo "every launch of each step: $nodes"
         ;;
     ab)
         # Another build of ours (AB_BASE, e.g. .devcarry/bin-base/turbospark)

@@ -107,7 +107,7 @@
 #   trace        a timeline of the replayed decode step, launch by launch
 #                (the device machine has no Nsight Systems): tg128 at
 #                VARIANT_DEPTHS (default 512) under each set of TRACES
-#                (space-separated knockout sets as KNOCKOUTS'; default
+#                (space-separated knockout sets, as KNOCKOUTS; default
 #                none, the default step), first untraced, then with
 #                scripts/gpu/kernel_trace.c (CUPTI, loaded through
 #                CUDA_INJECTION64_PATH) writing every graph kernel's start
@@ -115,7 +115,8 @@
 #                kernel's advance (its end less the end of the launch
 #                before it: what it adds to the chain), summed by kernel
 #                and side by side across the sets; every launch of each
-#                set's step in $OUT/trace-nodes.txt (or $WORK)
+#                set's step in $OUT/trace-nodes.txt (or $WORK; TRACE_TAG
+#                prefixes the files' names: trace-${TRACE_TAG}nodes.txt)
 #   detail       Nsight Compute's occupancy, launch and warp-stall sections
 #                for the kernels matching DETAIL (decode and prefill;
 #                DETAIL_WHAT=decode or prefill for one, DETAIL_SECTIONS for
@@ -876,13 +877,13 @@ for line in sys.stdin:
             i=$((i + 1))
             echo "--- [$v] untraced: tg128 @ d$VARIANT_DEPTHS $(TURBOSPARK_CUDA_KNOCKOUT="$v" bench_rate)"
             rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" CUDA_INJECTION64_PATH="$lib" \
-                KERNEL_TRACE_OUT="$WORK/trace-$i.csv" bench_rate)
+                KERNEL_TRACE_OUT="$WORK/trace-${TRACE_TAG:-}$i.csv" bench_rate)
             echo "--- [$v] traced:   tg128 @ d$VARIANT_DEPTHS $rate"
-            grep '^kernel_trace' "$WORK/trace.err"
-            [ -s "$WORK/trace-$i.csv" ] && sets+=("$v=$WORK/trace-$i.csv")
+            grep '^kernel_trace' "$WORK/trace.err" || tail -5 "$WORK/trace.err"
+            [ -s "$WORK/trace-${TRACE_TAG:-}$i.csv" ] && sets+=("$v=$WORK/trace-${TRACE_TAG:-}$i.csv")
         done
         [ ${#sets[@]} -gt 0 ] || { echo "trace: no trace written"; continue; }
-        nodes="${OUT:-$WORK}/trace-nodes.txt"
+        nodes="${OUT:-$WORK}/trace-${TRACE_TAG:-}nodes.txt"
         python3 scripts/gpu/trace_report.py --nodes "$nodes" "${sets[@]}"
         echo "every launch of each step: $nodes"
         ;;

@@ -406,7 +406,9 @@ PY
         [ -n "$NCU" ] || { echo "ncu not found"; continue; }
         # DETAIL_WHAT=decode or prefill: only that bench; DETAIL_SECTIONS:
         # more Nsight Compute sections (e.g. "SourceCounters
-        # ComputeWorkloadAnalysis": where the warps stall, by instruction).
+        # ComputeWorkloadAnalysis": where the warps stall, by instruction);
+        # DETAIL_ARGS: more bench arguments (e.g. "-d 512": decode after a
+        # 512-token prompt).
         whats=("decode:-p 1 -n 4" "prefill:-p 512 -n 1")
         [ "${DETAIL_WHAT:-all}" = decode ] && whats=("decode:-p 1 -n 4")
         [ "${DETAIL_WHAT:-all}" = prefill ] && whats=("prefill:-p 512 -n 1")
@@ -419,7 +421,7 @@ PY
             # shellcheck disable=SC2086
             "$NCU" --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
                 ${extra[@]+"${extra[@]}"} -k regex:"$DETAIL" -c "${DETAIL_COUNT:-8}" \
-                "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs -r 1 --no-warmup \
+                "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident $bargs ${DETAIL_ARGS:-} -r 1 --no-warmup \
                 --numerics fast 2> "$WORK/ncu.err" > "$report"
             [ -n "${OUT:-}" ] && cp "$report" "$OUT/"
             grep -E '^  [a-z_0-9]+.*\(|Duration|Registers Per|Achieved Occupancy|Theoretical Occupancy|Block Limit (Reg|Shared)|DRAM Throughput|Memory Throughput|Compute \(SM\)|Warp Cycles Per Issued|Dynamic Shared|Static Shared|Grid Size|Block Size|Waves Per SM|Stall|stall' "$report" \

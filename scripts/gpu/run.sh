@@ -526,7 +526,8 @@ PY
         # taken by itself only past their shared memory), and one token's
         # attention on the tensor cores at every length, or never
         # (TURBOSPARK_CUDA_DECODE_ATTN=tc / =scalar; by itself from 4096
-        # keys). A setting may join several with commas.
+        # keys), and the split kernel with its key rows staged in shared
+        # memory (=staged, opt-in). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
@@ -537,7 +538,8 @@ PY
             TURBOSPARK_CUDA_Q8=mma TURBOSPARK_CUDA_KQ=tc TURBOSPARK_CUDA_GATE_UP=wait \
             TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=scalar \
             TURBOSPARK_CUDA_PREFILL_ATTN=scalar,TURBOSPARK_CUDA_ATTN_LONG=1 \
-            TURBOSPARK_CUDA_DECODE_ATTN=tc TURBOSPARK_CUDA_DECODE_ATTN=scalar}; do
+            TURBOSPARK_CUDA_DECODE_ATTN=tc TURBOSPARK_CUDA_DECODE_ATTN=scalar \
+            TURBOSPARK_CUDA_DECODE_ATTN=staged}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

@@ -159,6 +159,11 @@ pub(crate) struct Kernels {
     /// 64 and 128 (`attention.cu`, flash-decoding).
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
+    /// The same with each warp's key rows staged in shared memory, loaded
+    /// coalesced (the same bits; taken under [`DecodeAttention`]'s
+    /// `staged`, [`DECODE_STAGE_BYTES`] of dynamic shared memory).
+    pub attention_decode_staged_f16_64: CudaFunction,
+    pub attention_decode_staged_f16_128: CudaFunction,
     /// A batch's attention on the tensor cores, f16 cache, heads 64 and
     /// 128 wide (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
     pub attention_prefill_tc_f16_64: CudaFunction,
@@ -207,9 +212,13 @@ impl Kernels {
             )
             .map_err(CudaError::driver("raising a kernel's shared memory"))
         };
+        let attention_decode_staged_f16_64 = f("attention_decode_staged_f16_64")?;
+        let attention_decode_staged_f16_128 = f("attention_decode_staged_f16_128")?;
         for k in [
             &attention_f32,
             &attention_f16,
+            &attention_decode_staged_f16_64,
+            &attention_decode_staged_f16_128,
             &attention_group_f32,
             &attention_group_f16,
             &gated_delta_rule_chunked,
@@ -278,6 +287,8 @@ impl Kernels {
             attention_group_f16,
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
+            attention_decode_staged_f16_64,
+            attention_decode_staged_f16_128,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
             attention_decode_tc_f16_64: f("attention_decode_tc_f16_64")?,
@@ -473,6 +484,10 @@ pub(crate) const DECODE_KEYS_A_BLOCK: usize = 32;
 /// Threads of an `attention_decode_*` block (`DEC_WARPS` warps: a warp a
 /// query head of the group and key group, two or more key groups).
 pub(crate) const DECODE_THREADS: u32 = 512;
+/// Dynamic shared memory of an `attention_decode_staged_*` block
+/// (`DEC_STAGE_BYTES`: a warp's 32 key rows of 64 dimensions, each row
+/// 16 bytes longer).
+pub(crate) const DECODE_STAGE_BYTES: u32 = 16 * 32 * 9 * 16;
 /// (`DEC_MAX_SPLITS` in `kernels/attention.cu`: the finishing block loads
 /// that many splits' partials at once.)
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;
@@ -499,6 +514,11 @@ pub(crate) struct DecodeAttention {
     /// splits): enough to fill the GPU, while each split more is a partial
     /// more for the finishing block to add.
     pub tc_blocks: usize,
+    /// Whether the split kernel stages each warp's key rows in shared
+    /// memory (`attention_decode_staged_*`, the same bits), where the
+    /// tensor cores do not take the layer: `TURBOSPARK_CUDA_DECODE_ATTN=
+    /// staged`, opt-in until measured on a GPU.
+    pub staged: bool,
 }
 
 impl DecodeAttention {
@@ -518,8 +538,9 @@ impl DecodeAttention {
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
 
-    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, or the default
-    /// by the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
+    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, `staged`: the
+    /// default's choice with the split kernel staged, or the default by
+    /// the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
     /// multiple of 16) and `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU
     /// of `sms` multiprocessors.
     pub fn from_settings(
@@ -542,6 +563,7 @@ impl DecodeAttention {
                 .and_then(|s| s.trim().parse::<usize>().ok())
                 .filter(|&b| b > 0)
                 .unwrap_or(Self::TC_BLOCKS_AN_SM * sms.max(1)),
+            staged: kernel.map(str::trim) == Some("staged"),
         }
     }
 
@@ -814,6 +836,14 @@ mod tests {
         assert_eq!(odd.tc_blocks, 264);
         let scalar = DecodeAttention::from_settings(Some("scalar"), None, None, 132);
         assert_eq!(scalar.tc_splits(1 << 20, None, 8), None);
+        assert!(!scalar.staged && !d.staged && !tc.staged);
+        let staged = DecodeAttention::from_settings(Some("staged "), None, None, 132);
+        assert!(staged.staged);
+        assert_eq!(staged.tc_splits(640, None, 8), None);
+        assert_eq!(
+            staged.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
+            Some(16)
+        );
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

@@ -467,6 +467,19 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 #define DEC_WARPS 16
 #define DEC_TILE 32
 #define DEC_BATCH 16  // values a lane loads before their multiply-adds
+// STAGE (attention_decode_staged_*, opt-in: TURBOSPARK_CUDA_DECODE_ATTN=
+// staged): a warp first copies its tile's key rows, 64 dimensions at a
+// time, into rows of its own in dynamic shared memory, 8 lanes a row and
+// 4 rows a load, then each lane reads its key's row from there: the same
+// values into the same registers, so the same bits. Each lane loading its
+// own key's row from the cache (the default) takes 32 lines a load, 256
+// L1 wavefronts a warp for a tile's 64 dimensions; staged, 32. A staged
+// row is DEC_STAGE_ROW 16-byte words, 8 and one of padding, so that
+// neither the copies' stores nor the lanes' reads meet in a bank. (The
+// fifty-fourth session's timeline put a tile at 2.4–3.3 µs of an H100
+// decode step; not yet measured staged.)
+#define DEC_STAGE_ROW 9
+#define DEC_STAGE_BYTES (DEC_WARPS * DEC_TILE * DEC_STAGE_ROW * 16)  // kernels.rs DECODE_STAGE_BYTES
 
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ float ld_cg(const float* p) {
@@ -594,7 +607,7 @@ __device__ __forceinline__ void attention_decode_close(
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
-template <int HD>
+template <int HD, bool STAGE>
 __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                       const u16* __restrict__ vc, AttnParams p,
                                       const float* __restrict__ sinks, float* __restrict__ out,
@@ -610,6 +623,7 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     __shared__ float wm[DEC_WARPS], wl[DEC_WARPS];
     __shared__ float wo[DEC_WARPS][HD];
     __shared__ bool last;
+    DYNAMIC_SHARED(uint4, stage);  // STAGE: DEC_STAGE_BYTES
     float* fin = qs;
     if (step) p.first_pos = step[1];
     int kvh = blockIdx.x, split = blockIdx.y, S = gridDim.y;
@@ -658,8 +672,25 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 #pragma unroll
         for (int d0 = 0; d0 < HD; d0 += 64) {
             uint4 kr[8];
+            if (STAGE) {
+                // Row r of the tile by lanes 8·(r % 4) …, word lane % 8 each
+                // (rows past the last key: the tile's first, as kp).
+                uint4* st = stage + warp * DEC_TILE * DEC_STAGE_ROW;
 #pragma unroll
-            for (int i = 0; i < 8; i++) kr[i] = kp[(d0 >> 3) + i];
+                for (int i = 0; i < 8; i++) {
+                    int r = 4 * i + (lane >> 3), jr = t0 + r;
+                    const uint4* rp =
+                        (const uint4*)(kb + (i64)((lo + (jr < nk ? jr : t0)) % p.capacity) * row);
+                    st[r * DEC_STAGE_ROW + (lane & 7)] = rp[(d0 >> 3) + (lane & 7)];
+                }
+                __syncwarp();
+#pragma unroll
+                for (int i = 0; i < 8; i++) kr[i] = st[lane * DEC_STAGE_ROW + i];
+                __syncwarp();  // read before the next chunk's copies
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i++) kr[i] = kp[(d0 >> 3) + i];
+            }
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float4 qa = qg[(d0 >> 2) + 2 * i], qb = qg[(d0 >> 2) + 2 * i + 1];
@@ -733,12 +764,15 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 
 // (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after
 // its early reads.)
-#define ATTN_DECODE(hd)                                                                         \
-    KERNEL void __launch_bounds__(DEC_WARPS * 32) attention_decode_f16_##hd(                    \
+#define ATTN_DECODE_KERNEL(suffix, hd, stage)                                                   \
+    KERNEL void __launch_bounds__(DEC_WARPS * 32) attention_decode_##suffix(                    \
         const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
         float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
-        attention_decode_impl<hd>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets);      \
+        attention_decode_impl<hd, stage>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets); \
     }
+#define ATTN_DECODE(hd)                                        \
+    ATTN_DECODE_KERNEL(f16_##hd, hd, false)                    \
+    ATTN_DECODE_KERNEL(staged_f16_##hd, hd, true)
 
 ATTN_DECODE(64)
 ATTN_DECODE(128)

@@ -214,7 +214,8 @@ impl CudaStream {
             .decode_attention
             .tc_splits(p.capacity, p.window, p.n_kv_heads)
             .filter(|_| self.numerics == Numerics::Fast);
-        let (split_kernel, splits, split_threads) = match tc_splits {
+        let staged = self.decode_attention.staged;
+        let (split_kernel, splits, split_threads, split_smem) = match tc_splits {
             Some(s) => (
                 match p.head_dim {
                     64 => Some(&self.k.attention_decode_tc_f16_64),
@@ -223,15 +224,23 @@ impl CudaStream {
                 },
                 s,
                 kernels::DECODE_TC_THREADS,
+                0,
             ),
             None => (
-                match p.head_dim {
-                    64 => Some(&self.k.attention_decode_f16_64),
-                    128 => Some(&self.k.attention_decode_f16_128),
+                match (p.head_dim, staged) {
+                    (64, false) => Some(&self.k.attention_decode_f16_64),
+                    (128, false) => Some(&self.k.attention_decode_f16_128),
+                    (64, true) => Some(&self.k.attention_decode_staged_f16_64),
+                    (128, true) => Some(&self.k.attention_decode_staged_f16_128),
                     _ => None,
                 },
                 kernels::decode_splits(p.capacity, p.window, self.decode_split_keys),
                 kernels::DECODE_THREADS,
+                if staged {
+                    kernels::DECODE_STAGE_BYTES
+                } else {
+                    0
+                },
             ),
         };
         let tickets = (self.decode_heads * 4).next_multiple_of(16);
@@ -369,7 +378,7 @@ impl CudaStream {
                     self.raw(),
                     (p.n_kv_heads as u32, splits as u32, 1),
                     split_threads,
-                    0,
+                    split_smem,
                     &mut args![
                         qp,
                         k_cache.mem.ptr,

@@ -11,7 +11,10 @@
 // groups), splits and warps with no keys (a position far below the
 // capacity), one split (the block finishes alone), partial last tiles,
 // a wrapped sliding ring, heads 64 and 128 wide and groups of 1 to 8
-// query heads. After each launch every ticket must be back at 0.
+// query heads. After each launch every ticket must be back at 0. The
+// split kernel's staged form (attention_decode_staged_*: each warp's key
+// rows copied through shared memory) must give the split kernel's outputs
+// bit for bit: the same values in the same order.
 // Exit status 0 when every case holds; failures are printed.
 //
 // Built and run by tests/host_emulation.rs (`c++ -std=c++17 -O2`).
@@ -28,6 +31,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -87,10 +91,11 @@ void run_case(const Case& c, std::mt19937& rng) {
                     c.window, scale,     c.softcap,    c.sinks ? 1 : 0};
     double t0 = bits::seconds();
     int bad = 0;
-    for (int kernel = 0; kernel < 2; kernel++) {
+    std::vector<float> split_out;
+    for (int kernel = 0; kernel < 3; kernel++) {
         // The tensor-core kernel with the case's splits; the split kernel
-        // with at most its DEC_MAX_SPLITS.
-        bool tc = kernel == 0;
+        // with at most its DEC_MAX_SPLITS, then its staged form.
+        bool tc = kernel == 0, staged = kernel == 2;
         int S = tc ? c.splits : std::min(c.splits, DEC_MAX_SPLITS);
         std::vector<float> out(q.size(), -12345.0f);
         std::vector<float> part((size_t)S * c.n_heads * (hd + 2), -777.0f);
@@ -101,12 +106,25 @@ void run_case(const Case& c, std::mt19937& rng) {
                 f(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data(), nullptr, nullptr,
                   nullptr, part.data(), tickets.data());
             } else {
-                auto f = hd == 64 ? attention_decode_f16_64 : attention_decode_f16_128;
+                auto f = staged ? (hd == 64 ? attention_decode_staged_f16_64
+                                            : attention_decode_staged_f16_128)
+                                : (hd == 64 ? attention_decode_f16_64 : attention_decode_f16_128);
                 f(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data(), nullptr, nullptr,
                   nullptr, part.data(), tickets.data());
             }
         });
-        const char* name = tc ? "tensor cores" : "split kernel";
+        const char* name = tc ? "tensor cores" : staged ? "split kernel, staged" : "split kernel";
+        if (kernel == 1) split_out = out;
+        if (staged) {
+            size_t differ = 0;
+            for (size_t i = 0; i < out.size(); i++)
+                differ += std::memcmp(&out[i], &split_out[i], sizeof(float)) != 0;
+            if (differ) {
+                std::printf("FAIL %s, %s: %zu of %zu outputs not the split kernel's bits\n",
+                            c.name.c_str(), name, differ, out.size());
+                bad++;
+            }
+        }
         std::string label = c.name + ", " + name;
         double worst;
         int off = attn_ref::compare(label.c_str(), out, want, c.n_heads, hd, 4e-3, worst);

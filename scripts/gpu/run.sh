@@ -243,6 +243,20 @@ build_llamacpp() {
     cmake --build "$WORK/lcb" --target llama-bench -j 16 >"$WORK/lcb-build.log" 2>&1 || { tail -30 "$WORK/lcb-build.log"; return 1; }
 }
 
+# tg128 @ d$VARIANT_DEPTHS of the synthetic model (experts resident, fast
+# numerics, two repetitions), printed as "mean sd" from bench --json (the
+# rate by its name, not a table column); bench's stderr goes to $1. The
+# knockout and trace stages' measurement.
+tg_rate() {
+    "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 0 -n 128 \
+        -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> "$1" \
+        | python3 -c 'import json, sys
+for line in sys.stdin:
+    if line.startswith("{"):
+        d = json.loads(line)
+        print("%.2f %.2f" % (d["tok_per_s"], d["sd"]))'
+}
+
 synth20b() {
     if [ ! -d "$WORK/synth20b" ]; then
         "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" --gguf "$WORK/synth20b.gguf" "$WORK/synth20b" || return 1
@@ -814,15 +828,7 @@ PY
         for r in $(seq "$REPS"); do
             for v in none $KNOCKOUTS none; do
                 # (`none` names no kernel: the default step)
-                # (bench --json: the rate by its name, not a table column)
-                rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident \
-                    -p 0 -n 128 -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> "$WORK/knockout.err" \
-                    | python3 -c 'import json, sys
-for line in sys.stdin:
-    if line.startswith("{"):
-        d = json.loads(line)
-        print("%.2f %.2f" % (d["tok_per_s"], d["sd"]))')
-                read -r mean sd <<< "$rate"
+                read -r mean sd <<< "$(TURBOSPARK_CUDA_KNOCKOUT="$v" tg_rate "$WORK/knockout.err")"
                 echo "round $r, without [$v]: tg128 @ d$VARIANT_DEPTHS ${mean:-failed} ± ${sd:-}"
                 # (what each entry matched in the first recorded step, once a set)
                 [ "$r" = 1 ] && [ "$v" != none ] && sed -n 's/^TURBOSPARK_CUDA_KNOCKOUT: in the first recorded step, /    /p' "$WORK/knockout.err"
@@ -866,23 +872,15 @@ PY
         fi
         lib=$(realpath "$lib")
         [ -d "$WORK/synth20b" ] || "$TS" synth -q --vocab 201088 --resident-format "$RESIDENT_FORMAT" "$WORK/synth20b"
-        bench_rate() {
-            "$TS" bench -m "$WORK/synth20b" --backend cuda --experts resident -p 0 -n 128 \
-                -d "$VARIANT_DEPTHS" -r 2 --numerics fast --json 2> "$WORK/trace.err" \
-                | python3 -c 'import json, sys
-for line in sys.stdin:
-    if line.startswith("{"):
-        d = json.loads(line)
-        print("%.2f ± %.2f" % (d["tok_per_s"], d["sd"]))'
-        }
         sets=()
         i=0
         for v in $TRACES; do
             i=$((i + 1))
-            echo "--- [$v] untraced: tg128 @ d$VARIANT_DEPTHS $(TURBOSPARK_CUDA_KNOCKOUT="$v" bench_rate)"
-            rate=$(TURBOSPARK_CUDA_KNOCKOUT="$v" CUDA_INJECTION64_PATH="$lib" \
-                KERNEL_TRACE_OUT="$WORK/trace-${TRACE_TAG:-}$i.csv" bench_rate)
-            echo "--- [$v] traced:   tg128 @ d$VARIANT_DEPTHS $rate"
+            read -r mean sd <<< "$(TURBOSPARK_CUDA_KNOCKOUT="$v" tg_rate "$WORK/trace.err")"
+            echo "--- [$v] untraced: tg128 @ d$VARIANT_DEPTHS ${mean:-failed} ± ${sd:-}"
+            read -r mean sd <<< "$(TURBOSPARK_CUDA_KNOCKOUT="$v" CUDA_INJECTION64_PATH="$lib" \
+                KERNEL_TRACE_OUT="$WORK/trace-${TRACE_TAG:-}$i.csv" tg_rate "$WORK/trace.err")"
+            echo "--- [$v] traced:   tg128 @ d$VARIANT_DEPTHS ${mean:-failed} ± ${sd:-}"
             grep '^kernel_trace' "$WORK/trace.err" || tail -5 "$WORK/trace.err"
             [ -s "$WORK/trace-${TRACE_TAG:-}$i.csv" ] && sets+=("$v=$WORK/trace-${TRACE_TAG:-}$i.csv")
         done

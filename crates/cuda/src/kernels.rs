@@ -205,31 +205,38 @@ impl Kernels {
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
-        let allow_dynamic_smem = |k: &CudaFunction| {
+        let allow_dynamic_smem = |k: &CudaFunction, bytes: usize| {
             k.set_attribute(
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                dynamic_smem as i32,
+                bytes as i32,
             )
             .map_err(CudaError::driver("raising a kernel's shared memory"))
         };
-        let attention_decode_staged_f16_64 = f("attention_decode_staged_f16_64")?;
-        let attention_decode_staged_f16_128 = f("attention_decode_staged_f16_128")?;
         for k in [
             &attention_f32,
             &attention_f16,
-            &attention_decode_staged_f16_64,
-            &attention_decode_staged_f16_128,
             &attention_group_f32,
             &attention_group_f16,
             &gated_delta_rule_chunked,
         ] {
-            allow_dynamic_smem(k)?;
+            allow_dynamic_smem(k, dynamic_smem)?;
+        }
+        // The staged decode attention takes its fixed amount: its static
+        // shared memory and `dynamic_smem` together would pass the opt-in
+        // limit, which the driver refuses.
+        let attention_decode_staged_f16_64 = f("attention_decode_staged_f16_64")?;
+        let attention_decode_staged_f16_128 = f("attention_decode_staged_f16_128")?;
+        for k in [
+            &attention_decode_staged_f16_64,
+            &attention_decode_staged_f16_128,
+        ] {
+            allow_dynamic_smem(k, DECODE_STAGE_BYTES as usize)?;
         }
         // The knockout switch's stand-in for the launches it hollows, which
         // takes any of their dynamic shared memory (only when asked for).
         if crate::knockout::hollows() {
             let hollow = f("hollow_step")?;
-            allow_dynamic_smem(&hollow)?;
+            allow_dynamic_smem(&hollow, dynamic_smem)?;
             crate::knockout::register_hollow(ctx, hollow);
         }
         Ok(Kernels {

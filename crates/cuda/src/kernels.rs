@@ -164,6 +164,10 @@ pub(crate) struct Kernels {
     /// `staged`, [`DECODE_STAGE_BYTES`] of dynamic shared memory).
     pub attention_decode_staged_f16_64: CudaFunction,
     pub attention_decode_staged_f16_128: CudaFunction,
+    /// The same, heads 64 wide, with each warp's first tile of older rows
+    /// loaded into registers before the kernel waits (the same bits;
+    /// taken under [`DecodeAttention`]'s `split_form`).
+    pub attention_decode_early_f16_64: CudaFunction,
     /// A batch's attention on the tensor cores, f16 cache, heads 64 and
     /// 128 wide (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
     pub attention_prefill_tc_f16_64: CudaFunction,
@@ -296,6 +300,7 @@ impl Kernels {
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             attention_decode_staged_f16_64,
             attention_decode_staged_f16_128,
+            attention_decode_early_f16_64: f("attention_decode_early_f16_64")?,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
             attention_decode_tc_f16_64: f("attention_decode_tc_f16_64")?,
@@ -521,11 +526,29 @@ pub(crate) struct DecodeAttention {
     /// splits): enough to fill the GPU, while each split more is a partial
     /// more for the finishing block to add.
     pub tc_blocks: usize,
-    /// Whether the split kernel stages each warp's key rows in shared
-    /// memory (`attention_decode_staged_*`, the same bits), where the
-    /// tensor cores do not take the layer: `TURBOSPARK_CUDA_DECODE_ATTN=
-    /// staged`, opt-in until measured on a GPU.
-    pub staged: bool,
+    /// The split kernel's form where the tensor cores do not take the
+    /// layer (every form gives the same bits).
+    pub split_form: SplitForm,
+}
+
+/// How the split decode attention (`attention.cu` `attention_decode_impl`)
+/// gets its key and value rows; every form computes the same sums in the
+/// same order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SplitForm {
+    /// Each lane loads its key's row, after the kernel waits for the one
+    /// before (the older rows fetched into the L2 before it waits).
+    Plain,
+    /// Each warp copies its tile's key rows coalesced into shared memory
+    /// first (`attention_decode_staged_*`, [`DECODE_STAGE_BYTES`]):
+    /// `TURBOSPARK_CUDA_DECODE_ATTN=staged`. An H100 took the decode step
+    /// ~4 µs sooner (tg128 @ d512; BENCHMARKS.md, fifty-fifth session).
+    Staged,
+    /// Heads 64 wide: each warp loads its first tile's older key and value
+    /// rows into registers before it waits, the newest key's after
+    /// (`attention_decode_early_f16_64`; other widths plain):
+    /// `TURBOSPARK_CUDA_DECODE_ATTN=early`.
+    Early,
 }
 
 impl DecodeAttention {
@@ -545,9 +568,9 @@ impl DecodeAttention {
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
 
-    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, `staged`: the
-    /// default's choice with the split kernel staged, or the default by
-    /// the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
+    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, `staged` or
+    /// `early`: the default's choice with the split kernel in that form,
+    /// or the default by the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
     /// multiple of 16) and `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU
     /// of `sms` multiprocessors.
     pub fn from_settings(
@@ -570,7 +593,11 @@ impl DecodeAttention {
                 .and_then(|s| s.trim().parse::<usize>().ok())
                 .filter(|&b| b > 0)
                 .unwrap_or(Self::TC_BLOCKS_AN_SM * sms.max(1)),
-            staged: kernel.map(str::trim) == Some("staged"),
+            split_form: match kernel.map(str::trim) {
+                Some("staged") => SplitForm::Staged,
+                Some("early") => SplitForm::Early,
+                _ => SplitForm::Plain,
+            },
         }
     }
 
@@ -843,14 +870,18 @@ mod tests {
         assert_eq!(odd.tc_blocks, 264);
         let scalar = DecodeAttention::from_settings(Some("scalar"), None, None, 132);
         assert_eq!(scalar.tc_splits(1 << 20, None, 8), None);
-        assert!(!scalar.staged && !d.staged && !tc.staged);
-        let staged = DecodeAttention::from_settings(Some("staged "), None, None, 132);
-        assert!(staged.staged);
-        assert_eq!(staged.tc_splits(640, None, 8), None);
-        assert_eq!(
-            staged.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
-            Some(16)
-        );
+        for plain in [scalar, d, tc] {
+            assert_eq!(plain.split_form, SplitForm::Plain);
+        }
+        for (setting, form) in [("staged ", SplitForm::Staged), ("early", SplitForm::Early)] {
+            let f = DecodeAttention::from_settings(Some(setting), None, None, 132);
+            assert_eq!(f.split_form, form);
+            assert_eq!(f.tc_splits(640, None, 8), None);
+            assert_eq!(
+                f.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),
+                Some(16)
+            );
+        }
     }
 
     /// `TURBOSPARK_CUDA_SPLIT_KEYS`: a positive multiple of 32, else the

@@ -67,6 +67,8 @@ __device__ __forceinline__ void kernel_entry() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#elif defined(TURBOSPARK_HOST_EMULATION)
+    emu::grid_dependency_wait();  // (tests/emulation/warp_emulator.h)
 #endif
 }
 #define KERNEL_ENTRY() kernel_entry()

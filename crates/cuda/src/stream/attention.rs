@@ -11,7 +11,7 @@
 
 use super::{dtype_err, shape, CudaStream, Q8Regions};
 use crate::fusion::{self, Pending, RopeKvLaunch};
-use crate::kernels::{self, args, launch, AttnParams, RopeParams};
+use crate::kernels::{self, args, launch, AttnParams, RopeParams, SplitForm};
 use crate::types::{CudaBuf, CudaVector};
 use turbospark_backend::{
     check_len, check_rope, AttentionParams, BackendError, DType, Numerics, RopeTable,
@@ -214,7 +214,7 @@ impl CudaStream {
             .decode_attention
             .tc_splits(p.capacity, p.window, p.n_kv_heads)
             .filter(|_| self.numerics == Numerics::Fast);
-        let staged = self.decode_attention.staged;
+        let form = self.decode_attention.split_form;
         let (split_kernel, splits, split_threads, split_smem) = match tc_splits {
             Some(s) => (
                 match p.head_dim {
@@ -227,16 +227,17 @@ impl CudaStream {
                 0,
             ),
             None => (
-                match (p.head_dim, staged) {
-                    (64, false) => Some(&self.k.attention_decode_f16_64),
-                    (128, false) => Some(&self.k.attention_decode_f16_128),
-                    (64, true) => Some(&self.k.attention_decode_staged_f16_64),
-                    (128, true) => Some(&self.k.attention_decode_staged_f16_128),
+                match (p.head_dim, form) {
+                    (64, SplitForm::Staged) => Some(&self.k.attention_decode_staged_f16_64),
+                    (128, SplitForm::Staged) => Some(&self.k.attention_decode_staged_f16_128),
+                    (64, SplitForm::Early) => Some(&self.k.attention_decode_early_f16_64),
+                    (64, _) => Some(&self.k.attention_decode_f16_64),
+                    (128, _) => Some(&self.k.attention_decode_f16_128),
                     _ => None,
                 },
                 kernels::decode_splits(p.capacity, p.window, self.decode_split_keys),
                 kernels::DECODE_THREADS,
-                if staged {
+                if form == SplitForm::Staged {
                     kernels::DECODE_STAGE_BYTES
                 } else {
                     0

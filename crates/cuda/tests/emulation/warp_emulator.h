@@ -176,6 +176,11 @@ struct State {
     std::vector<uint32_t> mma_deposits;  // [warps][32][10]
     std::vector<int32_t> mma_results;    // [warps][32][4]
     const std::function<void()>* body = nullptr;
+    // The kernel before, where a test stands one in (grid_dependency_wait):
+    // at_block_start runs before each block's threads start (e.g. hiding
+    // what the kernel before writes), at_wait once all of them have
+    // reached the block's wait (that kernel finishing: writing it).
+    std::function<void()> at_block_start, at_wait;
 };
 
 inline State& state() {
@@ -235,6 +240,20 @@ inline void entry() {
     abort();  // a finished fiber is never resumed
 }
 
+// griddepcontrol.wait (common.cuh kernel_entry): nothing unless a test
+// set State::at_wait; then the block's threads meet, one runs at_wait, and
+// they go on together — so that whatever a thread read before its wait
+// is what at_block_start left, in every block (blocks run one after
+// another). Every thread of the block must reach it (kernels wait before
+// any early return).
+inline void grid_dependency_wait() {
+    State& s = state();
+    if (!s.at_wait) return;
+    block_sync();
+    if (linear_thread() == 0) s.at_wait();
+    block_sync();
+}
+
 // Runs `body` as every thread of every block of the grid.
 inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
     State& s = state();
@@ -247,6 +266,7 @@ inline void launch(dim3 grid, dim3 block, const std::function<void()>& body) {
         for (unsigned by = 0; by < grid.y; by++)
             for (unsigned bx = 0; bx < grid.x; bx++) {
                 s.block = {bx, by, bz};
+                if (s.at_block_start) s.at_block_start();
                 s.fibers.assign(threads, Fiber{});
                 s.warp_barriers.assign(warps, Barrier{});
                 s.block_barrier = Barrier{};

@@ -477,7 +477,9 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 // row is DEC_STAGE_ROW 16-byte words, 8 and one of padding, so that
 // neither the copies' stores nor the lanes' reads meet in a bank. (The
 // fifty-fourth session's timeline put a tile at 2.4–3.3 µs of an H100
-// decode step; not yet measured staged.)
+// decode step; staged, a layer's launch took ~0.17 µs less: the loads'
+// wavefronts were not the tile's cost. BENCHMARKS.md, fifty-fifth
+// session.)
 #define DEC_STAGE_ROW 9
 #define DEC_STAGE_BYTES (DEC_WARPS * DEC_TILE * DEC_STAGE_ROW * 16)  // kernels.rs DECODE_STAGE_BYTES
 // EARLY (attention_decode_early_f16_64, heads 64 wide, opt-in:

@@ -501,7 +501,9 @@ PY
         ;;
     conformance)
         stage "conformance"
-        for t in "$BIN"/cuda-*; do
+        # (CONFORMANCE_DEFAULT=0: only the settings below, not the default
+        # run of each test binary first, ~50 s of a call.)
+        [ "${CONFORMANCE_DEFAULT:-1}" = 0 ] || for t in "$BIN"/cuda-*; do
             echo "--- $t"
             "$t" --nocapture --test-threads 1 2>&1 | grep -v "^ *[0-9]*: \|^ *at " | tail -25
         done
@@ -544,7 +546,8 @@ PY
         # memory (=staged, opt-in) or its first tile's rows loaded before
         # it waits (=early, opt-in). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
-        # call is about, to spare its minutes).
+        # call is about, to spare its minutes; with CONFORMANCE_DEFAULT=0
+        # only those run).
         for v in ${CONFORMANCE_SETTINGS:-TURBOSPARK_CUDA_FUSE=1 TURBOSPARK_CUDA_FUSE=0 \
             TURBOSPARK_CUDA_SPLIT_KEYS=64 TURBOSPARK_CUDA_SPLIT_KEYS=128 TURBOSPARK_CUDA_WIDE=0 \
             TURBOSPARK_CUDA_NORM=strided TURBOSPARK_CUDA_COPY_STREAM=0 \

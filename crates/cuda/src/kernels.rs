@@ -570,9 +570,10 @@ impl DecodeAttention {
 
     /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, `staged` or
     /// `early`: the default's choice with the split kernel in that form,
-    /// or the default by the cache's keys), `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive
-    /// multiple of 16) and `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU
-    /// of `sms` multiprocessors.
+    /// or the default by the cache's keys),
+    /// `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive multiple of 16) and
+    /// `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU of `sms`
+    /// multiprocessors.
     pub fn from_settings(
         kernel: Option<&str>,
         split_keys: Option<&str>,

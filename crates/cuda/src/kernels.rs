@@ -192,20 +192,12 @@ impl Kernels {
     pub(crate) fn load(ctx: &Arc<CudaContext>, cubins: Vec<Vec<u8>>) -> Result<Kernels, CudaError> {
         let m = Modules::load(ctx, cubins)?;
         let f = |name: &str| kernel(&m, name);
-        let attention_f32 = f("attention_f32")?;
-        let attention_f16 = f("attention_f16")?;
-        let attention_group_f32 = f("attention_group_f32")?;
-        let attention_group_f16 = f("attention_group_f16")?;
-        let gated_delta_rule_chunked = f("gated_delta_rule_chunked")?;
-        // Attention keeps a query's scores in shared memory, the chunked
-        // delta rule a chunk's keys, queries and products: allow the
-        // device's whole opt-in amount.
         let optin = ctx
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
             .map_err(CudaError::driver("reading the shared-memory limit"))?;
-        let dynamic_smem = (optin.max(48 * 1024) - 1024) as usize;
+        let dynamic_smem = whole_optin_dynamic_smem(optin.max(0) as usize);
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
@@ -216,25 +208,8 @@ impl Kernels {
             )
             .map_err(CudaError::driver("raising a kernel's shared memory"))
         };
-        for k in [
-            &attention_f32,
-            &attention_f16,
-            &attention_group_f32,
-            &attention_group_f16,
-            &gated_delta_rule_chunked,
-        ] {
-            allow_dynamic_smem(k, dynamic_smem)?;
-        }
-        // The staged decode attention takes its fixed amount: its static
-        // shared memory and `dynamic_smem` together would pass the opt-in
-        // limit, which the driver refuses.
-        let attention_decode_staged_f16_64 = f("attention_decode_staged_f16_64")?;
-        let attention_decode_staged_f16_128 = f("attention_decode_staged_f16_128")?;
-        for k in [
-            &attention_decode_staged_f16_64,
-            &attention_decode_staged_f16_128,
-        ] {
-            allow_dynamic_smem(k, DECODE_STAGE_BYTES as usize)?;
+        for (name, bytes) in dynamic_shared_requests(optin.max(0) as usize) {
+            allow_dynamic_smem(&f(name)?, bytes)?;
         }
         // The knockout switch's stand-in for the launches it hollows, which
         // takes any of their dynamic shared memory (only when asked for).
@@ -253,7 +228,7 @@ impl Kernels {
             moe_group: f("moe_group")?,
             causal_conv1d_silu: f("causal_conv1d_silu")?,
             gated_delta_rule: f("gated_delta_rule")?,
-            gated_delta_rule_chunked,
+            gated_delta_rule_chunked: f("gated_delta_rule_chunked")?,
             mul_sigmoid_rows: f("mul_sigmoid_rows")?,
             head_plain: PerFormat::load(&m, "head_plain")?,
             head_t: PerFormat::load(&m, "head_t")?,
@@ -290,16 +265,16 @@ impl Kernels {
             kv_write_f32: f("kv_write_f32")?,
             kv_write_f16: f("kv_write_f16")?,
             widen_f16: f("widen_f16")?,
-            attention_f32,
-            attention_f16,
+            attention_f32: f("attention_f32")?,
+            attention_f16: f("attention_f16")?,
             attention_long_f32: f("attention_long_f32")?,
             attention_long_f16: f("attention_long_f16")?,
-            attention_group_f32,
-            attention_group_f16,
+            attention_group_f32: f("attention_group_f32")?,
+            attention_group_f16: f("attention_group_f16")?,
             attention_decode_f16_64: f("attention_decode_f16_64")?,
             attention_decode_f16_128: f("attention_decode_f16_128")?,
-            attention_decode_staged_f16_64,
-            attention_decode_staged_f16_128,
+            attention_decode_staged_f16_64: f("attention_decode_staged_f16_64")?,
+            attention_decode_staged_f16_128: f("attention_decode_staged_f16_128")?,
             attention_decode_early_f16_64: f("attention_decode_early_f16_64")?,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
@@ -500,6 +475,42 @@ pub(crate) const DECODE_THREADS: u32 = 512;
 /// (`DEC_STAGE_BYTES`: a warp's 32 key rows of 64 dimensions, each row
 /// 16 bytes longer).
 pub(crate) const DECODE_STAGE_BYTES: u32 = 16 * 32 * 9 * 16;
+
+/// The dynamic shared memory (bytes) allowed the kernels whose blocks may
+/// take all a block can opt in to (`optin`, the device's
+/// `MAX_SHARED_MEMORY_PER_BLOCK_OPTIN`, at least the default 48 KiB): all
+/// of it but 1 KiB, their static shared memory's room.
+pub fn whole_optin_dynamic_smem(optin: usize) -> usize {
+    optin.max(48 * 1024) - 1024
+}
+
+/// The kernels [`Kernels::load`] allows more dynamic shared memory than the
+/// default 48 KiB, with the bytes each, on a device whose blocks opt in
+/// to `optin`: attention keeps a query's scores there and the chunked
+/// delta rule a chunk's keys, queries and products (the whole amount,
+/// [`whole_optin_dynamic_smem`]), and the staged decode attention a
+/// warp's key rows ([`DECODE_STAGE_BYTES`]). The driver refuses a request
+/// that, with the kernel's static shared memory, passes `optin`; the
+/// `kernels_compile` test checks each against its CUBIN's static shared
+/// memory for sm_80 and sm_90, no GPU needed.
+pub fn dynamic_shared_requests(optin: usize) -> [(&'static str, usize); 7] {
+    let whole = whole_optin_dynamic_smem(optin);
+    [
+        ("attention_f32", whole),
+        ("attention_f16", whole),
+        ("attention_group_f32", whole),
+        ("attention_group_f16", whole),
+        ("gated_delta_rule_chunked", whole),
+        (
+            "attention_decode_staged_f16_64",
+            DECODE_STAGE_BYTES as usize,
+        ),
+        (
+            "attention_decode_staged_f16_128",
+            DECODE_STAGE_BYTES as usize,
+        ),
+    ]
+}
 /// (`DEC_MAX_SPLITS` in `kernels/attention.cu`: the finishing block loads
 /// that many splits' partials at once.)
 pub(crate) const DECODE_MAX_SPLITS: usize = 16;

@@ -18,7 +18,9 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
         // programs (its files' kernels are templates never instantiated
         // in the others, common.cuh `KERNEL`).
         let mut owner = std::collections::HashMap::new();
+        let mut static_smem = std::collections::HashMap::new();
         for (p, cubin) in cubins.iter().enumerate() {
+            static_smem.extend(static_shared_bytes(cubin));
             // An ELF image (what the driver loads).
             assert_eq!(
                 &cubin[..4],
@@ -45,7 +47,69 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
             turbospark_cuda::nvrtc::compile_threads(cubins.len())
         );
         assert!(owner.contains_key("rms_norm") && owner.contains_key("kq_tile_q6_k"));
+        // What the kernels' loading asks of the driver beyond 48 KiB of
+        // dynamic shared memory fits the architecture's opt-in limit a
+        // block (the A100's 163 KiB, the H100's 227 KiB: CUDA C++
+        // Programming Guide, "Technical Specifications per Compute
+        // Capability") with the kernel's static shared memory; the
+        // driver refuses more (CUDA_ERROR_INVALID_VALUE, and no session
+        // starts).
+        let optin = if major == 8 { 163 * 1024 } else { 227 * 1024 };
+        for (name, dynamic) in turbospark_cuda::dynamic_shared_requests(optin) {
+            assert!(
+                owner.contains_key(name),
+                "sm_{major}{minor}: no kernel {name}"
+            );
+            let fixed = static_smem.get(name).copied().unwrap_or(0);
+            assert!(
+                fixed + dynamic <= optin,
+                "sm_{major}{minor}: {name} asks for {dynamic} bytes of dynamic shared memory \
+                 beside its {fixed} static bytes, past the {optin}-byte opt-in limit"
+            );
+        }
     }
+}
+
+/// Each kernel's static shared memory (bytes) in a CUBIN, as the driver
+/// counts it against the opt-in limit: the size of its
+/// `.nv.shared.<kernel>` section (kernels with none have no section), less
+/// the 1 KiB a block the driver reserves for itself where the CUBIN counts
+/// that in each kernel's section — ptxas 13.0 for sm_90 does, marking it
+/// with a `.nv.shared.reserved.0` section (`attention_f32`: 640 bytes by
+/// `ptxas -v`, a section of 1664; for sm_80 a section of 640).
+fn static_shared_bytes(elf: &[u8]) -> Vec<(String, usize)> {
+    const RESERVED: usize = 1024;
+    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
+    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
+    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
+    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3A), u16_at(0x3C));
+    let section = |i: usize| shoff + i * shentsize;
+    let names = u64_at(section(u16_at(0x3E)) + 0x18);
+    let mut sizes = Vec::new();
+    let mut reserved = false;
+    for i in 0..shnum {
+        let sh = section(i);
+        let name = &elf[names + u32_at(sh)..];
+        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+        if name.starts_with(b".nv.shared.reserved.") {
+            reserved = true;
+        } else if let Some(kernel) = name.strip_prefix(b".nv.shared.") {
+            sizes.push((
+                String::from_utf8_lossy(kernel).into_owned(),
+                u64_at(sh + 0x20),
+            ));
+        }
+    }
+    if reserved {
+        for (kernel, size) in &mut sizes {
+            assert!(
+                *size >= RESERVED,
+                "{kernel}'s shared section ({size} bytes) lacks the reserved 1 KiB"
+            );
+            *size -= RESERVED;
+        }
+    }
+    sizes
 }
 
 /// The kernels (global functions) a CUBIN defines: the names of its ELF

@@ -492,7 +492,8 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 // those registers: the same values in the same order, so the same bits.
 // What the wait leaves on the chain is then the queries and one row, not
 // the tile's key and value loads, which (as the values' two batches) came
-// one after another. Later tiles load as the default does.
+// one after another. A later tile loads its values with its keys, before
+// its scores, rather than in two batches after them.
 #define DEC_PLAIN 0
 #define DEC_STAGED 1
 #define DEC_EARLY 2
@@ -729,6 +730,16 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
         // Lanes past the last key score the tile's first (a row that
         // exists) and weigh it 0.
         const uint4* kp = (const uint4*)(kb + (i64)((lo + (in ? j : t0)) % p.capacity) * row);
+        if (EARLY && t0 != t_first) {
+            // A later tile: its values into ev with its keys' loads, not
+            // after its scores.
+            int r = (lo + t0) % p.capacity;
+#pragma unroll
+            for (int b = 0; b < DEC_TILE; b++) {
+                if (t0 + b < nk) ev[b] = *(const u32*)(vb + (i64)r * row);
+                r = r + 1 == p.capacity ? 0 : r + 1;
+            }
+        }
         float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int d0 = 0; d0 < HD; d0 += 64) {
@@ -780,7 +791,7 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
         ps[warp][lane] = e;
         __syncwarp();
         int nt = min(DEC_TILE, nk - t0);
-        if (EARLY && t0 == t_first) {
+        if (EARLY) {
             // The loop below with the values from ev (the batches
             // unrolled, so that ev stays in registers).
 #pragma unroll

@@ -196,8 +196,9 @@ impl Kernels {
             .attribute(
                 sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
             )
-            .map_err(CudaError::driver("reading the shared-memory limit"))?;
-        let dynamic_smem = whole_optin_dynamic_smem(optin.max(0) as usize);
+            .map_err(CudaError::driver("reading the shared-memory limit"))?
+            .max(0) as usize;
+        let dynamic_smem = whole_optin_dynamic_smem(optin);
         let sms =
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
                 .map_err(CudaError::driver("reading the multiprocessor count"))? as u32;
@@ -208,7 +209,7 @@ impl Kernels {
             )
             .map_err(CudaError::driver("raising a kernel's shared memory"))
         };
-        for (name, bytes) in dynamic_shared_requests(optin.max(0) as usize) {
+        for (name, bytes) in dynamic_shared_requests(optin) {
             allow_dynamic_smem(&f(name)?, bytes)?;
         }
         // The knockout switch's stand-in for the launches it hollows, which
@@ -246,14 +247,9 @@ impl Kernels {
                 false => None,
             },
             tc: match tc_setting(std::env::var("TURBOSPARK_CUDA_BF16").ok().as_deref()) {
-                Some((pick, formats, route_join)) => Some(TcKernels::load(
-                    &m,
-                    pick,
-                    formats,
-                    route_join,
-                    sms,
-                    optin as usize,
-                )?),
+                Some((pick, formats, route_join)) => {
+                    Some(TcKernels::load(&m, pick, formats, route_join, sms, optin)?)
+                }
                 None => None,
             },
             kq: match kq_setting(std::env::var("TURBOSPARK_CUDA_KQ").ok().as_deref()) {

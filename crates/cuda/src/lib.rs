@@ -32,6 +32,6 @@ pub mod types;
 
 pub use device::CudaDevice;
 pub use error::CudaError;
-pub use kernels::{dynamic_shared_requests, whole_optin_dynamic_smem};
+pub use kernels::dynamic_shared_requests;
 pub use memory::PinnedF32;
 pub use stream::CudaStream;

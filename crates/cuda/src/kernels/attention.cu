@@ -664,14 +664,15 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     // row this lane scores, as the loop below picks it; ev[b]: its value
     // dimensions of key first + b), the newest key's left for after the
     // wait; the L2 fetches then start at the second tile.
+    const u16* kb = kc + (i64)kvh * HD;
+    const u16* vb = vc + (i64)kvh * HD + lane * PER;
     const int t_first = active ? first : nk;
     uint4 ek[HD / 8];
     u32 ev[DEC_TILE];
     if (EARLY && t_first < nk) {
         int j = t_first + lane, jk = j < nk ? j : t_first;
         if (jk < nk - 1) {
-            const uint4* kp =
-                (const uint4*)(kc + (i64)((lo + jk) % p.capacity) * row + (i64)kvh * HD);
+            const uint4* kp = (const uint4*)(kb + (i64)((lo + jk) % p.capacity) * row);
 #pragma unroll
             for (int i = 0; i < HD / 8; i++) ek[i] = kp[i];
         }
@@ -679,7 +680,7 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 #pragma unroll
         for (int b = 0; b < DEC_TILE; b++) {
             if (t_first + b < nk - 1)
-                ev[b] = *(const u32*)(vc + (i64)r * row + (i64)kvh * HD + lane * PER);
+                ev[b] = *(const u32*)(vb + (i64)r * row);
             r = r + 1 == p.capacity ? 0 : r + 1;
         }
     }
@@ -702,8 +703,9 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
         // for the lanes that score it, its values for every lane
         // (coherent loads that stay after the wait).
         int newest = nk - 1, j = t_first + lane, jk = j < nk ? j : t_first;
+        i64 at = (i64)((lo + newest) % p.capacity) * row;
         if (jk == newest) {
-            const u16* kp = kc + (i64)((lo + newest) % p.capacity) * row + (i64)kvh * HD;
+            const u16* kp = kb + at;
 #pragma unroll
             for (int i = 0; i < HD / 8; i++) {
                 int4 w = ld_i4_after_wait(kp + 8 * i);
@@ -713,13 +715,9 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 #pragma unroll
         for (int b = 0; b < DEC_TILE; b++)
             if (t_first + b == newest)
-                ev[b] = __float_as_uint(ld_f32_after_wait(
-                    (const float*)(vc + (i64)((lo + newest) % p.capacity) * row + (i64)kvh * HD +
-                                   lane * PER)));
+                ev[b] = __float_as_uint(ld_f32_after_wait((const float*)(vb + at)));
     }
     __syncthreads();
-    const u16* kb = kc + (i64)kvh * HD;
-    const u16* vb = vc + (i64)kvh * HD + lane * PER;
     const float4* qg = (const float4*)(qs + g * HD);
     float m = -INFINITY, l = 0.0f, o[PER];
 #pragma unroll

@@ -543,8 +543,7 @@ PY
         # attention on the tensor cores at every length, or never
         # (TURBOSPARK_CUDA_DECODE_ATTN=tc / =scalar; by itself from 4096
         # keys), and the split kernel with its key rows staged in shared
-        # memory (=staged, opt-in) or its first tile's rows loaded before
-        # it waits (=early, opt-in). A setting may join several with commas.
+        # memory (=staged, opt-in). A setting may join several with commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes; with CONFORMANCE_DEFAULT=0
         # only those run).
@@ -557,7 +556,7 @@ PY
             TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=scalar \
             TURBOSPARK_CUDA_PREFILL_ATTN=scalar,TURBOSPARK_CUDA_ATTN_LONG=1 \
             TURBOSPARK_CUDA_DECODE_ATTN=tc TURBOSPARK_CUDA_DECODE_ATTN=scalar \
-            TURBOSPARK_CUDA_DECODE_ATTN=staged TURBOSPARK_CUDA_DECODE_ATTN=early}; do
+            TURBOSPARK_CUDA_DECODE_ATTN=staged}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

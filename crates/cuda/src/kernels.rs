@@ -164,10 +164,6 @@ pub(crate) struct Kernels {
     /// `staged`, [`DECODE_STAGE_BYTES`] of dynamic shared memory).
     pub attention_decode_staged_f16_64: CudaFunction,
     pub attention_decode_staged_f16_128: CudaFunction,
-    /// The same, heads 64 wide, with each warp's first tile of older rows
-    /// loaded into registers before the kernel waits (the same bits;
-    /// taken under [`DecodeAttention`]'s `split_form`).
-    pub attention_decode_early_f16_64: CudaFunction,
     /// A batch's attention on the tensor cores, f16 cache, heads 64 and
     /// 128 wide (`attention_tc.cu`; taken under [`prefill_attention_tc`]).
     pub attention_prefill_tc_f16_64: CudaFunction,
@@ -271,7 +267,6 @@ impl Kernels {
             attention_decode_f16_128: f("attention_decode_f16_128")?,
             attention_decode_staged_f16_64: f("attention_decode_staged_f16_64")?,
             attention_decode_staged_f16_128: f("attention_decode_staged_f16_128")?,
-            attention_decode_early_f16_64: f("attention_decode_early_f16_64")?,
             attention_prefill_tc_f16_64: f("attention_prefill_tc_f16_64")?,
             attention_prefill_tc_f16_128: f("attention_prefill_tc_f16_128")?,
             attention_decode_tc_f16_64: f("attention_decode_tc_f16_64")?,
@@ -551,11 +546,6 @@ pub(crate) enum SplitForm {
     /// `TURBOSPARK_CUDA_DECODE_ATTN=staged`. An H100 took the decode step
     /// ~4 µs sooner (tg128 @ d512; BENCHMARKS.md, fifty-fifth session).
     Staged,
-    /// Heads 64 wide: each warp loads its first tile's older key and value
-    /// rows into registers before it waits, the newest key's after
-    /// (`attention_decode_early_f16_64`; other widths plain):
-    /// `TURBOSPARK_CUDA_DECODE_ATTN=early`.
-    Early,
 }
 
 impl DecodeAttention {
@@ -575,9 +565,9 @@ impl DecodeAttention {
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
 
-    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, `staged` or
-    /// `early`: the default's choice with the split kernel in that form,
-    /// or the default by the cache's keys),
+    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, or `staged`:
+    /// the default's choice with the split kernel in that form, or the
+    /// default by the cache's keys),
     /// `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive multiple of 16) and
     /// `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU of `sms`
     /// multiprocessors.
@@ -603,7 +593,6 @@ impl DecodeAttention {
                 .unwrap_or(Self::TC_BLOCKS_AN_SM * sms.max(1)),
             split_form: match kernel.map(str::trim) {
                 Some("staged") => SplitForm::Staged,
-                Some("early") => SplitForm::Early,
                 _ => SplitForm::Plain,
             },
         }
@@ -881,7 +870,7 @@ mod tests {
         for plain in [scalar, d, tc] {
             assert_eq!(plain.split_form, SplitForm::Plain);
         }
-        for (setting, form) in [("staged ", SplitForm::Staged), ("early", SplitForm::Early)] {
+        for (setting, form) in [("staged ", SplitForm::Staged), ("early", SplitForm::Plain)] {
             let f = DecodeAttention::from_settings(Some(setting), None, None, 132);
             assert_eq!(f.split_form, form);
             assert_eq!(f.tc_splits(640, None, 8), None);

@@ -479,24 +479,11 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 // fifty-fourth session's timeline put a tile at 2.4–3.3 µs of an H100
 // decode step; staged, a layer's launch took ~0.17 µs less: the loads'
 // wavefronts were not the tile's cost. BENCHMARKS.md, fifty-fifth
-// session.)
+// session. Loading the first tile's older rows into registers before the
+// wait, the newest after, and a later tile's values with its keys (the
+// same bits) took ~1.5 µs a layer more: withdrawn, fifty-sixth session.)
 #define DEC_STAGE_ROW 9
 #define DEC_STAGE_BYTES (DEC_WARPS * DEC_TILE * DEC_STAGE_ROW * 16)  // kernels.rs DECODE_STAGE_BYTES
-// EARLY (attention_decode_early_f16_64, heads 64 wide, opt-in:
-// TURBOSPARK_CUDA_DECODE_ATTN=early): before waiting for the kernel
-// before, each warp loads its first tile's older rows into registers —
-// its lane's key row (8 words) and the lane's 2 dimensions of every key's
-// value (a word a key) — where the default only fetches them into the L2;
-// after the wait it loads only the newest key's row (the rope before
-// wrote it) where its tile holds it. The tile's scores and sums then use
-// those registers: the same values in the same order, so the same bits.
-// What the wait leaves on the chain is then the queries and one row, not
-// the tile's key and value loads, which (as the values' two batches) came
-// one after another. A later tile loads its values with its keys, before
-// its scores, rather than in two batches after them.
-#define DEC_PLAIN 0
-#define DEC_STAGED 1
-#define DEC_EARLY 2
 
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ float ld_cg(const float* p) {
@@ -624,7 +611,7 @@ __device__ __forceinline__ void attention_decode_close(
     if (threadIdx.x == 0) tickets[kvh] = 0;
 }
 
-template <int HD, int FORM>
+template <int HD, bool STAGE>
 __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __restrict__ kc,
                                       const u16* __restrict__ vc, AttnParams p,
                                       const float* __restrict__ sinks, float* __restrict__ out,
@@ -640,8 +627,6 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     __shared__ float wm[DEC_WARPS], wl[DEC_WARPS];
     __shared__ float wo[DEC_WARPS][HD];
     __shared__ bool last;
-    constexpr bool STAGE = FORM == DEC_STAGED;
-    constexpr bool EARLY = FORM == DEC_EARLY && HD == 64;
     DYNAMIC_SHARED(uint4, stage);  // STAGE: DEC_STAGE_BYTES
     float* fin = qs;
     if (step) p.first_pos = step[1];
@@ -660,32 +645,8 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     // step's first kernel) and the cache rows of the keys before pos
     // (written by earlier steps), fetched into the L2 — each key group's
     // tiles (by its head-0 warp), as the loop below takes them.
-    // EARLY: the warp's first tile's older rows into registers (ek: the
-    // row this lane scores, as the loop below picks it; ev[b]: its value
-    // dimensions of key first + b), the newest key's left for after the
-    // wait; the L2 fetches then start at the second tile.
-    const u16* kb = kc + (i64)kvh * HD;
-    const u16* vb = vc + (i64)kvh * HD + lane * PER;
-    const int t_first = active ? first : nk;
-    uint4 ek[HD / 8];
-    u32 ev[DEC_TILE];
-    if (EARLY && t_first < nk) {
-        int j = t_first + lane, jk = j < nk ? j : t_first;
-        if (jk < nk - 1) {
-            const uint4* kp = (const uint4*)(kb + (i64)((lo + jk) % p.capacity) * row);
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) ek[i] = kp[i];
-        }
-        int r = (lo + t_first) % p.capacity;
-#pragma unroll
-        for (int b = 0; b < DEC_TILE; b++) {
-            if (t_first + b < nk - 1)
-                ev[b] = *(const u32*)(vb + (i64)r * row);
-            r = r + 1 == p.capacity ? 0 : r + 1;
-        }
-    }
     if (active && g == 0) {
-        for (int t0 = EARLY ? first + round : first; t0 < nk; t0 += round) {
+        for (int t0 = first; t0 < nk; t0 += round) {
             int j = t0 + lane;
             if (j >= nk - 1) break;
             i64 at = (i64)((lo + j) % p.capacity) * row + (i64)kvh * HD;
@@ -698,26 +659,9 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
     }
     kernel_entry();
     for (int i = threadIdx.x; i < G * HD; i += blockDim.x) qs[i] = q[(i64)h0 * HD + i];
-    if (EARLY && t_first < nk) {
-        // The newest key (nk - 1) where the first tile holds it: its row
-        // for the lanes that score it, its values for every lane
-        // (coherent loads that stay after the wait).
-        int newest = nk - 1, j = t_first + lane, jk = j < nk ? j : t_first;
-        i64 at = (i64)((lo + newest) % p.capacity) * row;
-        if (jk == newest) {
-            const u16* kp = kb + at;
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                int4 w = ld_i4_after_wait(kp + 8 * i);
-                ek[i] = make_uint4((u32)w.x, (u32)w.y, (u32)w.z, (u32)w.w);
-            }
-        }
-#pragma unroll
-        for (int b = 0; b < DEC_TILE; b++)
-            if (t_first + b == newest)
-                ev[b] = __float_as_uint(ld_f32_after_wait((const float*)(vb + at)));
-    }
     __syncthreads();
+    const u16* kb = kc + (i64)kvh * HD;
+    const u16* vb = vc + (i64)kvh * HD + lane * PER;
     const float4* qg = (const float4*)(qs + g * HD);
     float m = -INFINITY, l = 0.0f, o[PER];
 #pragma unroll
@@ -728,24 +672,11 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
         // Lanes past the last key score the tile's first (a row that
         // exists) and weigh it 0.
         const uint4* kp = (const uint4*)(kb + (i64)((lo + (in ? j : t0)) % p.capacity) * row);
-        if (EARLY && t0 != t_first) {
-            // A later tile: its values into ev with its keys' loads, not
-            // after its scores.
-            int r = (lo + t0) % p.capacity;
-#pragma unroll
-            for (int b = 0; b < DEC_TILE; b++) {
-                if (t0 + b < nk) ev[b] = *(const u32*)(vb + (i64)r * row);
-                r = r + 1 == p.capacity ? 0 : r + 1;
-            }
-        }
         float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int d0 = 0; d0 < HD; d0 += 64) {
             uint4 kr[8];
-            if (EARLY && t0 == t_first) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) kr[i] = ek[(d0 >> 3) + i];
-            } else if (STAGE) {
+            if (STAGE) {
                 // Row r of the tile by lanes 8·(r % 4) …, word lane % 8 each
                 // (rows past the last key: the tile's first, as kp).
                 uint4* st = stage + warp * DEC_TILE * DEC_STAGE_ROW;
@@ -789,29 +720,6 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
         ps[warp][lane] = e;
         __syncwarp();
         int nt = min(DEC_TILE, nk - t0);
-        if (EARLY) {
-            // The loop below with the values from ev (the batches
-            // unrolled, so that ev stays in registers).
-#pragma unroll
-            for (int jb = 0; jb < DEC_TILE; jb += DEC_BATCH) {
-                if (jb >= nt) break;
-#pragma unroll
-                for (int b4 = 0; b4 < DEC_BATCH; b4 += 4) {
-                    float4 w = *(const float4*)&ps[warp][jb + b4];
-                    float wv[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        bool here = jb + b4 + b < nt;
-                        u32 w2 = here ? ev[jb + b4 + b] : 0u;
-                        float v0 = f16_to_f32((u16)(w2 & 0xFFFF)), v1 = f16_to_f32((u16)(w2 >> 16));
-                        o[0] = fmaf(wv[b], v0, o[0]);
-                        o[PER - 1] = fmaf(wv[b], v1, o[PER - 1]);
-                    }
-                }
-            }
-            __syncwarp();
-            continue;
-        }
         int r = (lo + t0) % p.capacity;
         for (int jb = 0; jb < nt; jb += DEC_BATCH) {
             float vv[DEC_BATCH][PER];
@@ -860,16 +768,15 @@ __device__ void attention_decode_impl(const float* __restrict__ q, const u16* __
 
 // (attention_decode_impl waits for the kernel before, KERNEL_ENTRY, after
 // its early reads.)
-#define ATTN_DECODE_KERNEL(suffix, hd, form)                                                    \
+#define ATTN_DECODE_KERNEL(suffix, hd, stage)                                                   \
     KERNEL void __launch_bounds__(DEC_WARPS * 32) attention_decode_##suffix(                    \
         const float* q, const u16* kc, const u16* vc, AttnParams p, const float* sinks,         \
         float* out, const int* step, signed char* oq, float* oqd, float* part, u32* tickets) {  \
-        attention_decode_impl<hd, form>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets); \
+        attention_decode_impl<hd, stage>(q, kc, vc, p, sinks, out, step, oq, oqd, part, tickets); \
     }
 #define ATTN_DECODE(hd)                                        \
-    ATTN_DECODE_KERNEL(f16_##hd, hd, DEC_PLAIN)                \
-    ATTN_DECODE_KERNEL(staged_f16_##hd, hd, DEC_STAGED)
+    ATTN_DECODE_KERNEL(f16_##hd, hd, false)                    \
+    ATTN_DECODE_KERNEL(staged_f16_##hd, hd, true)
 
 ATTN_DECODE(64)
 ATTN_DECODE(128)
-ATTN_DECODE_KERNEL(early_f16_64, 64, DEC_EARLY)

@@ -230,7 +230,6 @@ impl CudaStream {
                 match (p.head_dim, form) {
                     (64, SplitForm::Staged) => Some(&self.k.attention_decode_staged_f16_64),
                     (128, SplitForm::Staged) => Some(&self.k.attention_decode_staged_f16_128),
-                    (64, SplitForm::Early) => Some(&self.k.attention_decode_early_f16_64),
                     (64, _) => Some(&self.k.attention_decode_f16_64),
                     (128, _) => Some(&self.k.attention_decode_f16_128),
                     _ => None,

@@ -13,12 +13,10 @@
 // a wrapped sliding ring, heads 64 and 128 wide and groups of 1 to 8
 // query heads. After each launch every ticket must be back at 0. The
 // split kernel's staged form (attention_decode_staged_*: each warp's key
-// rows copied through shared memory) and, heads 64 wide, its early form
-// (attention_decode_early_f16_64: the first tile's older rows loaded
-// before the kernel waits) must give the split kernel's outputs bit for
-// bit: the same values in the same order. In every launch the newest
-// key's row (what the rope before the attention writes) holds NaNs until
-// the block's threads reach their wait (warp_emulator.h
+// rows copied through shared memory) must give the split kernel's
+// outputs bit for bit: the same values in the same order. In every
+// launch the newest key's row (what the rope before the attention writes)
+// holds NaNs until the block's threads reach their wait (warp_emulator.h
 // grid_dependency_wait), so a kernel that read it early would fail.
 // Exit status 0 when every case holds; failures are printed.
 //
@@ -110,12 +108,10 @@ void run_case(const Case& c, std::mt19937& rng) {
         std::copy(k_new.begin(), k_new.end(), kc.begin() + newest);
         std::copy(v_new.begin(), v_new.end(), vc.begin() + newest);
     };
-    for (int kernel = 0; kernel < 4; kernel++) {
+    for (int kernel = 0; kernel < 3; kernel++) {
         // The tensor-core kernel with the case's splits; the split kernel
-        // with at most its DEC_MAX_SPLITS, then its staged form, then its
-        // early form (heads 64 wide).
-        bool tc = kernel == 0, staged = kernel == 2, early = kernel == 3;
-        if (early && hd != 64) continue;
+        // with at most its DEC_MAX_SPLITS, then its staged form.
+        bool tc = kernel == 0, staged = kernel == 2;
         int S = tc ? c.splits : std::min(c.splits, DEC_MAX_SPLITS);
         std::vector<float> out(q.size(), -12345.0f);
         std::vector<float> part((size_t)S * c.n_heads * (hd + 2), -777.0f);
@@ -126,20 +122,16 @@ void run_case(const Case& c, std::mt19937& rng) {
                 f(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data(), nullptr, nullptr,
                   nullptr, part.data(), tickets.data());
             } else {
-                auto f = early    ? attention_decode_early_f16_64
-                         : staged ? (hd == 64 ? attention_decode_staged_f16_64
-                                              : attention_decode_staged_f16_128)
-                                  : (hd == 64 ? attention_decode_f16_64 : attention_decode_f16_128);
+                auto f = staged ? (hd == 64 ? attention_decode_staged_f16_64
+                                            : attention_decode_staged_f16_128)
+                                : (hd == 64 ? attention_decode_f16_64 : attention_decode_f16_128);
                 f(q.data(), kc.data(), vc.data(), p, sinks.data(), out.data(), nullptr, nullptr,
                   nullptr, part.data(), tickets.data());
             }
         });
-        const char* name = tc       ? "tensor cores"
-                           : staged ? "split kernel, staged"
-                           : early  ? "split kernel, early"
-                                    : "split kernel";
+        const char* name = tc ? "tensor cores" : staged ? "split kernel, staged" : "split kernel";
         if (kernel == 1) split_out = out;
-        if (staged || early) {
+        if (staged) {
             size_t differ = 0;
             for (size_t i = 0; i < out.size(); i++)
                 differ += std::memcmp(&out[i], &split_out[i], sizeof(float)) != 0;

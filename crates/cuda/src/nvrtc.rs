@@ -741,11 +741,6 @@ mod tests {
                             .and_then(|args| args.split(',').nth(early_at))
                             .is_some_and(|early| early.trim() == "true")
                     });
-                // (The quantizations that let the down products in before
-                // they wait: common.cuh kernel_entry_lead, opt-in.)
-                let lead = name.starts_with("quantize_q8_")
-                    && name.ends_with("_lead")
-                    && body.starts_with("kernel_entry_lead();");
                 let compact = compact(body);
                 let norm_early = (name == "rms_norm"
                     && compact.starts_with(
@@ -759,7 +754,6 @@ mod tests {
                     body.starts_with("KERNEL_ENTRY();")
                         || (early && waits_early)
                         || norm_early
-                        || lead
                         || attention_early
                         || down_early
                         || rope_early

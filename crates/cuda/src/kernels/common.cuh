@@ -73,23 +73,6 @@ __device__ __forceinline__ void kernel_entry() {
 }
 #define KERNEL_ENTRY() kernel_entry()
 
-// KERNEL_ENTRY in the other order: the next kernel's blocks may be
-// scheduled before this one waits, so they can start while the kernel
-// before this one still runs. Only for a kernel whose successor reads,
-// before its own wait, nothing that kernel writes (opt-in,
-// `TURBOSPARK_CUDA_DOWN_LEAD`: the experts' activations' quantization,
-// whose successor, the down products, reads only its routes and weights
-// early). The work's order is unchanged: the successor still waits for
-// this kernel, which waited for the one before it.
-__device__ __forceinline__ void kernel_entry_lead() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#elif defined(TURBOSPARK_HOST_EMULATION)
-    emu::grid_dependency_wait();  // (tests/emulation/warp_emulator.h)
-#endif
-}
-
 // Loads kept after an earlier KERNEL_ENTRY's wait, of what the kernel
 // before writes: `volatile`, so the compiler keeps them in order with the
 // wait (a read through a `const __restrict__` pointer may be hoisted above

@@ -15,10 +15,6 @@ use turbospark_core::QuantFormat;
 /// and the products that read them.
 pub(crate) struct Q8Set {
     pub quantize: CudaFunction,
-    /// The quantization that lets the next kernel in before it waits
-    /// (`quantize_q8_{order}_lead`), for the down products' input, where
-    /// asked for ([`down_lead`]).
-    pub quantize_lead: Option<CudaFunction>,
     pub matmul: CudaFunction,
     /// The per-route kernels (`moe_gate_up_q8x`, `moe_down_q8x`; for
     /// MXFP4 also compiled for [`WIDE_WIDTH`]-wide rows).
@@ -238,17 +234,6 @@ impl OneSet {
 /// (BENCHMARKS.md, twenty-ninth session).
 fn early_gate_up(setting: Option<&str>) -> bool {
     setting.map(str::trim) != Some("wait")
-}
-
-/// Whether the quantization of the routed experts' activations lets the
-/// down products' launch in before it waits for the gate/up products
-/// (`TURBOSPARK_CUDA_DOWN_LEAD=1`, opt-in for measurement; common.cuh
-/// `kernel_entry_lead`). The down products read only their routes and
-/// weights before their own wait, so their blocks may then start on the
-/// slots the gate/up launch's last blocks free, issuing their first weight
-/// loads; every value is the same.
-fn down_lead(setting: Option<&str>) -> bool {
-    setting.map(str::trim) == Some("1")
 }
 
 /// Which kernels compiled for one width are used where they fit
@@ -494,12 +479,6 @@ impl Q8Set {
         };
         Ok(Q8Set {
             quantize: f(format!("quantize_q8_{order}"))?,
-            quantize_lead: match down_lead(
-                std::env::var("TURBOSPARK_CUDA_DOWN_LEAD").ok().as_deref(),
-            ) {
-                true => Some(f(format!("quantize_q8_{order}_lead"))?),
-                false => None,
-            },
             matmul: f(format!("matmul_q8x_{n}"))?,
             route: RouteKernels::load(
                 m,
@@ -593,16 +572,6 @@ mod tests {
     }
 
     /// `TURBOSPARK_CUDA_GATE_UP`: the early gate/up kernels unless `wait`.
-    /// `TURBOSPARK_CUDA_DOWN_LEAD`: only `1` asks for it.
-    #[test]
-    fn down_lead_follows_the_setting() {
-        assert!(down_lead(Some("1")));
-        assert!(down_lead(Some(" 1 ")));
-        assert!(!down_lead(None));
-        assert!(!down_lead(Some("0")));
-        assert!(!down_lead(Some("yes")));
-    }
-
     #[test]
     fn early_gate_up_follows_the_setting() {
         assert!(early_gate_up(Some("early")));

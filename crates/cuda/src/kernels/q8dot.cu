@@ -52,16 +52,6 @@ KERNEL void quantize_q8_mxfp4(const float* x, i64 blocks, signed char* q, float*
     KERNEL_ENTRY();
     quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
 }
-// The same, letting the next kernel in before waiting (common.cuh
-// kernel_entry_lead): before the down products only.
-KERNEL void quantize_q8_natural_lead(const float* x, i64 blocks, signed char* q, float* d) {
-    kernel_entry_lead();
-    quantize_q8_impl<F_Q8_0>(x, blocks, q, d);
-}
-KERNEL void quantize_q8_mxfp4_lead(const float* x, i64 blocks, signed char* q, float* d) {
-    kernel_entry_lead();
-    quantize_q8_impl<F_MXFP4>(x, blocks, q, d);
-}
 
 #ifndef TURBOSPARK_HOST_EMULATION  // tests/emulation defines it on the host
 __device__ __forceinline__ int dp4a(int a, int b, int c) {

@@ -409,36 +409,10 @@ impl CudaStream {
         codes: u64,
         scales: u64,
     ) -> Result<(), BackendError> {
-        self.quantize_by(&set.quantize, x, vals, codes, scales)
-    }
-
-    /// [`Self::quantize`] for the down products' input: letting their
-    /// launch in before it waits where asked for (`Q8Set::quantize_lead`).
-    fn quantize_for_down(
-        &self,
-        set: &kernels::Q8Set,
-        x: u64,
-        vals: usize,
-        codes: u64,
-        scales: u64,
-    ) -> Result<(), BackendError> {
-        let f = set.quantize_lead.as_ref().unwrap_or(&set.quantize);
-        self.quantize_by(f, x, vals, codes, scales)
-    }
-
-    /// The quantization's launch: a warp a 32-value block.
-    fn quantize_by(
-        &self,
-        f: &cudarc::driver::CudaFunction,
-        x: u64,
-        vals: usize,
-        codes: u64,
-        scales: u64,
-    ) -> Result<(), BackendError> {
         let blocks = (vals / 32) as i64;
         launch(
             "quantize",
-            f,
+            &set.quantize,
             self.raw(),
             ((vals / 32).div_ceil(8) as u32, 1, 1),
             256,

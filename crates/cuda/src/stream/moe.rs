@@ -508,7 +508,7 @@ impl CudaStream {
                     l.smem,
                     args,
                 )?;
-                self.quantize_for_down(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+                self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
                 let work = kernels::OneWork::Down {
                     routes: n * k,
                     hidden,
@@ -572,7 +572,7 @@ impl CudaStream {
             let route_args = &mut args![xq, xd, rp, kk, mask, view, a, act_ptr];
             let args = if grouped { grouped_args } else { route_args };
             launch("moe", f, self.raw(), q8_grid(inter, per), threads, 0, args)?;
-            self.quantize_for_down(down, act_ptr, n * k * inter, r.aq, r.ad)?;
+            self.quantize(down, act_ptr, n * k * inter, r.aq, r.ad)?;
             let (f, per, threads) = pick(
                 &down.mq_down,
                 &down.down_grouped,
@@ -602,7 +602,7 @@ impl CudaStream {
                 let grid = ((inter.div_ceil(kernels::MQ_BM / 2)) as u32, slots, 1);
                 let args = &mut args![xq, xd, order, offsets, kk, view, a, act_ptr];
                 launch("moe", &gu.gate_up_tile, self.raw(), grid, threads, 0, args)?;
-                self.quantize_for_down(natural, act_ptr, n * k * inter, aq, ad)?;
+                self.quantize(natural, act_ptr, n * k * inter, aq, ad)?;
                 let grid = (hidden.div_ceil(kernels::MQ_BM) as u32, slots, 1);
                 let args = &mut args![aq, ad, order, offsets, view, yp];
                 return launch("moe", &down.down_tile, self.raw(), grid, threads, 0, args);
@@ -621,7 +621,7 @@ impl CudaStream {
                 0,
                 args,
             )?;
-            self.quantize_for_down(natural, act_ptr, n * k * inter, aq, ad)?;
+            self.quantize(natural, act_ptr, n * k * inter, aq, ad)?;
             let args = &mut args![aq, ad, rp, mask, view, yp];
             return launch(
                 "moe",

@@ -543,7 +543,9 @@ PY
         # attention on the tensor cores at every length, or never
         # (TURBOSPARK_CUDA_DECODE_ATTN=tc / =scalar; by itself from 4096
         # keys), and the split kernel with its key rows staged in shared
-        # memory (=staged, opt-in). A setting may join several with commas.
+        # memory at every head width (=staged; by default only for heads
+        # 64 wide) or never (=unstaged). A setting may join several with
+        # commas.
         # CONFORMANCE_SETTINGS replaces the list (e.g. only the settings a
         # call is about, to spare its minutes; with CONFORMANCE_DEFAULT=0
         # only those run).
@@ -556,7 +558,7 @@ PY
             TURBOSPARK_CUDA_QKV_ROPE=1 TURBOSPARK_CUDA_PREFILL_ATTN=scalar \
             TURBOSPARK_CUDA_PREFILL_ATTN=scalar,TURBOSPARK_CUDA_ATTN_LONG=1 \
             TURBOSPARK_CUDA_DECODE_ATTN=tc TURBOSPARK_CUDA_DECODE_ATTN=scalar \
-            TURBOSPARK_CUDA_DECODE_ATTN=staged}; do
+            TURBOSPARK_CUDA_DECODE_ATTN=staged TURBOSPARK_CUDA_DECODE_ATTN=unstaged}; do
             echo "--- $BIN/cuda-conformance, $v"
             env ${v//,/ } "$BIN/cuda-conformance" --test-threads 1 2>&1 | grep -E "^test |test result|panicked"
         done

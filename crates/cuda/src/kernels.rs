@@ -529,8 +529,9 @@ pub(crate) struct DecodeAttention {
     /// more for the finishing block to add.
     pub tc_blocks: usize,
     /// The split kernel's form where the tensor cores do not take the
-    /// layer (every form gives the same bits).
-    pub split_form: SplitForm,
+    /// layer (every form gives the same bits), when a setting picks one;
+    /// else by the heads' width ([`Self::split_form_for`]).
+    pub split_form: Option<SplitForm>,
 }
 
 /// How the split decode attention (`attention.cu` `attention_decode_impl`)
@@ -542,9 +543,7 @@ pub(crate) enum SplitForm {
     /// before (the older rows fetched into the L2 before it waits).
     Plain,
     /// Each warp copies its tile's key rows coalesced into shared memory
-    /// first (`attention_decode_staged_*`, [`DECODE_STAGE_BYTES`]):
-    /// `TURBOSPARK_CUDA_DECODE_ATTN=staged`. An H100 took the decode step
-    /// ~4 µs sooner (tg128 @ d512; BENCHMARKS.md, fifty-fifth session).
+    /// first (`attention_decode_staged_*`, [`DECODE_STAGE_BYTES`]).
     Staged,
 }
 
@@ -565,9 +564,9 @@ impl DecodeAttention {
     /// holds of the 64-wide kernel).
     pub const TC_BLOCKS_AN_SM: usize = 2;
 
-    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, or `staged`:
-    /// the default's choice with the split kernel in that form, or the
-    /// default by the cache's keys),
+    /// From `TURBOSPARK_CUDA_DECODE_ATTN` (`scalar`, `tc`, or `staged` /
+    /// `unstaged`: the default's choice with the split kernel in that form
+    /// at every head width, or the default by the cache's keys),
     /// `TURBOSPARK_CUDA_TC_SPLIT_KEYS` (a positive multiple of 16) and
     /// `TURBOSPARK_CUDA_TC_BLOCKS` (positive), on a GPU of `sms`
     /// multiprocessors.
@@ -592,10 +591,23 @@ impl DecodeAttention {
                 .filter(|&b| b > 0)
                 .unwrap_or(Self::TC_BLOCKS_AN_SM * sms.max(1)),
             split_form: match kernel.map(str::trim) {
-                Some("staged") => SplitForm::Staged,
-                _ => SplitForm::Plain,
+                Some("staged") => Some(SplitForm::Staged),
+                Some("unstaged") => Some(SplitForm::Plain),
+                _ => None,
             },
         }
+    }
+
+    /// The split kernel's form for heads `head_dim` wide: the setting's,
+    /// else staged for heads 64 wide and plain for others. Heads 64 wide
+    /// (gpt-oss-20b shape, tg128 @ d512 on an H100) decoded 0.7 % faster
+    /// staged, 4 of 4 alternated rounds over two sessions; 128 wide is not
+    /// yet measured (BENCHMARKS.md, fifty-fifth and fifty-sixth sessions).
+    pub fn split_form_for(&self, head_dim: usize) -> SplitForm {
+        self.split_form.unwrap_or(match head_dim {
+            64 => SplitForm::Staged,
+            _ => SplitForm::Plain,
+        })
     }
 
     /// Whether a layer of `capacity` rows (`window`: a sliding layer's)
@@ -867,12 +879,17 @@ mod tests {
         assert_eq!(odd.tc_blocks, 264);
         let scalar = DecodeAttention::from_settings(Some("scalar"), None, None, 132);
         assert_eq!(scalar.tc_splits(1 << 20, None, 8), None);
-        for plain in [scalar, d, tc] {
-            assert_eq!(plain.split_form, SplitForm::Plain);
+        for by_width in [scalar, d, tc] {
+            assert_eq!(by_width.split_form_for(64), SplitForm::Staged);
+            assert_eq!(by_width.split_form_for(128), SplitForm::Plain);
         }
-        for (setting, form) in [("staged ", SplitForm::Staged), ("early", SplitForm::Plain)] {
+        for (setting, form) in [
+            ("staged ", SplitForm::Staged),
+            ("unstaged", SplitForm::Plain),
+        ] {
             let f = DecodeAttention::from_settings(Some(setting), None, None, 132);
-            assert_eq!(f.split_form, form);
+            assert_eq!(f.split_form_for(64), form);
+            assert_eq!(f.split_form_for(128), form);
             assert_eq!(f.tc_splits(640, None, 8), None);
             assert_eq!(
                 f.tc_splits(DecodeAttention::TC_FROM_KEYS, None, 8),

@@ -214,7 +214,7 @@ impl CudaStream {
             .decode_attention
             .tc_splits(p.capacity, p.window, p.n_kv_heads)
             .filter(|_| self.numerics == Numerics::Fast);
-        let form = self.decode_attention.split_form;
+        let form = self.decode_attention.split_form_for(p.head_dim);
         let (split_kernel, splits, split_threads, split_smem) = match tc_splits {
             Some(s) => (
                 match p.head_dim {

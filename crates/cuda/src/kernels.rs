@@ -160,8 +160,9 @@ pub(crate) struct Kernels {
     pub attention_decode_f16_64: CudaFunction,
     pub attention_decode_f16_128: CudaFunction,
     /// The same with each warp's key rows staged in shared memory, loaded
-    /// coalesced (the same bits; taken under [`DecodeAttention`]'s
-    /// `staged`, [`DECODE_STAGE_BYTES`] of dynamic shared memory).
+    /// coalesced (the same bits; taken where
+    /// [`DecodeAttention::split_form_for`] says, with
+    /// [`DECODE_STAGE_BYTES`] of dynamic shared memory).
     pub attention_decode_staged_f16_64: CudaFunction,
     pub attention_decode_staged_f16_128: CudaFunction,
     /// A batch's attention on the tensor cores, f16 cache, heads 64 and

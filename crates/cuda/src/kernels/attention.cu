@@ -468,12 +468,13 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 #define DEC_TILE 32
 #define DEC_BATCH 16  // values a lane loads before their multiply-adds
 // STAGE (attention_decode_staged_*: by default for heads 64 wide,
-// kernels.rs DecodeAttention::split_form_for): a warp first copies its tile's key rows, 64 dimensions at a
-// time, into rows of its own in dynamic shared memory, 8 lanes a row and
-// 4 rows a load, then each lane reads its key's row from there: the same
-// values into the same registers, so the same bits. Each lane loading its
-// own key's row from the cache (the plain form) takes 32 lines a load, 256
-// L1 wavefronts a warp for a tile's 64 dimensions; staged, 32. A staged
+// kernels.rs DecodeAttention::split_form_for): a warp first copies its
+// tile's key rows, 64 dimensions at a time, into rows of its own in
+// dynamic shared memory, 8 lanes a row and 4 rows a load, then each lane
+// reads its key's row from there: the same values into the same
+// registers, so the same bits. Each lane loading its own key's row from
+// the cache (the plain form) takes 32 lines a load, 256 L1 wavefronts a
+// warp for a tile's 64 dimensions; staged, 32. A staged
 // row is DEC_STAGE_ROW 16-byte words, 8 and one of padding, so that
 // neither the copies' stores nor the lanes' reads meet in a bank. (The
 // fifty-fourth session's timeline put a tile at 2.4–3.3 µs of an H100

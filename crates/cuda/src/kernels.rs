@@ -476,7 +476,7 @@ pub fn whole_optin_dynamic_smem(optin: usize) -> usize {
     optin.max(48 * 1024) - 1024
 }
 
-/// The kernels [`Kernels::load`] allows more dynamic shared memory than the
+/// The kernels `Kernels::load` allows more dynamic shared memory than the
 /// default 48 KiB, with the bytes each, on a device whose blocks opt in
 /// to `optin`: attention keeps a query's scores there and the chunked
 /// delta rule a chunk's keys, queries and products (the whole amount,

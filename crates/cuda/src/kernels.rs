@@ -480,8 +480,8 @@ pub fn whole_optin_dynamic_smem(optin: usize) -> usize {
 /// default 48 KiB, with the bytes each, on a device whose blocks opt in
 /// to `optin`: attention keeps a query's scores there and the chunked
 /// delta rule a chunk's keys, queries and products (the whole amount,
-/// [`whole_optin_dynamic_smem`]), and the staged decode attention a
-/// warp's key rows ([`DECODE_STAGE_BYTES`]). The driver refuses a request
+/// `whole_optin_dynamic_smem`), and the staged decode attention a
+/// warp's key rows (`DECODE_STAGE_BYTES`). The driver refuses a request
 /// that, with the kernel's static shared memory, passes `optin`; the
 /// `kernels_compile` test checks each against its CUBIN's static shared
 /// memory for sm_80 and sm_90, no GPU needed.

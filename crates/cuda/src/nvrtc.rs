@@ -246,7 +246,7 @@ pub fn parse_capability(cc: &str) -> Option<(i32, i32)> {
 
 /// The programs' CUBINs for `sm_{major}{minor}`, in [`PROGRAMS`] order,
 /// each from the disk cache when it holds it, else compiled now (all
-/// those at once, [`compile_programs`]) and stored; `before_compiling`
+/// those at once, `compile_programs`) and stored; `before_compiling`
 /// is told how many must be compiled before that starts (not called when
 /// the cache holds them all). A machine that is handed a filled cache
 /// directory (`TURBOSPARK_CACHE`, e.g. `scripts/gpu/build.sh`'s

@@ -47,7 +47,7 @@ impl CudaBuf {
 }
 
 /// A weight matrix `[rows, cols]` in its storage format, in the device
-/// layout of [`crate::layout`].
+/// layout of `crate::layout`.
 #[derive(Debug)]
 pub struct CudaMatrix {
     pub(crate) format: QuantFormat,

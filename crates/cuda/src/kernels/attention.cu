@@ -474,9 +474,9 @@ KERNEL void attention_group_f16(const float* q, const u16* kc, const u16* vc,
 // reads its key's row from there: the same values into the same
 // registers, so the same bits. Each lane loading its own key's row from
 // the cache (the plain form) takes 32 lines a load, 256 L1 wavefronts a
-// warp for a tile's 64 dimensions; staged, 32. A staged
-// row is DEC_STAGE_ROW 16-byte words, 8 and one of padding, so that
-// neither the copies' stores nor the lanes' reads meet in a bank. (The
+// warp for a tile's 64 dimensions; staged, 32. A staged row is
+// DEC_STAGE_ROW 16-byte words, 8 and one of padding, so that neither the
+// copies' stores nor the lanes' reads meet in a bank. (The
 // fifty-fourth session's timeline put a tile at 2.4–3.3 µs of an H100
 // decode step; staged, a layer's launch took ~0.17 µs less: the loads'
 // wavefronts were not the tile's cost. BENCHMARKS.md, fifty-fifth

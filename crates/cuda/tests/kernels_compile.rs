@@ -79,25 +79,15 @@ fn every_kernel_compiles_for_sm80_and_sm90() {
 /// `ptxas -v`, a section of 1664; for sm_80 a section of 640).
 fn static_shared_bytes(elf: &[u8]) -> Vec<(String, usize)> {
     const RESERVED: usize = 1024;
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
-    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
-    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3A), u16_at(0x3C));
-    let section = |i: usize| shoff + i * shentsize;
-    let names = u64_at(section(u16_at(0x3E)) + 0x18);
+    let elf = Elf::new(elf);
     let mut sizes = Vec::new();
     let mut reserved = false;
-    for i in 0..shnum {
-        let sh = section(i);
-        let name = &elf[names + u32_at(sh)..];
-        let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+    for section in elf.sections() {
+        let name = section.name;
         if name.starts_with(b".nv.shared.reserved.") {
             reserved = true;
         } else if let Some(kernel) = name.strip_prefix(b".nv.shared.") {
-            sizes.push((
-                String::from_utf8_lossy(kernel).into_owned(),
-                u64_at(sh + 0x20),
-            ));
+            sizes.push((String::from_utf8_lossy(kernel).into_owned(), section.size));
         }
     }
     if reserved {
@@ -115,32 +105,78 @@ fn static_shared_bytes(elf: &[u8]) -> Vec<(String, usize)> {
 /// The kernels (global functions) a CUBIN defines: the names of its ELF
 /// symbol table's global function symbols.
 fn kernel_names(elf: &[u8]) -> Vec<String> {
-    let u16_at = |at: usize| u16::from_le_bytes([elf[at], elf[at + 1]]) as usize;
-    let u32_at = |at: usize| u32::from_le_bytes(elf[at..at + 4].try_into().unwrap()) as usize;
-    let u64_at = |at: usize| u64::from_le_bytes(elf[at..at + 8].try_into().unwrap()) as usize;
-    assert_eq!(elf[4], 2, "a 64-bit ELF");
-    let (shoff, shentsize, shnum) = (u64_at(0x28), u16_at(0x3A), u16_at(0x3C));
-    let section = |i: usize| shoff + i * shentsize;
+    let elf = Elf::new(elf);
+    let sections = elf.sections();
     let mut names = Vec::new();
-    for i in 0..shnum {
-        let sh = section(i);
-        // SHT_SYMTAB, whose sh_link is its string table.
-        if u32_at(sh + 4) != 2 {
-            continue;
-        }
-        let (offset, size, entsize) = (u64_at(sh + 0x18), u64_at(sh + 0x20), u64_at(sh + 0x38));
-        let strtab = u64_at(section(u32_at(sh + 0x28)) + 0x18);
-        for sym in (offset..offset + size).step_by(entsize) {
-            let info = elf[sym + 4];
+    // SHT_SYMTAB, whose sh_link is its string table.
+    for symtab in sections.iter().filter(|s| s.kind == 2) {
+        let strtab = sections[symtab.link].offset;
+        for sym in (symtab.offset..symtab.offset + symtab.size).step_by(symtab.entsize) {
+            let info = elf.bytes[sym + 4];
             // STB_GLOBAL, STT_FUNC.
             if info >> 4 == 1 && info & 0xf == 2 {
-                let name = &elf[strtab + u32_at(sym)..];
-                let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
-                names.push(String::from_utf8_lossy(&name[..end]).into_owned());
+                let name = elf.c_str(strtab + elf.u32_at(sym));
+                names.push(String::from_utf8_lossy(name).into_owned());
             }
         }
     }
     names
+}
+
+/// A 64-bit little-endian ELF image (a CUBIN), read just far enough for
+/// the checks above: its section headers and NUL-terminated names.
+struct Elf<'a> {
+    bytes: &'a [u8],
+}
+
+/// The fields of a section header the checks read, its name resolved.
+struct Section<'a> {
+    name: &'a [u8],
+    kind: u32, // sh_type
+    offset: usize,
+    size: usize,
+    link: usize,
+    entsize: usize,
+}
+
+impl<'a> Elf<'a> {
+    fn new(bytes: &'a [u8]) -> Self {
+        assert_eq!(bytes[4], 2, "a 64-bit ELF");
+        Elf { bytes }
+    }
+    fn u16_at(&self, at: usize) -> usize {
+        u16::from_le_bytes([self.bytes[at], self.bytes[at + 1]]) as usize
+    }
+    fn u32_at(&self, at: usize) -> usize {
+        u32::from_le_bytes(self.bytes[at..at + 4].try_into().unwrap()) as usize
+    }
+    fn u64_at(&self, at: usize) -> usize {
+        u64::from_le_bytes(self.bytes[at..at + 8].try_into().unwrap()) as usize
+    }
+    /// The section headers, in order (e_shoff, e_shentsize, e_shnum),
+    /// named from the string table e_shstrndx picks.
+    fn sections(&self) -> Vec<Section<'a>> {
+        let (shoff, shentsize, shnum) = (self.u64_at(0x28), self.u16_at(0x3A), self.u16_at(0x3C));
+        let names = self.u64_at(shoff + self.u16_at(0x3E) * shentsize + 0x18);
+        (0..shnum)
+            .map(|i| {
+                let sh = shoff + i * shentsize;
+                Section {
+                    name: self.c_str(names + self.u32_at(sh)),
+                    kind: self.u32_at(sh + 4) as u32,
+                    offset: self.u64_at(sh + 0x18),
+                    size: self.u64_at(sh + 0x20),
+                    link: self.u32_at(sh + 0x28),
+                    entsize: self.u64_at(sh + 0x38),
+                }
+            })
+            .collect()
+    }
+    /// The NUL-terminated string at `at` (without its NUL).
+    fn c_str(&self, at: usize) -> &'a [u8] {
+        let s = &self.bytes[at..];
+        &s[..s.iter().position(|&b| b == 0).unwrap_or(s.len())]
+    }
 }
 
 #[test]
